@@ -1,0 +1,54 @@
+// Package cachestore is the node-local, content-addressed store of model
+// weights and kernel caches: blobs, resumable ingest, the bbolt index,
+// atomic commit of artifact versions as trees of hardlinks, startup repair,
+// verification (scrub), garbage collection and usage accounting.
+//
+// It knows nothing about networks, Kubernetes or GPUs, and imports no other
+// package of this project. It is the one place that guards the store root:
+// every manifest path is validated here (ValidatePath) before anything is
+// written, and nothing is ever written outside the root.
+//
+// # On-disk layout
+//
+//	<root>/index.db                          bbolt index (this file's schema below)
+//	<root>/blobs/sha256/<2 hex>/<64 hex>     immutable content, mode 0444
+//	<root>/ingest/<sha256(ref)>/{ref,data}   partial writes, resumable by ref
+//	<root>/tmp/                              temp trees and renameio temp files; emptied at Open
+//	<root>/quarantine/<hex>-<unix>           blobs that failed verification
+//	<root>/models/<name>/<revision>/…        hardlinks into blobs; appears by rename
+//	<root>/models/<name>/current -> <revision>
+//	<root>/kernels/<name>/<revision>/…       the same for kind "kernelcache"
+//
+// # Index schema (bbolt, version 1)
+//
+//	meta/
+//	    version            -> uint64, big-endian: the schema version
+//	blobs/
+//	    <sha256:hex>       -> JSON blobRecord{size, created}
+//	artifacts/
+//	    <name>/            (bucket, one per artifact)
+//	        current        -> revision (the one models/<name>/current points to)
+//	        versions/      (bucket)
+//	            <revision> -> JSON Version{source, revision, manifest, manifest digest,
+//	                          state, message, pinned, created, last used, bytes}
+//	desires/
+//	    <name>             -> opaque bytes owned by the daemon (the desired state)
+//
+// Migrations are listed in order in migrations; each takes the index from
+// version i to i+1 inside the transaction that also records the new version.
+// An index newer than this binary understands is refused, never rewritten.
+//
+// # Commit protocol
+//
+// Blob: write into ingest/<ref>/data while hashing → fsync → size check →
+// digest check → exists check (dedup: a no-op) → chmod 0444 → rename into
+// blobs/ → fsync the parent directory → index record. A crash after the
+// rename leaves a verified blob without a record, which Open adopts.
+//
+// Artifact version: every blob present → tree of hardlinks built under tmp/
+// → renamed to models/<name>/<revision> → one bbolt transaction records the
+// version Ready and sets current → the current symlink is swapped with
+// renameio. Open removes trees without a Ready record, re-materializes
+// trees whose record is Ready, marks records whose blobs are gone Missing
+// (the daemon re-fetches them), and re-points current symlinks.
+package cachestore

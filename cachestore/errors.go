@@ -1,0 +1,18 @@
+package cachestore
+
+import "errors"
+
+// Sentinel errors. They are wrapped with the identifier first, e.g.
+// fmt.Errorf("blob %s: %w", d, ErrNotFound); test with errors.Is.
+var (
+	ErrNotFound       = errors.New("not found")
+	ErrDigestMismatch = errors.New("digest mismatch")
+	ErrSizeMismatch   = errors.New("size mismatch")
+	ErrInvalidPath    = errors.New("invalid path")
+	ErrInvalidName    = errors.New("invalid name")
+	ErrInvalidDigest  = errors.New("invalid digest")
+	ErrPinned         = errors.New("pinned")
+	ErrLocked         = errors.New("in use by another writer")
+	ErrSchemaTooNew   = errors.New("index schema is newer than this binary supports")
+	ErrClosed         = errors.New("store closed")
+)

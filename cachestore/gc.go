@@ -1,0 +1,148 @@
+package cachestore
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+)
+
+// GCReport says what GC removed.
+type GCReport struct {
+	BlobsRemoved int   `json:"blobsRemoved"`
+	BytesFreed   int64 `json:"bytesFreed"`
+	BlobsKept    int   `json:"blobsKept"`
+}
+
+// GC removes every blob that no artifact version references and no lease
+// holds. Shared blobs stay while any version uses them.
+func (s *Store) GC(ctx context.Context) (*GCReport, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	arts, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	ref := map[string]bool{}
+	for _, a := range arts {
+		for _, v := range a.Versions {
+			for _, e := range v.Manifest {
+				ref[e.Digest] = true
+			}
+		}
+	}
+	onDisk, err := s.blobsOnDisk()
+	if err != nil {
+		return nil, err
+	}
+	rep := &GCReport{}
+	s.holdMu.Lock()
+	defer s.holdMu.Unlock()
+	var gone [][]byte
+	for d, size := range onDisk {
+		if err := ctx.Err(); err != nil {
+			break
+		}
+		if ref[d] || s.holds[d] > 0 {
+			rep.BlobsKept++
+			continue
+		}
+		p, _ := s.BlobPath(d)
+		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+			s.log.Warn("gc remove blob", "digest", d, "err", err)
+			continue
+		}
+		gone = append(gone, []byte(d))
+		rep.BlobsRemoved++
+		rep.BytesFreed += size
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketBlobs)
+		for _, k := range gone {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return rep, err
+}
+
+// ArtifactUsage is the disk use of one artifact, counting each blob once:
+// Unique bytes are in blobs no other artifact uses, Shared in blobs others use too.
+type ArtifactUsage struct {
+	Name   string `json:"name"`
+	Bytes  int64  `json:"bytes"`
+	Unique int64  `json:"uniqueBytes"`
+	Shared int64  `json:"sharedBytes"`
+}
+
+// Usage is the disk use of the store and its filesystem.
+type Usage struct {
+	StoreBytes int64           `json:"storeBytes"` // sum of blob sizes
+	Blobs      int             `json:"blobs"`
+	Artifacts  []ArtifactUsage `json:"artifacts"`
+	FSCapacity int64           `json:"fsCapacityBytes"`
+	FSFree     int64           `json:"fsFreeBytes"` // available to unprivileged users
+}
+
+// FSStat returns capacity and available bytes of the root's filesystem.
+func (s *Store) FSStat() (capacity, free int64, err error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.root, &st); err != nil {
+		return 0, 0, err
+	}
+	return int64(st.Blocks) * st.Bsize, int64(st.Bavail) * st.Bsize, nil
+}
+
+// Usage accounts bytes per artifact (unique vs shared), the store total and
+// the filesystem's capacity and free space.
+func (s *Store) Usage() (*Usage, error) {
+	u := &Usage{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketBlobs).ForEach(func(_, raw []byte) error {
+			var r blobRecord
+			if json.Unmarshal(raw, &r) == nil {
+				u.StoreBytes += r.Size
+				u.Blobs++
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	arts, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	users := map[string]int{}
+	per := make([]map[string]int64, len(arts))
+	for i, a := range arts {
+		per[i] = map[string]int64{}
+		for _, v := range a.Versions {
+			for _, e := range v.Manifest {
+				per[i][e.Digest] = e.Size
+			}
+		}
+		for d := range per[i] {
+			users[d]++
+		}
+	}
+	for i, a := range arts {
+		au := ArtifactUsage{Name: a.Name}
+		for d, size := range per[i] {
+			au.Bytes += size
+			if users[d] > 1 {
+				au.Shared += size
+			} else {
+				au.Unique += size
+			}
+		}
+		u.Artifacts = append(u.Artifacts, au)
+	}
+	u.FSCapacity, u.FSFree, err = s.FSStat()
+	return u, err
+}

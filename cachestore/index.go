@@ -1,0 +1,164 @@
+package cachestore
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+var (
+	bucketMeta      = []byte("meta")
+	bucketBlobs     = []byte("blobs")
+	bucketArtifacts = []byte("artifacts")
+	bucketDesires   = []byte("desires")
+	bucketVersions  = []byte("versions")
+	keyVersion      = []byte("version")
+	keyCurrent      = []byte("current")
+)
+
+// State of an artifact version as the index records it.
+type State string
+
+const (
+	StateReady   State = "Ready"   // every byte present and verified; the tree exists
+	StateMissing State = "Missing" // blobs lost or corrupt: the tree is gone, re-fetch wanted
+	StateFailed  State = "Failed"  // a re-fetch failed; Message says why
+)
+
+// Version is one immutable revision of an artifact, as the index records it.
+type Version struct {
+	Name           string    `json:"name"`
+	Kind           string    `json:"kind"`
+	Source         string    `json:"source"`
+	Revision       string    `json:"revision"`
+	Manifest       Manifest  `json:"manifest"`
+	ManifestDigest string    `json:"manifestDigest"`
+	State          State     `json:"state"`
+	Message        string    `json:"message,omitempty"`
+	Pinned         bool      `json:"pinned"`
+	Created        time.Time `json:"created"`
+	LastUsed       time.Time `json:"lastUsed"`
+	Bytes          int64     `json:"bytes"`
+}
+
+// Artifact is a name with its versions, the current one first.
+type Artifact struct {
+	Name     string    `json:"name"`
+	Current  string    `json:"current,omitempty"`
+	Versions []Version `json:"versions"`
+}
+
+type blobRecord struct {
+	Size    int64     `json:"size"`
+	Created time.Time `json:"created"`
+}
+
+// migration takes the index from schema version i to i+1.
+type migration func(tx *bolt.Tx) error
+
+// migrations, in order: migrations[i] upgrades version i to i+1. Append;
+// never edit or reorder one that has shipped.
+var migrations = []migration{
+	// 0 → 1: the initial buckets.
+	func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketMeta, bucketBlobs, bucketArtifacts, bucketDesires} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	},
+}
+
+// SchemaVersion is the index schema this binary writes.
+func SchemaVersion() uint64 { return uint64(len(migrations)) }
+
+func schemaVersion(tx *bolt.Tx) uint64 {
+	b := tx.Bucket(bucketMeta)
+	if b == nil {
+		return 0
+	}
+	v := b.Get(keyVersion)
+	if len(v) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
+}
+
+// migrate runs the migrations the index lacks, each in its own
+// transaction with the version bump, so a crash leaves a consistent index
+// at some version.
+func migrate(db *bolt.DB, list []migration) error {
+	for {
+		var done bool
+		err := db.Update(func(tx *bolt.Tx) error {
+			v := schemaVersion(tx)
+			if v > uint64(len(list)) {
+				return fmt.Errorf("%w: index.db has schema %d, this modelcached understands up to %d; upgrade modelcached", ErrSchemaTooNew, v, len(list))
+			}
+			if v == uint64(len(list)) {
+				done = true
+				return nil
+			}
+			if err := list[v](tx); err != nil {
+				return fmt.Errorf("migrate index %d→%d: %w", v, v+1, err)
+			}
+			meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+			if err != nil {
+				return err
+			}
+			var buf [8]byte
+			binary.BigEndian.PutUint64(buf[:], v+1)
+			return meta.Put(keyVersion, buf[:])
+		})
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+func getVersion(b *bolt.Bucket, rev string) (*Version, error) {
+	raw := b.Get([]byte(rev))
+	if raw == nil {
+		return nil, nil
+	}
+	var v Version
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, fmt.Errorf("index: version %s: %w", rev, err)
+	}
+	return &v, nil
+}
+
+func putVersion(b *bolt.Bucket, v *Version) error {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(v.Revision), raw)
+}
+
+// readArtifact decodes one artifact bucket; the bytes are copied out by
+// json.Unmarshal before the transaction ends.
+func readArtifact(name string, ab *bolt.Bucket) (Artifact, error) {
+	a := Artifact{Name: name, Current: string(ab.Get(keyCurrent))}
+	vb := ab.Bucket(bucketVersions)
+	if vb == nil {
+		return a, nil
+	}
+	err := vb.ForEach(func(k, raw []byte) error {
+		var v Version
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return fmt.Errorf("index: %s@%s: %w", name, k, err)
+		}
+		if v.Revision == a.Current {
+			a.Versions = append([]Version{v}, a.Versions...)
+		} else {
+			a.Versions = append(a.Versions, v)
+		}
+		return nil
+	})
+	return a, err
+}

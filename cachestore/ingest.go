@@ -1,0 +1,477 @@
+package cachestore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	ioAlign    = 4096    // O_DIRECT alignment of offsets, lengths and memory
+	ioBufSize  = 2 << 20 // one pipeline buffer
+	ioBuffers  = 4       // buffers in flight per writer: bounds RSS at 8 MiB a writer
+	ingestData = "data"
+	ingestRef  = "ref"
+)
+
+// WriterOpts describes one ingest.
+type WriterOpts struct {
+	// Ref names the ingest; reopening the same ref resumes it. Required.
+	Ref string
+	// Size is the expected total size, or -1 when unknown. Writes beyond it
+	// fail at once, so a body longer than announced cannot fill the disk.
+	Size int64
+	// Lease, when set, protects the committed blob from GC until released.
+	Lease *Lease
+}
+
+// Writer streams one blob into the store. The bytes are hashed on one
+// goroutine and written on another (with O_DIRECT where the filesystem
+// allows it), so the caller's goroutine only copies from the network.
+//
+// A Writer is not safe for concurrent use. After Commit or Close it must not
+// be used again; reopen the ref with Store.Writer to resume.
+type Writer struct {
+	s      *Store
+	opts   WriterOpts
+	dir    string
+	f      *os.File
+	direct bool
+	offset int64 // bytes accepted so far, including the current buffer
+	start  int64 // offset at which this writer resumed
+
+	h       hash.Hash
+	cur     *ioBuf
+	free    chan *ioBuf
+	hashCh  chan *ioBuf
+	writeCh chan *ioBuf
+	wg      sync.WaitGroup
+	errMu   sync.Mutex
+	err     error
+	closed  bool
+}
+
+type ioBuf struct {
+	mem  []byte // aligned, len ioBufSize
+	n    int
+	pos  int64
+	refs atomic.Int32
+}
+
+var bufPool = sync.Pool{New: func() any {
+	raw := make([]byte, ioBufSize+ioAlign)
+	off := int(uintptr(unsafe.Pointer(&raw[0])) & (ioAlign - 1))
+	if off != 0 {
+		off = ioAlign - off
+	}
+	return &ioBuf{mem: raw[off : off+ioBufSize]}
+}}
+
+func ingestDirName(ref string) string {
+	sum := sha256.Sum256([]byte(ref))
+	return hex.EncodeToString(sum[:])
+}
+
+// Writer opens or resumes the ingest named by opts.Ref. A resumed ingest
+// continues at Offset(), which is the length already on disk rounded down
+// to 4 KiB (the bytes before it are re-hashed from disk, not re-fetched).
+// Only one Writer per ref may be open at a time (ErrLocked).
+func (s *Store) Writer(ctx context.Context, opts WriterOpts) (*Writer, error) {
+	if opts.Ref == "" {
+		return nil, errors.New("ingest: empty ref")
+	}
+	if err := s.lockRef(opts.Ref); err != nil {
+		return nil, err
+	}
+	w, err := s.openWriter(ctx, opts)
+	if err != nil {
+		s.unlockRef(opts.Ref)
+		return nil, err
+	}
+	return w, nil
+}
+
+func (s *Store) openWriter(ctx context.Context, opts WriterOpts) (*Writer, error) {
+	dir := filepath.Join(s.root, dirIngest, ingestDirName(opts.Ref))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("ingest %s: %w", opts.Ref, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ingestRef), []byte(opts.Ref), 0o600); err != nil {
+		return nil, fmt.Errorf("ingest %s: %w", opts.Ref, err)
+	}
+	path := filepath.Join(dir, ingestData)
+	w := &Writer{s: s, opts: opts, dir: dir, h: sha256.New()}
+
+	// Resume: keep what is on disk up to a 4 KiB boundary and re-hash it.
+	var have int64
+	if fi, err := os.Stat(path); err == nil {
+		have = fi.Size() &^ (ioAlign - 1)
+		if opts.Size >= 0 && have > opts.Size {
+			have = 0 // longer than the whole blob: not ours, start over
+		}
+	}
+	if have > 0 {
+		if err := os.Truncate(path, have); err != nil {
+			return nil, fmt.Errorf("ingest %s: %w", opts.Ref, err)
+		}
+		if err := hashFile(ctx, path, w.h); err != nil {
+			return nil, fmt.Errorf("ingest %s: re-hash partial data: %w", opts.Ref, err)
+		}
+	} else if err := os.Truncate(path, 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("ingest %s: %w", opts.Ref, err)
+	}
+	w.offset, w.start = have, have
+
+	flags := os.O_WRONLY | os.O_CREATE
+	if s.directIO {
+		f, err := os.OpenFile(path, flags|syscall.O_DIRECT, 0o600)
+		if err == nil {
+			w.f, w.direct = f, true
+		}
+	}
+	if w.f == nil {
+		f, err := os.OpenFile(path, flags, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("ingest %s: %w", opts.Ref, err)
+		}
+		w.f = f
+	}
+
+	w.free = make(chan *ioBuf, ioBuffers)
+	for i := 0; i < ioBuffers; i++ {
+		b := bufPool.Get().(*ioBuf)
+		b.n = 0
+		w.free <- b
+	}
+	w.hashCh = make(chan *ioBuf, ioBuffers)
+	w.writeCh = make(chan *ioBuf, ioBuffers)
+	w.wg.Add(2)
+	go w.hashLoop()
+	go w.writeLoop()
+	return w, nil
+}
+
+func hashFile(ctx context.Context, path string, h hash.Hash) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(h, ctxReader{ctx, f})
+	return err
+}
+
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
+
+func (w *Writer) setErr(err error) {
+	w.errMu.Lock()
+	if w.err == nil {
+		w.err = err
+	}
+	w.errMu.Unlock()
+}
+
+func (w *Writer) getErr() error {
+	w.errMu.Lock()
+	defer w.errMu.Unlock()
+	return w.err
+}
+
+func (w *Writer) release(b *ioBuf) {
+	if b.refs.Add(-1) == 0 {
+		b.n = 0
+		w.free <- b
+	}
+}
+
+func (w *Writer) hashLoop() {
+	defer w.wg.Done()
+	for b := range w.hashCh {
+		w.h.Write(b.mem[:b.n])
+		w.release(b)
+	}
+}
+
+func (w *Writer) writeLoop() {
+	defer w.wg.Done()
+	for b := range w.writeCh {
+		if w.getErr() == nil {
+			if err := w.writeBuf(b); err != nil {
+				w.setErr(fmt.Errorf("ingest %s: write: %w", w.opts.Ref, err))
+			}
+		}
+		w.release(b)
+	}
+}
+
+func (w *Writer) writeBuf(b *ioBuf) error {
+	if w.direct && b.n%ioAlign != 0 {
+		// The tail of a blob: leave O_DIRECT for the rest of this file.
+		w.clearDirect()
+	}
+	_, err := w.f.WriteAt(b.mem[:b.n], b.pos)
+	if err != nil && w.direct && errors.Is(err, syscall.EINVAL) {
+		// The filesystem accepted O_DIRECT at open but refuses the write.
+		w.clearDirect()
+		_, err = w.f.WriteAt(b.mem[:b.n], b.pos)
+	}
+	if w.s.hook != nil {
+		w.s.hook("ingest.write")
+	}
+	return err
+}
+
+func (w *Writer) clearDirect() {
+	fd := int(w.f.Fd())
+	if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil {
+		unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl&^syscall.O_DIRECT)
+	}
+	w.direct = false
+}
+
+// Offset is the number of bytes the blob has so far; a fetcher resumes
+// the source at this offset.
+func (w *Writer) Offset() int64 { return w.offset }
+
+// Resumed is the offset at which this writer took over from an earlier one.
+func (w *Writer) Resumed() int64 { return w.start }
+
+// Write appends p. It fails when the total would exceed the expected size.
+func (w *Writer) Write(p []byte) (int, error) {
+	if w.closed {
+		return 0, fmt.Errorf("ingest %s: write after close", w.opts.Ref)
+	}
+	if err := w.getErr(); err != nil {
+		return 0, err
+	}
+	if w.opts.Size >= 0 && w.offset+int64(len(p)) > w.opts.Size {
+		return 0, fmt.Errorf("ingest %s: %w: more than the expected %d bytes", w.opts.Ref, ErrSizeMismatch, w.opts.Size)
+	}
+	n := 0
+	for n < len(p) {
+		if w.cur == nil {
+			w.cur = <-w.free
+			w.cur.pos = w.offset
+		}
+		c := copy(w.cur.mem[w.cur.n:], p[n:])
+		w.cur.n += c
+		w.offset += int64(c)
+		n += c
+		if w.cur.n == len(w.cur.mem) {
+			w.submit()
+		}
+	}
+	return n, nil
+}
+
+// ReadFrom copies from r straight into the pipeline buffers, saving a copy.
+func (w *Writer) ReadFrom(r io.Reader) (int64, error) {
+	var total int64
+	for {
+		if err := w.getErr(); err != nil {
+			return total, err
+		}
+		if w.cur == nil {
+			w.cur = <-w.free
+			w.cur.pos = w.offset
+		}
+		room := w.cur.mem[w.cur.n:]
+		if w.opts.Size >= 0 {
+			left := w.opts.Size - w.offset
+			if int64(len(room)) > left+1 {
+				room = room[:left+1] // read one more byte to detect an overlong body
+			}
+		}
+		n, err := r.Read(room)
+		if w.opts.Size >= 0 && w.offset+int64(n) > w.opts.Size {
+			return total, fmt.Errorf("ingest %s: %w: more than the expected %d bytes", w.opts.Ref, ErrSizeMismatch, w.opts.Size)
+		}
+		w.cur.n += n
+		w.offset += int64(n)
+		total += int64(n)
+		if w.cur.n == len(w.cur.mem) {
+			w.submit()
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+func (w *Writer) submit() {
+	b := w.cur
+	w.cur = nil
+	if b.n == 0 {
+		w.free <- b
+		return
+	}
+	b.refs.Store(2)
+	w.hashCh <- b
+	w.writeCh <- b
+}
+
+// drain flushes the partial buffer and stops the pipeline.
+func (w *Writer) drain() error {
+	if w.closed {
+		return w.getErr()
+	}
+	w.closed = true
+	if w.cur != nil {
+		w.submit()
+	}
+	close(w.hashCh)
+	close(w.writeCh)
+	w.wg.Wait()
+	for len(w.free) > 0 {
+		bufPool.Put(<-w.free)
+	}
+	return w.getErr()
+}
+
+// Close stops writing and keeps the partial data for a later resume.
+func (w *Writer) Close() error {
+	if w.closed {
+		return nil
+	}
+	err := w.drain()
+	if cerr := w.f.Close(); err == nil {
+		err = cerr
+	}
+	w.s.unlockRef(w.opts.Ref)
+	return err
+}
+
+// Abort stops writing and deletes the partial data.
+func (w *Writer) Abort() {
+	if !w.closed {
+		w.drain()
+		w.f.Close()
+		w.s.unlockRef(w.opts.Ref)
+	}
+	os.RemoveAll(w.dir)
+}
+
+// Commit finishes the blob: it fsyncs, checks the size (when size >= 0)
+// and the digest (when expected is not empty), and moves the data into
+// blobs/ atomically. It returns the digest. When the blob already exists
+// the ingest is discarded and Commit succeeds: identical content is stored
+// once. On a size or digest mismatch the partial data is deleted (a resume
+// could only repeat the error) and the error wraps ErrSizeMismatch or
+// ErrDigestMismatch. The Writer is closed in every case.
+func (w *Writer) Commit(ctx context.Context, size int64, expected string) (string, error) {
+	if expected != "" {
+		var err error
+		if expected, err = NormalizeDigest(expected); err != nil {
+			w.Abort()
+			return "", err
+		}
+	}
+	err := w.drain()
+	if err == nil {
+		err = w.f.Sync()
+	}
+	w.f.Close()
+	defer w.s.unlockRef(w.opts.Ref)
+	if err != nil {
+		return "", fmt.Errorf("ingest %s: %w", w.opts.Ref, err)
+	}
+	if size >= 0 && w.offset != size {
+		os.RemoveAll(w.dir)
+		return "", fmt.Errorf("ingest %s: %w: got %d bytes, want %d", w.opts.Ref, ErrSizeMismatch, w.offset, size)
+	}
+	got := DigestPrefix + hex.EncodeToString(w.h.Sum(nil))
+	if expected != "" && got != expected {
+		os.RemoveAll(w.dir)
+		return "", fmt.Errorf("ingest %s: %w: got %s, want %s", w.opts.Ref, ErrDigestMismatch, got, expected)
+	}
+	if err := w.s.adoptIngest(ctx, filepath.Join(w.dir, ingestData), got, w.offset, w.opts.Lease); err != nil {
+		return "", err
+	}
+	os.RemoveAll(w.dir)
+	return got, nil
+}
+
+// Ingest is a convenience: it writes all of r under ref and commits it.
+func (s *Store) Ingest(ctx context.Context, ref string, r io.Reader, size int64, expected string) (string, error) {
+	w, err := s.Writer(ctx, WriterOpts{Ref: ref, Size: size})
+	if err != nil {
+		return "", err
+	}
+	if _, err := w.ReadFrom(ctxReader{ctx, r}); err != nil {
+		w.Close()
+		return "", err
+	}
+	return w.Commit(ctx, size, expected)
+}
+
+func (s *Store) lockRef(ref string) error {
+	s.refMu.Lock()
+	defer s.refMu.Unlock()
+	if s.refs[ref] {
+		return fmt.Errorf("ingest %s: %w", ref, ErrLocked)
+	}
+	s.refs[ref] = true
+	return nil
+}
+
+func (s *Store) unlockRef(ref string) {
+	s.refMu.Lock()
+	delete(s.refs, ref)
+	s.refMu.Unlock()
+}
+
+// Ingests lists the refs of partial ingests on disk and their sizes.
+func (s *Store) Ingests() (map[string]int64, error) {
+	dir := filepath.Join(s.root, dirIngest)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, e := range ents {
+		ref, err := os.ReadFile(filepath.Join(dir, e.Name(), ingestRef))
+		if err != nil {
+			continue
+		}
+		fi, err := os.Stat(filepath.Join(dir, e.Name(), ingestData))
+		if err != nil {
+			continue
+		}
+		out[string(ref)] = fi.Size()
+	}
+	return out, nil
+}
+
+// RemoveIngest deletes a partial ingest that no pull wants any more.
+func (s *Store) RemoveIngest(ref string) error {
+	if err := s.lockRef(ref); err != nil {
+		return err
+	}
+	defer s.unlockRef(ref)
+	return os.RemoveAll(filepath.Join(s.root, dirIngest, ingestDirName(ref)))
+}
