@@ -42,6 +42,7 @@ type Version struct {
 	Created        time.Time `json:"created"`
 	LastUsed       time.Time `json:"lastUsed"`
 	Bytes          int64     `json:"bytes"`
+	Spec           string    `json:"spec,omitempty"`
 }
 
 // Artifact is a name with its versions, the current one first.

@@ -136,6 +136,21 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 // Close closes the index. Writers still open keep their partial data.
 func (s *Store) Close() error { return s.db.Close() }
 
+// Check reports whether the index answers and the root is reachable; the
+// daemon's health check and watchdog call it.
+func (s *Store) Check() error {
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketMeta) == nil {
+			return errors.New("index: meta bucket missing")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	_, err := os.Stat(filepath.Join(s.root, dirBlobs))
+	return err
+}
+
 // Root is the absolute store root.
 func (s *Store) Root() string { return s.root }
 
@@ -290,6 +305,9 @@ type VersionSpec struct {
 	// is committed (the "folder checksum" a user demanded).
 	ExpectedDigest string
 	Pin            bool
+	// Spec is an opaque fingerprint of what produced this version (the
+	// daemon's desire), recorded so a changed desire can be told apart.
+	Spec string
 }
 
 func (s *Store) kindDir(kind string) (string, error) {
@@ -363,7 +381,7 @@ func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, 
 	v := &Version{
 		Name: spec.Name, Kind: spec.Kind, Source: spec.Source, Revision: rev,
 		Manifest: m, ManifestDigest: md, State: StateReady, Pinned: spec.Pin,
-		Created: now, LastUsed: now, Bytes: m.Bytes(),
+		Created: now, LastUsed: now, Bytes: m.Bytes(), Spec: spec.Spec,
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		ab, err := tx.Bucket(bucketArtifacts).CreateBucketIfNotExists([]byte(spec.Name))

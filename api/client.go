@@ -1,0 +1,266 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Client talks to modelcached over its unix socket. The zero value uses
+// DefaultSocket. Safe for concurrent use.
+type Client struct {
+	// Socket is the path of the daemon's socket; empty means DefaultSocket.
+	Socket string
+
+	mu sync.Mutex
+	hc *http.Client
+}
+
+func (c *Client) socket() string {
+	if c.Socket == "" {
+		return DefaultSocket
+	}
+	return c.Socket
+}
+
+func (c *Client) http() *http.Client {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hc == nil {
+		sock := c.socket()
+		c.hc = &http.Client{Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "unix", sock)
+			},
+			DisableCompression: true,
+		}}
+	}
+	return c.hc
+}
+
+// UnavailableError says the daemon could not be reached and where the
+// client looked.
+type UnavailableError struct {
+	Socket string
+	Err    error
+}
+
+func (e *UnavailableError) Error() string {
+	return fmt.Sprintf("cannot reach modelcached at %s: %v", e.Socket, e.Err)
+}
+
+// Unwrap makes errors.Is(err, ErrUnavailable) hold.
+func (e *UnavailableError) Unwrap() []error { return []error{ErrUnavailable, e.Err} }
+
+func (c *Client) do(ctx context.Context, method, path string, in any) (*http.Response, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://modelcached"+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http().Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, &UnavailableError{Socket: c.socket(), Err: unwrapURL(err)}
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	return resp, nil
+}
+
+func unwrapURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+func decodeError(resp *http.Response) error {
+	e := &Error{Status: resp.StatusCode}
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if json.Unmarshal(raw, e) != nil || e.Code == "" {
+		e.Code = CodeInternal
+		e.Message = fmt.Sprintf("daemon answered %s: %s", resp.Status, bytes.TrimSpace(raw))
+	}
+	return e
+}
+
+func (c *Client) call(ctx context.Context, method, path string, in, out any) error {
+	resp, err := c.do(ctx, method, path, in)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("decode %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+// stream reads JSON lines of Events until one is Done, calling fn for each.
+func (c *Client) stream(ctx context.Context, method, path string, in any, fn func(Event)) (*Artifact, error) {
+	resp, err := c.do(ctx, method, path, in)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	var last *Artifact
+	for sc.Scan() {
+		var ev Event
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return last, fmt.Errorf("decode event: %w", err)
+		}
+		if ev.Artifact != nil {
+			last = ev.Artifact
+		}
+		if fn != nil {
+			fn(ev)
+		}
+		if ev.Error != nil {
+			ev.Error.Status = HTTPStatus(ev.Error.Code)
+			return last, ev.Error
+		}
+		if ev.Done {
+			return last, nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return last, &UnavailableError{Socket: c.socket(), Err: err}
+	}
+	return last, &UnavailableError{Socket: c.socket(), Err: errors.New("stream ended before the artifact settled (daemon restarted?)")}
+}
+
+// Health returns nil when the daemon serves.
+func (c *Client) Health(ctx context.Context) error { return c.call(ctx, "GET", "/v1/health", nil, nil) }
+
+// Status returns the daemon's status.
+func (c *Client) Status(ctx context.Context) (*Status, error) {
+	var s Status
+	return &s, c.call(ctx, "GET", "/v1/status", nil, &s)
+}
+
+// List returns every artifact the daemon knows.
+func (c *Client) List(ctx context.Context) ([]Artifact, error) {
+	var out []Artifact
+	return out, c.call(ctx, "GET", "/v1/artifacts", nil, &out)
+}
+
+// Get returns one artifact with its versions and files.
+func (c *Client) Get(ctx context.Context, name string) (*Artifact, error) {
+	var a Artifact
+	return &a, c.call(ctx, "GET", "/v1/artifacts/"+url.PathEscape(name), nil, &a)
+}
+
+// Pull records the desire and starts the pull. Without wait it returns at
+// once with the artifact as it stands; with wait it streams progress to fn
+// until the artifact is Ready (nil error) or Failed (an *Error with code
+// CodeFailed).
+func (c *Client) Pull(ctx context.Context, req PullRequest, wait bool, fn func(Event)) (*Artifact, error) {
+	if !wait {
+		var a Artifact
+		return &a, c.call(ctx, "POST", "/v1/pull", req, &a)
+	}
+	return c.stream(ctx, "POST", "/v1/pull?wait=true", req, fn)
+}
+
+// Wait streams progress until name is Ready or Failed, or timeout passes
+// (0: no limit; the daemon answers CodeTimeout).
+func (c *Client) Wait(ctx context.Context, name string, timeout time.Duration, fn func(Event)) (*Artifact, error) {
+	q := ""
+	if timeout > 0 {
+		q = "?timeout=" + url.QueryEscape(timeout.String())
+	}
+	return c.stream(ctx, "GET", "/v1/artifacts/"+url.PathEscape(name)+"/wait"+q, nil, fn)
+}
+
+// Pin protects the current version of name from eviction.
+func (c *Client) Pin(ctx context.Context, name string) (*Artifact, error) {
+	var a Artifact
+	return &a, c.call(ctx, "POST", "/v1/artifacts/"+url.PathEscape(name)+"/pin", nil, &a)
+}
+
+// Unpin lets the current version of name be evicted again.
+func (c *Client) Unpin(ctx context.Context, name string) (*Artifact, error) {
+	var a Artifact
+	return &a, c.call(ctx, "POST", "/v1/artifacts/"+url.PathEscape(name)+"/unpin", nil, &a)
+}
+
+// Evict removes name (every version, or one revision) and its desire,
+// then collects the blobs nothing uses any more.
+func (c *Client) Evict(ctx context.Context, name, revision string, force bool) (*EvictResult, error) {
+	q := url.Values{}
+	if revision != "" {
+		q.Set("revision", revision)
+	}
+	if force {
+		q.Set("force", "true")
+	}
+	var r EvictResult
+	return &r, c.call(ctx, "DELETE", "/v1/artifacts/"+url.PathEscape(name)+"?"+q.Encode(), nil, &r)
+}
+
+// Verify re-hashes the blobs of the named artifacts (all when none).
+func (c *Client) Verify(ctx context.Context, names ...string) (*VerifyResult, error) {
+	var r VerifyResult
+	return &r, c.call(ctx, "POST", "/v1/verify", VerifyRequest{Names: names}, &r)
+}
+
+// GC removes blobs that no artifact version references.
+func (c *Client) GC(ctx context.Context) (*GCResult, error) {
+	var r GCResult
+	return &r, c.call(ctx, "POST", "/v1/gc", nil, &r)
+}
+
+// Usage returns the store's disk use.
+func (c *Client) Usage(ctx context.Context) (*Usage, error) {
+	var u Usage
+	return &u, c.call(ctx, "GET", "/v1/usage", nil, &u)
+}
+
+// FormatBytes renders n in binary units for people.
+func FormatBytes(n int64) string {
+	if n < 0 {
+		return "?"
+	}
+	const unit = 1024
+	if n < unit {
+		return strconv.FormatInt(n, 10) + " B"
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

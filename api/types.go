@@ -1,0 +1,166 @@
+// Package api holds the wire types of modelcached's unix-socket API and a
+// small Go client for it. Both the daemon and modelctl import it, so the
+// format is defined once. Routes are versioned under /v1/. Errors cross
+// the socket as an HTTP status and {"code": …, "message": …}; the client
+// turns them back into *Error values that match the sentinels with
+// errors.Is.
+package api
+
+import "time"
+
+// DefaultSocket is where the daemon listens unless told otherwise.
+const DefaultSocket = "/run/modelcached/modelcached.sock"
+
+// Phase of an artifact on this node.
+type Phase string
+
+const (
+	PhasePending     Phase = "Pending"
+	PhaseDownloading Phase = "Downloading"
+	PhaseReady       Phase = "Ready"
+	PhaseFailed      Phase = "Failed"
+)
+
+// Desire is one wanted artifact: from `modelctl pull` (persisted in the
+// index) or from a YAML file in the models dir.
+type Desire struct {
+	Name    string   `json:"name"`
+	URI     string   `json:"uri"`
+	Digest  string   `json:"digest,omitempty"` // expected manifest digest (folder checksum)
+	Pin     bool     `json:"pin,omitempty"`
+	State   string   `json:"state,omitempty"` // present (default) | absent
+	Include []string `json:"include,omitempty"`
+	Exclude []string `json:"exclude,omitempty"`
+	// Origin says where the desire comes from: "api", or "file:<path>".
+	Origin string `json:"origin,omitempty"`
+}
+
+// Desire states.
+const (
+	StatePresent = "present"
+	StateAbsent  = "absent"
+)
+
+// Progress of a pull in flight.
+type Progress struct {
+	BytesDone      int64     `json:"bytesDone"`
+	BytesTotal     int64     `json:"bytesTotal"` // -1 when a size is unknown
+	BytesSkipped   int64     `json:"bytesSkipped"`
+	FilesDone      int       `json:"filesDone"`
+	FilesTotal     int       `json:"filesTotal"`
+	BytesPerSecond float64   `json:"bytesPerSecond"`
+	Started        time.Time `json:"started"`
+}
+
+// File is one file of an artifact version.
+type File struct {
+	Path   string `json:"path"`
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+}
+
+// Version is one revision of an artifact in the store.
+type Version struct {
+	Revision       string    `json:"revision"`
+	State          string    `json:"state"`
+	Message        string    `json:"message,omitempty"`
+	ManifestDigest string    `json:"manifestDigest"`
+	Bytes          int64     `json:"bytes"`
+	Pinned         bool      `json:"pinned"`
+	Created        time.Time `json:"created"`
+	LastUsed       time.Time `json:"lastUsed"`
+	Source         string    `json:"source"`
+	Files          []File    `json:"files,omitempty"` // only from Get
+}
+
+// Artifact is what the daemon knows of one name: its desire, its phase
+// and the versions in the store.
+type Artifact struct {
+	Name           string     `json:"name"`
+	Kind           string     `json:"kind"`
+	URI            string     `json:"uri,omitempty"`
+	Phase          Phase      `json:"phase"`
+	Message        string     `json:"message,omitempty"`
+	Revision       string     `json:"revision,omitempty"` // the current one
+	ManifestDigest string     `json:"manifestDigest,omitempty"`
+	Bytes          int64      `json:"bytes"`
+	Pinned         bool       `json:"pinned"`
+	Path           string     `json:"path,omitempty"` // <root>/models/<name>/current when Ready
+	Attempts       int        `json:"attempts,omitempty"`
+	NextRetry      *time.Time `json:"nextRetry,omitempty"`
+	Progress       *Progress  `json:"progress,omitempty"`
+	Desire         *Desire    `json:"desire,omitempty"`
+	Versions       []Version  `json:"versions,omitempty"`
+}
+
+// Event is one line of a streamed response (pull with wait, wait).
+type Event struct {
+	Artifact *Artifact `json:"artifact,omitempty"`
+	Error    *Error    `json:"error,omitempty"`
+	Done     bool      `json:"done,omitempty"`
+}
+
+// PullRequest asks for an artifact; it becomes a persisted desire.
+type PullRequest = Desire
+
+// EvictResult lists what an evict removed.
+type EvictResult struct {
+	Name      string   `json:"name"`
+	Revisions []string `json:"revisions"`
+	GC        GCResult `json:"gc"`
+}
+
+// GCResult is what a garbage collection removed.
+type GCResult struct {
+	BlobsRemoved int   `json:"blobsRemoved"`
+	BytesFreed   int64 `json:"bytesFreed"`
+	BlobsKept    int   `json:"blobsKept"`
+}
+
+// VerifyRequest names the artifacts to verify; empty means every blob.
+type VerifyRequest struct {
+	Names []string `json:"names,omitempty"`
+}
+
+// VerifyResult is what a verification found and did.
+type VerifyResult struct {
+	BlobsChecked int      `json:"blobsChecked"`
+	BytesChecked int64    `json:"bytesChecked"`
+	Corrupt      []string `json:"corrupt,omitempty"`
+	Missing      []string `json:"missing,omitempty"`
+	Refetching   []string `json:"refetching,omitempty"` // name@rev queued for re-fetch
+	Quarantined  []string `json:"quarantined,omitempty"`
+}
+
+// ArtifactUsage is one artifact's share of the store.
+type ArtifactUsage struct {
+	Name        string `json:"name"`
+	Bytes       int64  `json:"bytes"`
+	UniqueBytes int64  `json:"uniqueBytes"`
+	SharedBytes int64  `json:"sharedBytes"`
+}
+
+// Usage is the disk use of the store.
+type Usage struct {
+	Root            string          `json:"root"`
+	StoreBytes      int64           `json:"storeBytes"`
+	Blobs           int             `json:"blobs"`
+	FSCapacityBytes int64           `json:"fsCapacityBytes"`
+	FSFreeBytes     int64           `json:"fsFreeBytes"`
+	Artifacts       []ArtifactUsage `json:"artifacts"`
+}
+
+// Status is the daemon's state at a glance.
+type Status struct {
+	Version        string        `json:"version"`
+	Root           string        `json:"root"`
+	Socket         string        `json:"socket"`
+	ModelsDir      string        `json:"modelsDir"`
+	Started        time.Time     `json:"started"`
+	Phases         map[Phase]int `json:"phases"`
+	PullsInFlight  int           `json:"pullsInFlight"`
+	StoreBytes     int64         `json:"storeBytes"`
+	FSFreeBytes    int64         `json:"fsFreeBytes"`
+	ModelsDirError []string      `json:"modelsDirErrors,omitempty"`
+	DirectIO       bool          `json:"directIO"`
+}

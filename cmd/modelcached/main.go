@@ -1,0 +1,136 @@
+// Command modelcached is the per-node model cache daemon.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/modelcache/modelcache/daemon"
+)
+
+// version is stamped at build time: -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	def := daemon.DefaultConfig()
+	app := &cli.App{
+		Name:    "modelcached",
+		Usage:   "node-local cache of model weights and GPU kernel caches",
+		Version: version,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "root", Value: def.Root, Usage: "store root directory", EnvVars: []string{"MODELCACHED_ROOT"}},
+			&cli.StringFlag{Name: "socket", Value: def.Socket, Usage: "unix socket of the API", EnvVars: []string{"MODELCACHED_SOCKET"}},
+			&cli.StringFlag{Name: "socket-mode", Value: "0666", Usage: "permission bits of the socket: 0666 lets every local user read (mutations are checked per peer), 0660 restricts reads to the group too"},
+			&cli.StringFlag{Name: "socket-group", Value: def.SocketGroup, Usage: "group whose members may change the cache (and that owns the socket); empty: only root and the daemon's user"},
+			&cli.StringFlag{Name: "metrics-addr", Value: def.MetricsAddr, Usage: "TCP address of /metrics and /healthz; empty disables"},
+			&cli.StringFlag{Name: "models-dir", Value: def.ModelsDir, Usage: "directory of YAML desires, reloaded on change"},
+			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
+			&cli.IntFlag{Name: "max-concurrent-pulls", Value: def.MaxConcurrentPulls, Usage: "artifacts pulled at once"},
+			&cli.IntFlag{Name: "files-per-pull", Value: def.FilesPerPull, Usage: "files of one artifact fetched at once"},
+			&cli.BoolFlag{Name: "direct-io", Value: def.DirectIO, Usage: "write blobs with O_DIRECT where the filesystem allows (--direct-io=false: buffered)"},
+			&cli.Int64Flag{Name: "bandwidth-limit", Usage: "bytes per second over all pulls; 0 = unlimited"},
+			&cli.DurationFlag{Name: "retry-initial", Value: def.RetryInitial, Usage: "first delay after a failed pull"},
+			&cli.DurationFlag{Name: "retry-max", Value: def.RetryMax, Usage: "longest delay between pull attempts"},
+			&cli.DurationFlag{Name: "idle-timeout", Value: def.IdleTimeout, Usage: "a download that delivers nothing this long is resumed on a new request"},
+		},
+		Action: run,
+	}
+	if err := app.Run(os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "modelcached:", err)
+		os.Exit(1)
+	}
+}
+
+func run(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return cli.Exit(fmt.Sprintf("modelcached: unexpected argument %q (flags only; see --help)", c.Args().First()), 2)
+	}
+	logger, err := newLogger(c.String("log-format"), c.String("log-level"))
+	if err != nil {
+		return cli.Exit("modelcached: "+err.Error(), 2)
+	}
+	mode, err := strconv.ParseUint(c.String("socket-mode"), 8, 32)
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("modelcached: --socket-mode %q: want octal bits such as 0666 or 0660", c.String("socket-mode")), 2)
+	}
+	cfg := daemon.DefaultConfig()
+	cfg.Root = c.String("root")
+	cfg.Socket = c.String("socket")
+	cfg.SocketMode = os.FileMode(mode)
+	cfg.SocketGroup = c.String("socket-group")
+	cfg.MetricsAddr = c.String("metrics-addr")
+	cfg.ModelsDir = c.String("models-dir")
+	cfg.MaxConcurrentPulls = c.Int("max-concurrent-pulls")
+	cfg.FilesPerPull = c.Int("files-per-pull")
+	cfg.DirectIO = c.Bool("direct-io")
+	cfg.BandwidthLimit = c.Int64("bandwidth-limit")
+	cfg.RetryInitial = c.Duration("retry-initial")
+	cfg.RetryMax = c.Duration("retry-max")
+	cfg.IdleTimeout = c.Duration("idle-timeout")
+	cfg.Logger = logger
+	cfg.Version = version
+	cfg.Hook = faultHook(logger)
+	if err := cfg.Validate(); err != nil {
+		return cli.Exit("modelcached: invalid configuration:\n  "+strings.ReplaceAll(err.Error(), "\n", "\n  "), 2)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	d, err := daemon.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if err := d.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+func newLogger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// faultHook reads MODELCACHED_FAULTPOINT=<point>[:<n>] and SIGKILLs the
+// daemon at the n-th time (default 1st) the store reaches that point. It
+// exists for the crash tests; unset, it costs nothing.
+func faultHook(log *slog.Logger) func(string) {
+	spec := os.Getenv("MODELCACHED_FAULTPOINT")
+	if spec == "" {
+		return nil
+	}
+	point, ns, _ := strings.Cut(spec, ":")
+	n, _ := strconv.Atoi(ns)
+	if n < 1 {
+		n = 1
+	}
+	var hits atomic.Int64
+	log.Warn("fault injection armed: the daemon kills itself at this point", "point", point, "hit", n)
+	return func(p string) {
+		if p == point && hits.Add(1) == int64(n) {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}
+}

@@ -1,0 +1,421 @@
+// Command modelctl is the command line of modelcached: it talks to the
+// daemon over its unix socket.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/term"
+	"sigs.k8s.io/yaml"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+var version = "dev"
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+type usageError struct{ msg string }
+
+func (u usageError) Error() string { return u.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+func main() {
+	os.Exit(run(os.Args, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	app := newApp(stdout, stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := app.RunContext(ctx, intersperse(app, args))
+	if err == nil {
+		return exitOK
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintln(stderr, "modelctl:", ue.msg)
+		fmt.Fprintln(stderr, "Run 'modelctl --help' for usage.")
+		return exitUsage
+	}
+	fmt.Fprintln(stderr, "modelctl:", explain(err, app.Metadata["socket"]))
+	return exitFailure
+}
+
+// explain adds the remedy to the errors people hit.
+func explain(err error, socket any) string {
+	var ua *api.UnavailableError
+	switch {
+	case errors.As(err, &ua):
+		return fmt.Sprintf("%v\n  Is modelcached running? Start it with 'make run' (development) or 'sudo systemctl start modelcached',\n  or point --socket / MODELCACHE_SOCKET at the socket it serves.", err)
+	case errors.Is(err, api.ErrForbidden):
+		return err.Error()
+	case errors.Is(err, api.ErrNotFound):
+		return err.Error() + "\n  'modelctl list' shows what the cache holds."
+	}
+	return err.Error()
+}
+
+func newApp(stdout, stderr io.Writer) *cli.App {
+	app := &cli.App{
+		Name:      "modelctl",
+		Usage:     "control modelcached, the node-local model cache",
+		Version:   version,
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Metadata:  map[string]any{},
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "socket", Value: api.DefaultSocket, EnvVars: []string{"MODELCACHE_SOCKET"}, Usage: "the daemon's unix socket"},
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table, json or yaml"},
+		},
+		Before: func(c *cli.Context) error {
+			switch c.String("output") {
+			case "table", "json", "yaml":
+			default:
+				return usagef("-o %q: want table, json or yaml", c.String("output"))
+			}
+			c.App.Metadata["socket"] = c.String("socket")
+			return nil
+		},
+		OnUsageError: func(c *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
+		CommandNotFound: func(c *cli.Context, cmd string) {
+			fmt.Fprintf(stderr, "modelctl: no command %q. Run 'modelctl --help' for usage.\n", cmd)
+			os.Exit(exitUsage)
+		},
+		Commands: commands(),
+	}
+	for _, c := range app.Commands {
+		c.OnUsageError = app.OnUsageError
+	}
+	return app
+}
+
+func client(c *cli.Context) *api.Client { return &api.Client{Socket: c.String("socket")} }
+
+func needArgs(c *cli.Context, n int, what string) error {
+	if c.NArg() != n {
+		return usagef("%s: want %s", c.Command.Name, what)
+	}
+	return nil
+}
+
+func commands() []*cli.Command {
+	return []*cli.Command{
+		{
+			Name: "list", Aliases: []string{"ls"}, Usage: "list artifacts with their phase, revision and size",
+			Action: func(c *cli.Context) error {
+				list, err := client(c).List(c.Context)
+				if err != nil {
+					return err
+				}
+				return output(c, list, func(w io.Writer) {
+					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "NAME\tPHASE\tREVISION\tSIZE\tPINNED\tSOURCE / MESSAGE")
+					for _, a := range list {
+						detail := a.URI
+						if a.Phase != api.PhaseReady && a.Message != "" {
+							detail = a.Message
+						}
+						if a.Progress != nil && a.Phase == api.PhaseDownloading {
+							detail = progressText(a.Progress)
+						}
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%s\n", a.Name, a.Phase, short(a.Revision), api.FormatBytes(a.Bytes), a.Pinned, detail)
+					}
+					tw.Flush()
+				})
+			},
+		},
+		{
+			Name: "inspect", Usage: "show one artifact: desire, versions, files", ArgsUsage: "NAME",
+			Action: func(c *cli.Context) error {
+				if err := needArgs(c, 1, "NAME"); err != nil {
+					return err
+				}
+				a, err := client(c).Get(c.Context, c.Args().First())
+				if err != nil {
+					return err
+				}
+				return output(c, a, nil) // the table format shows YAML: one artifact has no rows
+			},
+		},
+		{
+			Name: "pull", Usage: "fetch an artifact into the cache and keep it desired", ArgsUsage: "URI",
+			Description: "URI is file:///abs/path (a file or a directory tree) or http(s)://host/path[#sha256=<hex>].\n" +
+				"The desire is persisted: the daemon keeps the artifact present and retries failures until 'modelctl evict'.",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "name", Usage: "artifact name (letters, digits, '.', '_', '-')"},
+				&cli.BoolFlag{Name: "pin", Usage: "never evict it by policy"},
+				&cli.StringFlag{Name: "digest", Usage: "expected manifest digest (sha256:…), the folder checksum; a mismatch fails the pull"},
+				&cli.StringSliceFlag{Name: "include", Usage: "only files matching this glob (repeatable)"},
+				&cli.StringSliceFlag{Name: "exclude", Usage: "skip files matching this glob (repeatable)"},
+				&cli.BoolFlag{Name: "no-wait", Usage: "return once the pull is queued"},
+			},
+			Action: func(c *cli.Context) error {
+				if err := needArgs(c, 1, "one URI"); err != nil {
+					return err
+				}
+				if c.String("name") == "" {
+					return usagef("pull: --name NAME is required (the name the model will have under models/)")
+				}
+				req := api.PullRequest{
+					Name: c.String("name"), URI: c.Args().First(), Digest: c.String("digest"), Pin: c.Bool("pin"),
+					Include: c.StringSlice("include"), Exclude: c.StringSlice("exclude"),
+				}
+				if c.Bool("no-wait") {
+					a, err := client(c).Pull(c.Context, req, false, nil)
+					if err != nil {
+						return err
+					}
+					return output(c, a, func(w io.Writer) { fmt.Fprintf(w, "%s: %s\n", a.Name, a.Phase) })
+				}
+				p := newProgress(c.App.ErrWriter)
+				a, err := client(c).Pull(c.Context, req, true, p.event)
+				p.finish()
+				if err != nil {
+					return err
+				}
+				return output(c, a, func(w io.Writer) { fmt.Fprintf(w, "%s: Ready at %s (revision %s, %s)\n", a.Name, a.Path, short(a.Revision), api.FormatBytes(a.Bytes)) })
+			},
+		},
+		{
+			Name: "wait", Usage: "wait until an artifact is Ready (exit 0) or Failed (exit 1); for init containers", ArgsUsage: "NAME",
+			Flags: []cli.Flag{&cli.DurationFlag{Name: "timeout", Usage: "give up after this long (0: never)"}},
+			Action: func(c *cli.Context) error {
+				if err := needArgs(c, 1, "NAME"); err != nil {
+					return err
+				}
+				p := newProgress(c.App.ErrWriter)
+				a, err := client(c).Wait(c.Context, c.Args().First(), c.Duration("timeout"), p.event)
+				p.finish()
+				if err != nil {
+					return err
+				}
+				return output(c, a, func(w io.Writer) { fmt.Fprintf(w, "%s: Ready at %s\n", a.Name, a.Path) })
+			},
+		},
+		pinCommand("pin", "protect an artifact's current version from eviction", true),
+		pinCommand("unpin", "let an artifact's current version be evicted again", false),
+		{
+			Name: "evict", Usage: "remove an artifact (or one revision) and its desire, then free unused blobs", ArgsUsage: "NAME",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "revision", Usage: "remove only this revision"},
+				&cli.BoolFlag{Name: "force", Usage: "remove even if pinned"},
+			},
+			Action: func(c *cli.Context) error {
+				if err := needArgs(c, 1, "NAME"); err != nil {
+					return err
+				}
+				r, err := client(c).Evict(c.Context, c.Args().First(), c.String("revision"), c.Bool("force"))
+				if err != nil {
+					return err
+				}
+				return output(c, r, func(w io.Writer) {
+					fmt.Fprintf(w, "%s: evicted %d revision(s); freed %s in %d blob(s)\n", r.Name, len(r.Revisions), api.FormatBytes(r.GC.BytesFreed), r.GC.BlobsRemoved)
+				})
+			},
+		},
+		{
+			Name: "verify", Usage: "re-hash blobs (of NAMEs, or all); corrupt ones are quarantined and re-fetched", ArgsUsage: "[NAME...]",
+			Action: func(c *cli.Context) error {
+				r, err := client(c).Verify(c.Context, c.Args().Slice()...)
+				if err != nil {
+					return err
+				}
+				if err := output(c, r, func(w io.Writer) {
+					fmt.Fprintf(w, "checked %d blobs (%s): %d corrupt, %d missing\n", r.BlobsChecked, api.FormatBytes(r.BytesChecked), len(r.Corrupt), len(r.Missing))
+					for _, d := range r.Corrupt {
+						fmt.Fprintf(w, "  corrupt: %s\n", d)
+					}
+					for _, d := range r.Missing {
+						fmt.Fprintf(w, "  missing: %s\n", d)
+					}
+					for _, a := range r.Refetching {
+						fmt.Fprintf(w, "  re-fetching: %s\n", a)
+					}
+				}); err != nil {
+					return err
+				}
+				if len(r.Corrupt)+len(r.Missing) > 0 {
+					return cli.Exit("", exitFailure)
+				}
+				return nil
+			},
+		},
+		{
+			Name: "gc", Usage: "remove blobs that no artifact uses",
+			Action: func(c *cli.Context) error {
+				r, err := client(c).GC(c.Context)
+				if err != nil {
+					return err
+				}
+				return output(c, r, func(w io.Writer) {
+					fmt.Fprintf(w, "removed %d blobs, freed %s; %d blobs in use\n", r.BlobsRemoved, api.FormatBytes(r.BytesFreed), r.BlobsKept)
+				})
+			},
+		},
+		{
+			Name: "du", Usage: "disk use per artifact (unique and shared bytes), of the store and its filesystem",
+			Action: func(c *cli.Context) error {
+				u, err := client(c).Usage(c.Context)
+				if err != nil {
+					return err
+				}
+				return output(c, u, func(w io.Writer) {
+					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "NAME\tSIZE\tUNIQUE\tSHARED")
+					sort.Slice(u.Artifacts, func(i, j int) bool { return u.Artifacts[i].Bytes > u.Artifacts[j].Bytes })
+					for _, a := range u.Artifacts {
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Name, api.FormatBytes(a.Bytes), api.FormatBytes(a.UniqueBytes), api.FormatBytes(a.SharedBytes))
+					}
+					tw.Flush()
+					fmt.Fprintf(w, "store %s in %d blobs at %s; filesystem %s free of %s\n", api.FormatBytes(u.StoreBytes), u.Blobs, u.Root, api.FormatBytes(u.FSFreeBytes), api.FormatBytes(u.FSCapacityBytes))
+				})
+			},
+		},
+		{
+			Name: "status", Usage: "the daemon at a glance",
+			Action: func(c *cli.Context) error {
+				s, err := client(c).Status(c.Context)
+				if err != nil {
+					return err
+				}
+				return output(c, s, func(w io.Writer) {
+					fmt.Fprintf(w, "modelcached %s, up %s\nroot %s, socket %s, models dir %s, direct I/O %v\n", s.Version, time.Since(s.Started).Round(time.Second), s.Root, s.Socket, s.ModelsDir, s.DirectIO)
+					fmt.Fprintf(w, "artifacts: %d ready, %d downloading, %d pending, %d failed\n", s.Phases[api.PhaseReady], s.Phases[api.PhaseDownloading], s.Phases[api.PhasePending], s.Phases[api.PhaseFailed])
+					fmt.Fprintf(w, "store %s; filesystem %s free\n", api.FormatBytes(s.StoreBytes), api.FormatBytes(s.FSFreeBytes))
+					for _, e := range s.ModelsDirError {
+						fmt.Fprintf(w, "models dir problem: %s\n", e)
+					}
+				})
+			},
+		},
+	}
+}
+
+func pinCommand(name, usage string, pin bool) *cli.Command {
+	return &cli.Command{
+		Name: name, Usage: usage, ArgsUsage: "NAME",
+		Action: func(c *cli.Context) error {
+			if err := needArgs(c, 1, "NAME"); err != nil {
+				return err
+			}
+			cl := client(c)
+			call := cl.Unpin
+			if pin {
+				call = cl.Pin
+			}
+			a, err := call(c.Context, c.Args().First())
+			if err != nil {
+				return err
+			}
+			return output(c, a, func(w io.Writer) { fmt.Fprintf(w, "%s: pinned=%v\n", a.Name, a.Pinned) })
+		},
+	}
+}
+
+// output writes v as JSON or YAML, or calls table for the table format.
+func output(c *cli.Context, v any, table func(io.Writer)) error {
+	w := c.App.Writer
+	format := c.String("output")
+	switch {
+	case format == "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	case format == "yaml" || table == nil:
+		b, err := yaml.Marshal(v)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(b)
+		return err
+	}
+	table(w)
+	return nil
+}
+
+func short(rev string) string {
+	if len(rev) > 12 {
+		return rev[:12]
+	}
+	return rev
+}
+
+func progressText(p *api.Progress) string {
+	s := fmt.Sprintf("%d/%d files, %s", p.FilesDone, p.FilesTotal, api.FormatBytes(p.BytesDone))
+	if p.BytesTotal > 0 {
+		s += fmt.Sprintf(" of %s (%.0f%%)", api.FormatBytes(p.BytesTotal), 100*float64(p.BytesDone+p.BytesSkipped)/float64(p.BytesTotal))
+	}
+	if p.BytesSkipped > 0 {
+		s += fmt.Sprintf(", %s already cached", api.FormatBytes(p.BytesSkipped))
+	}
+	return s + fmt.Sprintf(", %s/s", api.FormatBytes(int64(p.BytesPerSecond)))
+}
+
+// progress draws a bar on a terminal and plain lines otherwise.
+type progress struct {
+	w    io.Writer
+	tty  bool
+	last string
+	drew bool
+}
+
+func newProgress(w io.Writer) *progress {
+	p := &progress{w: w}
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		p.tty = true
+	}
+	return p
+}
+
+func (p *progress) event(ev api.Event) {
+	a := ev.Artifact
+	if a == nil {
+		return
+	}
+	line := fmt.Sprintf("%s: %s", a.Name, a.Phase)
+	if a.Progress != nil && a.Phase == api.PhaseDownloading {
+		line += " " + progressText(a.Progress)
+	} else if a.Message != "" {
+		line += " " + a.Message
+	}
+	if p.tty {
+		bar := ""
+		if pr := a.Progress; pr != nil && pr.BytesTotal > 0 {
+			frac := float64(pr.BytesDone+pr.BytesSkipped) / float64(pr.BytesTotal)
+			n := int(frac * 30)
+			bar = "[" + strings.Repeat("=", min(n, 30)) + strings.Repeat(" ", 30-min(n, 30)) + "] "
+		}
+		fmt.Fprintf(p.w, "\r\033[K%s%s", bar, line)
+		p.drew = true
+		return
+	}
+	if line != p.last {
+		fmt.Fprintln(p.w, line)
+		p.last = line
+	}
+}
+
+func (p *progress) finish() {
+	if p.tty && p.drew {
+		fmt.Fprintln(p.w)
+	}
+}

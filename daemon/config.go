@@ -1,0 +1,104 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os/user"
+	"strconv"
+	"time"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// Config is everything modelcached is told at start. Zero fields take the
+// defaults of DefaultConfig; Validate says what is wrong and how to fix it.
+type Config struct {
+	Root               string        // store root
+	Socket             string        // unix socket of the API
+	SocketMode         fs.FileMode   // permission bits of the socket
+	SocketGroup        string        // group that may mutate (and own the socket); "" = none
+	MetricsAddr        string        // TCP address of /metrics and /healthz; "" = off
+	ModelsDir          string        // YAML desires, watched; a missing dir means none
+	MaxConcurrentPulls int           // artifacts pulled at once
+	FilesPerPull       int           // files of one artifact fetched at once
+	DirectIO           bool          // write blobs with O_DIRECT where possible
+	RetryInitial       time.Duration // first delay after a failed pull
+	RetryMax           time.Duration // cap of the delay between pull attempts
+	IdleTimeout        time.Duration // a stream that delivers nothing this long is retried
+	BandwidthLimit     int64         // bytes/s over all pulls; 0 = unlimited
+	Logger             *slog.Logger  // nil = silent
+	Version            string        // reported by status and metrics
+	// Hook is called at the store's named commit points; for crash tests.
+	Hook func(point string)
+}
+
+// DefaultConfig is what a systemd unit gets.
+func DefaultConfig() Config {
+	return Config{
+		Root:               "/var/lib/modelcache",
+		Socket:             api.DefaultSocket,
+		SocketMode:         0o666,
+		SocketGroup:        "modelcache",
+		MetricsAddr:        ":9477",
+		ModelsDir:          "/etc/modelcached/models.d",
+		MaxConcurrentPulls: 2,
+		FilesPerPull:       4,
+		DirectIO:           true,
+		RetryInitial:       5 * time.Second,
+		RetryMax:           10 * time.Minute,
+		IdleTimeout:        60 * time.Second,
+		Version:            "dev",
+	}
+}
+
+// Validate checks the config and resolves the socket group.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Root == "" {
+		errs = append(errs, errors.New("--root is empty; give the store directory, e.g. /var/lib/modelcache"))
+	}
+	if c.Socket == "" {
+		errs = append(errs, errors.New("--socket is empty; give a path such as /run/modelcached/modelcached.sock"))
+	} else if len(c.Socket) > 107 {
+		errs = append(errs, fmt.Errorf("--socket %q is %d bytes; unix socket paths must be shorter than 108", c.Socket, len(c.Socket)))
+	}
+	if c.SocketMode&^0o777 != 0 || c.SocketMode&0o600 != 0o600 {
+		errs = append(errs, fmt.Errorf("--socket-mode %#o: want permission bits that include 0600, e.g. 0666 or 0660", c.SocketMode))
+	}
+	if c.MaxConcurrentPulls < 1 || c.MaxConcurrentPulls > 64 {
+		errs = append(errs, fmt.Errorf("--max-concurrent-pulls %d: want 1..64", c.MaxConcurrentPulls))
+	}
+	if c.FilesPerPull < 1 || c.FilesPerPull > 64 {
+		errs = append(errs, fmt.Errorf("files per pull %d: want 1..64", c.FilesPerPull))
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--metrics-addr %q: %v; write host:port or :port", c.MetricsAddr, err))
+		}
+	}
+	if c.RetryInitial <= 0 || c.RetryMax < c.RetryInitial {
+		errs = append(errs, fmt.Errorf("retry delays %s..%s: want 0 < initial <= max", c.RetryInitial, c.RetryMax))
+	}
+	if c.BandwidthLimit < 0 {
+		errs = append(errs, fmt.Errorf("--bandwidth-limit %d: want >= 0", c.BandwidthLimit))
+	}
+	return errors.Join(errs...)
+}
+
+// groupID looks the socket group up; -1 when unset or absent (logged).
+func groupID(name string) (int, error) {
+	if name == "" {
+		return -1, nil
+	}
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		if n, nerr := strconv.Atoi(name); nerr == nil {
+			return n, nil
+		}
+		return -1, err
+	}
+	return strconv.Atoi(g.Gid)
+}

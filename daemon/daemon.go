@@ -1,0 +1,246 @@
+// Package daemon is modelcached: it merges desires (the socket API, YAML
+// files in the models dir) into one desired set, reconciles it against the
+// store (pull what is present and missing, evict what is absent, retry
+// failures with backoff), schedules pulls (bounded concurrency, one
+// download per blob however many artifacts want it), and serves the
+// socket API, Prometheus metrics and systemd notifications.
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"golang.org/x/time/rate"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
+	filefetcher "github.com/modelcache/modelcache/fetchers/file"
+	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
+)
+
+// Daemon is one modelcached. Create it with New, run it with Run.
+type Daemon struct {
+	cfg      Config
+	log      *slog.Logger
+	store    *cachestore.Store
+	fetchers fetchers.Registry
+	metrics  *metrics
+	limiter  *rate.Limiter
+	started  time.Time
+	gid      int
+	backoff  fetchers.Backoff
+
+	mu          sync.Mutex
+	apiDesires  map[string]api.Desire
+	fileDesires map[string]api.Desire
+	fileErrors  []string
+	arts        map[string]*artState
+	flights     map[string]*flight
+	changed     chan struct{} // closed and replaced on every state change
+	wake        chan struct{}
+	pullSem     chan struct{}
+	pulls       sync.WaitGroup
+}
+
+// New opens the store (running startup repair) and prepares the daemon.
+func New(ctx context.Context, cfg Config) (*Daemon, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	opts := []cachestore.Option{cachestore.WithLogger(log.With("component", "store")), cachestore.WithDirectIO(cfg.DirectIO)}
+	if cfg.Hook != nil {
+		opts = append(opts, cachestore.WithHook(cfg.Hook))
+	}
+	st, rep, err := cachestore.Open(ctx, cfg.Root, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if !rep.Clean() {
+		log.Info("startup repair", "report", rep)
+	}
+	gid, err := groupID(cfg.SocketGroup)
+	if err != nil {
+		log.Warn("socket group not found; only root and the daemon's user may change the cache", "group", cfg.SocketGroup, "err", err)
+		gid = -1
+	}
+	d := &Daemon{
+		cfg: cfg, log: log, store: st, started: time.Now(), gid: gid,
+		fetchers: fetchers.Registry{
+			"file":  filefetcher.New(),
+			"http":  httpfetcher.New(httpfetcher.WithIdleTimeout(cfg.IdleTimeout), httpfetcher.WithUserAgent("modelcached/"+cfg.Version)),
+			"https": httpfetcher.New(httpfetcher.WithIdleTimeout(cfg.IdleTimeout), httpfetcher.WithUserAgent("modelcached/"+cfg.Version)),
+		},
+		backoff:     fetchers.DefaultBackoff,
+		apiDesires:  map[string]api.Desire{},
+		fileDesires: map[string]api.Desire{},
+		arts:        map[string]*artState{},
+		flights:     map[string]*flight{},
+		changed:     make(chan struct{}),
+		wake:        make(chan struct{}, 1),
+		pullSem:     make(chan struct{}, cfg.MaxConcurrentPulls),
+	}
+	if cfg.BandwidthLimit > 0 {
+		d.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthLimit), int(min(cfg.BandwidthLimit, 4<<20)))
+	}
+	d.metrics = newMetrics(d)
+	raw, err := st.Desires()
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	for name, b := range raw {
+		var ds api.Desire
+		if err := json.Unmarshal(b, &ds); err != nil {
+			log.Error("dropping an unreadable desire from the index", "artifact", name, "err", err)
+			continue
+		}
+		d.apiDesires[name] = ds
+	}
+	d.loadModelsDir()
+	return d, nil
+}
+
+// Store is the daemon's store (for tests and tools in this module).
+func (d *Daemon) Store() *cachestore.Store { return d.store }
+
+// Run serves until ctx ends: the socket API, metrics, the models-dir
+// watcher and the reconciler. It tells systemd READY=1 once the socket
+// serves and STOPPING=1 on the way out; on return pulls in flight have
+// stopped (their partial data stays for a resume) and the index is closed.
+func (d *Daemon) Run(ctx context.Context) error {
+	defer d.store.Close()
+	ln, err := d.listen()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	srv := &http.Server{Handler: d.routes(), ConnContext: peerContext, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 3)
+	go func() { errc <- srv.Serve(ln) }()
+
+	var msrv *http.Server
+	if d.cfg.MetricsAddr != "" {
+		ml, err := net.Listen("tcp", d.cfg.MetricsAddr)
+		if err != nil {
+			srv.Close()
+			return fmt.Errorf("--metrics-addr %s: %w (is another modelcached running? pass --metrics-addr to pick another port)", d.cfg.MetricsAddr, err)
+		}
+		msrv = &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() { errc <- msrv.Serve(ml) }()
+		d.log.Info("metrics", "addr", ml.Addr().String())
+	}
+
+	var bg sync.WaitGroup
+	bg.Add(2)
+	go func() { defer bg.Done(); d.watchModelsDir(ctx) }()
+	go func() { defer bg.Done(); d.reconcileLoop(ctx) }()
+
+	d.log.Info("serving", "socket", d.cfg.Socket, "root", d.store.Root(), "version", d.cfg.Version)
+	if ok, err := daemon.SdNotify(false, daemon.SdNotifyReady); ok {
+		d.log.Info("told systemd READY=1")
+	} else if err != nil {
+		d.log.Warn("sd_notify", "err", err)
+	}
+	go d.watchdog(ctx)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			runErr = err
+		}
+	}
+	daemon.SdNotify(false, daemon.SdNotifyStopping)
+	d.log.Info("stopping")
+	cancel()
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	srv.Shutdown(sctx)
+	if msrv != nil {
+		msrv.Shutdown(sctx)
+	}
+	bg.Wait()
+	d.pulls.Wait() // pulls see ctx end, close their writers (data kept), and return
+	return runErr
+}
+
+// watchdog pings systemd at half the interval while the store answers.
+func (d *Daemon) watchdog(ctx context.Context) {
+	interval, err := daemon.SdWatchdogEnabled(false)
+	if err != nil || interval == 0 {
+		return
+	}
+	t := time.NewTicker(interval / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if d.healthy() == nil {
+				daemon.SdNotify(false, daemon.SdNotifyWatchdog)
+			}
+		}
+	}
+}
+
+func (d *Daemon) healthy() error {
+	return d.store.Check()
+}
+
+// listen opens the API socket: a stale socket left by a dead daemon is
+// replaced, a live one is an error, and anything that is not a socket is
+// never removed.
+func (d *Daemon) listen() (net.Listener, error) {
+	path := d.cfg.Socket
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("socket dir: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("--socket %s exists and is not a socket; remove it or choose another path", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("--socket %s: another modelcached is serving there; stop it first", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
+		}
+		d.log.Info("removed stale socket", "socket", path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("--socket %s: %w", path, err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(true)
+	if err := os.Chmod(path, d.cfg.SocketMode); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if d.gid >= 0 {
+		if err := os.Chown(path, -1, d.gid); err != nil {
+			d.log.Warn("chown socket to its group", "gid", d.gid, "err", err)
+		}
+	}
+	return ln, nil
+}
+

@@ -1,0 +1,109 @@
+package daemon
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// metrics live on the daemon's own registry; nothing is global.
+type metrics struct {
+	reg           *prometheus.Registry
+	fetchedBytes  *prometheus.CounterVec
+	fetchErrors   *prometheus.CounterVec
+	fetchDuration *prometheus.HistogramVec
+	pulls         *prometheus.CounterVec
+	verifications *prometheus.CounterVec
+	evictions     *prometheus.CounterVec
+	apiRequests   *prometheus.CounterVec
+}
+
+func newMetrics(d *Daemon) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		fetchedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "modelcache_fetch_bytes_total", Help: "Bytes received from sources, by URI scheme.",
+		}, []string{"scheme"}),
+		fetchErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "modelcache_fetch_errors_total", Help: "Failed fetch attempts (each retry counts), by URI scheme.",
+		}, []string{"scheme"}),
+		fetchDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "modelcache_fetch_duration_seconds", Help: "Time to fetch and verify one file, by URI scheme.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
+		}, []string{"scheme"}),
+		pulls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "modelcache_pulls_total", Help: "Finished pulls of artifact versions, by scheme and result (ok, failed).",
+		}, []string{"scheme", "result"}),
+		verifications: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "modelcache_verifications_total", Help: "Blob verifications, at ingest and by scrub, by result (ok, mismatch, corrupt, missing).",
+		}, []string{"result"}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "modelcache_evictions_total", Help: "Artifact versions evicted, by reason (absent, api).",
+		}, []string{"reason"}),
+		apiRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "modelcache_api_requests_total", Help: "Socket API requests, by route and HTTP status code.",
+		}, []string{"route", "code"}),
+	}
+	m.reg.MustRegister(m.fetchedBytes, m.fetchErrors, m.fetchDuration, m.pulls, m.verifications, m.evictions, m.apiRequests,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&stateCollector{d: d})
+	return m
+}
+
+var (
+	descArtifacts  = prometheus.NewDesc("modelcache_artifacts", "Artifacts by phase.", []string{"phase"}, nil)
+	descStoreBytes = prometheus.NewDesc("modelcache_store_bytes", "Bytes of blobs in the store (each shared blob once).", nil, nil)
+	descBlobs      = prometheus.NewDesc("modelcache_store_blobs", "Blobs in the store.", nil, nil)
+	descFSCap      = prometheus.NewDesc("modelcache_filesystem_capacity_bytes", "Size of the filesystem that holds the store root.", nil, nil)
+	descFSFree     = prometheus.NewDesc("modelcache_filesystem_free_bytes", "Bytes available on the filesystem that holds the store root.", nil, nil)
+	descInfo       = prometheus.NewDesc("modelcache_build_info", "Build of the running modelcached.", []string{"version"}, nil)
+)
+
+// stateCollector reads the store and the daemon at scrape time. A failing
+// source leaves its metrics out; it never fails the scrape.
+type stateCollector struct{ d *Daemon }
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descArtifacts, descStoreBytes, descBlobs, descFSCap, descFSFree, descInfo} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(descInfo, prometheus.GaugeValue, 1, c.d.cfg.Version)
+	if list, err := c.d.list(); err == nil {
+		counts := map[api.Phase]int{api.PhasePending: 0, api.PhaseDownloading: 0, api.PhaseReady: 0, api.PhaseFailed: 0}
+		for _, a := range list {
+			counts[a.Phase]++
+		}
+		for p, n := range counts {
+			ch <- prometheus.MustNewConstMetric(descArtifacts, prometheus.GaugeValue, float64(n), string(p))
+		}
+	}
+	if u, err := c.d.store.Usage(); err == nil {
+		ch <- prometheus.MustNewConstMetric(descStoreBytes, prometheus.GaugeValue, float64(u.StoreBytes))
+		ch <- prometheus.MustNewConstMetric(descBlobs, prometheus.GaugeValue, float64(u.Blobs))
+	}
+	if capa, free, err := c.d.store.FSStat(); err == nil {
+		ch <- prometheus.MustNewConstMetric(descFSCap, prometheus.GaugeValue, float64(capa))
+		ch <- prometheus.MustNewConstMetric(descFSFree, prometheus.GaugeValue, float64(free))
+	}
+}
+
+// metricsHandler serves /metrics and /healthz on the metrics address.
+func (d *Daemon) metricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := d.healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ok\n"))
+	})
+	return mux
+}

@@ -1,0 +1,154 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"sigs.k8s.io/yaml"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// modelsFile is one YAML file of the models dir: one desire, or a list
+// under "models".
+type modelsFile struct {
+	api.Desire `json:",inline"`
+	Models     []api.Desire `json:"models,omitempty"`
+}
+
+// loadModelsDir reads every *.yaml / *.yml file. A bad file is reported
+// (log and status) and skipped; the others still count.
+func (d *Daemon) loadModelsDir() {
+	dir := d.cfg.ModelsDir
+	desires := map[string]api.Desire{}
+	var problems []string
+	if dir != "" {
+		ents, err := os.ReadDir(dir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			problems = append(problems, fmt.Sprintf("%s: %v", dir, err))
+		}
+		sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
+		for _, e := range ents {
+			n := e.Name()
+			if e.IsDir() || strings.HasPrefix(n, ".") || !(strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) {
+				continue
+			}
+			path := filepath.Join(dir, n)
+			list, err := d.parseModelsFile(path)
+			if err != nil {
+				problems = append(problems, err.Error())
+				continue
+			}
+			for _, ds := range list {
+				if prev, dup := desires[ds.Name]; dup {
+					problems = append(problems, fmt.Sprintf("%s: artifact %s is already declared in %s; the first one counts", path, ds.Name, strings.TrimPrefix(prev.Origin, "file:")))
+					continue
+				}
+				desires[ds.Name] = ds
+			}
+		}
+	}
+	for _, p := range problems {
+		d.log.Error("models dir", "problem", p)
+	}
+	d.mu.Lock()
+	d.fileDesires, d.fileErrors = desires, problems
+	d.notify()
+	d.mu.Unlock()
+	d.kick()
+}
+
+func (d *Daemon) parseModelsFile(path string) ([]api.Desire, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	if len(raw) > 1<<20 {
+		return nil, fmt.Errorf("%s: larger than 1 MiB", path)
+	}
+	var mf modelsFile
+	if err := yaml.UnmarshalStrict(raw, &mf); err != nil {
+		return nil, fmt.Errorf("%s: %v (want name:, uri: and optional digest:, pin:, state:, include:, exclude: — or a list under models:)", path, err)
+	}
+	list := mf.Models
+	if mf.Desire.Name != "" || mf.Desire.URI != "" {
+		list = append(list, mf.Desire)
+	}
+	if len(list) == 0 {
+		return nil, fmt.Errorf("%s: declares no model", path)
+	}
+	out := make([]api.Desire, 0, len(list))
+	for _, ds := range list {
+		v, err := d.validateDesire(ds)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %v", path, err)
+		}
+		v.Origin = "file:" + path
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// watchModelsDir reloads the models dir when anything in it changes
+// (debounced), and polls for the dir itself when it does not exist yet.
+func (d *Daemon) watchModelsDir(ctx context.Context) {
+	dir := d.cfg.ModelsDir
+	if dir == "" {
+		return
+	}
+	for ctx.Err() == nil {
+		w, err := fsnotify.NewWatcher()
+		if err != nil {
+			d.log.Error("models dir watcher", "err", err)
+			return
+		}
+		if err := w.Add(dir); err != nil {
+			w.Close()
+			select { // the dir may appear later (a config package installs it)
+			case <-ctx.Done():
+				return
+			case <-time.After(5 * time.Second):
+			}
+			if _, serr := os.Stat(dir); serr == nil {
+				d.loadModelsDir()
+			}
+			continue
+		}
+		d.loadModelsDir()
+		d.watchLoop(ctx, w)
+		w.Close()
+	}
+}
+
+func (d *Daemon) watchLoop(ctx context.Context, w *fsnotify.Watcher) {
+	var debounce <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.Events:
+			if !ok {
+				return
+			}
+			if ev.Name == d.cfg.ModelsDir && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+				d.loadModelsDir()
+				return // re-add the watch
+			}
+			debounce = time.After(200 * time.Millisecond)
+		case err, ok := <-w.Errors:
+			if !ok {
+				return
+			}
+			d.log.Warn("models dir watcher", "err", err)
+		case <-debounce:
+			d.loadModelsDir()
+		}
+	}
+}

@@ -1,0 +1,234 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
+)
+
+// flight is one download of one blob; pulls that want the same blob wait
+// for it instead of fetching it again.
+type flight struct {
+	done   chan struct{}
+	digest string
+	size   int64
+	err    error
+}
+
+// runPull resolves the desire, fetches the files the store lacks, and
+// commits the version. The old version stays current until the commit.
+func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artState, prog *progress) error {
+	select {
+	case d.pullSem <- struct{}{}:
+		defer func() { <-d.pullSem }()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	d.setPhase(st, api.PhaseDownloading, "resolving "+ds.URI)
+	f, err := d.fetchers.For(ds.URI)
+	if err != nil {
+		return err
+	}
+	scheme, _ := fetchers.Scheme(ds.URI)
+	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude}
+	var res *fetchers.Resolved
+	err = d.backoff.Do(ctx, func(int) error {
+		var err error
+		res, err = f.Resolve(ctx, src)
+		return err
+	}, func(n int, err error, wait time.Duration) {
+		d.log.Warn("resolve failed; retrying", "artifact", ds.Name, "attempt", n, "wait", wait, "err", err)
+	})
+	if err != nil {
+		return fmt.Errorf("resolve %s: %w", ds.URI, err)
+	}
+	files, err := fetchers.Filter(res.Files, ds.Include, ds.Exclude)
+	if err != nil {
+		return fmt.Errorf("%s: %w", ds.URI, err)
+	}
+	for _, fl := range files {
+		if err := cachestore.ValidatePath(fl.Path); err != nil {
+			return fmt.Errorf("%s: refusing a file name from the source: %w", ds.URI, err)
+		}
+	}
+	prog.filesTotal.Store(int32(len(files)))
+	var total int64
+	for _, fl := range files {
+		if fl.Size < 0 {
+			total = -1
+			break
+		}
+		total += fl.Size
+	}
+	prog.total.Store(total)
+	d.setPhase(st, api.PhaseDownloading, fmt.Sprintf("fetching %d files", len(files)))
+
+	lease := d.store.NewLease()
+	defer lease.Release()
+	entries := make(cachestore.Manifest, len(files))
+	work := make(chan int)
+	errs := make(chan error, len(files))
+	var wg sync.WaitGroup
+	for w := 0; w < min(d.cfg.FilesPerPull, len(files)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				fl := files[i]
+				digest, size, err := d.fetchFile(ctx, f, scheme, ds.URI, fl, lease, prog)
+				if err != nil {
+					errs <- fmt.Errorf("%s: %w", fl.Path, err)
+					continue
+				}
+				entries[i] = cachestore.Entry{Path: fl.Path, Digest: digest, Size: size, Mode: fl.Mode}
+				prog.filesDone.Add(1)
+			}
+		}()
+	}
+	for i := range files {
+		if ctx.Err() != nil || len(errs) > 0 {
+			break
+		}
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	if err := errors.Join(collect(errs)...); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err = d.store.CommitVersion(ctx, cachestore.VersionSpec{
+		Name: ds.Name, Source: ds.URI, Revision: res.Revision, Manifest: entries,
+		ExpectedDigest: ds.Digest, Pin: ds.Pin, Spec: fp,
+	})
+	return err
+}
+
+func collect(c chan error) []error {
+	var out []error
+	for err := range c {
+		out = append(out, err)
+	}
+	return out
+}
+
+func (d *Daemon) setPhase(st *artState, p api.Phase, msg string) {
+	d.mu.Lock()
+	st.phase, st.message = p, msg
+	d.notify()
+	d.mu.Unlock()
+}
+
+// fetchFile makes sure the file's blob is in the store and returns its
+// digest and size. A known digest already present costs nothing; a blob
+// another pull is fetching is waited for, not fetched twice.
+func (d *Daemon) fetchFile(ctx context.Context, f fetchers.Fetcher, scheme, uri string, fl fetchers.File, lease *cachestore.Lease, prog *progress) (string, int64, error) {
+	ref := "src:" + uri + "#" + fl.Path
+	if fl.Digest != "" {
+		lease.Hold(fl.Digest)
+		if d.store.HasBlob(fl.Digest) && fl.Size >= 0 {
+			prog.skipped.Add(fl.Size)
+			return fl.Digest, fl.Size, nil
+		}
+		ref = "blob:" + fl.Digest
+	}
+	for {
+		d.mu.Lock()
+		if fw, ok := d.flights[ref]; ok {
+			d.mu.Unlock()
+			select {
+			case <-fw.done:
+			case <-ctx.Done():
+				return "", 0, ctx.Err()
+			}
+			if fw.err == nil {
+				lease.Hold(fw.digest)
+				if d.store.HasBlob(fw.digest) {
+					prog.skipped.Add(fw.size)
+					return fw.digest, fw.size, nil
+				}
+			}
+			continue // the other download failed or its blob went: try ourselves
+		}
+		fw := &flight{done: make(chan struct{})}
+		d.flights[ref] = fw
+		d.mu.Unlock()
+
+		fw.digest, fw.size, fw.err = d.download(ctx, f, scheme, ref, fl, lease, prog)
+		d.mu.Lock()
+		delete(d.flights, ref)
+		d.mu.Unlock()
+		close(fw.done)
+		return fw.digest, fw.size, fw.err
+	}
+}
+
+// download streams the file into an ingest, resuming from what is on disk
+// and after each interrupted attempt, then commits it.
+func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref string, fl fetchers.File, lease *cachestore.Lease, prog *progress) (string, int64, error) {
+	w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease})
+	if err != nil {
+		return "", 0, err
+	}
+	if r := w.Resumed(); r > 0 {
+		prog.skipped.Add(r)
+		d.log.Info("resuming download", "ref", ref, "offset", r)
+	}
+	start := time.Now()
+	var fetched atomic.Int64
+	err = d.backoff.Do(ctx, func(int) error {
+		rc, err := f.Open(ctx, fl, w.Offset())
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		var r io.Reader = fetchers.CountingReader{R: rc, N: &fetched}
+		r = fetchers.RateLimited(ctx, r, d.limiter)
+		before := fetched.Load()
+		_, err = w.ReadFrom(fetchers.CountingReader{R: r, N: &prog.done})
+		d.metrics.fetchedBytes.WithLabelValues(scheme).Add(float64(fetched.Load() - before))
+		switch {
+		case errors.Is(err, cachestore.ErrSizeMismatch):
+			return fetchers.Permanent(fmt.Errorf("the source sent more than the %d bytes it announced", fl.Size))
+		case errors.Is(err, syscall.ENOSPC):
+			return fetchers.Permanent(fmt.Errorf("disk full under %s: %w; free space or evict artifacts (modelctl evict, modelctl gc)", d.store.Root(), err))
+		case err != nil:
+			return err
+		case fl.Size >= 0 && w.Offset() < fl.Size:
+			return fmt.Errorf("stream ended at byte %d of %d: %w", w.Offset(), fl.Size, io.ErrUnexpectedEOF)
+		}
+		return nil
+	}, func(n int, err error, wait time.Duration) {
+		d.metrics.fetchErrors.WithLabelValues(scheme).Inc()
+		d.log.Warn("download interrupted; resuming", "ref", ref, "offset", w.Offset(), "attempt", n, "wait", wait.Round(time.Millisecond), "err", err)
+	})
+	if err != nil {
+		d.metrics.fetchErrors.WithLabelValues(scheme).Inc()
+		w.Close() // keep the partial data for the next attempt
+		return "", 0, err
+	}
+	size := w.Offset()
+	digest, err := w.Commit(ctx, fl.Size, fl.Digest)
+	if err != nil {
+		if errors.Is(err, cachestore.ErrDigestMismatch) {
+			d.metrics.verifications.WithLabelValues("mismatch").Inc()
+		}
+		return "", 0, err
+	}
+	d.metrics.verifications.WithLabelValues("ok").Inc()
+	d.metrics.fetchDuration.WithLabelValues(scheme).Observe(time.Since(start).Seconds())
+	return digest, size, nil
+}
+

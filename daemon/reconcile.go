@@ -1,0 +1,264 @@
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
+)
+
+// artState is what the daemon knows of a name beyond the index.
+type artState struct {
+	phase     api.Phase
+	message   string
+	attempts  int
+	nextRetry time.Time
+	spec      string             // fingerprint of the desire of the pull in flight or last pulled
+	cancel    context.CancelFunc // set while a pull is in flight
+	force     bool               // re-resolve even when satisfied (an explicit pull)
+	completed uint64             // pulls finished (either way); waiters watch it
+	prog      *progress
+}
+
+type progress struct {
+	done, skipped atomic.Int64
+	total         atomic.Int64 // -1 while unknown
+	filesDone     atomic.Int32
+	filesTotal    atomic.Int32
+	started       time.Time
+}
+
+func (p *progress) view() *api.Progress {
+	if p == nil {
+		return nil
+	}
+	v := &api.Progress{
+		BytesDone: p.done.Load(), BytesSkipped: p.skipped.Load(), BytesTotal: p.total.Load(),
+		FilesDone: int(p.filesDone.Load()), FilesTotal: int(p.filesTotal.Load()), Started: p.started,
+	}
+	if el := time.Since(p.started).Seconds(); el > 0 {
+		v.BytesPerSecond = float64(v.BytesDone) / el
+	}
+	return v
+}
+
+// fingerprint identifies what a desire asks the store for; a change of it
+// means a new pull.
+func fingerprint(ds api.Desire) string {
+	b, _ := json.Marshal([]any{ds.URI, ds.Digest, ds.Include, ds.Exclude})
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// desired merges the two sources; a file desire wins over an API one.
+// Called with d.mu held.
+func (d *Daemon) desired() map[string]api.Desire {
+	out := make(map[string]api.Desire, len(d.apiDesires)+len(d.fileDesires))
+	for n, ds := range d.apiDesires {
+		out[n] = ds
+	}
+	for n, ds := range d.fileDesires {
+		out[n] = ds
+	}
+	return out
+}
+
+// notify wakes every waiter; called with d.mu held.
+func (d *Daemon) notify() {
+	close(d.changed)
+	d.changed = make(chan struct{})
+}
+
+// kick asks the reconciler for a pass now.
+func (d *Daemon) kick() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (d *Daemon) reconcileLoop(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			d.mu.Lock()
+			for _, st := range d.arts {
+				if st.cancel != nil {
+					st.cancel()
+				}
+			}
+			d.mu.Unlock()
+			return
+		case <-t.C:
+		case <-d.wake:
+		}
+		next := d.reconcile(ctx)
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(next)
+	}
+}
+
+// reconcile makes one pass over the desired set and returns how long until
+// the next pass is due (the nearest retry, at most 30s).
+func (d *Daemon) reconcile(ctx context.Context) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := time.Now()
+	next := 30 * time.Second
+	names := make([]string, 0)
+	want := d.desired()
+	for n := range want {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		ds := want[name]
+		st := d.arts[name]
+		if st == nil {
+			st = &artState{phase: api.PhasePending}
+			d.arts[name] = st
+		}
+		fp := fingerprint(ds)
+		if ds.State == api.StateAbsent {
+			if st.cancel != nil {
+				st.cancel()
+				continue
+			}
+			d.evictAbsent(ctx, name, st)
+			continue
+		}
+		if st.cancel != nil {
+			if st.spec != fp {
+				st.cancel() // the desire changed under the pull: restart with the new one
+			}
+			continue
+		}
+		if !st.force && d.satisfied(name, fp) {
+			if st.phase != api.PhaseReady {
+				st.phase, st.message, st.attempts = api.PhaseReady, "", 0
+				d.notify()
+			}
+			continue
+		}
+		if st.phase == api.PhaseFailed && !st.force && st.spec == fp && now.Before(st.nextRetry) {
+			if w := st.nextRetry.Sub(now); w < next {
+				next = w
+			}
+			continue
+		}
+		d.startPull(ctx, ds, st, fp)
+	}
+	return next
+}
+
+// satisfied: the current version is Ready and came from this desire.
+func (d *Daemon) satisfied(name, fp string) bool {
+	a, err := d.store.Get(name)
+	if err != nil || len(a.Versions) == 0 || a.Versions[0].Revision != a.Current {
+		return false
+	}
+	v := a.Versions[0]
+	return v.State == cachestore.StateReady && v.Spec == fp
+}
+
+func (d *Daemon) evictAbsent(ctx context.Context, name string, st *artState) {
+	if _, err := d.store.Get(name); errors.Is(err, cachestore.ErrNotFound) {
+		st.phase, st.message = api.PhasePending, "absent"
+		return
+	}
+	revs, err := d.store.Evict(ctx, name, "", false)
+	if err != nil {
+		msg := fmt.Sprintf("desired absent but not evicted: %v", err)
+		if st.message != msg {
+			d.log.Warn("evict absent artifact", "artifact", name, "err", err)
+			st.message = msg
+			d.notify()
+		}
+		return
+	}
+	d.log.Info("evicted absent artifact", "artifact", name, "revisions", revs)
+	d.metrics.evictions.WithLabelValues("absent").Add(float64(len(revs)))
+	st.phase, st.message = api.PhasePending, "absent"
+	d.notify()
+	go d.gc(context.WithoutCancel(ctx))
+}
+
+func (d *Daemon) gc(ctx context.Context) {
+	if rep, err := d.store.GC(ctx); err != nil {
+		d.log.Warn("gc", "err", err)
+	} else if rep.BlobsRemoved > 0 {
+		d.log.Info("gc", "blobs_removed", rep.BlobsRemoved, "bytes_freed", rep.BytesFreed)
+	}
+}
+
+// startPull launches a pull; called with d.mu held.
+func (d *Daemon) startPull(ctx context.Context, ds api.Desire, st *artState, fp string) {
+	pctx, cancel := context.WithCancel(ctx)
+	st.cancel, st.spec, st.force = cancel, fp, false
+	st.phase, st.message = api.PhasePending, "waiting for a pull slot"
+	st.prog = &progress{started: time.Now()}
+	st.prog.total.Store(-1)
+	prog := st.prog
+	d.notify()
+	d.pulls.Add(1)
+	go func() {
+		defer d.pulls.Done()
+		defer cancel()
+		err := d.runPull(pctx, ds, fp, st, prog)
+		d.finishPull(ctx, pctx, ds, st, err)
+	}()
+}
+
+func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artState, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st.cancel = nil
+	st.completed++
+	scheme, _ := fetchers.Scheme(ds.URI)
+	switch {
+	case err == nil:
+		st.phase, st.message, st.attempts = api.PhaseReady, "", 0
+		st.nextRetry = time.Time{}
+		d.metrics.pulls.WithLabelValues(scheme, "ok").Inc()
+		d.log.Info("pulled", "artifact", ds.Name, "uri", ds.URI)
+	case pctx.Err() != nil && ctx.Err() != nil:
+		st.phase, st.message = api.PhasePending, "daemon stopping; the pull resumes at the next start"
+	case pctx.Err() != nil:
+		st.phase, st.message = api.PhasePending, "restarting: the desire changed"
+		d.kick()
+	default:
+		st.attempts++
+		delay := d.cfg.RetryInitial << min(st.attempts-1, 16)
+		if delay > d.cfg.RetryMax || delay <= 0 {
+			delay = d.cfg.RetryMax
+		}
+		delay = delay/2 + rand.N(delay/2+1)
+		st.phase, st.message = api.PhaseFailed, err.Error()
+		st.nextRetry = time.Now().Add(delay)
+		d.metrics.pulls.WithLabelValues(scheme, "failed").Inc()
+		d.log.Error("pull failed", "artifact", ds.Name, "uri", ds.URI, "attempt", st.attempts, "retry_in", delay.Round(time.Second), "err", err)
+		// A version that lost its blobs and cannot be re-fetched says why.
+		if a, gerr := d.store.Get(ds.Name); gerr == nil && len(a.Versions) > 0 && a.Versions[0].State != cachestore.StateReady {
+			d.store.SetState(ds.Name, a.Versions[0].Revision, cachestore.StateFailed, "re-fetch failed: "+err.Error())
+		}
+		d.kick()
+	}
+	d.notify()
+}

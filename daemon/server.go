@@ -1,0 +1,635 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
+)
+
+type credKey struct{}
+
+// peerContext records the peer's SO_PEERCRED on each connection.
+func peerContext(ctx context.Context, c net.Conn) context.Context {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return ctx
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return ctx
+	}
+	var cred *unix.Ucred
+	raw.Control(func(fd uintptr) {
+		cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	})
+	if cred == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, credKey{}, cred)
+}
+
+// mayMutate: root, the daemon's own uid, or a member of the socket group.
+func (d *Daemon) mayMutate(r *http.Request) bool {
+	cred, _ := r.Context().Value(credKey{}).(*unix.Ucred)
+	if cred == nil {
+		return false
+	}
+	if cred.Uid == 0 || int(cred.Uid) == os.Geteuid() {
+		return true
+	}
+	if d.gid < 0 {
+		return false
+	}
+	if int(cred.Gid) == d.gid {
+		return true
+	}
+	return inGroups(int(cred.Pid), d.gid)
+}
+
+// inGroups reads the supplementary groups of pid from /proc.
+func inGroups(pid, gid int) bool {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "Groups:"); ok {
+			for _, g := range strings.Fields(rest) {
+				if n, err := strconv.Atoi(g); err == nil && n == gid {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	return false
+}
+
+type handler func(w http.ResponseWriter, r *http.Request) error
+
+type route struct {
+	pattern string // "METHOD /path", Go ServeMux syntax
+	write   bool   // mutates: needs root, the daemon's uid or the socket group
+	h       handler
+}
+
+func (d *Daemon) routeTable() []route {
+	return []route{
+		{"GET /v1/health", false, d.handleHealth},
+		{"GET /v1/status", false, d.handleStatus},
+		{"GET /v1/usage", false, d.handleUsage},
+		{"GET /v1/artifacts", false, d.handleList},
+		{"GET /v1/artifacts/{name}", false, d.handleGet},
+		{"GET /v1/artifacts/{name}/wait", false, d.handleWait},
+		{"POST /v1/pull", true, d.handlePull},
+		{"POST /v1/artifacts/{name}/pin", true, d.handlePin(true)},
+		{"POST /v1/artifacts/{name}/unpin", true, d.handlePin(false)},
+		{"DELETE /v1/artifacts/{name}", true, d.handleEvict},
+		{"POST /v1/verify", true, d.handleVerify},
+		{"POST /v1/gc", true, d.handleGC},
+	}
+}
+
+func (d *Daemon) routes() http.Handler {
+	mux := http.NewServeMux()
+	for _, rt := range d.routeTable() {
+		rt := rt
+		mux.HandleFunc(rt.pattern, func(w http.ResponseWriter, r *http.Request) {
+			sw := &statusWriter{ResponseWriter: w, code: 200}
+			defer func() { d.metrics.apiRequests.WithLabelValues(rt.pattern, strconv.Itoa(sw.code)).Inc() }()
+			if rt.write && !d.mayMutate(r) {
+				writeError(sw, d.forbidden(r))
+				return
+			}
+			if err := rt.h(sw, r); err != nil {
+				e := toAPIError(err)
+				if e.Code == api.CodeInternal {
+					d.log.Error("api", "route", rt.pattern, "err", err)
+				}
+				writeError(sw, e)
+			}
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, api.Errorf(api.CodeNotFound, "no route %s %s; this daemon serves /v1/", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+func (d *Daemon) forbidden(r *http.Request) *api.Error {
+	who := "this peer"
+	if cred, _ := r.Context().Value(credKey{}).(*unix.Ucred); cred != nil {
+		who = fmt.Sprintf("uid %d", cred.Uid)
+	}
+	how := "run it as root"
+	if d.gid >= 0 {
+		how = fmt.Sprintf("run it as root (sudo) or join group %s (sudo usermod -aG %s $USER, then log in again)", d.cfg.SocketGroup, d.cfg.SocketGroup)
+	}
+	return api.Errorf(api.CodeForbidden, "%s may read the cache but not change it; %s", who, how)
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusWriter) WriteHeader(c int) { s.code = c; s.ResponseWriter.WriteHeader(c) }
+func (s *statusWriter) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// toAPIError is the one place that maps errors to codes and statuses.
+func toAPIError(err error) *api.Error {
+	var e *api.Error
+	switch {
+	case errors.As(err, &e):
+		return e
+	case errors.Is(err, cachestore.ErrNotFound), errors.Is(err, fetchers.ErrNotFound):
+		return api.Errorf(api.CodeNotFound, "%v", err)
+	case errors.Is(err, cachestore.ErrPinned):
+		return api.Errorf(api.CodePinned, "%v", err)
+	case errors.Is(err, cachestore.ErrDigestMismatch):
+		return api.Errorf(api.CodeDigestMismatch, "%v", err)
+	case errors.Is(err, cachestore.ErrInvalidName), errors.Is(err, cachestore.ErrInvalidPath),
+		errors.Is(err, cachestore.ErrInvalidDigest), errors.Is(err, fetchers.ErrBadSource), errors.Is(err, fetchers.ErrUnsupported):
+		return api.Errorf(api.CodeInvalid, "%v", err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return api.Errorf(api.CodeTimeout, "%v", err)
+	}
+	return api.Errorf(api.CodeInternal, "%v", err)
+}
+
+func writeError(w http.ResponseWriter, e *api.Error) {
+	if e.Status == 0 {
+		e.Status = api.HTTPStatus(e.Code)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.Status)
+	json.NewEncoder(w).Encode(e)
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(v)
+}
+
+// decode reads a bounded JSON body, rejecting unknown fields.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return api.Errorf(api.CodeInvalid, "request body: %v", err)
+	}
+	return nil
+}
+
+func (d *Daemon) handleHealth(w http.ResponseWriter, r *http.Request) error {
+	if err := d.healthy(); err != nil {
+		return api.Errorf(api.CodeUnavailable, "store unhealthy: %v", err)
+	}
+	return writeJSON(w, map[string]string{"status": "ok"})
+}
+
+func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) error {
+	list, err := d.list()
+	if err != nil {
+		return err
+	}
+	s := api.Status{
+		Version: d.cfg.Version, Root: d.store.Root(), Socket: d.cfg.Socket, ModelsDir: d.cfg.ModelsDir,
+		Started: d.started, Phases: map[api.Phase]int{}, DirectIO: d.cfg.DirectIO,
+	}
+	for _, a := range list {
+		s.Phases[a.Phase]++
+		if a.Phase == api.PhaseDownloading {
+			s.PullsInFlight++
+		}
+	}
+	if u, err := d.store.Usage(); err == nil {
+		s.StoreBytes, s.FSFreeBytes = u.StoreBytes, u.FSFree
+	}
+	d.mu.Lock()
+	s.ModelsDirError = append([]string(nil), d.fileErrors...)
+	d.mu.Unlock()
+	return writeJSON(w, s)
+}
+
+func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) error {
+	u, err := d.store.Usage()
+	if err != nil {
+		return err
+	}
+	out := api.Usage{Root: d.store.Root(), StoreBytes: u.StoreBytes, Blobs: u.Blobs, FSCapacityBytes: u.FSCapacity, FSFreeBytes: u.FSFree}
+	for _, a := range u.Artifacts {
+		out.Artifacts = append(out.Artifacts, api.ArtifactUsage{Name: a.Name, Bytes: a.Bytes, UniqueBytes: a.Unique, SharedBytes: a.Shared})
+	}
+	return writeJSON(w, out)
+}
+
+func (d *Daemon) handleList(w http.ResponseWriter, r *http.Request) error {
+	list, err := d.list()
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, list)
+}
+
+func (d *Daemon) handleGet(w http.ResponseWriter, r *http.Request) error {
+	a, err := d.view(r.PathValue("name"), true)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, a)
+}
+
+// list joins desires, in-memory state and the index into one view per name.
+func (d *Daemon) list() ([]api.Artifact, error) {
+	arts, err := d.store.List()
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	want := d.desired()
+	seen := map[string]bool{}
+	out := make([]api.Artifact, 0, len(arts)+len(want))
+	for i := range arts {
+		seen[arts[i].Name] = true
+		out = append(out, d.viewLocked(arts[i].Name, &arts[i], want, false))
+	}
+	for name, ds := range want {
+		if !seen[name] && ds.State != api.StateAbsent {
+			out = append(out, d.viewLocked(name, nil, want, false))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// view returns one name; ErrNotFound when neither desired nor stored.
+func (d *Daemon) view(name string, files bool) (*api.Artifact, error) {
+	a, err := d.store.Get(name)
+	if err != nil && !errors.Is(err, cachestore.ErrNotFound) {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	want := d.desired()
+	if _, ok := want[name]; !ok && a == nil {
+		return nil, api.Errorf(api.CodeNotFound, "artifact %s: not in the cache and not desired; pull it with: modelctl pull URI --name %s", name, name)
+	}
+	v := d.viewLocked(name, a, want, files)
+	return &v, nil
+}
+
+// viewLocked builds the API view; called with d.mu held.
+func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string]api.Desire, files bool) api.Artifact {
+	out := api.Artifact{Name: name, Kind: cachestore.KindModel, Phase: api.PhasePending}
+	if ds, ok := want[name]; ok {
+		ds := ds
+		out.Desire, out.URI, out.Pinned = &ds, ds.URI, ds.Pin
+	}
+	var cur *cachestore.Version
+	if a != nil {
+		for i := range a.Versions {
+			v := a.Versions[i]
+			if v.Revision == a.Current {
+				cur = &a.Versions[i]
+			}
+			av := api.Version{
+				Revision: v.Revision, State: string(v.State), Message: v.Message, ManifestDigest: v.ManifestDigest,
+				Bytes: v.Bytes, Pinned: v.Pinned, Created: v.Created, LastUsed: v.LastUsed, Source: v.Source,
+			}
+			if files {
+				for _, e := range v.Manifest {
+					av.Files = append(av.Files, api.File{Path: e.Path, Digest: e.Digest, Size: e.Size})
+				}
+			}
+			out.Versions = append(out.Versions, av)
+		}
+	}
+	if cur != nil {
+		out.Kind, out.Revision, out.ManifestDigest, out.Bytes, out.Pinned = cur.Kind, cur.Revision, cur.ManifestDigest, cur.Bytes, cur.Pinned
+		if out.URI == "" {
+			out.URI = cur.Source
+		}
+		switch cur.State {
+		case cachestore.StateReady:
+			out.Phase = api.PhaseReady
+			out.Path = filepath.Join(d.store.TreePath(cur.Kind, name, ""), "current")
+		default:
+			out.Phase, out.Message = api.PhaseFailed, cur.Message
+		}
+	}
+	if st := d.arts[name]; st != nil {
+		switch {
+		case st.cancel != nil:
+			out.Phase, out.Message, out.Progress = st.phase, st.message, st.prog.view()
+		case st.phase == api.PhaseFailed:
+			out.Phase, out.Message = api.PhaseFailed, st.message
+		case cur == nil || cur.State != cachestore.StateReady:
+			if st.message != "" {
+				out.Message = st.message
+			}
+		}
+		out.Attempts = st.attempts
+		if !st.nextRetry.IsZero() && st.phase == api.PhaseFailed {
+			t := st.nextRetry
+			out.NextRetry = &t
+		}
+	} else if out.Desire == nil && cur != nil && cur.State != cachestore.StateReady {
+		out.Message = cur.Message + " (no desire to re-fetch from: pull it again)"
+	}
+	return out
+}
+
+// settled reports whether a waiter may stop, and with which error.
+func settledErr(a *api.Artifact) error {
+	if a.Phase == api.PhaseFailed {
+		return api.Errorf(api.CodeFailed, "artifact %s failed: %s", a.Name, a.Message)
+	}
+	return nil
+}
+
+func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
+	var req api.PullRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	ds, err := d.validateDesire(req)
+	if err != nil {
+		return err
+	}
+	ds.Origin = "api"
+	raw, _ := json.Marshal(ds)
+	d.mu.Lock()
+	if fd, ok := d.fileDesires[ds.Name]; ok {
+		d.mu.Unlock()
+		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; edit that file instead of pulling it by hand", ds.Name, strings.TrimPrefix(fd.Origin, "file:"))
+	}
+	if err := d.store.PutDesire(ds.Name, raw); err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	d.apiDesires[ds.Name] = ds
+	st := d.arts[ds.Name]
+	if st == nil {
+		st = &artState{phase: api.PhasePending}
+		d.arts[ds.Name] = st
+	}
+	if st.cancel == nil || st.spec != fingerprint(ds) {
+		st.force = true // an explicit pull re-resolves the source
+	}
+	since := st.completed
+	if st.cancel != nil && st.spec == fingerprint(ds) {
+		since = st.completed // the pull in flight is as fresh as a new one
+	}
+	d.notify()
+	d.mu.Unlock()
+	d.kick()
+	if r.URL.Query().Get("wait") != "true" {
+		a, err := d.view(ds.Name, false)
+		if err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusAccepted)
+		return writeJSON(w, a)
+	}
+	return d.streamUntil(w, r, ds.Name, 0, func(st *artState) bool { return st != nil && st.completed > since && st.cancel == nil })
+}
+
+// validateDesire checks a desire from the API or a file and fills defaults.
+func (d *Daemon) validateDesire(ds api.Desire) (api.Desire, error) {
+	if err := cachestore.ValidateName(ds.Name); err != nil {
+		return ds, api.Errorf(api.CodeInvalid, "%v", err)
+	}
+	if ds.URI == "" {
+		return ds, api.Errorf(api.CodeInvalid, "artifact %s: no source URI", ds.Name)
+	}
+	if _, err := d.fetchers.For(ds.URI); err != nil {
+		return ds, api.Errorf(api.CodeInvalid, "artifact %s: %v", ds.Name, err)
+	}
+	if ds.Digest != "" {
+		nd, err := cachestore.NormalizeDigest(ds.Digest)
+		if err != nil {
+			return ds, api.Errorf(api.CodeInvalid, "artifact %s: --digest %v", ds.Name, err)
+		}
+		ds.Digest = nd
+	}
+	switch ds.State {
+	case "":
+		ds.State = api.StatePresent
+	case api.StatePresent, api.StateAbsent:
+	default:
+		return ds, api.Errorf(api.CodeInvalid, "artifact %s: state %q; want present or absent", ds.Name, ds.State)
+	}
+	for _, g := range append(append([]string(nil), ds.Include...), ds.Exclude...) {
+		if _, err := fetchers.CompileGlob(g); err != nil {
+			return ds, api.Errorf(api.CodeInvalid, "artifact %s: %v", ds.Name, err)
+		}
+	}
+	return ds, nil
+}
+
+func (d *Daemon) handleWait(w http.ResponseWriter, r *http.Request) error {
+	var timeout time.Duration
+	if t := r.URL.Query().Get("timeout"); t != "" {
+		var err error
+		if timeout, err = time.ParseDuration(t); err != nil || timeout < 0 {
+			return api.Errorf(api.CodeInvalid, "timeout %q: want a duration such as 10m", t)
+		}
+	}
+	return d.streamUntil(w, r, r.PathValue("name"), timeout, func(st *artState) bool { return st == nil || st.cancel == nil })
+}
+
+// streamUntil writes the artifact as JSON lines on every change (and every
+// second while downloading) until it is Ready or Failed and done(state)
+// holds, the timeout passes or the client goes.
+func (d *Daemon) streamUntil(w http.ResponseWriter, r *http.Request, name string, timeout time.Duration, done func(*artState) bool) error {
+	ctx := r.Context()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	flush := func() {
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		d.mu.Lock()
+		changed := d.changed
+		fin := done(d.arts[name])
+		d.mu.Unlock()
+		a, err := d.view(name, false)
+		if err != nil {
+			var e *api.Error
+			if !errors.As(err, &e) || e.Code != api.CodeNotFound {
+				enc.Encode(api.Event{Error: toAPIError(err)})
+				return nil
+			}
+			a = &api.Artifact{Name: name, Phase: api.PhasePending, Message: "not desired yet; waiting for a pull or a desire"}
+		}
+		settled := a.Phase == api.PhaseReady || a.Phase == api.PhaseFailed
+		if fin && settled {
+			if err := settledErr(a); err != nil {
+				enc.Encode(api.Event{Artifact: a, Error: toAPIError(err)})
+			} else {
+				enc.Encode(api.Event{Artifact: a, Done: true})
+			}
+			flush()
+			return nil
+		}
+		if err := enc.Encode(api.Event{Artifact: a}); err != nil {
+			return nil // the client went away
+		}
+		flush()
+		select {
+		case <-ctx.Done():
+			if r.Context().Err() == nil {
+				enc.Encode(api.Event{Artifact: a, Error: api.Errorf(api.CodeTimeout, "artifact %s is still %s after %s", name, a.Phase, timeout)})
+			}
+			return nil
+		case <-changed:
+		case <-tick.C:
+		}
+	}
+}
+
+func (d *Daemon) handlePin(pin bool) handler {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		name := r.PathValue("name")
+		d.mu.Lock()
+		ds, isAPI := d.apiDesires[name]
+		if isAPI {
+			ds.Pin = pin
+			raw, _ := json.Marshal(ds)
+			if err := d.store.PutDesire(name, raw); err != nil {
+				d.mu.Unlock()
+				return err
+			}
+			d.apiDesires[name] = ds
+		}
+		d.mu.Unlock()
+		err := d.store.SetPinned(name, "", pin)
+		if err != nil && !(isAPI && errors.Is(err, cachestore.ErrNotFound)) {
+			return err
+		}
+		a, err := d.view(name, false)
+		if err != nil {
+			return err
+		}
+		return writeJSON(w, a)
+	}
+}
+
+func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	rev := r.URL.Query().Get("revision")
+	force := r.URL.Query().Get("force") == "true"
+	d.mu.Lock()
+	if fd, ok := d.fileDesires[name]; ok && fd.State != api.StateAbsent && rev == "" {
+		d.mu.Unlock()
+		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; set state: absent there or remove the file", name, strings.TrimPrefix(fd.Origin, "file:"))
+	}
+	_, hadDesire := d.apiDesires[name]
+	if rev == "" {
+		if st := d.arts[name]; st != nil && st.cancel != nil {
+			st.cancel()
+		}
+	}
+	d.mu.Unlock()
+	res := api.EvictResult{Name: name, Revisions: []string{}}
+	revs, err := d.store.Evict(r.Context(), name, rev, force)
+	switch {
+	case errors.Is(err, cachestore.ErrNotFound) && hadDesire && rev == "":
+	case err != nil:
+		return err
+	default:
+		res.Revisions = revs
+		d.metrics.evictions.WithLabelValues("api").Add(float64(len(revs)))
+	}
+	if rev == "" {
+		d.mu.Lock()
+		if err := d.store.DeleteDesire(name); err != nil {
+			d.mu.Unlock()
+			return err
+		}
+		delete(d.apiDesires, name)
+		delete(d.arts, name)
+		d.notify()
+		d.mu.Unlock()
+	}
+	gc, err := d.store.GC(r.Context())
+	if err != nil {
+		return err
+	}
+	res.GC = api.GCResult{BlobsRemoved: gc.BlobsRemoved, BytesFreed: gc.BytesFreed, BlobsKept: gc.BlobsKept}
+	d.log.Info("evicted", "artifact", name, "revisions", res.Revisions, "bytes_freed", gc.BytesFreed)
+	return writeJSON(w, res)
+}
+
+func (d *Daemon) handleVerify(w http.ResponseWriter, r *http.Request) error {
+	var req api.VerifyRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	rep, err := d.store.Verify(r.Context(), req.Names, nil)
+	if err != nil {
+		return err
+	}
+	d.metrics.verifications.WithLabelValues("ok").Add(float64(rep.BlobsChecked - len(rep.Corrupt) - len(rep.Missing)))
+	d.metrics.verifications.WithLabelValues("corrupt").Add(float64(len(rep.Corrupt)))
+	d.metrics.verifications.WithLabelValues("missing").Add(float64(len(rep.Missing)))
+	out := api.VerifyResult{BlobsChecked: rep.BlobsChecked, BytesChecked: rep.BytesChecked, Corrupt: rep.Corrupt, Missing: rep.Missing, Quarantined: rep.Quarantine}
+	if len(rep.Affected) > 0 {
+		d.mu.Lock()
+		want := d.desired()
+		for _, nr := range rep.Affected {
+			name, _, _ := strings.Cut(nr, "@")
+			if ds, ok := want[name]; ok && ds.State != api.StateAbsent {
+				out.Refetching = append(out.Refetching, nr)
+			}
+		}
+		d.notify()
+		d.mu.Unlock()
+		d.log.Warn("verify found damage", "corrupt", rep.Corrupt, "missing", rep.Missing, "affected", rep.Affected)
+		d.kick()
+	}
+	return writeJSON(w, out)
+}
+
+func (d *Daemon) handleGC(w http.ResponseWriter, r *http.Request) error {
+	rep, err := d.store.GC(r.Context())
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, api.GCResult{BlobsRemoved: rep.BlobsRemoved, BytesFreed: rep.BytesFreed, BlobsKept: rep.BlobsKept})
+}

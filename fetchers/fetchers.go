@@ -1,0 +1,120 @@
+// Package fetchers defines how a source is resolved to an immutable
+// revision and a file list, and how one file is streamed from an offset.
+// One sub-package per scheme implements Fetcher (file, http; hf, s3, oci
+// later). The package also holds what every fetcher shares: retry with
+// backoff and jitter that honours Retry-After, include/exclude globs,
+// progress counting, bandwidth limits and per-read idle timeouts.
+//
+// Fetchers know nothing about the store's layout: they hand bytes to the
+// caller, which ingests and verifies them.
+package fetchers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+)
+
+// Sentinel errors; fetchers wrap them with the URI or path first.
+var (
+	ErrNotFound     = errors.New("not found")
+	ErrUnauthorized = errors.New("access denied")
+	ErrBadSource    = errors.New("invalid source")
+	ErrUnsupported  = errors.New("unsupported scheme")
+)
+
+// Source is what a desire asks for.
+type Source struct {
+	URI     string
+	Include []string // globs; empty means every file
+	Exclude []string // globs
+}
+
+// File is one file of a resolved source.
+type File struct {
+	Path   string // slash-separated, relative: the path in the artifact tree
+	Size   int64  // bytes, or -1 when the source does not say
+	Digest string // "sha256:<hex>" when the source knows it, else ""
+	Mode   uint32 // permission bits at the source, 0 when unknown
+	// Locator is private to the fetcher that resolved the file (a URL, an
+	// absolute path); callers pass it back to Open unchanged.
+	Locator string
+}
+
+// Resolved pins a source to an immutable revision.
+type Resolved struct {
+	URI string
+	// Revision is the immutable revision the source resolved to. Empty
+	// means the source has no revision of its own (a plain file or URL):
+	// the store then uses the digest of the manifest, so the content is
+	// the revision.
+	Revision string
+	Files    []File
+}
+
+// Fetcher resolves and streams one kind of source. Implementations are
+// safe for concurrent use.
+type Fetcher interface {
+	// Resolve pins src to a revision and lists its files. Include and
+	// exclude globs are applied by the caller (Filter).
+	Resolve(ctx context.Context, src Source) (*Resolved, error)
+	// Open streams f from offset. The caller closes the reader. Errors
+	// from Open or Read that are worth retrying are not Permanent.
+	Open(ctx context.Context, f File, offset int64) (io.ReadCloser, error)
+}
+
+// Registry maps URI schemes to fetchers.
+type Registry map[string]Fetcher
+
+// For returns the fetcher for uri's scheme.
+func (r Registry) For(uri string) (Fetcher, error) {
+	scheme, err := Scheme(uri)
+	if err != nil {
+		return nil, err
+	}
+	f, ok := r[scheme]
+	if !ok {
+		known := make([]string, 0, len(r))
+		for k := range r {
+			known = append(known, k+"://")
+		}
+		return nil, fmt.Errorf("source %q: %w %q; this daemon knows %s", uri, ErrUnsupported, scheme, strings.Join(known, ", "))
+	}
+	return f, nil
+}
+
+// Scheme parses uri just enough to return its scheme, lower-cased.
+func Scheme(uri string) (string, error) {
+	u, err := url.Parse(uri)
+	if err != nil {
+		return "", fmt.Errorf("source %q: %w: %v", uri, ErrBadSource, err)
+	}
+	if u.Scheme == "" {
+		return "", fmt.Errorf("source %q: %w: no scheme; write file:///abs/path or https://host/path", uri, ErrBadSource)
+	}
+	return strings.ToLower(u.Scheme), nil
+}
+
+// permanent marks an error that a retry cannot fix.
+type permanent struct{ err error }
+
+func (p permanent) Error() string { return p.err.Error() }
+func (p permanent) Unwrap() error { return p.err }
+
+// Permanent marks err as not worth retrying.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanent{err}
+}
+
+// IsPermanent reports whether err (or what it wraps) was marked Permanent,
+// or is a context cancellation.
+func IsPermanent(err error) bool {
+	var p permanent
+	return errors.As(err, &p) || errors.Is(err, context.Canceled)
+}

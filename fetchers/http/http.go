@@ -1,0 +1,195 @@
+// Package http fetches one file from an http:// or https:// URL, pinned by
+// an optional "#sha256=<hex>" fragment. Downloads resume with Range after
+// an interruption; 429 and 503 are retried after the server's Retry-After;
+// TLS is verified with the system roots.
+package http
+
+import (
+	"context"
+	"fmt"
+	"io"
+	nethttp "net/http"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/modelcache/modelcache/fetchers"
+)
+
+// Fetcher implements fetchers.Fetcher for http(s) URLs. Safe for
+// concurrent use.
+type Fetcher struct {
+	client      *nethttp.Client
+	idleTimeout time.Duration
+	userAgent   string
+}
+
+// Option configures New.
+type Option func(*Fetcher)
+
+// WithClient sets the HTTP client; default: a client with the default
+// transport's proxy and TLS settings and no overall timeout (large files
+// take long; IdleTimeout bounds a stalled stream instead).
+func WithClient(c *nethttp.Client) Option { return func(f *Fetcher) { f.client = c } }
+
+// WithIdleTimeout sets how long a body may deliver nothing before the read
+// fails and the download resumes on a new request; default 60s.
+func WithIdleTimeout(d time.Duration) Option { return func(f *Fetcher) { f.idleTimeout = d } }
+
+// WithUserAgent sets the User-Agent; default "modelcached".
+func WithUserAgent(ua string) Option { return func(f *Fetcher) { f.userAgent = ua } }
+
+// New returns an HTTP fetcher.
+func New(opts ...Option) *Fetcher {
+	t := nethttp.DefaultTransport.(*nethttp.Transport).Clone()
+	t.ResponseHeaderTimeout = 60 * time.Second
+	t.MaxIdleConnsPerHost = 16
+	f := &Fetcher{client: &nethttp.Client{Transport: t}, idleTimeout: 60 * time.Second, userAgent: "modelcached"}
+	for _, o := range opts {
+		o(f)
+	}
+	return f
+}
+
+// ParseURI splits a URL into the URL to fetch, the file name and the
+// expected digest from a "#sha256=<hex>" fragment ("" when absent).
+func ParseURI(uri string) (fetchURL, name, digest string, err error) {
+	u, err := url.Parse(uri)
+	if err != nil {
+		return "", "", "", fmt.Errorf("source %q: %w: %v", uri, fetchers.ErrBadSource, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", "", "", fmt.Errorf("source %q: %w: not http(s)", uri, fetchers.ErrBadSource)
+	}
+	if u.Host == "" {
+		return "", "", "", fmt.Errorf("source %q: %w: no host", uri, fetchers.ErrBadSource)
+	}
+	if u.Fragment != "" {
+		k, v, ok := strings.Cut(u.Fragment, "=")
+		if !ok || k != "sha256" || len(v) != 64 || strings.Trim(strings.ToLower(v), "0123456789abcdef") != "" {
+			return "", "", "", fmt.Errorf("source %q: %w: fragment %q; the only fragment understood is #sha256=<64 hex>", uri, fetchers.ErrBadSource, u.Fragment)
+		}
+		digest = "sha256:" + strings.ToLower(v)
+	}
+	name = path.Base(u.Path)
+	if name == "/" || name == "." || name == "" {
+		return "", "", "", fmt.Errorf("source %q: %w: the URL names no file; http sources fetch one file", uri, fetchers.ErrBadSource)
+	}
+	u.Fragment = ""
+	return u.String(), name, digest, nil
+}
+
+// Resolve learns the size with a HEAD request. The revision is the digest
+// from the fragment when there is one; otherwise empty (the content digest
+// becomes the revision after the download).
+func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.Resolved, error) {
+	fetchURL, name, digest, err := ParseURI(src.URI)
+	if err != nil {
+		return nil, fetchers.Permanent(err)
+	}
+	size := int64(-1)
+	req, err := nethttp.NewRequestWithContext(ctx, nethttp.MethodHead, fetchURL, nil)
+	if err != nil {
+		return nil, fetchers.Permanent(err)
+	}
+	req.Header.Set("User-Agent", f.userAgent)
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("source %q: HEAD: %w", src.URI, err)
+	}
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode == nethttp.StatusOK:
+		if resp.ContentLength >= 0 && resp.Header.Get("Content-Encoding") == "" {
+			size = resp.ContentLength
+		}
+	case resp.StatusCode == nethttp.StatusMethodNotAllowed || resp.StatusCode == nethttp.StatusNotImplemented:
+		// No HEAD: the size comes from the GET.
+	default:
+		if err := statusError(src.URI, resp); err != nil {
+			return nil, err
+		}
+	}
+	res := &fetchers.Resolved{URI: src.URI, Files: []fetchers.File{{Path: name, Size: size, Digest: digest, Locator: fetchURL}}}
+	if digest != "" {
+		res.Revision = digest[len("sha256:"):]
+	}
+	return res, nil
+}
+
+// Open GETs the file from offset with a Range request. A server that
+// ignores Range is read from the start and the first offset bytes are
+// skipped.
+func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (io.ReadCloser, error) {
+	req, err := nethttp.NewRequestWithContext(ctx, nethttp.MethodGet, file.Locator, nil)
+	if err != nil {
+		return nil, fetchers.Permanent(err)
+	}
+	req.Header.Set("User-Agent", f.userAgent)
+	req.Header.Set("Accept-Encoding", "identity")
+	if offset > 0 {
+		req.Header.Set("Range", "bytes="+strconv.FormatInt(offset, 10)+"-")
+	}
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", file.Locator, err)
+	}
+	switch resp.StatusCode {
+	case nethttp.StatusOK:
+		body := fetchers.IdleTimeout(resp.Body, f.idleTimeout)
+		if offset > 0 {
+			if _, err := io.CopyN(io.Discard, body, offset); err != nil {
+				body.Close()
+				return nil, fmt.Errorf("GET %s: skip to %d: %w", file.Locator, offset, err)
+			}
+		}
+		return body, nil
+	case nethttp.StatusPartialContent:
+		start, err := contentRangeStart(resp.Header.Get("Content-Range"))
+		if err != nil || start != offset {
+			resp.Body.Close()
+			return nil, fmt.Errorf("GET %s: asked for bytes from %d, server sent Content-Range %q", file.Locator, offset, resp.Header.Get("Content-Range"))
+		}
+		return fetchers.IdleTimeout(resp.Body, f.idleTimeout), nil
+	case nethttp.StatusRequestedRangeNotSatisfiable:
+		resp.Body.Close()
+		if file.Size >= 0 && offset == file.Size {
+			return io.NopCloser(strings.NewReader("")), nil
+		}
+		return nil, fetchers.Permanent(fmt.Errorf("GET %s: range from %d not satisfiable; the file changed on the server", file.Locator, offset))
+	}
+	defer resp.Body.Close()
+	return nil, statusError(file.Locator, resp)
+}
+
+func contentRangeStart(h string) (int64, error) {
+	// "bytes 100-199/200"
+	rest, ok := strings.CutPrefix(h, "bytes ")
+	if !ok {
+		return 0, fmt.Errorf("bad Content-Range %q", h)
+	}
+	s, _, ok := strings.Cut(rest, "-")
+	if !ok {
+		return 0, fmt.Errorf("bad Content-Range %q", h)
+	}
+	return strconv.ParseInt(s, 10, 64)
+}
+
+// statusError turns a non-success status into an error: retryable for 429,
+// 408 and 5xx (with the server's Retry-After), Permanent otherwise.
+func statusError(what string, resp *nethttp.Response) error {
+	code := resp.StatusCode
+	switch {
+	case code == nethttp.StatusTooManyRequests || code == nethttp.StatusServiceUnavailable:
+		return &fetchers.RetryAfterError{Status: code, After: fetchers.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+	case code == nethttp.StatusRequestTimeout || code >= 500:
+		return fmt.Errorf("%s: server error %s", what, resp.Status)
+	case code == nethttp.StatusNotFound || code == nethttp.StatusGone:
+		return fetchers.Permanent(fmt.Errorf("%s: %w (HTTP %d); check the URL", what, fetchers.ErrNotFound, code))
+	case code == nethttp.StatusUnauthorized || code == nethttp.StatusForbidden:
+		return fetchers.Permanent(fmt.Errorf("%s: %w (HTTP %d); the server wants credentials this source does not carry", what, fetchers.ErrUnauthorized, code))
+	}
+	return fetchers.Permanent(fmt.Errorf("%s: unexpected %s", what, resp.Status))
+}
