@@ -1,0 +1,463 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
+)
+
+type harness struct {
+	t      *testing.T
+	d      *Daemon
+	c      *api.Client
+	cfg    Config
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func testConfig(t *testing.T) Config {
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.Root = filepath.Join(dir, "root")
+	cfg.Socket = filepath.Join(dir, "s.sock")
+	cfg.MetricsAddr = "127.0.0.1:0"
+	cfg.ModelsDir = filepath.Join(dir, "models.d")
+	cfg.SocketGroup = ""
+	cfg.RetryInitial = 50 * time.Millisecond
+	cfg.RetryMax = 200 * time.Millisecond
+	cfg.IdleTimeout = 2 * time.Second
+	return cfg
+}
+
+func start(t *testing.T, cfg Config) *harness {
+	t.Helper()
+	d, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.backoff = fetchers.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, Attempts: 6, MaxRetryAfter: 5 * time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &harness{t: t, d: d, c: &api.Client{Socket: cfg.Socket}, cfg: cfg, cancel: cancel, done: make(chan error, 1)}
+	go func() { h.done <- d.Run(ctx) }()
+	for i := 0; ; i++ {
+		if err := h.c.Health(context.Background()); err == nil {
+			break
+		} else if i > 200 {
+			t.Fatalf("daemon not healthy: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Cleanup(h.stop)
+	return h
+}
+
+func (h *harness) stop() {
+	if h.cancel == nil {
+		return
+	}
+	h.cancel()
+	if err := <-h.done; err != nil {
+		h.t.Errorf("Run: %v", err)
+	}
+	h.cancel = nil
+}
+
+func (h *harness) pull(req api.PullRequest) (*api.Artifact, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return h.c.Pull(ctx, req, true, nil)
+}
+
+func (h *harness) waitPhase(name string, p api.Phase) *api.Artifact {
+	h.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		a, err := h.c.Get(context.Background(), name)
+		if err == nil && a.Phase == p {
+			return a
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("%s never reached %s: %+v %v", name, p, a, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (h *harness) read(name, path string) string {
+	b, err := os.ReadFile(filepath.Join(h.cfg.Root, "models", name, "current", path))
+	if err != nil {
+		return "<" + err.Error() + ">"
+	}
+	return string(b)
+}
+
+func sha(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+func data(n int, seed byte) []byte {
+	b := make([]byte, n)
+	x := uint32(seed) + 1
+	for i := range b {
+		x = x*1664525 + 1013904223
+		b[i] = byte(x >> 24)
+	}
+	return b
+}
+
+// fileServer serves named blobs and counts the bytes it sends.
+type fileServer struct {
+	*httptest.Server
+	mu    sync.Mutex
+	files map[string][]byte
+	sent  atomic.Int64
+	gets  atomic.Int64
+	hook  func(w http.ResponseWriter, r *http.Request) bool // true: handled
+}
+
+func newFileServer(t *testing.T, files map[string][]byte) *fileServer {
+	fs := &fileServer{files: files}
+	fs.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fs.hook != nil && fs.hook(w, r) {
+			return
+		}
+		fs.mu.Lock()
+		b, ok := fs.files[strings.TrimPrefix(r.URL.Path, "/")]
+		fs.mu.Unlock()
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		if r.Method == http.MethodGet {
+			fs.gets.Add(1)
+		}
+		http.ServeContent(&countingWriter{w, &fs.sent}, r, "", time.Time{}, bytes.NewReader(b))
+	}))
+	t.Cleanup(fs.Close)
+	return fs
+}
+
+type countingWriter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (c *countingWriter) Write(b []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(b)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+func TestPullHTTPDedupAcrossArtifacts(t *testing.T) {
+	w := data(3<<20+11, 1)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	h := start(t, testConfig(t))
+	uri := srv.URL + "/w.bin#sha256=" + sha(w)
+	a, err := h.pull(api.PullRequest{Name: "one", URI: uri})
+	if err != nil || a.Phase != api.PhaseReady {
+		t.Fatalf("pull: %+v %v", a, err)
+	}
+	if a.Revision != sha(w) {
+		t.Fatalf("revision %s, want the pinned sha256 %s", a.Revision, sha(w))
+	}
+	if got := h.read("one", "w.bin"); got != string(w) {
+		t.Fatal("served bytes differ")
+	}
+	sent := srv.sent.Load()
+	a, err = h.pull(api.PullRequest{Name: "two", URI: uri})
+	if err != nil || a.Phase != api.PhaseReady {
+		t.Fatalf("second pull: %+v %v", a, err)
+	}
+	if d := srv.sent.Load() - sent; d != 0 {
+		t.Fatalf("second artifact with the same file fetched %d bytes, want 0", d)
+	}
+	u, _ := h.c.Usage(context.Background())
+	if u.Blobs != 1 || u.StoreBytes != int64(len(w)) {
+		t.Fatalf("usage %+v: want one shared blob", u)
+	}
+}
+
+func TestWrongBytesNothingVisible(t *testing.T) {
+	good, evil := data(100000, 2), data(100000, 3)
+	srv := newFileServer(t, map[string][]byte{"w.bin": evil})
+	h := start(t, testConfig(t))
+	_, err := h.pull(api.PullRequest{Name: "evil", URI: srv.URL + "/w.bin#sha256=" + sha(good)})
+	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "digest mismatch") {
+		t.Fatalf("wrong bytes: %v, want Failed with a digest mismatch", err)
+	}
+	if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", "evil")); err == nil {
+		t.Fatal("a tree appeared for bytes that failed verification")
+	}
+	if h.d.store.HasBlob("sha256:" + sha(evil)) {
+		t.Fatal("unverified bytes were kept as a blob")
+	}
+	a, _ := h.c.Get(context.Background(), "evil")
+	if a.Phase != api.PhaseFailed || a.NextRetry == nil || a.Attempts < 1 {
+		t.Fatalf("artifact %+v: want Failed with attempts and a next retry", a)
+	}
+}
+
+func TestTruncatedStreamResumes(t *testing.T) {
+	w := data(5<<20, 4)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	var cut atomic.Bool
+	srv.hook = func(rw http.ResponseWriter, r *http.Request) bool {
+		if r.Method != http.MethodGet || cut.Swap(true) {
+			return false
+		}
+		// First GET: announce everything, send 2 MiB + a bit, drop the connection.
+		rw.Header().Set("Content-Length", fmt.Sprint(len(w)))
+		rw.WriteHeader(200)
+		rw.Write(w[:2<<20+777])
+		srv.sent.Add(2<<20 + 777)
+		rw.(http.Flusher).Flush()
+		conn, _, _ := rw.(http.Hijacker).Hijack()
+		conn.Close()
+		return true
+	}
+	h := start(t, testConfig(t))
+	a, err := h.pull(api.PullRequest{Name: "t", URI: srv.URL + "/w.bin#sha256=" + sha(w)})
+	if err != nil || a.Phase != api.PhaseReady {
+		t.Fatalf("pull after truncation: %+v %v", a, err)
+	}
+	if h.read("t", "w.bin") != string(w) {
+		t.Fatal("content differs after resume")
+	}
+	if over := srv.sent.Load() - int64(len(w)); over > 2<<20+777 {
+		t.Fatalf("re-fetched %d bytes; a resume may repeat at most what was not yet written", over)
+	}
+	if srv.gets.Load() < 1 {
+		t.Fatal("no resumed request was made")
+	}
+}
+
+func TestTooManyRequestsHonoursRetryAfter(t *testing.T) {
+	w := data(1000, 5)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	var first time.Time
+	var mu sync.Mutex
+	var gaps []time.Duration
+	srv.hook = func(rw http.ResponseWriter, r *http.Request) bool {
+		if r.Method != http.MethodGet {
+			return false
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if first.IsZero() {
+			first = time.Now()
+			rw.Header().Set("Retry-After", "1")
+			rw.WriteHeader(http.StatusTooManyRequests)
+			return true
+		}
+		gaps = append(gaps, time.Since(first))
+		return false
+	}
+	h := start(t, testConfig(t))
+	if _, err := h.pull(api.PullRequest{Name: "r", URI: srv.URL + "/w.bin#sha256=" + sha(w)}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// The daemon's own backoff here is 10-50ms: a gap of a second can only come from Retry-After.
+	if len(gaps) == 0 || gaps[0] < 900*time.Millisecond {
+		t.Fatalf("retry after %v; the server asked for 1s", gaps)
+	}
+}
+
+func TestFolderChecksum(t *testing.T) {
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "config.json"), []byte(`{"x":1}`), 0o644)
+	os.WriteFile(filepath.Join(src, "w.bin"), data(5000, 6), 0o644)
+	h := start(t, testConfig(t))
+	wrong := "sha256:" + strings.Repeat("0", 64)
+	_, err := h.pull(api.PullRequest{Name: "m", URI: "file://" + src, Digest: wrong})
+	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "expected "+wrong) {
+		t.Fatalf("wrong folder checksum: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", "m")); err == nil {
+		t.Fatal("a tree became visible despite a folder checksum mismatch")
+	}
+	m := cachestore.Manifest{
+		{Path: "config.json", Digest: "sha256:" + sha([]byte(`{"x":1}`)), Size: 7},
+		{Path: "w.bin", Digest: "sha256:" + sha(data(5000, 6)), Size: 5000},
+	}
+	m.Validate()
+	a, err := h.pull(api.PullRequest{Name: "m", URI: "file://" + src, Digest: m.Digest()})
+	if err != nil || a.ManifestDigest != m.Digest() {
+		t.Fatalf("right folder checksum: %+v %v", a, err)
+	}
+}
+
+func TestNewRevisionFetchedWhileOldServed(t *testing.T) {
+	v1, v2 := data(4000, 7), data(6000, 8)
+	gate := make(chan struct{})
+	srv := newFileServer(t, map[string][]byte{"v1/w.bin": v1, "v2/w.bin": v2})
+	srv.hook = func(rw http.ResponseWriter, r *http.Request) bool {
+		if strings.HasPrefix(r.URL.Path, "/v2/") && r.Method == http.MethodGet {
+			<-gate
+		}
+		return false
+	}
+	h := start(t, testConfig(t))
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/v1/w.bin#sha256=" + sha(v1)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.c.Pull(context.Background(), api.PullRequest{Name: "m", URI: srv.URL + "/v2/w.bin#sha256=" + sha(v2)}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.waitPhase("m", api.PhaseDownloading)
+	if got := h.read("m", "w.bin"); got != string(v1) {
+		t.Fatalf("while v2 downloads, current must still serve v1: %q", got[:min(len(got), 40)])
+	}
+	close(gate)
+	a, err := h.c.Wait(context.Background(), "m", 30*time.Second, nil)
+	if err != nil || a.Revision != sha(v2) || len(a.Versions) != 2 {
+		t.Fatalf("after v2: %+v %v", a, err)
+	}
+	if got := h.read("m", "w.bin"); got != string(v2) {
+		t.Fatal("current did not swap to v2")
+	}
+}
+
+func TestModelsDirDesires(t *testing.T) {
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "w.bin"), []byte("file-declared"), 0o644)
+	cfg := testConfig(t)
+	os.MkdirAll(cfg.ModelsDir, 0o755)
+	h := start(t, cfg)
+	yml := filepath.Join(cfg.ModelsDir, "m.yaml")
+	os.WriteFile(yml, []byte("name: fromfile\nuri: file://"+src+"\npin: true\n"), 0o644)
+	a := h.waitPhase("fromfile", api.PhaseReady)
+	if !a.Pinned || a.Desire == nil || a.Desire.Origin != "file:"+yml {
+		t.Fatalf("file desire: %+v", a)
+	}
+	if _, err := h.c.Pull(context.Background(), api.PullRequest{Name: "fromfile", URI: "file:///elsewhere"}, false, nil); !errors.Is(err, api.ErrConflict) {
+		t.Fatalf("pull over a file desire: %v, want conflict", err)
+	}
+	if _, err := h.c.Evict(context.Background(), "fromfile", "", true); !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), yml) {
+		t.Fatalf("evict of a file desire: %v, want a conflict naming the file", err)
+	}
+	os.WriteFile(filepath.Join(cfg.ModelsDir, "bad.yaml"), []byte("name: Bad Name\nuri: nope\n"), 0o644)
+	os.WriteFile(yml, []byte("name: fromfile\nuri: file://"+src+"\nstate: absent\n"), 0o644)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		// Unpinned by the new file content? No: pins live on the version; absent must still evict it.
+		h.c.Unpin(context.Background(), "fromfile")
+		if _, err := os.Lstat(filepath.Join(cfg.Root, "models", "fromfile")); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("absent desire did not evict the artifact")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s, _ := h.c.Status(context.Background())
+	if len(s.ModelsDirError) != 1 || !strings.Contains(s.ModelsDirError[0], "bad.yaml") {
+		t.Fatalf("status should name the bad file: %q", s.ModelsDirError)
+	}
+}
+
+func TestVerifyRepairsAndReportsUnreachable(t *testing.T) {
+	w := data(200000, 9)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	h := start(t, testConfig(t))
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/w.bin#sha256=" + sha(w)}); err != nil {
+		t.Fatal(err)
+	}
+	flip := func() {
+		p, _ := h.d.store.BlobPath("sha256:" + sha(w))
+		os.Chmod(p, 0o644)
+		f, _ := os.OpenFile(p, os.O_WRONLY, 0)
+		f.WriteAt([]byte{w[1234] ^ 1}, 1234)
+		f.Close()
+	}
+	flip()
+	r, err := h.c.Verify(context.Background())
+	if err != nil || len(r.Corrupt) != 1 || len(r.Refetching) != 1 {
+		t.Fatalf("verify: %+v %v", r, err)
+	}
+	h.waitPhase("m", api.PhaseReady)
+	if h.read("m", "w.bin") != string(w) {
+		t.Fatal("repaired content differs")
+	}
+	// Source gone: the version is marked Failed with the reason.
+	srv.Close()
+	flip()
+	if _, err := h.c.Verify(context.Background(), "m"); err != nil {
+		t.Fatal(err)
+	}
+	a := h.waitPhase("m", api.PhaseFailed)
+	if !strings.Contains(a.Message, "connect") && !strings.Contains(a.Message, "refused") {
+		t.Fatalf("failed artifact should say why: %q", a.Message)
+	}
+	got, _ := h.d.store.Get("m")
+	if got.Versions[0].State != cachestore.StateFailed || !strings.Contains(got.Versions[0].Message, "re-fetch failed") {
+		t.Fatalf("index version %+v", got.Versions[0])
+	}
+}
+
+func TestRestartKeepsDesiresAndServes(t *testing.T) {
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "a.txt"), []byte("alpha"), 0o644)
+	cfg := testConfig(t)
+	h := start(t, cfg)
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: "file://" + src, Pin: true}); err != nil {
+		t.Fatal(err)
+	}
+	h.stop()
+	os.RemoveAll(src) // the source is gone: the cache must still serve
+	h2 := start(t, cfg)
+	a := h2.waitPhase("m", api.PhaseReady)
+	if !a.Pinned || a.Desire == nil || h2.read("m", "a.txt") != "alpha" {
+		t.Fatalf("after restart: %+v", a)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	h := start(t, testConfig(t))
+	for _, req := range []api.PullRequest{
+		{Name: "../etc", URI: "file:///tmp"},
+		{Name: "ok", URI: "gopher://x/y"},
+		{Name: "ok", URI: "file:///tmp", Digest: "md5:1"},
+		{Name: "ok", URI: "file:///tmp", State: "maybe"},
+		{Name: "ok", URI: "file:///tmp", Include: []string{"[x"}},
+	} {
+		if _, err := h.c.Pull(context.Background(), req, false, nil); !errors.Is(err, api.ErrInvalid) {
+			t.Errorf("pull %+v: %v, want invalid_argument", req, err)
+		}
+	}
+	if _, err := h.c.Get(context.Background(), "nothing"); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("get unknown: %v", err)
+	}
+	// Raw garbage on the socket gets a JSON error with a code.
+	conn, err := net.Dial("unix", h.cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	io.WriteString(conn, "POST /v1/pull HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n{\"name\":1")
+	buf := make([]byte, 512)
+	n, _ := conn.Read(buf)
+	if !strings.Contains(string(buf[:n]), "400") || !strings.Contains(string(buf[:n]), `"code":"invalid_argument"`) {
+		t.Fatalf("garbage body answered %q", buf[:n])
+	}
+}
