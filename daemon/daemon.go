@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
@@ -51,6 +52,7 @@ type Daemon struct {
 	wake        chan struct{}
 	pullSem     chan struct{}
 	pulls       sync.WaitGroup
+	metricsAddr atomic.Value // string: where /metrics listens once Run serves
 }
 
 // New opens the store (running startup repair) and prepares the daemon.
@@ -115,6 +117,12 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	return d, nil
 }
 
+// MetricsAddr is the address /metrics listens on, "" before Run serves it.
+func (d *Daemon) MetricsAddr() string {
+	s, _ := d.metricsAddr.Load().(string)
+	return s
+}
+
 // Store is the daemon's store (for tests and tools in this module).
 func (d *Daemon) Store() *cachestore.Store { return d.store }
 
@@ -144,6 +152,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		msrv = &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- msrv.Serve(ml) }()
+		d.metricsAddr.Store(ml.Addr().String())
 		d.log.Info("metrics", "addr", ml.Addr().String())
 	}
 

@@ -13,20 +13,21 @@ func intersperse(app *cli.App, args []string) []string {
 	if len(args) < 2 {
 		return args
 	}
-	takesValue := func(flags []cli.Flag, tok string) bool {
-		name := strings.TrimLeft(tok, "-")
-		if strings.Contains(name, "=") {
-			return false
-		}
+	lookup := func(flags []cli.Flag, tok string) cli.Flag {
+		name, _, _ := strings.Cut(strings.TrimLeft(tok, "-"), "=")
 		for _, f := range flags {
 			for _, n := range f.Names() {
 				if n == name {
-					_, isBool := f.(*cli.BoolFlag)
-					return !isBool
+					return f
 				}
 			}
 		}
-		return false
+		return nil
+	}
+	takesValue := func(flags []cli.Flag, tok string) bool {
+		f := lookup(flags, tok)
+		_, isBool := f.(*cli.BoolFlag)
+		return f != nil && !isBool && !strings.Contains(tok, "=")
 	}
 	out := []string{args[0]}
 	i := 1
@@ -45,16 +46,25 @@ func intersperse(app *cli.App, args []string) []string {
 		return out
 	}
 	cmd := app.Command(args[i])
-	out = append(out, args[i])
 	if cmd == nil {
-		return append(out, args[i+1:]...)
+		return append(out, args[i:]...)
 	}
+	cmdName := args[i]
 	var flags, pos []string
 	for j := i + 1; j < len(args); j++ {
 		tok := args[j]
 		if tok == "--" {
 			pos = append(pos, args[j+1:]...)
 			break
+		}
+		if strings.HasPrefix(tok, "-") && tok != "-" && lookup(cmd.Flags, tok) == nil && lookup(app.Flags, tok) != nil {
+			// A global flag after the command ("inspect m -o json"): move it in front.
+			out = append(out, tok)
+			if takesValue(app.Flags, tok) && j+1 < len(args) {
+				j++
+				out = append(out, args[j])
+			}
+			continue
 		}
 		if strings.HasPrefix(tok, "-") && tok != "-" {
 			flags = append(flags, tok)
@@ -66,6 +76,7 @@ func intersperse(app *cli.App, args []string) []string {
 		}
 		pos = append(pos, tok)
 	}
+	out = append(out, cmdName)
 	out = append(out, flags...)
 	if len(pos) > 0 {
 		out = append(out, "--")
