@@ -106,4 +106,3 @@ func TestSecondOpenIsLocked(t *testing.T) {
 		t.Fatalf("second open: %v", err)
 	}
 }
-

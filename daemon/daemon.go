@@ -252,4 +252,3 @@ func (d *Daemon) listen() (net.Listener, error) {
 	}
 	return ln, nil
 }
-

@@ -231,4 +231,3 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 	d.metrics.fetchDuration.WithLabelValues(scheme).Observe(time.Since(start).Seconds())
 	return digest, size, nil
 }
-

@@ -192,7 +192,9 @@ func commands() []*cli.Command {
 				if err != nil {
 					return err
 				}
-				return output(c, a, func(w io.Writer) { fmt.Fprintf(w, "%s: Ready at %s (revision %s, %s)\n", a.Name, a.Path, short(a.Revision), api.FormatBytes(a.Bytes)) })
+				return output(c, a, func(w io.Writer) {
+					fmt.Fprintf(w, "%s: Ready at %s (revision %s, %s)\n", a.Name, a.Path, short(a.Revision), api.FormatBytes(a.Bytes))
+				})
 			},
 		},
 		{

@@ -69,7 +69,7 @@ func TestHostileSources(t *testing.T) {
 	f := New()
 	for _, tc := range []struct {
 		name, uri, want string
-		is             error
+		is              error
 	}{
 		{"absolute symlink out", "file://" + escAbs, "points outside the source tree", fetchers.ErrBadSource},
 		{"relative symlink out", "file://" + escRel, "points outside the source tree", fetchers.ErrBadSource},
