@@ -233,9 +233,9 @@ func (w *slowWriter) Write(b []byte) (int, error) {
 	total := 0
 	for len(b) > 0 {
 		chunk := len(b)
-		if lim := int(w.s.throttle.Load()); lim > 0 && chunk > lim {
-			chunk = lim
-			time.Sleep(10 * time.Millisecond)
+		if lim := int(w.s.throttle.Load()); lim > 0 {
+			chunk = min(chunk, lim)
+			time.Sleep(time.Duration(chunk) * 10 * time.Millisecond / time.Duration(lim))
 		}
 		n, err := w.ResponseWriter.Write(b[:chunk])
 		w.s.sent.Add(int64(n))
