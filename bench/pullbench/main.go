@@ -1,0 +1,418 @@
+// Command pullbench measures modelcached against the tools people use
+// today, in one run on one machine, and prints ratios (absolute numbers
+// drift on shared machines; ratios measured side by side do not).
+//
+//	go run ./bench/pullbench -bin bin [-size-mib 2048] [-runs 3]
+//
+// It serves a synthetic model (four shards + small JSON files) from a
+// loopback HTTP server and alternates: curl -o of the files, modelctl pull
+// with O_DIRECT, modelctl pull buffered — dropping the page cache before
+// each cold run when it may (root). Then: a second artifact of the same
+// files (bytes fetched, time); materializing a tree vs cp -r; the daemon's
+// peak RSS and CPU per GB; modelctl list with 10,000 artifacts in the
+// index; daemon restart time with them.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+)
+
+type file struct {
+	name string
+	size int64
+	sha  string
+}
+
+var (
+	binDir  = flag.String("bin", "bin", "directory with modelcached and modelctl")
+	sizeMiB = flag.Int64("size-mib", envInt("BENCH_SIZE_MIB", 2048), "model size in MiB (four shards); env BENCH_SIZE_MIB")
+	runs    = flag.Int("runs", int(envInt("BENCH_RUNS", 3)), "alternating runs of each pull variant; env BENCH_RUNS")
+	nArts   = flag.Int("artifacts", int(envInt("BENCH_ARTIFACTS", 10000)), "artifacts in the index for the list/restart test")
+	workDir = flag.String("dir", os.Getenv("BENCH_DIR"), "scratch directory (default: a temp dir on the same filesystem as /var/tmp)")
+)
+
+func envInt(k string, def int64) int64 {
+	if v, err := strconv.ParseInt(os.Getenv(k), 10, 64); err == nil {
+		return v
+	}
+	return def
+}
+
+func must(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pullbench:", err)
+		os.Exit(1)
+	}
+}
+
+func main() {
+	flag.Parse()
+	dir := *workDir
+	if dir == "" {
+		d, err := os.MkdirTemp("/var/tmp", "pullbench-")
+		must(err)
+		dir = d
+	}
+	defer os.RemoveAll(dir)
+	fmt.Printf("pullbench: model %d MiB in 4 shards + 2 JSON files, %d alternating runs, scratch %s\n", *sizeMiB, *runs, dir)
+	canDrop := dropCaches() == nil
+	if !canDrop {
+		fmt.Println("note: cannot drop the page cache (not root): cold runs are warm on the server side")
+	}
+
+	src := filepath.Join(dir, "src")
+	files := makeModel(src, *sizeMiB<<20)
+	var total int64
+	for _, f := range files {
+		total += f.size
+	}
+	var served atomic.Int64
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(err)
+	go http.Serve(ln, countBytes(http.FileServer(http.Dir(src)), &served))
+	base := "http://" + ln.Addr().String()
+
+	curlRes, curlNoSync, directRes, bufRes := []float64{}, []float64{}, []float64{}, []float64{}
+	var rss, cpuPerGB []float64
+	for i := 0; i < *runs; i++ {
+		// curl
+		out := filepath.Join(dir, "curl")
+		os.MkdirAll(out, 0o755)
+		args := []string{"-sS", "--fail"}
+		for _, f := range files {
+			args = append(args, "-o", filepath.Join(out, f.name), base+"/"+f.name)
+		}
+		coldPrep(canDrop)
+		t0 := time.Now()
+		c := exec.Command("curl", args...)
+		c.Stderr = os.Stderr
+		must(c.Run())
+		curlNoSync = append(curlNoSync, float64(total)/time.Since(t0).Seconds())
+		// curl does not fsync; sync so both sides pay for getting bytes to disk
+		// (modelcached fsyncs every blob before it is visible).
+		syscall.Sync()
+		curlRes = append(curlRes, float64(total)/time.Since(t0).Seconds())
+		os.RemoveAll(out)
+
+		for _, direct := range []bool{true, false} {
+			d := startDaemon(filepath.Join(dir, "root"), filepath.Join(dir, "mc.sock"), direct)
+			coldPrep(canDrop)
+			cpu0 := d.cpuSeconds()
+			t0 := time.Now()
+			pullAll(d, base, files, "m")
+			el := time.Since(t0).Seconds()
+			if direct {
+				directRes = append(directRes, float64(total)/el)
+				rss = append(rss, float64(d.peakRSS()))
+				cpuPerGB = append(cpuPerGB, (d.cpuSeconds()-cpu0)/(float64(total)/1e9))
+			} else {
+				bufRes = append(bufRes, float64(total)/el)
+			}
+			if i == *runs-1 && direct {
+				secondArtifact(d, base, files, &served)
+			}
+			d.stop()
+			os.RemoveAll(filepath.Join(dir, "root"))
+		}
+	}
+	fmt.Println()
+	fmt.Printf("cold pull of %s over loopback (GB/s, median of %d):\n", api.FormatBytes(total), *runs)
+	fmt.Printf("  curl -o (no fsync)         %.2f  %v\n", median(curlNoSync)/1e9, gbps(curlNoSync))
+	fmt.Printf("  curl -o + sync             %.2f  %v\n", median(curlRes)/1e9, gbps(curlRes))
+	fmt.Printf("  modelctl pull, O_DIRECT    %.2f  %v  vs curl+sync %.2fx, vs curl %.2fx\n", median(directRes)/1e9, gbps(directRes), median(ratios(directRes, curlRes)), median(ratios(directRes, curlNoSync)))
+	fmt.Printf("  modelctl pull, buffered    %.2f  %v  vs curl+sync %.2fx, vs curl %.2fx\n", median(bufRes)/1e9, gbps(bufRes), median(ratios(bufRes, curlRes)), median(ratios(bufRes, curlNoSync)))
+	fmt.Printf("  daemon peak RSS (O_DIRECT) %s; daemon CPU per GB %.2f s\n", api.FormatBytes(int64(median(rss))), median(cpuPerGB))
+
+	materializeVsCp(dir, src, files)
+	listAndRestart(dir, *nArts)
+}
+
+func gbps(xs []float64) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = fmt.Sprintf("%.2f", x/1e9)
+	}
+	return out
+}
+
+func ratios(a, b []float64) []float64 {
+	out := make([]float64, len(a))
+	for i := range a {
+		out[i] = a[i] / b[i]
+	}
+	return out
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func dropCaches() error {
+	syscall.Sync()
+	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0)
+}
+
+func coldPrep(can bool) {
+	if can {
+		dropCaches()
+	}
+}
+
+// makeModel writes four shards of pseudo-random bytes and two JSON files.
+func makeModel(dir string, size int64) []file {
+	must(os.MkdirAll(dir, 0o755))
+	var out []file
+	rng := rand.NewChaCha8([32]byte{1, 2, 3})
+	buf := make([]byte, 4<<20)
+	for i := 1; i <= 4; i++ {
+		name := fmt.Sprintf("model-%05d-of-00004.safetensors", i)
+		f, err := os.Create(filepath.Join(dir, name))
+		must(err)
+		h := sha256.New()
+		left := size / 4
+		for left > 0 {
+			n := min(int64(len(buf)), left)
+			rng.Read(buf[:n])
+			f.Write(buf[:n])
+			h.Write(buf[:n])
+			left -= n
+		}
+		must(f.Close())
+		out = append(out, file{name, size / 4, hex.EncodeToString(h.Sum(nil))})
+	}
+	for _, j := range []struct{ name, body string }{
+		{"config.json", `{"architectures":["LlamaForCausalLM"],"torch_dtype":"bfloat16"}`},
+		{"model.safetensors.index.json", `{"metadata":{"total_size":` + strconv.FormatInt(size, 10) + `}}`},
+	} {
+		must(os.WriteFile(filepath.Join(dir, j.name), []byte(j.body), 0o644))
+		s := sha256.Sum256([]byte(j.body))
+		out = append(out, file{j.name, int64(len(j.body)), hex.EncodeToString(s[:])})
+	}
+	return out
+}
+
+func countBytes(h http.Handler, n *atomic.Int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(&cw{w, n}, r)
+	})
+}
+
+type cw struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (c *cw) Write(b []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(b)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+type daemon struct {
+	cmd    *exec.Cmd
+	socket string
+	start  time.Duration
+}
+
+func startDaemon(root, sock string, direct bool) *daemon {
+	t0 := time.Now()
+	cmd := exec.Command(filepath.Join(*binDir, "modelcached"), "--root", root, "--socket", sock,
+		"--metrics-addr", "", "--models-dir", "", "--socket-group", "", "--log-level", "warn",
+		"--direct-io="+strconv.FormatBool(direct), "--max-concurrent-pulls", "4")
+	cmd.Stderr = os.Stderr
+	must(cmd.Start())
+	c := &api.Client{Socket: sock}
+	for c.Health(context.Background()) != nil {
+		if time.Since(t0) > 60*time.Second {
+			must(fmt.Errorf("daemon did not start"))
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return &daemon{cmd: cmd, socket: sock, start: time.Since(t0)}
+}
+
+func (d *daemon) stop() {
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	d.cmd.Wait()
+}
+
+func (d *daemon) ctl(args ...string) []byte {
+	cmd := exec.Command(filepath.Join(*binDir, "modelctl"), append([]string{"--socket", d.socket}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		must(fmt.Errorf("modelctl %v: %v: %s", args, err, stderr.String()))
+	}
+	return out
+}
+
+// pullAll pulls each file as an artifact (an http source is one file):
+// all queued at once, then waited for, as the files of one model are
+// fetched side by side (--max-concurrent-pulls 4, like --files-per-pull).
+func pullAll(d *daemon, base string, files []file, prefix string) {
+	for i, f := range files {
+		d.ctl("pull", base+"/"+f.name+"#sha256="+f.sha, "--name", fmt.Sprintf("%s-%d", prefix, i), "--no-wait")
+	}
+	for i := range files {
+		d.ctl("wait", fmt.Sprintf("%s-%d", prefix, i), "--timeout", "10m")
+	}
+}
+
+func (d *daemon) status(key string) int64 {
+	fh, err := os.Open(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	defer fh.Close()
+	sc := bufio.NewScanner(fh)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), key+":"); ok {
+			f := strings.Fields(rest)
+			n, _ := strconv.ParseInt(f[0], 10, 64)
+			return n << 10
+		}
+	}
+	return 0
+}
+
+func (d *daemon) peakRSS() int64 { return d.status("VmHWM") }
+
+func (d *daemon) cpuSeconds() float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // USER_HZ
+}
+
+func secondArtifact(d *daemon, base string, files []file, served *atomic.Int64) {
+	before := served.Load()
+	t0 := time.Now()
+	pullAll(d, base, files, "again")
+	el := time.Since(t0)
+	fmt.Printf("second artifact set with the same %d files: %d bytes fetched, %s (%s per artifact, modelctl process included)\n",
+		len(files), served.Load()-before, el.Round(time.Millisecond), (el / time.Duration(len(files))).Round(time.Microsecond))
+}
+
+// materializeVsCp times building a tree of hardlinks for the model against
+// cp -r of the same files, alternating.
+func materializeVsCp(dir, src string, files []file) {
+	root := filepath.Join(dir, "mroot")
+	st, _, err := cachestore.Open(context.Background(), root)
+	must(err)
+	defer func() { st.Close(); os.RemoveAll(root) }()
+	var m cachestore.Manifest
+	for _, f := range files {
+		fh, err := os.Open(filepath.Join(src, f.name))
+		must(err)
+		d, err := st.Ingest(context.Background(), f.name, fh, f.size, "sha256:"+f.sha)
+		fh.Close()
+		must(err)
+		m = append(m, cachestore.Entry{Path: f.name, Digest: d, Size: f.size})
+	}
+	var mat, cp []float64
+	for i := 0; i < 5; i++ {
+		t0 := time.Now()
+		_, err := st.CommitVersion(context.Background(), cachestore.VersionSpec{Name: fmt.Sprintf("tree-%d", i), Revision: "r", Manifest: m})
+		must(err)
+		mat = append(mat, time.Since(t0).Seconds())
+		dst := filepath.Join(dir, fmt.Sprintf("cp-%d", i))
+		t0 = time.Now()
+		must(exec.Command("cp", "-r", src, dst).Run())
+		syscall.Sync()
+		cp = append(cp, time.Since(t0).Seconds())
+		os.RemoveAll(dst)
+	}
+	fmt.Printf("materialize %d-file tree (hardlinks + rename + fsync + index): %.2f ms; cp -r (+sync): %.0f ms; %.0fx faster\n",
+		len(files), median(mat)*1e3, median(cp)*1e3, median(cp)/median(mat))
+
+	// Commit of one blob: rename + directory fsync.
+	var blob []float64
+	for i := 0; i < 20; i++ {
+		b := []byte(fmt.Sprintf("blob-%d-%d", i, time.Now().UnixNano()))
+		w, err := st.Writer(context.Background(), cachestore.WriterOpts{Ref: string(b), Size: int64(len(b))})
+		must(err)
+		w.Write(b)
+		t0 := time.Now()
+		_, err = w.Commit(context.Background(), int64(len(b)), "")
+		must(err)
+		blob = append(blob, time.Since(t0).Seconds())
+	}
+	fmt.Printf("commit of one small blob (fsync, verify, rename, dir fsync, index): %.2f ms median\n", median(blob)*1e3)
+}
+
+// listAndRestart fills an index with n artifacts, then times the daemon's
+// start and modelctl list.
+func listAndRestart(dir string, n int) {
+	root := filepath.Join(dir, "lroot")
+	st, _, err := cachestore.Open(context.Background(), root)
+	must(err)
+	t0 := time.Now()
+	for i := 0; i < n; i++ {
+		b := []byte(fmt.Sprintf(`{"artifact":%d}`, i))
+		d, err := st.Ingest(context.Background(), "x", bytes.NewReader(b), int64(len(b)), "")
+		must(err)
+		_, err = st.CommitVersion(context.Background(), cachestore.VersionSpec{Name: fmt.Sprintf("model-%05d", i), Source: "file:///seed", Manifest: cachestore.Manifest{
+			{Path: "config.json", Digest: d, Size: int64(len(b))},
+		}})
+		must(err)
+	}
+	seed := time.Since(t0)
+	st.Close()
+	sock := filepath.Join(dir, "l.sock")
+	var starts, lists, listsTable []float64
+	for i := 0; i < 3; i++ {
+		d := startDaemon(root, sock, true)
+		starts = append(starts, d.start.Seconds())
+		for j := 0; j < 3; j++ {
+			t0 := time.Now()
+			out := d.ctl("-o", "json", "list")
+			lists = append(lists, time.Since(t0).Seconds())
+			if j == 0 && i == 0 && bytes.Count(out, []byte(`"name"`)) < n {
+				must(fmt.Errorf("list returned fewer than %d artifacts", n))
+			}
+			t0 = time.Now()
+			d.ctl("list")
+			listsTable = append(listsTable, time.Since(t0).Seconds())
+		}
+		d.stop()
+	}
+	fmt.Printf("%d artifacts in the index (seeded in %s): daemon start to healthy %.0f ms; modelctl -o json list %.0f ms; modelctl list (table) %.0f ms\n",
+		n, seed.Round(time.Second), median(starts)*1e3, median(lists)*1e3, median(listsTable)*1e3)
+	_ = io.Discard
+}
