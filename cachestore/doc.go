@@ -19,7 +19,7 @@
 //	<root>/models/<name>/current -> <revision>
 //	<root>/kernels/<name>/<revision>/…       the same for kind "kernelcache"
 //
-// # Index schema (bbolt, version 1)
+// # Index schema (bbolt, version 2)
 //
 //	meta/
 //	    version            -> uint64, big-endian: the schema version
@@ -29,8 +29,10 @@
 //	    <name>/            (bucket, one per artifact)
 //	        current        -> revision (the one models/<name>/current points to)
 //	        versions/      (bucket)
-//	            <revision> -> JSON Version{source, revision, manifest, manifest digest,
-//	                          state, message, pinned, created, last used, bytes}
+//	            <revision> -> JSON Version{source, revision, manifest digest, state,
+//	                          message, pinned, created, last used, bytes, spec}
+//	        manifests/     (bucket; since schema 2)
+//	            <revision> -> JSON Manifest [{path, digest, size, mode}], sorted by path
 //	desires/
 //	    <name>             -> opaque bytes owned by the daemon (the desired state)
 //

@@ -15,6 +15,7 @@ var (
 	bucketArtifacts = []byte("artifacts")
 	bucketDesires   = []byte("desires")
 	bucketVersions  = []byte("versions")
+	bucketManifests = []byte("manifests")
 	keyVersion      = []byte("version")
 	keyCurrent      = []byte("current")
 )
@@ -34,7 +35,7 @@ type Version struct {
 	Kind           string    `json:"kind"`
 	Source         string    `json:"source"`
 	Revision       string    `json:"revision"`
-	Manifest       Manifest  `json:"manifest"`
+	Manifest       Manifest  `json:"manifest,omitempty"` // stored apart from the summary since schema 2
 	ManifestDigest string    `json:"manifestDigest"`
 	State          State     `json:"state"`
 	Message        string    `json:"message,omitempty"`
@@ -71,6 +72,36 @@ var migrations = []migration{
 			}
 		}
 		return nil
+	},
+	// 1 → 2: manifests move out of the version records into
+	// artifacts/<name>/manifests/<revision>, so listing artifacts reads
+	// small summaries instead of every file list.
+	func(tx *bolt.Tx) error {
+		arts := tx.Bucket(bucketArtifacts)
+		return arts.ForEachBucket(func(name []byte) error {
+			ab := arts.Bucket(name)
+			vb := ab.Bucket(bucketVersions)
+			if vb == nil {
+				return nil
+			}
+			var all []Version
+			if err := vb.ForEach(func(k, raw []byte) error {
+				var v Version
+				if err := json.Unmarshal(raw, &v); err != nil {
+					return fmt.Errorf("%s@%s: %w", name, k, err)
+				}
+				all = append(all, v)
+				return nil
+			}); err != nil {
+				return err
+			}
+			for i := range all {
+				if err := putVersion(ab, &all[i]); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 	},
 }
 
@@ -121,8 +152,9 @@ func migrate(db *bolt.DB, list []migration) error {
 	}
 }
 
-func getVersion(b *bolt.Bucket, rev string) (*Version, error) {
-	raw := b.Get([]byte(rev))
+// getSummary reads a version without its manifest; nil when absent.
+func getSummary(vb *bolt.Bucket, rev string) (*Version, error) {
+	raw := vb.Get([]byte(rev))
 	if raw == nil {
 		return nil, nil
 	}
@@ -133,26 +165,67 @@ func getVersion(b *bolt.Bucket, rev string) (*Version, error) {
 	return &v, nil
 }
 
-func putVersion(b *bolt.Bucket, v *Version) error {
-	raw, err := json.Marshal(v)
+// putSummary writes a version's summary and leaves its manifest alone.
+func putSummary(vb *bolt.Bucket, v *Version) error {
+	sum := *v
+	sum.Manifest = nil
+	raw, err := json.Marshal(&sum)
 	if err != nil {
 		return err
 	}
-	return b.Put([]byte(v.Revision), raw)
+	return vb.Put([]byte(v.Revision), raw)
 }
 
-// readArtifact decodes one artifact bucket; the bytes are copied out by
-// json.Unmarshal before the transaction ends.
-func readArtifact(name string, ab *bolt.Bucket) (Artifact, error) {
+// putVersion writes a version's summary and its manifest.
+func putVersion(ab *bolt.Bucket, v *Version) error {
+	vb, err := ab.CreateBucketIfNotExists(bucketVersions)
+	if err != nil {
+		return err
+	}
+	mb, err := ab.CreateBucketIfNotExists(bucketManifests)
+	if err != nil {
+		return err
+	}
+	raw, err := json.Marshal(v.Manifest)
+	if err != nil {
+		return err
+	}
+	if err := mb.Put([]byte(v.Revision), raw); err != nil {
+		return err
+	}
+	return putSummary(vb, v)
+}
+
+// deleteVersion removes a version's summary and manifest.
+func deleteVersion(ab *bolt.Bucket, rev string) error {
+	if mb := ab.Bucket(bucketManifests); mb != nil {
+		if err := mb.Delete([]byte(rev)); err != nil {
+			return err
+		}
+	}
+	return ab.Bucket(bucketVersions).Delete([]byte(rev))
+}
+
+// readArtifact decodes one artifact bucket, with manifests or without; the
+// bytes are copied out by json.Unmarshal before the transaction ends.
+func readArtifact(name string, ab *bolt.Bucket, manifests bool) (Artifact, error) {
 	a := Artifact{Name: name, Current: string(ab.Get(keyCurrent))}
 	vb := ab.Bucket(bucketVersions)
 	if vb == nil {
 		return a, nil
 	}
+	mb := ab.Bucket(bucketManifests)
 	err := vb.ForEach(func(k, raw []byte) error {
 		var v Version
 		if err := json.Unmarshal(raw, &v); err != nil {
 			return fmt.Errorf("index: %s@%s: %w", name, k, err)
+		}
+		if manifests && mb != nil {
+			if mraw := mb.Get(k); mraw != nil {
+				if err := json.Unmarshal(mraw, &v.Manifest); err != nil {
+					return fmt.Errorf("index: manifest of %s@%s: %w", name, k, err)
+				}
+			}
 		}
 		if v.Revision == a.Current {
 			a.Versions = append([]Version{v}, a.Versions...)

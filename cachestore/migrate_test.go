@@ -57,7 +57,7 @@ func TestMigrationsRunInOrderOnce(t *testing.T) {
 		}
 	}
 	if len(order) != 2 || order[0] != 2 || order[1] != 3 {
-		t.Fatalf("migrations ran %v, want [2 3] once", order)
+		t.Fatalf("migrations ran %v, want the two new ones once, in order", order)
 	}
 	// A failing migration leaves the version where it was.
 	boom := errors.New("boom")
@@ -66,8 +66,50 @@ func TestMigrationsRunInOrderOnce(t *testing.T) {
 		t.Fatalf("failing migration: %v", err)
 	}
 	db.View(func(tx *bolt.Tx) error {
-		if v := schemaVersion(tx); v != 3 {
-			t.Errorf("version after a failed migration: %d, want 3", v)
+		if v := schemaVersion(tx); v != uint64(len(migrations)+2) {
+			t.Errorf("version after a failed migration: %d, want %d", v, len(migrations)+2)
+		}
+		return nil
+	})
+}
+
+// TestMigrationV2SplitsManifests writes an index as schema 1 had it (the
+// manifest inside the version record) and checks that migration 2 moves
+// the manifest into its own bucket without losing anything.
+func TestMigrationV2SplitsManifests(t *testing.T) {
+	root := t.TempDir()
+	db, err := bolt.Open(filepath.Join(root, "index.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := migrate(db, migrations[:1]); err != nil {
+		t.Fatal(err)
+	}
+	d := DigestBytes([]byte("w"))
+	v1 := `{"name":"m","kind":"model","source":"file:///m","revision":"r1","manifest":[{"path":"w.bin","digest":"` + d + `","size":1,"mode":420}],"manifestDigest":"sha256:x","state":"Ready","pinned":true,"bytes":1}`
+	db.Update(func(tx *bolt.Tx) error {
+		ab, _ := tx.Bucket(bucketArtifacts).CreateBucket([]byte("m"))
+		vb, _ := ab.CreateBucket(bucketVersions)
+		ab.Put(keyCurrent, []byte("r1"))
+		return vb.Put([]byte("r1"), []byte(v1))
+	})
+	if err := migrate(db, migrations[:2]); err != nil {
+		t.Fatal(err)
+	}
+	db.View(func(tx *bolt.Tx) error {
+		ab := tx.Bucket(bucketArtifacts).Bucket([]byte("m"))
+		if raw := ab.Bucket(bucketVersions).Get([]byte("r1")); strings.Contains(string(raw), `"manifest":`) {
+			t.Errorf("summary still holds the manifest: %s", raw)
+		}
+		if raw := ab.Bucket(bucketManifests).Get([]byte("r1")); !strings.Contains(string(raw), "w.bin") {
+			t.Errorf("manifest not moved: %s", raw)
+		}
+		a, err := readArtifact("m", ab, true)
+		if err != nil || len(a.Versions) != 1 || len(a.Versions[0].Manifest) != 1 || !a.Versions[0].Pinned || a.Current != "r1" {
+			t.Errorf("after migration: %+v %v", a, err)
+		}
+		if v := schemaVersion(tx); v != 2 {
+			t.Errorf("schema %d, want 2", v)
 		}
 		return nil
 	})

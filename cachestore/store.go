@@ -392,13 +392,13 @@ func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, 
 		if err != nil {
 			return err
 		}
-		if old, err := getVersion(vb, rev); err != nil {
+		if old, err := getSummary(vb, rev); err != nil {
 			return err
 		} else if old != nil {
 			v.Created = old.Created
 			v.Pinned = v.Pinned || old.Pinned
 		}
-		if err := putVersion(vb, v); err != nil {
+		if err := putVersion(ab, v); err != nil {
 			return err
 		}
 		return ab.Put(keyCurrent, []byte(rev))
@@ -506,27 +506,39 @@ func (s *Store) setCurrentLink(parent, rev string) error {
 	return syncDir(parent)
 }
 
-// Get returns one artifact, ErrNotFound when the index has none.
-func (s *Store) Get(name string) (*Artifact, error) {
+// Get returns one artifact with its manifests, ErrNotFound when the
+// index has none.
+func (s *Store) Get(name string) (*Artifact, error) { return s.get(name, true) }
+
+// Summary is Get without the manifests.
+func (s *Store) Summary(name string) (*Artifact, error) { return s.get(name, false) }
+
+func (s *Store) get(name string, manifests bool) (*Artifact, error) {
 	var a *Artifact
 	err := s.db.View(func(tx *bolt.Tx) error {
 		ab := tx.Bucket(bucketArtifacts).Bucket([]byte(name))
 		if ab == nil {
 			return fmt.Errorf("artifact %s: %w", name, ErrNotFound)
 		}
-		got, err := readArtifact(name, ab)
+		got, err := readArtifact(name, ab, manifests)
 		a = &got
 		return err
 	})
 	return a, err
 }
 
-// List returns every artifact, sorted by name.
-func (s *Store) List() ([]Artifact, error) {
+// List returns every artifact with its manifests, sorted by name.
+func (s *Store) List() ([]Artifact, error) { return s.list(true) }
+
+// ListSummaries returns every artifact sorted by name, without manifests:
+// the cheap read behind listing thousands of artifacts.
+func (s *Store) ListSummaries() ([]Artifact, error) { return s.list(false) }
+
+func (s *Store) list(manifests bool) ([]Artifact, error) {
 	var out []Artifact
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketArtifacts).ForEachBucket(func(k []byte) error {
-			a, err := readArtifact(string(k), tx.Bucket(bucketArtifacts).Bucket(k))
+			a, err := readArtifact(string(k), tx.Bucket(bucketArtifacts).Bucket(k), manifests)
 			out = append(out, a)
 			return err
 		})
@@ -556,7 +568,7 @@ func (s *Store) updateVersions(name, rev string, fn func(v *Version) error) erro
 			rev = string(ab.Get(keyCurrent))
 		}
 		vb := ab.Bucket(bucketVersions)
-		v, err := getVersion(vb, rev)
+		v, err := getSummary(vb, rev)
 		if err != nil {
 			return err
 		}
@@ -566,7 +578,7 @@ func (s *Store) updateVersions(name, rev string, fn func(v *Version) error) erro
 		if err := fn(v); err != nil {
 			return err
 		}
-		return putVersion(vb, v)
+		return putSummary(vb, v)
 	})
 }
 
@@ -629,7 +641,7 @@ func (s *Store) Evict(ctx context.Context, name, rev string, force bool) ([]stri
 		ab := arts.Bucket([]byte(name))
 		vb := ab.Bucket(bucketVersions)
 		for _, v := range victims {
-			if err := vb.Delete([]byte(v.Revision)); err != nil {
+			if err := deleteVersion(ab, v.Revision); err != nil {
 				return err
 			}
 			out = append(out, v.Revision)

@@ -25,6 +25,7 @@ type artState struct {
 	nextRetry time.Time
 	spec      string             // fingerprint of the desire of the pull in flight or last pulled
 	cancel    context.CancelFunc // set while a pull is in flight
+	done      chan struct{}      // closed when that pull has finished
 	force     bool               // re-resolve even when satisfied (an explicit pull)
 	completed uint64             // pulls finished (either way); waiters watch it
 	prog      *progress
@@ -170,7 +171,7 @@ func (d *Daemon) reconcile(ctx context.Context) time.Duration {
 
 // satisfied: the current version is Ready and came from this desire.
 func (d *Daemon) satisfied(name, fp string) bool {
-	a, err := d.store.Get(name)
+	a, err := d.store.Summary(name)
 	if err != nil || len(a.Versions) == 0 || a.Versions[0].Revision != a.Current {
 		return false
 	}
@@ -179,7 +180,7 @@ func (d *Daemon) satisfied(name, fp string) bool {
 }
 
 func (d *Daemon) evictAbsent(ctx context.Context, name string, st *artState) {
-	if _, err := d.store.Get(name); errors.Is(err, cachestore.ErrNotFound) {
+	if _, err := d.store.Summary(name); errors.Is(err, cachestore.ErrNotFound) {
 		st.phase, st.message = api.PhasePending, "absent"
 		return
 	}
@@ -212,6 +213,7 @@ func (d *Daemon) gc(ctx context.Context) {
 func (d *Daemon) startPull(ctx context.Context, ds api.Desire, st *artState, fp string) {
 	pctx, cancel := context.WithCancel(ctx)
 	st.cancel, st.spec, st.force = cancel, fp, false
+	st.done = make(chan struct{})
 	st.phase, st.message = api.PhasePending, "waiting for a pull slot"
 	st.prog = &progress{started: time.Now()}
 	st.prog.total.Store(-1)
@@ -230,6 +232,7 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st.cancel = nil
+	close(st.done)
 	st.completed++
 	scheme, _ := fetchers.Scheme(ds.URI)
 	switch {
@@ -255,7 +258,7 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 		d.metrics.pulls.WithLabelValues(scheme, "failed").Inc()
 		d.log.Error("pull failed", "artifact", ds.Name, "uri", ds.URI, "attempt", st.attempts, "retry_in", delay.Round(time.Second), "err", err)
 		// A version that lost its blobs and cannot be re-fetched says why.
-		if a, gerr := d.store.Get(ds.Name); gerr == nil && len(a.Versions) > 0 && a.Versions[0].State != cachestore.StateReady {
+		if a, gerr := d.store.Summary(ds.Name); gerr == nil && len(a.Versions) > 0 && a.Versions[0].State != cachestore.StateReady {
 			d.store.SetState(ds.Name, a.Versions[0].Revision, cachestore.StateFailed, "re-fetch failed: "+err.Error())
 		}
 		d.kick()

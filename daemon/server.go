@@ -263,9 +263,10 @@ func (d *Daemon) handleGet(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, a)
 }
 
-// list joins desires, in-memory state and the index into one view per name.
+// list joins desires, in-memory state and the index into one view per
+// name: the summary of each (no versions, no files; inspect has those).
 func (d *Daemon) list() ([]api.Artifact, error) {
-	arts, err := d.store.List()
+	arts, err := d.store.ListSummaries()
 	if err != nil {
 		return nil, err
 	}
@@ -282,6 +283,9 @@ func (d *Daemon) list() ([]api.Artifact, error) {
 		if !seen[name] && ds.State != api.StateAbsent {
 			out = append(out, d.viewLocked(name, nil, want, false))
 		}
+	}
+	for i := range out {
+		out[i].Versions, out[i].Desire = nil, nil
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
@@ -338,6 +342,8 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 		case cachestore.StateReady:
 			out.Phase = api.PhaseReady
 			out.Path = filepath.Join(d.store.TreePath(cur.Kind, name, ""), "current")
+		case cachestore.StateMissing: // a re-fetch is due
+			out.Phase, out.Message = api.PhasePending, cur.Message
 		default:
 			out.Phase, out.Message = api.PhaseFailed, cur.Message
 		}
@@ -401,10 +407,9 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	if st.cancel == nil || st.spec != fingerprint(ds) {
 		st.force = true // an explicit pull re-resolves the source
 	}
+	// Wait for the next pull to finish: the one this request starts, or the
+	// one in flight for the same desire (as fresh as a new one would be).
 	since := st.completed
-	if st.cancel != nil && st.spec == fingerprint(ds) {
-		since = st.completed // the pull in flight is as fresh as a new one
-	}
 	d.notify()
 	d.mu.Unlock()
 	d.kick()
@@ -560,12 +565,22 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; set state: absent there or remove the file", name, strings.TrimPrefix(fd.Origin, "file:"))
 	}
 	_, hadDesire := d.apiDesires[name]
+	var inFlight chan struct{}
 	if rev == "" {
 		if st := d.arts[name]; st != nil && st.cancel != nil {
 			st.cancel()
+			inFlight = st.done
 		}
 	}
 	d.mu.Unlock()
+	if inFlight != nil {
+		// Let the cancelled pull finish, so it cannot commit after the evict.
+		select {
+		case <-inFlight:
+		case <-r.Context().Done():
+			return r.Context().Err()
+		}
+	}
 	res := api.EvictResult{Name: name, Revisions: []string{}}
 	revs, err := d.store.Evict(r.Context(), name, rev, force)
 	switch {
