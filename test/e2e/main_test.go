@@ -253,3 +253,16 @@ func parseRangeStart(h string) int64 {
 	n, _ := strconv.ParseInt(s, 10, 64)
 	return n
 }
+
+// startFail runs modelcached expecting it to exit non-zero; it returns
+// what it printed.
+func (e *env) startFail(args ...string) string {
+	e.t.Helper()
+	argv := append([]string{"--root", e.root, "--socket", e.socket, "--metrics-addr", "", "--models-dir", "", "--socket-group", ""}, args...)
+	cmd := exec.Command(filepath.Join(binDir, "modelcached"), argv...)
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		e.t.Fatalf("modelcached %v succeeded; want a failure\n%s", argv, out)
+	}
+	return string(out)
+}

@@ -1,0 +1,91 @@
+package e2e
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// TestSystemdNotify runs the daemon with NOTIFY_SOCKET and WATCHDOG_USEC as
+// systemd would: READY=1 once the socket serves, watchdog pings while
+// healthy, STOPPING=1 on SIGTERM.
+func TestSystemdNotify(t *testing.T) {
+	e := newEnv(t)
+	ns := filepath.Join(e.dir, "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: ns, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	msgs := make(chan string, 64)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, _, err := conn.ReadFromUnix(buf)
+			if err != nil {
+				close(msgs)
+				return
+			}
+			msgs <- string(buf[:n])
+		}
+	}()
+	e.start("NOTIFY_SOCKET="+ns, "WATCHDOG_USEC=200000", "WATCHDOG_PID=")
+	next := func(want string) {
+		t.Helper()
+		deadline := time.After(10 * time.Second)
+		for {
+			select {
+			case m := <-msgs:
+				if strings.Contains(m, want) {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no %s from the daemon\n%s", want, e.log)
+			}
+		}
+	}
+	next("READY=1")
+	// READY came after the socket served: a request now must succeed.
+	if err := (&api.Client{Socket: e.socket}).Health(t.Context()); err != nil {
+		t.Fatalf("READY=1 but the socket does not serve: %v", err)
+	}
+	next("WATCHDOG=1")
+	next("WATCHDOG=1")
+	e.cmd.Process.Signal(syscall.SIGTERM)
+	next("STOPPING=1")
+	if err := <-e.exited; err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	e.cmd = nil
+	if _, err := os.Stat(e.socket); err == nil {
+		t.Fatal("the socket was left behind after a clean stop")
+	}
+}
+
+// TestStaleSocketAndSecondDaemon: a socket left by a killed daemon is
+// replaced; a second daemon on a live socket or a locked root is refused
+// with a message that says why.
+func TestStaleSocketAndSecondDaemon(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	e.kill() // leaves the socket file behind
+	if _, err := os.Stat(e.socket); err != nil {
+		t.Fatalf("expected a stale socket after SIGKILL: %v", err)
+	}
+	e.start() // must take the stale socket over
+	e2 := &env{t: t, dir: e.dir, root: filepath.Join(e.dir, "root2"), socket: e.socket}
+	out := e2.startFail()
+	if !strings.Contains(out, "another modelcached is serving there") {
+		t.Fatalf("second daemon on a live socket: %s", out)
+	}
+	e3 := &env{t: t, dir: e.dir, root: e.root, socket: filepath.Join(e.dir, "other.sock")}
+	if out := e3.startFail(); !strings.Contains(out, "locked by another process") {
+		t.Fatalf("second daemon on a locked root: %s", out)
+	}
+}
