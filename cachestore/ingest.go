@@ -404,12 +404,14 @@ func (w *Writer) Commit(ctx context.Context, size int64, expected string) (strin
 	}
 	err := w.drain()
 	if err == nil {
-		err = w.f.Sync()
+		if err = w.f.Sync(); err != nil {
+			err = fmt.Errorf("ingest %s: fsync: %w", w.opts.Ref, err)
+		}
 	}
 	w.f.Close()
 	defer w.s.unlockRef(w.opts.Ref)
 	if err != nil {
-		return "", fmt.Errorf("ingest %s: %w", w.opts.Ref, err)
+		return "", err // already names the ingest; the partial data stays for a resume
 	}
 	if size >= 0 && w.offset != size {
 		os.RemoveAll(w.dir)

@@ -203,7 +203,7 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 		case errors.Is(err, cachestore.ErrSizeMismatch):
 			return fetchers.Permanent(fmt.Errorf("the source sent more than the %d bytes it announced", fl.Size))
 		case errors.Is(err, syscall.ENOSPC):
-			return fetchers.Permanent(fmt.Errorf("disk full under %s: %w; free space or evict artifacts (modelctl evict, modelctl gc)", d.store.Root(), err))
+			return fetchers.Permanent(d.diskFull(err))
 		case err != nil:
 			return err
 		case fl.Size >= 0 && w.Offset() < fl.Size:
@@ -221,6 +221,9 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 	}
 	size := w.Offset()
 	digest, err := w.Commit(ctx, fl.Size, fl.Digest)
+	if errors.Is(err, syscall.ENOSPC) {
+		err = d.diskFull(err)
+	}
 	if err != nil {
 		if errors.Is(err, cachestore.ErrDigestMismatch) {
 			d.metrics.verifications.WithLabelValues("mismatch").Inc()
@@ -230,4 +233,9 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 	d.metrics.verifications.WithLabelValues("ok").Inc()
 	d.metrics.fetchDuration.WithLabelValues(scheme).Observe(time.Since(start).Seconds())
 	return digest, size, nil
+}
+
+// diskFull says what a full disk means for the operator.
+func (d *Daemon) diskFull(err error) error {
+	return fmt.Errorf("disk full under %s: %w; free space or evict artifacts (modelctl evict, modelctl gc)", d.store.Root(), err)
 }

@@ -1,9 +1,12 @@
 package fetchers
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/time/rate"
+	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -112,5 +115,19 @@ func TestScheme(t *testing.T) {
 	}
 	if _, err := Scheme("/just/a/path"); !errors.Is(err, ErrBadSource) {
 		t.Fatalf("no scheme: %v", err)
+	}
+}
+
+func TestRateLimited(t *testing.T) {
+	src := bytes.NewReader(make([]byte, 1000))
+	l := rate.NewLimiter(100, 100) // 100 B/s: 1000 bytes need ~9 s
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	n, err := io.Copy(io.Discard, RateLimited(ctx, src, l))
+	if err == nil || n >= 1000 {
+		t.Fatalf("read %d bytes past a 100 B/s limit within 200ms (err %v)", n, err)
+	}
+	if r := RateLimited(ctx, src, nil); r != io.Reader(src) {
+		t.Fatal("a nil limiter must leave the reader alone")
 	}
 }
