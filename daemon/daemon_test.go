@@ -21,6 +21,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/cachestore/storetest"
 	"github.com/modelcache/modelcache/fetchers"
 )
 
@@ -114,15 +115,7 @@ func sha(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
-func data(n int, seed byte) []byte {
-	b := make([]byte, n)
-	x := uint32(seed) + 1
-	for i := range b {
-		x = x*1664525 + 1013904223
-		b[i] = byte(x >> 24)
-	}
-	return b
-}
+func data(n int, seed byte) []byte { return storetest.Data(n, seed) }
 
 // fileServer serves named blobs and counts the bytes it sends.
 type fileServer struct {

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore/storetest"
 )
 
 var binDir string
@@ -173,17 +174,7 @@ func sha(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
-func data(n int, seed byte) []byte {
-	b := make([]byte, n)
-	x := uint32(seed)*2654435761 + 7
-	for i := range b {
-		x ^= x << 13
-		x ^= x >> 17
-		x ^= x << 5
-		b[i] = byte(x)
-	}
-	return b
-}
+func data(n int, seed byte) []byte { return storetest.Data(n, seed) }
 
 // server serves files, counts bytes sent, records Range headers, and can
 // be throttled so that kills land in the middle of a body.
