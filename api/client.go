@@ -236,10 +236,26 @@ func (c *Client) Verify(ctx context.Context, names ...string) (*VerifyResult, er
 	return &r, c.call(ctx, "POST", "/v1/verify", VerifyRequest{Names: names}, &r)
 }
 
-// GC removes blobs that no artifact version references.
-func (c *Client) GC(ctx context.Context) (*GCResult, error) {
+// GC removes blobs that no artifact version references; with dryRun it
+// only reports what it would remove.
+func (c *Client) GC(ctx context.Context, dryRun bool) (*GCResult, error) {
 	var r GCResult
-	return &r, c.call(ctx, "POST", "/v1/gc", nil, &r)
+	path := "/v1/gc"
+	if dryRun {
+		path += "?dryRun=true"
+	}
+	return &r, c.call(ctx, "POST", path, nil, &r)
+}
+
+// Lease takes or renews holder's lease on name's current version for ttl.
+func (c *Client) Lease(ctx context.Context, name, holder string, ttl time.Duration) (*Lease, error) {
+	var l Lease
+	return &l, c.call(ctx, "POST", "/v1/artifacts/"+url.PathEscape(name)+"/lease", LeaseRequest{Holder: holder, TTL: ttl.String()}, &l)
+}
+
+// Release drops holder's lease on name.
+func (c *Client) Release(ctx context.Context, name, holder string) error {
+	return c.call(ctx, "DELETE", "/v1/artifacts/"+url.PathEscape(name)+"/lease?holder="+url.QueryEscape(holder), nil, nil)
 }
 
 // Usage returns the store's disk use.

@@ -13,6 +13,7 @@ const (
 	CodeConflict       = "conflict"
 	CodeForbidden      = "forbidden"
 	CodePinned         = "pinned"
+	CodeInUse          = "in_use"
 	CodeDigestMismatch = "digest_mismatch"
 	CodeUnavailable    = "unavailable"
 	CodeFailed         = "failed" // a pull ended Failed
@@ -28,6 +29,7 @@ var (
 	ErrConflict       = errors.New("conflict")
 	ErrForbidden      = errors.New("forbidden")
 	ErrPinned         = errors.New("pinned")
+	ErrInUse          = errors.New("in use")
 	ErrDigestMismatch = errors.New("digest mismatch")
 	ErrUnavailable    = errors.New("daemon unavailable")
 	ErrFailed         = errors.New("failed")
@@ -36,13 +38,13 @@ var (
 
 var codeSentinel = map[string]error{
 	CodeNotFound: ErrNotFound, CodeInvalid: ErrInvalid, CodeConflict: ErrConflict,
-	CodeForbidden: ErrForbidden, CodePinned: ErrPinned, CodeDigestMismatch: ErrDigestMismatch,
+	CodeForbidden: ErrForbidden, CodePinned: ErrPinned, CodeInUse: ErrInUse, CodeDigestMismatch: ErrDigestMismatch,
 	CodeUnavailable: ErrUnavailable, CodeFailed: ErrFailed, CodeTimeout: ErrTimeout,
 }
 
 var codeStatus = map[string]int{
 	CodeNotFound: http.StatusNotFound, CodeInvalid: http.StatusBadRequest, CodeConflict: http.StatusConflict,
-	CodeForbidden: http.StatusForbidden, CodePinned: http.StatusConflict, CodeDigestMismatch: http.StatusUnprocessableEntity,
+	CodeForbidden: http.StatusForbidden, CodePinned: http.StatusConflict, CodeInUse: http.StatusConflict, CodeDigestMismatch: http.StatusUnprocessableEntity,
 	CodeUnavailable: http.StatusServiceUnavailable, CodeFailed: http.StatusUnprocessableEntity,
 	CodeTimeout: http.StatusGatewayTimeout, CodeInternal: http.StatusInternalServerError,
 }

@@ -91,6 +91,35 @@ type Artifact struct {
 	Progress       *Progress  `json:"progress,omitempty"`
 	Desire         *Desire    `json:"desire,omitempty"`
 	Versions       []Version  `json:"versions,omitempty"`
+	// Reason is a machine-readable cause of a Failed phase, e.g.
+	// InsufficientCapacity.
+	Reason string `json:"reason,omitempty"`
+	// InUse lists what holds a version of the artifact: leases and
+	// processes that have its files open or mapped. In-use versions are
+	// never evicted.
+	InUse []Holder `json:"inUse,omitempty"`
+}
+
+// Holder is one reason an artifact version is in use.
+type Holder struct {
+	Kind     string     `json:"kind"` // lease | process
+	ID       string     `json:"id"`   // lease holder, or "pid 123 (python3)"
+	Revision string     `json:"revision"`
+	Expires  *time.Time `json:"expires,omitempty"`
+}
+
+// LeaseRequest takes or renews a lease on an artifact's current version.
+type LeaseRequest struct {
+	Holder string `json:"holder"`
+	TTL    string `json:"ttl"` // a duration, e.g. "2m"
+}
+
+// Lease is a granted lease.
+type Lease struct {
+	Name     string    `json:"name"`
+	Revision string    `json:"revision"`
+	Holder   string    `json:"holder"`
+	Expires  time.Time `json:"expires"`
 }
 
 // Event is one line of a streamed response (pull with wait, wait).
@@ -114,7 +143,9 @@ type EvictResult struct {
 type GCResult struct {
 	BlobsRemoved int   `json:"blobsRemoved"`
 	BytesFreed   int64 `json:"bytesFreed"`
-	BlobsKept    int   `json:"blobsKept"`
+	BlobsKept    int      `json:"blobsKept"`
+	Removed      []string `json:"removed,omitempty"` // digests removed, or with a dry run that would be
+	DryRun       bool     `json:"dryRun,omitempty"`
 }
 
 // VerifyRequest names the artifacts to verify; empty means every blob.
@@ -162,5 +193,10 @@ type Status struct {
 	StoreBytes     int64         `json:"storeBytes"`
 	FSFreeBytes    int64         `json:"fsFreeBytes"`
 	ModelsDirError []string      `json:"modelsDirErrors,omitempty"`
+	ReservedBytes  int64         `json:"reservedBytes"`
+	DiskPressure   bool          `json:"diskPressure"`
+	QuotaBytes     int64         `json:"quotaBytes,omitempty"`
+	HighWatermark  int           `json:"highWatermarkPercent,omitempty"`
+	LowWatermark   int           `json:"lowWatermarkPercent,omitempty"`
 	DirectIO       bool          `json:"directIO"`
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"sort"
 
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
@@ -11,14 +12,20 @@ import (
 
 // GCReport says what GC removed.
 type GCReport struct {
-	BlobsRemoved int   `json:"blobsRemoved"`
-	BytesFreed   int64 `json:"bytesFreed"`
-	BlobsKept    int   `json:"blobsKept"`
+	BlobsRemoved int      `json:"blobsRemoved"`
+	BytesFreed   int64    `json:"bytesFreed"`
+	BlobsKept    int      `json:"blobsKept"`
+	Removed      []string `json:"removed,omitempty"` // digests removed (or, dry run, that would be)
 }
 
 // GC removes every blob that no artifact version references and no lease
 // holds. Shared blobs stay while any version uses them.
-func (s *Store) GC(ctx context.Context) (*GCReport, error) {
+func (s *Store) GC(ctx context.Context) (*GCReport, error) { return s.gc(ctx, false) }
+
+// GCDryRun reports what GC would remove, removing nothing.
+func (s *Store) GCDryRun(ctx context.Context) (*GCReport, error) { return s.gc(ctx, true) }
+
+func (s *Store) gc(ctx context.Context, dry bool) (*GCReport, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	arts, err := s.List()
@@ -49,14 +56,21 @@ func (s *Store) GC(ctx context.Context) (*GCReport, error) {
 			rep.BlobsKept++
 			continue
 		}
-		p, _ := s.BlobPath(d)
-		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
-			s.log.Warn("gc remove blob", "digest", d, "err", err)
-			continue
+		if !dry {
+			p, _ := s.BlobPath(d)
+			if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+				s.log.Warn("gc remove blob", "digest", d, "err", err)
+				continue
+			}
 		}
 		gone = append(gone, []byte(d))
+		rep.Removed = append(rep.Removed, d)
 		rep.BlobsRemoved++
 		rep.BytesFreed += size
+	}
+	sort.Strings(rep.Removed)
+	if dry {
+		return rep, nil
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketBlobs)
@@ -86,6 +100,21 @@ type Usage struct {
 	Artifacts  []ArtifactUsage `json:"artifacts"`
 	FSCapacity int64           `json:"fsCapacityBytes"`
 	FSFree     int64           `json:"fsFreeBytes"` // available to unprivileged users
+}
+
+// StoreBytes is the sum of the sizes of the blobs in the index.
+func (s *Store) StoreBytes() (int64, error) {
+	var n int64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketBlobs).ForEach(func(_, raw []byte) error {
+			var r blobRecord
+			if json.Unmarshal(raw, &r) == nil {
+				n += r.Size
+			}
+			return nil
+		})
+	})
+	return n, err
 }
 
 // FSStat returns capacity and available bytes of the root's filesystem.

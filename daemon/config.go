@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/daemon/capacity"
 )
 
 // Config is everything modelcached is told at start. Zero fields take the
@@ -29,6 +30,8 @@ type Config struct {
 	RetryMax           time.Duration // cap of the delay between pull attempts
 	IdleTimeout        time.Duration // a stream that delivers nothing this long is retried
 	BandwidthLimit     int64         // bytes/s over all pulls; 0 = unlimited
+	Capacity           capacity.Policy
+	CapacityInterval   time.Duration // how often the in-use scan and an eviction pass run
 	Logger             *slog.Logger  // nil = silent
 	Version            string        // reported by status and metrics
 	// Hook is called at the store's named commit points; for crash tests.
@@ -50,6 +53,8 @@ func DefaultConfig() Config {
 		RetryInitial:       5 * time.Second,
 		RetryMax:           10 * time.Minute,
 		IdleTimeout:        60 * time.Second,
+		Capacity:           capacity.DefaultPolicy(),
+		CapacityInterval:   10 * time.Second,
 		Version:            "dev",
 	}
 }
@@ -81,6 +86,12 @@ func (c *Config) Validate() error {
 	}
 	if c.RetryInitial <= 0 || c.RetryMax < c.RetryInitial {
 		errs = append(errs, fmt.Errorf("retry delays %s..%s: want 0 < initial <= max", c.RetryInitial, c.RetryMax))
+	}
+	if err := c.Capacity.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("capacity policy: %w", err))
+	}
+	if c.CapacityInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--capacity-interval %s: want > 0", c.CapacityInterval))
 	}
 	if c.BandwidthLimit < 0 {
 		errs = append(errs, fmt.Errorf("--bandwidth-limit %d: want >= 0", c.BandwidthLimit))

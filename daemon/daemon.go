@@ -25,6 +25,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
 	filefetcher "github.com/modelcache/modelcache/fetchers/file"
 	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
@@ -53,6 +54,18 @@ type Daemon struct {
 	pullSem     chan struct{}
 	pulls       sync.WaitGroup
 	metricsAddr atomic.Value // string: where /metrics listens once Run serves
+
+	leases       map[string]map[string]*lease // name → holder → lease; under mu
+	capMu        sync.Mutex                   // admission and reservations
+	reservations map[*reservation]struct{}
+	evictMu      sync.Mutex // one eviction pass at a time
+	evictor      *capacity.Evictor
+	scanner      *capacity.Scanner
+	scanMu       sync.Mutex // guards scanUses
+	scanRun      sync.Mutex // one scan at a time; guards scanner and touched
+	scanUses     map[string][]capacity.Holder
+	touched      map[string]time.Time // scan loop only
+	capKick      chan struct{}
 }
 
 // New opens the store (running startup repair) and prepares the daemon.
@@ -95,6 +108,26 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		changed:     make(chan struct{}),
 		wake:        make(chan struct{}, 1),
 		pullSem:     make(chan struct{}, cfg.MaxConcurrentPulls),
+
+		leases:       map[string]map[string]*lease{},
+		reservations: map[*reservation]struct{}{},
+		scanUses:     map[string][]capacity.Holder{},
+		touched:      map[string]time.Time{},
+		capKick:      make(chan struct{}, 1),
+	}
+	d.scanner = &capacity.Scanner{Root: st.Root(), Self: os.Getpid()}
+	d.evictor = &capacity.Evictor{
+		Policy: cfg.Capacity, Store: st, FS: st, Now: time.Now, InUse: d.inUse, Log: log.With("component", "evict"),
+		Desired: func() map[string]bool {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			out := map[string]bool{}
+			for n, ds := range d.desired() {
+				out[n] = ds.State != api.StateAbsent
+			}
+			return out
+		},
+		Evicted: func(v capacity.Victim) { d.metrics.evictions.WithLabelValues(v.Reason).Inc() },
 	}
 	if cfg.BandwidthLimit > 0 {
 		d.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthLimit), int(min(cfg.BandwidthLimit, 4<<20)))
@@ -157,8 +190,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 
 	var bg sync.WaitGroup
-	bg.Add(2)
+	bg.Add(3)
 	go func() { defer bg.Done(); d.watchModelsDir(ctx) }()
+	go func() { defer bg.Done(); d.capacityLoop(ctx) }()
 	go func() { defer bg.Done(); d.reconcileLoop(ctx) }()
 
 	d.log.Info("serving", "socket", d.cfg.Socket, "root", d.store.Root(), "version", d.cfg.Version)

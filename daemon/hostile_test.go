@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"errors"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -55,7 +57,9 @@ func TestOneDownloadPerBlob(t *testing.T) {
 // TestTLSIsVerified: a server with a certificate no system root signed is
 // refused, and the artifact says why.
 func TestTLSIsVerified(t *testing.T) {
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("x")) }))
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("x")) }))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.StartTLS()
 	defer srv.Close()
 	h := start(t, testConfig(t))
 	_, err := h.pull(api.PullRequest{Name: "tls", URI: srv.URL + "/w.bin"})
@@ -100,6 +104,25 @@ func TestDiskFull(t *testing.T) {
 	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
 	small, big := data(1<<20, 41), data(8<<20, 42)
 	srv := newFileServer(t, map[string][]byte{"small.bin": small, "big.bin": big})
+	// big.bin comes without a size (no HEAD, a chunked body), so admission
+	// cannot refuse it up front: the disk fills in the middle of the pull.
+	srv.hook = func(rw http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != "/big.bin" {
+			return false
+		}
+		if r.Method == http.MethodHead {
+			rw.WriteHeader(http.StatusMethodNotAllowed)
+			return true
+		}
+		if r.Header.Get("Range") != "" {
+			return false
+		}
+		for off := 0; off < len(big); off += 1 << 20 {
+			rw.Write(big[off : off+1<<20])
+			rw.(http.Flusher).Flush()
+		}
+		return true
+	}
 	cfg := testConfig(t)
 	cfg.Root = filepath.Join(mnt, "root")
 	h := start(t, cfg)

@@ -20,6 +20,8 @@ type metrics struct {
 	verifications *prometheus.CounterVec
 	evictions     *prometheus.CounterVec
 	apiRequests   *prometheus.CounterVec
+	freedBytes    prometheus.Counter
+	admissions    *prometheus.CounterVec
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -42,13 +44,19 @@ func newMetrics(d *Daemon) *metrics {
 			Name: "modelcache_verifications_total", Help: "Blob verifications, at ingest and by scrub, by result (ok, mismatch, corrupt, missing).",
 		}, []string{"result"}),
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "modelcache_evictions_total", Help: "Artifact versions evicted, by reason (absent, api).",
+			Name: "modelcache_evictions_total", Help: "Artifact versions evicted, by reason (space, age, absent, manual).",
 		}, []string{"reason"}),
 		apiRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "modelcache_api_requests_total", Help: "Socket API requests, by route and HTTP status code.",
 		}, []string{"route", "code"}),
+		freedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "modelcache_eviction_freed_bytes_total", Help: "Bytes of blobs freed by the GC after evictions.",
+		}),
+		admissions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "modelcache_pull_admissions_total", Help: "Capacity admission decisions for pulls, by result (admitted, evicted_first, rejected).",
+		}, []string{"result"}),
 	}
-	m.reg.MustRegister(m.fetchedBytes, m.fetchErrors, m.fetchDuration, m.pulls, m.verifications, m.evictions, m.apiRequests,
+	m.reg.MustRegister(m.fetchedBytes, m.fetchErrors, m.fetchDuration, m.pulls, m.verifications, m.evictions, m.apiRequests, m.freedBytes, m.admissions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{d: d})
 	return m
@@ -61,6 +69,12 @@ var (
 	descFSCap      = prometheus.NewDesc("modelcache_filesystem_capacity_bytes", "Size of the filesystem that holds the store root.", nil, nil)
 	descFSFree     = prometheus.NewDesc("modelcache_filesystem_free_bytes", "Bytes available on the filesystem that holds the store root.", nil, nil)
 	descInfo       = prometheus.NewDesc("modelcache_build_info", "Build of the running modelcached.", []string{"version"}, nil)
+	descReserved   = prometheus.NewDesc("modelcache_reserved_bytes", "Bytes reserved by admitted pulls in flight and not yet written.", nil, nil)
+	descPinned     = prometheus.NewDesc("modelcache_artifacts_pinned", "Artifact versions that are pinned.", nil, nil)
+	descInUse      = prometheus.NewDesc("modelcache_artifacts_in_use", "Artifact versions in use, by what holds them (lease, process).", []string{"kind"}, nil)
+	descPressure   = prometheus.NewDesc("modelcache_disk_pressure", "1 when the store is over its quota or the filesystem above the high watermark.", []string{"cause"}, nil)
+	descQuota      = prometheus.NewDesc("modelcache_quota_bytes", "The store's byte quota (0: none).", nil, nil)
+	descWatermark  = prometheus.NewDesc("modelcache_watermark_ratio", "Filesystem-use watermarks of the eviction policy.", []string{"mark"}, nil)
 )
 
 // stateCollector reads the store and the daemon at scrape time. A failing
@@ -68,7 +82,7 @@ var (
 type stateCollector struct{ d *Daemon }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descArtifacts, descStoreBytes, descBlobs, descFSCap, descFSFree, descInfo} {
+	for _, d := range []*prometheus.Desc{descArtifacts, descStoreBytes, descBlobs, descFSCap, descFSFree, descInfo, descReserved, descPinned, descInUse, descPressure, descQuota, descWatermark} {
 		ch <- d
 	}
 }
@@ -92,6 +106,39 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descFSCap, prometheus.GaugeValue, float64(capa))
 		ch <- prometheus.MustNewConstMetric(descFSFree, prometheus.GaugeValue, float64(free))
 	}
+	p := c.d.cfg.Capacity
+	ch <- prometheus.MustNewConstMetric(descReserved, prometheus.GaugeValue, float64(c.d.reserved()))
+	ch <- prometheus.MustNewConstMetric(descQuota, prometheus.GaugeValue, float64(p.QuotaBytes))
+	ch <- prometheus.MustNewConstMetric(descWatermark, prometheus.GaugeValue, float64(p.HighPercent)/100, "high")
+	ch <- prometheus.MustNewConstMetric(descWatermark, prometheus.GaugeValue, float64(p.LowPercent)/100, "low")
+	if pr, err := c.d.evictor.Pressure(); err == nil {
+		ch <- prometheus.MustNewConstMetric(descPressure, prometheus.GaugeValue, b2f(pr.OverQuota), "quota")
+		ch <- prometheus.MustNewConstMetric(descPressure, prometheus.GaugeValue, b2f(pr.AboveHigh), "watermark")
+	}
+	if arts, err := c.d.store.ListSummaries(); err == nil {
+		n := 0
+		for _, a := range arts {
+			for _, v := range a.Versions {
+				if v.Pinned {
+					n++
+				}
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(descPinned, prometheus.GaugeValue, float64(n))
+	}
+	byKind := map[string]int{"lease": 0, "process": 0}
+	for _, hs := range c.d.inUse() {
+		kinds := map[string]bool{}
+		for _, h := range hs {
+			kinds[h.Kind] = true
+		}
+		for k := range kinds {
+			byKind[k]++
+		}
+	}
+	for k, n := range byKind {
+		ch <- prometheus.MustNewConstMetric(descInUse, prometheus.GaugeValue, float64(n), k)
+	}
 }
 
 // metricsHandler serves /metrics and /healthz on the metrics address.
@@ -106,4 +153,11 @@ func (d *Daemon) metricsHandler() http.Handler {
 		w.Write([]byte("ok\n"))
 	})
 	return mux
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

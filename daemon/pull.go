@@ -70,6 +70,20 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 		total += fl.Size
 	}
 	prog.total.Store(total)
+	// Admission: what the store lacks must fit in free space plus what
+	// eviction can free, and stays reserved while it downloads.
+	var need int64
+	for _, fl := range files {
+		if fl.Digest != "" && d.store.HasBlob(fl.Digest) {
+			continue
+		}
+		need += max(fl.Size, 0) // unknown sizes are not reserved; ENOSPC still fails cleanly
+	}
+	release, err := d.admit(ctx, ds.Name, need, &prog.done)
+	if err != nil {
+		return err
+	}
+	defer release()
 	d.setPhase(st, api.PhaseDownloading, fmt.Sprintf("fetching %d files", len(files)))
 
 	lease := d.store.NewLease()

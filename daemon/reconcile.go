@@ -14,6 +14,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
 )
 
@@ -28,6 +29,7 @@ type artState struct {
 	done      chan struct{}      // closed when that pull has finished
 	force     bool               // re-resolve even when satisfied (an explicit pull)
 	completed uint64             // pulls finished (either way); waiters watch it
+	reason    string             // machine-readable cause of Failed
 	prog      *progress
 }
 
@@ -195,7 +197,7 @@ func (d *Daemon) evictAbsent(ctx context.Context, name string, st *artState) {
 		return
 	}
 	d.log.Info("evicted absent artifact", "artifact", name, "revisions", revs)
-	d.metrics.evictions.WithLabelValues("absent").Add(float64(len(revs)))
+	d.metrics.evictions.WithLabelValues(capacity.ReasonAbsent).Add(float64(len(revs)))
 	st.phase, st.message = api.PhasePending, "absent"
 	d.notify()
 	go d.gc(context.WithoutCancel(ctx))
@@ -237,7 +239,7 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 	scheme, _ := fetchers.Scheme(ds.URI)
 	switch {
 	case err == nil:
-		st.phase, st.message, st.attempts = api.PhaseReady, "", 0
+		st.phase, st.message, st.attempts, st.reason = api.PhaseReady, "", 0, ""
 		st.nextRetry = time.Time{}
 		d.metrics.pulls.WithLabelValues(scheme, "ok").Inc()
 		d.log.Info("pulled", "artifact", ds.Name, "uri", ds.URI)
@@ -253,7 +255,11 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 			delay = d.cfg.RetryMax
 		}
 		delay = delay/2 + rand.N(delay/2+1)
-		st.phase, st.message = api.PhaseFailed, err.Error()
+		st.phase, st.message, st.reason = api.PhaseFailed, err.Error(), "PullFailed"
+		var ce *capacityError
+		if errors.As(err, &ce) {
+			st.reason = ReasonInsufficientCapacity
+		}
 		st.nextRetry = time.Now().Add(delay)
 		d.metrics.pulls.WithLabelValues(scheme, "failed").Inc()
 		d.log.Error("pull failed", "artifact", ds.Name, "uri", ds.URI, "attempt", st.attempts, "retry_in", delay.Round(time.Second), "err", err)
@@ -264,4 +270,7 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 		d.kick()
 	}
 	d.notify()
+	if err == nil {
+		d.kickCapacity() // an old revision may be free to go
+	}
 }

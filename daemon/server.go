@@ -20,6 +20,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
 )
 
@@ -104,6 +105,8 @@ func (d *Daemon) routeTable() []route {
 		{"POST /v1/artifacts/{name}/pin", true, d.handlePin(true)},
 		{"POST /v1/artifacts/{name}/unpin", true, d.handlePin(false)},
 		{"DELETE /v1/artifacts/{name}", true, d.handleEvict},
+		{"POST /v1/artifacts/{name}/lease", true, d.handleLease},
+		{"DELETE /v1/artifacts/{name}/lease", true, d.handleRelease},
 		{"POST /v1/verify", true, d.handleVerify},
 		{"POST /v1/gc", true, d.handleGC},
 	}
@@ -232,6 +235,11 @@ func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) error {
 	d.mu.Lock()
 	s.ModelsDirError = append([]string(nil), d.fileErrors...)
 	d.mu.Unlock()
+	s.ReservedBytes = d.reserved()
+	if pr, err := d.evictor.Pressure(); err == nil {
+		s.DiskPressure = pr.OverQuota || pr.AboveHigh
+	}
+	s.QuotaBytes, s.HighWatermark, s.LowWatermark = d.cfg.Capacity.QuotaBytes, d.cfg.Capacity.HighPercent, d.cfg.Capacity.LowPercent
 	return writeJSON(w, s)
 }
 
@@ -270,6 +278,7 @@ func (d *Daemon) list() ([]api.Artifact, error) {
 	if err != nil {
 		return nil, err
 	}
+	uses := d.inUse()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	want := d.desired()
@@ -286,6 +295,7 @@ func (d *Daemon) list() ([]api.Artifact, error) {
 	}
 	for i := range out {
 		out[i].Versions, out[i].Desire = nil, nil
+		out[i].InUse = holdersOf(uses, out[i].Name)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
@@ -297,6 +307,7 @@ func (d *Daemon) view(name string, files bool) (*api.Artifact, error) {
 	if err != nil && !errors.Is(err, cachestore.ErrNotFound) {
 		return nil, err
 	}
+	uses := d.inUse()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	want := d.desired()
@@ -304,6 +315,7 @@ func (d *Daemon) view(name string, files bool) (*api.Artifact, error) {
 		return nil, api.Errorf(api.CodeNotFound, "artifact %s: not in the cache and not desired; pull it with: modelctl pull URI --name %s", name, name)
 	}
 	v := d.viewLocked(name, a, want, files)
+	v.InUse = holdersOf(uses, name)
 	return &v, nil
 }
 
@@ -353,7 +365,7 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 		case st.cancel != nil:
 			out.Phase, out.Message, out.Progress = st.phase, st.message, st.prog.view()
 		case st.phase == api.PhaseFailed:
-			out.Phase, out.Message = api.PhaseFailed, st.message
+			out.Phase, out.Message, out.Reason = api.PhaseFailed, st.message, st.reason
 		case cur == nil || cur.State != cachestore.StateReady:
 			if st.message != "" {
 				out.Message = st.message
@@ -573,6 +585,23 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	d.mu.Unlock()
+	if err := d.scan(); err != nil {
+		d.log.Warn("in-use scan before evict", "err", err)
+	}
+	if hs := d.inUse(); true {
+		var held []string
+		for k, h := range hs {
+			if n, r := splitKey(k); n == name && (rev == "" || r == rev) {
+				for _, x := range h {
+					held = append(held, x.Kind+" "+x.ID+" on "+r)
+				}
+			}
+		}
+		if len(held) > 0 {
+			sort.Strings(held)
+			return api.Errorf(api.CodeInUse, "artifact %s is in use (%s); it cannot be evicted, even with --force, until they let go", name, strings.Join(held, ", "))
+		}
+	}
 	if inFlight != nil {
 		// Let the cancelled pull finish, so it cannot commit after the evict.
 		select {
@@ -589,7 +618,7 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 		return err
 	default:
 		res.Revisions = revs
-		d.metrics.evictions.WithLabelValues("api").Add(float64(len(revs)))
+		d.metrics.evictions.WithLabelValues(capacity.ReasonManual).Add(float64(len(revs)))
 	}
 	if rev == "" {
 		d.mu.Lock()
@@ -642,9 +671,69 @@ func (d *Daemon) handleVerify(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (d *Daemon) handleGC(w http.ResponseWriter, r *http.Request) error {
-	rep, err := d.store.GC(r.Context())
+	gc := d.store.GC
+	dry := r.URL.Query().Get("dryRun") == "true"
+	if dry {
+		gc = d.store.GCDryRun
+	}
+	rep, err := gc(r.Context())
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, api.GCResult{BlobsRemoved: rep.BlobsRemoved, BytesFreed: rep.BytesFreed, BlobsKept: rep.BlobsKept})
+	return writeJSON(w, api.GCResult{BlobsRemoved: rep.BlobsRemoved, BytesFreed: rep.BytesFreed, BlobsKept: rep.BlobsKept, Removed: rep.Removed, DryRun: dry})
+}
+
+// maxLeaseTTL bounds a lease: a holder that dies stops protecting the
+// artifact within this long.
+const maxLeaseTTL = time.Hour
+
+func (d *Daemon) handleLease(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	var req api.LeaseRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	ttl, err := time.ParseDuration(req.TTL)
+	if err != nil || ttl <= 0 || ttl > maxLeaseTTL {
+		return api.Errorf(api.CodeInvalid, "lease ttl %q: want a duration between 1s and %s, renewed before it ends", req.TTL, maxLeaseTTL)
+	}
+	if req.Holder == "" || len(req.Holder) > 253 {
+		return api.Errorf(api.CodeInvalid, "lease holder %q: want a non-empty id of at most 253 bytes (a pod, a job, a host:pid)", req.Holder)
+	}
+	a, err := d.store.Summary(name)
+	if err != nil {
+		return err
+	}
+	if len(a.Versions) == 0 || a.Versions[0].Revision != a.Current || a.Versions[0].State != cachestore.StateReady {
+		return api.Errorf(api.CodeConflict, "artifact %s has no Ready version to lease; wait for it first (modelctl wait %s)", name, name)
+	}
+	d.mu.Lock()
+	ls := d.leases[name]
+	if ls == nil {
+		ls = map[string]*lease{}
+		d.leases[name] = ls
+	}
+	l, ok := ls[req.Holder]
+	if !ok || time.Now().After(l.expires) {
+		l = &lease{rev: a.Current} // a renewal keeps the revision first leased
+		ls[req.Holder] = l
+	}
+	l.expires = time.Now().Add(ttl)
+	out := api.Lease{Name: name, Revision: l.rev, Holder: req.Holder, Expires: l.expires}
+	d.notify()
+	d.mu.Unlock()
+	d.store.Touch(name, out.Revision)
+	return writeJSON(w, out)
+}
+
+func (d *Daemon) handleRelease(w http.ResponseWriter, r *http.Request) error {
+	name, holder := r.PathValue("name"), r.URL.Query().Get("holder")
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.leases[name][holder]; !ok {
+		return api.Errorf(api.CodeNotFound, "artifact %s: no lease held by %q", name, holder)
+	}
+	delete(d.leases[name], holder)
+	d.notify()
+	return writeJSON(w, map[string]string{"released": holder})
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/modelcache/modelcache/daemon"
+	"github.com/modelcache/modelcache/daemon/capacity"
 )
 
 // version is stamped at build time: -ldflags "-X main.version=…".
@@ -28,6 +29,13 @@ func main() {
 		Usage:   "node-local cache of model weights and GPU kernel caches",
 		Version: version,
 		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "config", Usage: "YAML config file (capacity policy and more); flags override it"},
+			&cli.StringFlag{Name: "quota", Usage: "byte quota of the store, e.g. 500Gi (default none)"},
+			&cli.IntFlag{Name: "high-watermark", Value: def.Capacity.HighPercent, Usage: "filesystem use percent that starts eviction (0 disables watermarks)"},
+			&cli.IntFlag{Name: "low-watermark", Value: def.Capacity.LowPercent, Usage: "filesystem use percent where eviction stops"},
+			&cli.DurationFlag{Name: "min-age", Value: def.Capacity.MinAge, Usage: "versions younger than this are never evicted"},
+			&cli.IntFlag{Name: "keep-revisions", Value: def.Capacity.KeepRevisions, Usage: "old revisions of a model kept once unused"},
+			&cli.DurationFlag{Name: "capacity-interval", Value: def.CapacityInterval, Usage: "how often the in-use scan and an eviction pass run"},
 			&cli.StringFlag{Name: "root", Value: def.Root, Usage: "store root directory", EnvVars: []string{"MODELCACHED_ROOT"}},
 			&cli.StringFlag{Name: "socket", Value: def.Socket, Usage: "unix socket of the API", EnvVars: []string{"MODELCACHED_SOCKET"}},
 			&cli.StringFlag{Name: "socket-mode", Value: "0666", Usage: "permission bits of the socket: 0666 lets every local user read (mutations are checked per peer), 0660 restricts reads to the group too"},
@@ -65,16 +73,46 @@ func run(c *cli.Context) error {
 		return cli.Exit(fmt.Sprintf("modelcached: --socket-mode %q: want octal bits such as 0666 or 0660", c.String("socket-mode")), 2)
 	}
 	cfg := daemon.DefaultConfig()
+	if f := c.String("config"); f != "" {
+		if err := daemon.LoadConfigFile(f, &cfg); err != nil {
+			return cli.Exit("modelcached: "+err.Error(), 2)
+		}
+	}
+	// Flags override the file only where given.
+	if c.IsSet("quota") {
+		n, err := capacity.ParseBytes(c.String("quota"))
+		if err != nil {
+			return cli.Exit("modelcached: --quota: "+err.Error(), 2)
+		}
+		cfg.Capacity.QuotaBytes = n
+	}
+	if c.IsSet("high-watermark") || c.String("config") == "" {
+		cfg.Capacity.HighPercent = c.Int("high-watermark")
+	}
+	if c.IsSet("low-watermark") || c.String("config") == "" {
+		cfg.Capacity.LowPercent = c.Int("low-watermark")
+	}
+	if c.IsSet("min-age") || c.String("config") == "" {
+		cfg.Capacity.MinAge = c.Duration("min-age")
+	}
+	if c.IsSet("keep-revisions") || c.String("config") == "" {
+		cfg.Capacity.KeepRevisions = c.Int("keep-revisions")
+	}
+	if c.IsSet("max-concurrent-pulls") || c.String("config") == "" {
+		cfg.MaxConcurrentPulls = c.Int("max-concurrent-pulls")
+	}
+	if c.IsSet("bandwidth-limit") || c.String("config") == "" {
+		cfg.BandwidthLimit = c.Int64("bandwidth-limit")
+	}
+	cfg.CapacityInterval = c.Duration("capacity-interval")
 	cfg.Root = c.String("root")
 	cfg.Socket = c.String("socket")
 	cfg.SocketMode = os.FileMode(mode)
 	cfg.SocketGroup = c.String("socket-group")
 	cfg.MetricsAddr = c.String("metrics-addr")
 	cfg.ModelsDir = c.String("models-dir")
-	cfg.MaxConcurrentPulls = c.Int("max-concurrent-pulls")
 	cfg.FilesPerPull = c.Int("files-per-pull")
 	cfg.DirectIO = c.Bool("direct-io")
-	cfg.BandwidthLimit = c.Int64("bandwidth-limit")
 	cfg.RetryInitial = c.Duration("retry-initial")
 	cfg.RetryMax = c.Duration("retry-max")
 	cfg.IdleTimeout = c.Duration("idle-timeout")

@@ -132,7 +132,7 @@ func commands() []*cli.Command {
 				}
 				return output(c, list, func(w io.Writer) {
 					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "NAME\tPHASE\tREVISION\tSIZE\tPINNED\tSOURCE / MESSAGE")
+					fmt.Fprintln(tw, "NAME\tPHASE\tREVISION\tSIZE\tPINNED\tIN USE\tSOURCE / MESSAGE")
 					for _, a := range list {
 						detail := a.URI
 						if a.Phase != api.PhaseReady && a.Message != "" {
@@ -141,7 +141,7 @@ func commands() []*cli.Command {
 						if a.Progress != nil && a.Phase == api.PhaseDownloading {
 							detail = progressText(a.Progress)
 						}
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%s\n", a.Name, a.Phase, short(a.Revision), api.FormatBytes(a.Bytes), a.Pinned, detail)
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%s\t%s\n", a.Name, a.Phase, short(a.Revision), api.FormatBytes(a.Bytes), a.Pinned, inUseText(a.InUse), detail)
 					}
 					tw.Flush()
 				})
@@ -259,7 +259,7 @@ func commands() []*cli.Command {
 				}); err != nil {
 					return err
 				}
-				if len(r.Corrupt)+len(r.Missing) > 0 {
+				if len(r.Corrupt)+len(r.Missing) > 0 { // found damage: exit 1 after the report
 					return cli.Exit("", exitFailure)
 				}
 				return nil
@@ -267,16 +267,25 @@ func commands() []*cli.Command {
 		},
 		{
 			Name: "gc", Usage: "remove blobs that no artifact uses",
+			Flags: []cli.Flag{&cli.BoolFlag{Name: "dry-run", Usage: "print what would be removed and the bytes, remove nothing"}},
 			Action: func(c *cli.Context) error {
-				r, err := client(c).GC(c.Context)
+				r, err := client(c).GC(c.Context, c.Bool("dry-run"))
 				if err != nil {
 					return err
 				}
 				return output(c, r, func(w io.Writer) {
-					fmt.Fprintf(w, "removed %d blobs, freed %s; %d blobs in use\n", r.BlobsRemoved, api.FormatBytes(r.BytesFreed), r.BlobsKept)
+					verb := "removed"
+					if r.DryRun {
+						verb = "would remove"
+						for _, d := range r.Removed {
+							fmt.Fprintf(w, "  %s\n", d)
+						}
+					}
+					fmt.Fprintf(w, "%s %d blobs, %s; %d blobs in use\n", verb, r.BlobsRemoved, api.FormatBytes(r.BytesFreed), r.BlobsKept)
 				})
 			},
 		},
+		leaseCommand(),
 		{
 			Name: "du", Usage: "disk use per artifact (unique and shared bytes), of the store and its filesystem",
 			Action: func(c *cli.Context) error {
@@ -356,6 +365,18 @@ func output(c *cli.Context, v any, table func(io.Writer)) error {
 	}
 	table(w)
 	return nil
+}
+
+// inUseText is the IN USE column: "-" or the first holder and a count.
+func inUseText(hs []api.Holder) string {
+	if len(hs) == 0 {
+		return "-"
+	}
+	s := hs[0].Kind + ":" + hs[0].ID
+	if len(hs) > 1 {
+		s += fmt.Sprintf(" (+%d)", len(hs)-1)
+	}
+	return s
 }
 
 func short(rev string) string {

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// leaseCommand holds a lease on an artifact while modelctl runs: until a
+// signal, or while COMMAND runs (its exit code is ours). The lease is
+// renewed at a third of its TTL and released on the way out; if modelctl
+// dies, it lapses after the TTL.
+func leaseCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "lease",
+		Usage:     "keep an artifact from eviction while this runs (until a signal, or while COMMAND runs)",
+		ArgsUsage: "NAME [-- COMMAND [ARGS...]]",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "holder", Usage: "who holds the lease (a pod, a job, host:pid); default host:pid"},
+			&cli.DurationFlag{Name: "ttl", Value: time.Minute, Usage: "lease lifetime; renewed at a third of it"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() < 1 {
+				return usagef("lease: want NAME [-- COMMAND ...]")
+			}
+			name := c.Args().First()
+			holder := c.String("holder")
+			if holder == "" {
+				h, _ := os.Hostname()
+				holder = fmt.Sprintf("%s:%d", h, os.Getpid())
+			}
+			ttl := c.Duration("ttl")
+			cl := client(c)
+			l, err := cl.Lease(c.Context, name, holder, ttl)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.App.ErrWriter, "%s: leased revision %s to %s until %s\n", name, short(l.Revision), holder, l.Expires.Format(time.RFC3339))
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if err := cl.Release(ctx, name, holder); err != nil && !errors.Is(err, api.ErrNotFound) {
+					fmt.Fprintf(c.App.ErrWriter, "modelctl: release lease: %v\n", err)
+				}
+			}()
+
+			done := make(chan error, 1)
+			if args := c.Args().Tail(); len(args) > 0 {
+				cmd := exec.Command(args[0], args[1:]...)
+				cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+				if err := cmd.Start(); err != nil {
+					return err
+				}
+				go func() { done <- cmd.Wait() }()
+			}
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+			defer signal.Stop(sig)
+			t := time.NewTicker(ttl / 3)
+			defer t.Stop()
+			for {
+				select {
+				case err := <-done:
+					var ee *exec.ExitError
+					if errors.As(err, &ee) {
+						return cli.Exit("", ee.ExitCode())
+					}
+					return err
+				case <-sig:
+					return nil
+				case <-c.Context.Done():
+					return nil
+				case <-t.C:
+					if _, err := cl.Lease(c.Context, name, holder, ttl); err != nil {
+						fmt.Fprintf(c.App.ErrWriter, "modelctl: renew lease: %v\n", err)
+					}
+				}
+			}
+		},
+	}
+}

@@ -1,0 +1,163 @@
+package capacity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/modelcache/modelcache/cachestore"
+)
+
+// Store is what the evictor needs of the store.
+type Store interface {
+	List() ([]cachestore.Artifact, error)
+	Evict(ctx context.Context, name, rev string, force bool) ([]string, error)
+	GC(ctx context.Context) (*cachestore.GCReport, error)
+	StoreBytes() (int64, error)
+}
+
+// FSStats reports the capacity and free bytes of the store's filesystem.
+type FSStats interface {
+	FSStat() (capacity, free int64, err error)
+}
+
+// Report is what one eviction pass saw and did.
+type Report struct {
+	Before     Pressure `json:"before"`
+	Evicted    []Victim `json:"evicted,omitempty"`
+	Failed     []string `json:"failed,omitempty"` // "name@rev: error"
+	BytesFreed int64    `json:"bytesFreed"`       // by the GC after the evictions
+	// Short is how many bytes pressure wanted freed that no eligible
+	// version could give (pinned, in use, too young).
+	Short int64 `json:"shortBytes,omitempty"`
+}
+
+// Evictor runs eviction passes. Its fields are set once; Run is safe to
+// call from one goroutine at a time.
+type Evictor struct {
+	Policy  Policy
+	Store   Store
+	FS      FSStats
+	Now     func() time.Time
+	InUse   func() map[string][]Holder // by Key; nil: nothing in use
+	Desired func() map[string]bool     // nil: nothing desired
+	Log     *slog.Logger
+	// Evicted, when set, is told of every version removed (for metrics).
+	Evicted func(v Victim)
+	// Protect names artifacts none of whose versions this pass may evict.
+	Protect []string
+	// SpareDesired: see Inputs.SpareDesired.
+	SpareDesired bool
+}
+
+// Inputs gathers the state a plan needs.
+func (e *Evictor) Inputs() (Inputs, error) {
+	arts, err := e.Store.List()
+	if err != nil {
+		return Inputs{}, err
+	}
+	in := Inputs{Now: e.Now(), Policy: e.Policy, Artifacts: arts, InUse: map[string][]Holder{}, Desired: map[string]bool{}}
+	if e.InUse != nil {
+		in.InUse = e.InUse()
+	}
+	if e.Desired != nil {
+		in.Desired = e.Desired()
+	}
+	return in, nil
+}
+
+// Pressure reads the store and filesystem and assesses them.
+func (e *Evictor) Pressure() (Pressure, error) {
+	sb, err := e.Store.StoreBytes()
+	if err != nil {
+		return Pressure{}, err
+	}
+	capa, free, err := e.FS.FSStat()
+	if err != nil {
+		return Pressure{}, err
+	}
+	return e.Policy.Assess(sb, capa, free), nil
+}
+
+// Run makes one pass: old revisions beyond KeepRevisions go; under
+// pressure, least recently used versions go until the low mark is reached;
+// failures are recorded and the pass continues; then GC frees the blobs.
+// extra asks for that many more bytes on top of the pressure (a pull that
+// is being admitted).
+func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
+	pr, err := e.Pressure()
+	if err != nil {
+		return nil, err
+	}
+	in, err := e.Inputs()
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Before: pr}
+	in.SpareDesired = e.SpareDesired
+	in.Skip = map[string]bool{}
+	for _, a := range in.Artifacts {
+		for _, n := range e.Protect {
+			if a.Name == n {
+				for _, v := range a.Versions {
+					in.Skip[Key(a.Name, v.Revision)] = true
+				}
+			}
+		}
+	}
+	victims := PlanRevisions(in)
+	var done []Victim // evicted so far, their references released in later plans
+	var freed int64
+	for round := 0; round < 4; round++ {
+		var planned int64
+		for _, v := range victims {
+			planned += v.Bytes
+		}
+		if need := pr.Need + extra - freed - planned; need > 0 {
+			more, got := PlanSpace(in, need, append(append([]Victim(nil), done...), victims...))
+			victims = append(victims, more...)
+			rep.Short = max(need-got, 0)
+		} else {
+			rep.Short = 0
+		}
+		failed := false
+		for _, v := range victims {
+			if err := ctx.Err(); err != nil {
+				return rep, err
+			}
+			if _, err := e.Store.Evict(ctx, v.Name, v.Revision, false); err != nil {
+				if !errors.Is(err, cachestore.ErrNotFound) {
+					rep.Failed = append(rep.Failed, fmt.Sprintf("%s: %v", Key(v.Name, v.Revision), err))
+					in.Skip[Key(v.Name, v.Revision)] = true
+					failed = true
+				}
+				continue
+			}
+			freed += v.Bytes
+			done = append(done, v)
+			rep.Evicted = append(rep.Evicted, v)
+			if e.Evicted != nil {
+				e.Evicted(v)
+			}
+		}
+		if !failed {
+			break
+		}
+		victims = nil // plan again around the failures, for what is still needed
+	}
+	if len(rep.Evicted) == 0 && len(rep.Failed) == 0 {
+		return rep, nil
+	}
+	gc, err := e.Store.GC(ctx)
+	if err != nil {
+		return rep, err
+	}
+	rep.BytesFreed = gc.BytesFreed
+	if e.Log != nil && (len(rep.Evicted) > 0 || len(rep.Failed) > 0 || rep.Short > 0) {
+		e.Log.Info("eviction pass", "evicted", len(rep.Evicted), "bytes_freed", rep.BytesFreed,
+			"failed", rep.Failed, "short_bytes", rep.Short, "over_quota", pr.OverQuota, "above_high", pr.AboveHigh)
+	}
+	return rep, nil
+}

@@ -1,0 +1,201 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/daemon/capacity"
+)
+
+// TestAdmissionRejectsWhatCannotFit: over the quota with nothing
+// evictable, a pull fails at once with the numbers, before one byte is
+// fetched, and other artifacts stay.
+func TestAdmissionRejectsWhatCannotFit(t *testing.T) {
+	small, big := data(512<<10, 50), data(2<<20, 51)
+	srv := newFileServer(t, map[string][]byte{"small.bin": small, "big.bin": big})
+	cfg := testConfig(t)
+	cfg.Capacity = capacity.Policy{QuotaBytes: 1 << 20, HighPercent: 85, LowPercent: 80, MinAge: time.Hour}
+	h := start(t, cfg)
+	if _, err := h.pull(api.PullRequest{Name: "small", URI: srv.URL + "/small.bin#sha256=" + sha(small)}); err != nil {
+		t.Fatal(err)
+	}
+	gets := srv.gets.Load()
+	_, err := h.pull(api.PullRequest{Name: "big", URI: srv.URL + "/big.bin#sha256=" + sha(big)})
+	if !errors.Is(err, api.ErrFailed) {
+		t.Fatalf("pull over quota: %v", err)
+	}
+	for _, want := range []string{"InsufficientCapacity", "needs 2.0 MiB", "free on the filesystem", "evictable now 0 B"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("message %q lacks %q", err, want)
+		}
+	}
+	if srv.gets.Load() != gets {
+		t.Fatal("a refused pull still downloaded bytes")
+	}
+	a, _ := h.c.Get(context.Background(), "big")
+	if a.Phase != api.PhaseFailed || a.Reason != "InsufficientCapacity" {
+		t.Fatalf("artifact %+v: want Failed with reason InsufficientCapacity", a)
+	}
+	if h.read("small", "small.bin") != string(small) {
+		t.Fatal("the other artifact was touched")
+	}
+}
+
+// TestReservationsStopDoubleAdmission: two pulls that each fit alone but
+// not together: the second is refused while the first downloads.
+func TestReservationsStopDoubleAdmission(t *testing.T) {
+	one, two := data(3<<20, 52), data(3<<20, 53)
+	srv := newFileServer(t, map[string][]byte{"one.bin": one, "two.bin": two})
+	gate := make(chan struct{})
+	var once sync.Once
+	srv.hook = func(rw http.ResponseWriter, r *http.Request) bool {
+		if r.Method == http.MethodGet && r.URL.Path == "/one.bin" {
+			<-gate
+		}
+		return false
+	}
+	defer once.Do(func() { close(gate) })
+	cfg := testConfig(t)
+	cfg.MaxConcurrentPulls = 2
+	cfg.Capacity = capacity.Policy{QuotaBytes: 5 << 20, HighPercent: 85, LowPercent: 80}
+	h := start(t, cfg)
+	h.c.Pull(context.Background(), api.PullRequest{Name: "one", URI: srv.URL + "/one.bin#sha256=" + sha(one)}, false, nil)
+	h.waitPhase("one", api.PhaseDownloading)
+	for h.d.reserved() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	_, err := h.pull(api.PullRequest{Name: "two", URI: srv.URL + "/two.bin#sha256=" + sha(two)})
+	if err == nil || !strings.Contains(err.Error(), "reserved by pulls in flight") || !strings.Contains(err.Error(), "3.0 MiB reserved") {
+		t.Fatalf("second pull into reserved space: %v", err)
+	}
+	once.Do(func() { close(gate) })
+	if _, err := h.c.Wait(context.Background(), "one", 30*time.Second, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.d.reserved(); r != 0 {
+		a1, _ := h.c.Get(context.Background(), "one")
+		a2, _ := h.c.Get(context.Background(), "two")
+		t.Fatalf("reservation left after the pull: %d; one %s %s; two %s %s", r, a1.Phase, a1.Message, a2.Phase, a2.Message)
+	}
+}
+
+// TestLeaseBlocksEvictAndShowsInList: a leased artifact is listed as in
+// use and cannot be evicted even with --force; after release it can.
+func TestLeaseBlocksEvictAndShowsInList(t *testing.T) {
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "w.bin"), []byte("weights"), 0o644)
+	h := start(t, testConfig(t))
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: "file://" + src}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.c.Lease(context.Background(), "m", "job-7", 0); !errors.Is(err, api.ErrInvalid) {
+		t.Fatalf("lease with no ttl: %v", err)
+	}
+	l, err := h.c.Lease(context.Background(), "m", "job-7", time.Minute)
+	if err != nil || l.Revision == "" {
+		t.Fatalf("lease: %+v %v", l, err)
+	}
+	list, _ := h.c.List(context.Background())
+	if len(list) != 1 || len(list[0].InUse) != 1 || list[0].InUse[0].ID != "job-7" || list[0].InUse[0].Kind != "lease" {
+		t.Fatalf("list does not show the lease: %+v", list)
+	}
+	_, err = h.c.Evict(context.Background(), "m", "", true)
+	if !errors.Is(err, api.ErrInUse) || !strings.Contains(err.Error(), "lease job-7") {
+		t.Fatalf("evict of a leased artifact with --force: %v", err)
+	}
+	if err := h.c.Release(context.Background(), "m", "job-7"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.c.Evict(context.Background(), "m", "", false); err != nil {
+		t.Fatalf("evict after release: %v", err)
+	}
+}
+
+// TestOpenFileBlocksEvict: this test process holds a model file open; the
+// /proc scan sees it and evict refuses.
+func TestOpenFileBlocksEvict(t *testing.T) {
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "w.bin"), []byte("weights"), 0o644)
+	h := start(t, testConfig(t))
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: "file://" + src}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(filepath.Join(h.cfg.Root, "models/m/current/w.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The daemon runs in this process and ignores its own pid; scan as if it were another.
+	h.d.scanRun.Lock()
+	h.d.scanner.Self = -1
+	h.d.scanRun.Unlock()
+	_, err = h.c.Evict(context.Background(), "m", "", true)
+	if !errors.Is(err, api.ErrInUse) || !strings.Contains(err.Error(), "process pid") {
+		t.Fatalf("evict of an open model: %v", err)
+	}
+	f.Close()
+	if _, err := h.c.Evict(context.Background(), "m", "", false); err != nil {
+		t.Fatalf("evict after close: %v", err)
+	}
+}
+
+// TestGCDryRun lists what GC would remove without removing it.
+func TestGCDryRun(t *testing.T) {
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "w.bin"), []byte("weights"), 0o644)
+	h := start(t, testConfig(t))
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: "file://" + src}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.d.store.Evict(context.Background(), "m", "", false); err != nil {
+		t.Fatal(err)
+	}
+	d := "sha256:" + sha([]byte("weights"))
+	r, err := h.c.GC(context.Background(), true)
+	if err != nil || !r.DryRun || r.BytesFreed != 7 || len(r.Removed) != 1 || r.Removed[0] != d {
+		t.Fatalf("dry run: %+v %v", r, err)
+	}
+	if !h.d.store.HasBlob(d) {
+		t.Fatal("a dry run removed the blob")
+	}
+	if r, _ := h.c.GC(context.Background(), false); r.BlobsRemoved != 1 || h.d.store.HasBlob(d) {
+		t.Fatalf("real gc: %+v", r)
+	}
+}
+
+// TestOldRevisionPrunedOnceUnused: with keepRevisions 0 and no min age,
+// the previous revision goes after the swap; the current one stays.
+func TestOldRevisionPrunedOnceUnused(t *testing.T) {
+	v1, v2 := data(4000, 54), data(5000, 55)
+	srv := newFileServer(t, map[string][]byte{"v1/w.bin": v1, "v2/w.bin": v2})
+	cfg := testConfig(t)
+	cfg.Capacity = capacity.Policy{HighPercent: 85, LowPercent: 80}
+	h := start(t, cfg)
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/v1/w.bin#sha256=" + sha(v1)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/v2/w.bin#sha256=" + sha(v2)}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a, _ := h.c.Get(context.Background(), "m")
+		if len(a.Versions) == 1 && a.Versions[0].Revision == sha(v2) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("old revision not pruned: %+v", a.Versions)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if h.d.store.HasBlob("sha256:" + sha(v1)) {
+		t.Fatal("the old revision's blob was not collected")
+	}
+}

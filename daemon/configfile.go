@@ -1,0 +1,75 @@
+package daemon
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/modelcache/modelcache/daemon/capacity"
+)
+
+// FileConfig is the YAML config file (--config). Every field is optional;
+// flags given on the command line override it.
+//
+//	quota: 500Gi                 # byte quota of the store; 0 or absent: none
+//	highWatermarkPercent: 85     # filesystem use that starts eviction
+//	lowWatermarkPercent: 80      # where eviction stops
+//	minAge: 2m                   # younger versions are never evicted
+//	keepRevisions: 0             # old revisions kept once unused
+//	maxConcurrentPulls: 2
+//	bandwidthLimit: 100M         # bytes per second over all pulls
+type FileConfig struct {
+	Quota              string `json:"quota,omitempty"`
+	HighPercent        *int   `json:"highWatermarkPercent,omitempty"`
+	LowPercent         *int   `json:"lowWatermarkPercent,omitempty"`
+	MinAge             string `json:"minAge,omitempty"`
+	KeepRevisions      *int   `json:"keepRevisions,omitempty"`
+	MaxConcurrentPulls *int   `json:"maxConcurrentPulls,omitempty"`
+	BandwidthLimit     string `json:"bandwidthLimit,omitempty"`
+}
+
+// LoadConfigFile applies the file at path to cfg. Unknown keys and bad
+// values are errors that name the file and the key.
+func LoadConfigFile(path string, cfg *Config) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("--config %s: %w", path, err)
+	}
+	var fc FileConfig
+	if err := yaml.UnmarshalStrict(raw, &fc); err != nil {
+		return fmt.Errorf("--config %s: %v", path, err)
+	}
+	if fc.Quota != "" {
+		n, err := capacity.ParseBytes(fc.Quota)
+		if err != nil {
+			return fmt.Errorf("--config %s: quota: %v", path, err)
+		}
+		cfg.Capacity.QuotaBytes = n
+	}
+	if fc.BandwidthLimit != "" {
+		n, err := capacity.ParseBytes(fc.BandwidthLimit)
+		if err != nil {
+			return fmt.Errorf("--config %s: bandwidthLimit: %v", path, err)
+		}
+		cfg.BandwidthLimit = n
+	}
+	if fc.MinAge != "" {
+		d, err := time.ParseDuration(fc.MinAge)
+		if err != nil {
+			return fmt.Errorf("--config %s: minAge %q: want a duration such as 2m", path, fc.MinAge)
+		}
+		cfg.Capacity.MinAge = d
+	}
+	set := func(dst *int, v *int) {
+		if v != nil {
+			*dst = *v
+		}
+	}
+	set(&cfg.Capacity.HighPercent, fc.HighPercent)
+	set(&cfg.Capacity.LowPercent, fc.LowPercent)
+	set(&cfg.Capacity.KeepRevisions, fc.KeepRevisions)
+	set(&cfg.MaxConcurrentPulls, fc.MaxConcurrentPulls)
+	return nil
+}

@@ -1,0 +1,291 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/capacity"
+)
+
+// lease is an explicit in-use hold taken through the API.
+type lease struct {
+	rev     string
+	expires time.Time
+}
+
+// reservation is the space an admitted pull may still write.
+type reservation struct {
+	need int64
+	done *atomic.Int64
+}
+
+// capacityError is a pull refused by admission.
+type capacityError struct{ msg string }
+
+func (e *capacityError) Error() string { return e.msg }
+
+// ReasonInsufficientCapacity is the reason of a pull refused by admission.
+const ReasonInsufficientCapacity = "InsufficientCapacity"
+
+// reserved is what admitted pulls may still write.
+func (d *Daemon) reserved() int64 {
+	d.capMu.Lock()
+	defer d.capMu.Unlock()
+	return d.reservedLocked()
+}
+
+func (d *Daemon) reservedLocked() int64 {
+	out, _ := d.reservedBoth()
+	return out
+}
+
+// reservedBoth returns what admitted pulls may still write (it counts
+// against free space, which their written bytes already reduce) and what
+// they will add in all (it counts against the quota, since partial
+// downloads are not yet store bytes).
+func (d *Daemon) reservedBoth() (outstanding, total int64) {
+	for r := range d.reservations {
+		outstanding += max(r.need-r.done.Load(), 0)
+		total += r.need
+	}
+	return outstanding, total
+}
+
+// inUse merges live leases and the last /proc scan, by version key.
+func (d *Daemon) inUse() map[string][]capacity.Holder {
+	out := map[string][]capacity.Holder{}
+	now := time.Now()
+	d.mu.Lock()
+	for name, ls := range d.leases {
+		for holder, l := range ls {
+			if now.After(l.expires) {
+				delete(ls, holder)
+				continue
+			}
+			exp := l.expires
+			k := capacity.Key(name, l.rev)
+			out[k] = append(out[k], capacity.Holder{Kind: "lease", ID: holder, Revision: l.rev, Expires: &exp})
+		}
+	}
+	d.mu.Unlock()
+	d.scanMu.Lock()
+	for k, hs := range d.scanUses {
+		out[k] = append(out[k], hs...)
+	}
+	d.scanMu.Unlock()
+	return out
+}
+
+// scan reads /proc for processes that hold files of the store, maps them
+// to artifact versions, and records their use.
+func (d *Daemon) scan() error {
+	d.scanRun.Lock() // the loop and an evict may both scan; touched is theirs
+	defer d.scanRun.Unlock()
+	uses, _, err := d.scanner.Scan()
+	if err != nil {
+		return err
+	}
+	found := map[string][]capacity.Holder{}
+	blobs := map[string][]capacity.Holder{}
+	for _, u := range uses {
+		if name, rev, ok := capacity.VersionOf(u.Rel); ok {
+			h := u.Holder
+			h.Revision = rev
+			found[capacity.Key(name, rev)] = appendHolder(found[capacity.Key(name, rev)], h)
+		} else if dg, ok := capacity.BlobOf(u.Rel); ok {
+			blobs[dg] = appendHolder(blobs[dg], u.Holder)
+		}
+	}
+	if len(blobs) > 0 { // opened through blobs/: every version that uses the blob
+		arts, err := d.store.List()
+		if err != nil {
+			return err
+		}
+		for _, a := range arts {
+			for _, v := range a.Versions {
+				for _, e := range v.Manifest {
+					for _, h := range blobs[e.Digest] {
+						h.Revision = v.Revision
+						k := capacity.Key(a.Name, v.Revision)
+						found[k] = appendHolder(found[k], h)
+					}
+				}
+			}
+		}
+	}
+	now := time.Now()
+	for k := range found {
+		if now.Sub(d.touched[k]) > time.Minute { // record last use, at most once a minute
+			name, rev := splitKey(k)
+			if err := d.store.Touch(name, rev); err == nil {
+				d.touched[k] = now
+			}
+		}
+	}
+	d.scanMu.Lock()
+	d.scanUses = found
+	d.scanMu.Unlock()
+	return nil
+}
+
+func appendHolder(hs []capacity.Holder, h capacity.Holder) []capacity.Holder {
+	for _, x := range hs {
+		if x.ID == h.ID && x.Revision == h.Revision {
+			return hs
+		}
+	}
+	return append(hs, h)
+}
+
+func splitKey(k string) (string, string) {
+	for i := len(k) - 1; i >= 0; i-- {
+		if k[i] == '@' {
+			return k[:i], k[i+1:]
+		}
+	}
+	return k, ""
+}
+
+// capacityLoop scans for use and runs an eviction pass every interval,
+// and when kicked (a pull finished: an old revision may be free to go).
+func (d *Daemon) capacityLoop(ctx context.Context) {
+	t := time.NewTicker(d.cfg.CapacityInterval)
+	defer t.Stop()
+	for {
+		if err := d.scan(); err != nil {
+			d.log.Warn("in-use scan", "err", err)
+		}
+		if _, err := d.evictPass(ctx, 0); err != nil && ctx.Err() == nil {
+			d.log.Warn("eviction pass", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-d.capKick:
+		}
+	}
+}
+
+func (d *Daemon) kickCapacity() {
+	select {
+	case d.capKick <- struct{}{}:
+	default:
+	}
+}
+
+// evictPass runs the evictor; extra asks for more than the policy needs,
+// and protect names artifacts whose versions must stay (a pull being
+// admitted for them).
+func (d *Daemon) evictPass(ctx context.Context, extra int64, protect ...string) (*capacity.Report, error) {
+	d.evictMu.Lock()
+	defer d.evictMu.Unlock()
+	d.evictor.Protect = protect
+	d.evictor.SpareDesired = extra > 0 // making room for a pull: never at another desired model's expense
+	rep, err := d.evictor.Run(ctx, extra)
+	if rep != nil && rep.BytesFreed > 0 {
+		d.metrics.freedBytes.Add(float64(rep.BytesFreed))
+	}
+	if rep != nil && len(rep.Evicted) > 0 {
+		d.mu.Lock()
+		for _, v := range rep.Evicted {
+			if st := d.arts[v.Name]; st != nil && v.Reason == capacity.ReasonSpace {
+				st.message = "evicted for space (" + v.Revision + ")"
+			}
+		}
+		d.notify()
+		d.mu.Unlock()
+		d.kick()
+	}
+	return rep, err
+}
+
+// admit checks that a pull needing need more bytes fits, evicting first
+// when eviction can make it fit, and reserves the space until release.
+func (d *Daemon) admit(ctx context.Context, name string, need int64, done *atomic.Int64) (func(), error) {
+	d.capMu.Lock()
+	defer d.capMu.Unlock()
+	room, err := d.room()
+	if err != nil {
+		return nil, err
+	}
+	if need > room {
+		in, err := d.evictor.Inputs()
+		if err != nil {
+			return nil, err
+		}
+		in.Skip = protectAll(in.Artifacts, name)
+		in.SpareDesired = true
+		evictable := capacity.Evictable(in)
+		if need > room+evictable {
+			d.metrics.admissions.WithLabelValues("rejected").Inc()
+			_, free, _ := d.store.FSStat()
+			return nil, &capacityError{fmt.Sprintf("%s: needs %s more; %s free on the filesystem (%s usable under the policy, %s reserved by pulls in flight); evictable now %s (pinned, in-use, desired and younger-than-%s versions are not); free space, raise the quota or unpin/evict artifacts",
+				ReasonInsufficientCapacity, api.FormatBytes(need), api.FormatBytes(free), api.FormatBytes(max(room, 0)), api.FormatBytes(d.reservedLocked()), api.FormatBytes(evictable), d.cfg.Capacity.MinAge)}
+		}
+		if _, err := d.evictPass(ctx, need-max(room, 0), name); err != nil {
+			return nil, err
+		}
+		d.metrics.admissions.WithLabelValues("evicted_first").Inc()
+	} else {
+		d.metrics.admissions.WithLabelValues("admitted").Inc()
+	}
+	r := &reservation{need: need, done: done}
+	d.reservations[r] = struct{}{}
+	return func() {
+		d.capMu.Lock()
+		delete(d.reservations, r)
+		d.capMu.Unlock()
+	}, nil
+}
+
+func protectAll(arts []cachestore.Artifact, names ...string) map[string]bool {
+	skip := map[string]bool{}
+	for _, a := range arts {
+		for _, n := range names {
+			if a.Name == n {
+				for _, v := range a.Versions {
+					skip[capacity.Key(a.Name, v.Revision)] = true
+				}
+			}
+		}
+	}
+	return skip
+}
+
+// room is how many bytes a new pull may write under the policy, after
+// what admitted pulls have reserved. Called with capMu held.
+func (d *Daemon) room() (int64, error) {
+	sb, err := d.store.StoreBytes()
+	if err != nil {
+		return 0, err
+	}
+	capa, free, err := d.store.FSStat()
+	if err != nil {
+		return 0, err
+	}
+	outstanding, total := d.reservedBoth()
+	return d.cfg.Capacity.Room(sb+total, capa, free-outstanding), nil
+}
+
+// holdersOf lists what holds any version of name, sorted.
+func holdersOf(all map[string][]capacity.Holder, name string) []api.Holder {
+	var out []api.Holder
+	for k, hs := range all {
+		if n, _ := splitKey(k); n != name {
+			continue
+		}
+		for _, h := range hs {
+			out = append(out, api.Holder{Kind: h.Kind, ID: h.ID, Revision: h.Revision, Expires: h.Expires})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Kind+out[i].ID < out[j].Kind+out[j].ID })
+	return out
+}
+
+
