@@ -141,8 +141,8 @@ type EvictResult struct {
 
 // GCResult is what a garbage collection removed.
 type GCResult struct {
-	BlobsRemoved int   `json:"blobsRemoved"`
-	BytesFreed   int64 `json:"bytesFreed"`
+	BlobsRemoved int      `json:"blobsRemoved"`
+	BytesFreed   int64    `json:"bytesFreed"`
 	BlobsKept    int      `json:"blobsKept"`
 	Removed      []string `json:"removed,omitempty"` // digests removed, or with a dry run that would be
 	DryRun       bool     `json:"dryRun,omitempty"`

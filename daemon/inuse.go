@@ -287,5 +287,3 @@ func holdersOf(all map[string][]capacity.Holder, name string) []api.Holder {
 	sort.Slice(out, func(i, j int) bool { return out[i].Kind+out[i].ID < out[j].Kind+out[j].ID })
 	return out
 }
-
-

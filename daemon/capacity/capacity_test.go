@@ -108,11 +108,11 @@ func TestAssess(t *testing.T) {
 	p := Policy{HighPercent: 85, LowPercent: 80}
 	for _, tc := range []struct {
 		store, capa, free, need int64
-		high, quota              bool
-		pol                      Policy
+		high, quota             bool
+		pol                     Policy
 	}{
-		{store: 50, capa: 1000, free: 200, pol: p},                                      // 80% used: below high
-		{store: 50, capa: 1000, free: 100, need: 100, high: true, pol: p},              // 90% → free to 80%
+		{store: 50, capa: 1000, free: 200, pol: p},                        // 80% used: below high
+		{store: 50, capa: 1000, free: 100, need: 100, high: true, pol: p}, // 90% → free to 80%
 		{store: 900, capa: 10000, free: 9000, need: 900 - 752, quota: true, pol: Policy{QuotaBytes: 800, HighPercent: 85, LowPercent: 80}},
 		{store: 900, capa: 1000, free: 50, need: 150, high: true, quota: true, pol: Policy{QuotaBytes: 890, HighPercent: 85, LowPercent: 80}},
 		{store: 999, capa: 1000, free: 0, pol: Policy{}}, // no marks, no quota: never pressure
