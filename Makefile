@@ -29,7 +29,7 @@ vet:
 
 # Benchmarks against curl and cp on loopback; see bench/README.md. BENCH_SIZE_MIB sets the model size.
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 3x ./cachestore/
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./cachestore/ ./daemon/capacity/
 	$(GO) run ./bench/pullbench -bin $(BIN)
 
 fmt:

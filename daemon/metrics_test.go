@@ -40,6 +40,12 @@ func TestMetricsExposition(t *testing.T) {
 		`modelcache_pulls_total{result="ok",scheme="file"} 1`,
 		`modelcache_filesystem_free_bytes`,
 		`modelcache_api_requests_total{code="200",route="POST /v1/verify"} 1`,
+		`modelcache_reserved_bytes 0`,
+		`modelcache_disk_pressure{cause="watermark"}`,
+		`modelcache_artifacts_in_use{kind="lease"} 0`,
+		`modelcache_artifacts_pinned 0`,
+		`modelcache_watermark_ratio{mark="high"} 0.85`,
+		`modelcache_pull_admissions_total{result="admitted"} 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)

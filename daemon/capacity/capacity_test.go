@@ -25,7 +25,8 @@ type fakeStore struct {
 	evicted []string
 }
 
-func (f *fakeStore) List() ([]cachestore.Artifact, error) { return f.arts, nil }
+func (f *fakeStore) List() ([]cachestore.Artifact, error)          { return f.arts, nil }
+func (f *fakeStore) ListSummaries() ([]cachestore.Artifact, error) { return f.arts, nil }
 
 func (f *fakeStore) Evict(_ context.Context, name, rev string, _ bool) ([]string, error) {
 	if f.failing[Key(name, rev)] {

@@ -13,6 +13,7 @@ import (
 // Store is what the evictor needs of the store.
 type Store interface {
 	List() ([]cachestore.Artifact, error)
+	ListSummaries() ([]cachestore.Artifact, error)
 	Evict(ctx context.Context, name, rev string, force bool) ([]string, error)
 	GC(ctx context.Context) (*cachestore.GCReport, error)
 	StoreBytes() (int64, error)
@@ -90,6 +91,21 @@ func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
 	pr, err := e.Pressure()
 	if err != nil {
 		return nil, err
+	}
+	if pr.Need+extra <= 0 {
+		// No pressure: only old revisions can be due. Look at summaries
+		// first; manifests are read only when some artifact has one.
+		sums, err := e.Store.ListSummaries()
+		if err != nil {
+			return nil, err
+		}
+		old := false
+		for _, a := range sums {
+			old = old || len(a.Versions) > 1
+		}
+		if !old {
+			return &Report{Before: pr}, nil
+		}
 	}
 	in, err := e.Inputs()
 	if err != nil {

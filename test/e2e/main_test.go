@@ -35,8 +35,8 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	os.Chmod(dir, 0o755)
-	for _, c := range []string{"modelcached", "modelctl"} {
-		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, c), "github.com/modelcache/modelcache/cmd/"+c).CombinedOutput()
+	for c, pkg := range map[string]string{"modelcached": "cmd/modelcached", "modelctl": "cmd/modelctl", "mmapper": "test/e2e/mmapper"} {
+		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, c), "github.com/modelcache/modelcache/"+pkg).CombinedOutput()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", c, err, out)
 			os.Exit(1)
@@ -57,6 +57,7 @@ type env struct {
 	cmd    *exec.Cmd
 	exited chan error
 	log    *bytes.Buffer
+	flags  []string // extra daemon flags
 }
 
 func newEnv(t *testing.T) *env {
@@ -73,10 +74,11 @@ func newEnv(t *testing.T) *env {
 func (e *env) start(extraEnv ...string) {
 	e.t.Helper()
 	e.log = &bytes.Buffer{}
-	e.cmd = exec.Command(filepath.Join(binDir, "modelcached"),
+	args := append([]string{
 		"--root", e.root, "--socket", e.socket, "--metrics-addr", "127.0.0.1:0",
 		"--models-dir", filepath.Join(e.dir, "models.d"), "--socket-group", "",
-		"--retry-initial", "100ms", "--retry-max", "500ms", "--log-level", "debug")
+		"--retry-initial", "100ms", "--retry-max", "500ms", "--log-level", "debug"}, e.flags...)
+	e.cmd = exec.Command(filepath.Join(binDir, "modelcached"), args...)
 	e.cmd.Env = append(os.Environ(), extraEnv...)
 	e.cmd.Stdout, e.cmd.Stderr = e.log, e.log
 	if err := e.cmd.Start(); err != nil {
