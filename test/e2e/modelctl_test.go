@@ -135,3 +135,32 @@ func TestPeerCanReadNotMutate(t *testing.T) {
 		t.Fatal("the artifact is gone after a refused evict")
 	}
 }
+
+// TestLeaseWhileCommandRuns: modelctl lease holds the lease while its
+// command runs, passes the command's exit code on, and releases.
+func TestLeaseWhileCommandRuns(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	src := filepath.Join(e.dir, "src")
+	writeTree(t, src, map[string][]byte{"w.bin": []byte("weights")})
+	e.mustCtl("pull", "file://"+src, "--name", "m")
+	marker := filepath.Join(e.dir, "seen")
+	// The command looks at the lease from inside (it is listed) and exits 3.
+	script := filepath.Join(binDir, "modelctl") + " --socket " + e.socket + " -o json list > " + marker + "; exit 3"
+	r := e.ctl(nil, "lease", "m", "--holder", "batch-9", "--ttl", "30s", "--", "sh", "-c", script)
+	if r.code != 3 {
+		t.Fatalf("lease -- cmd: exit %d, want the command's 3\n%s", r.code, r.stderr)
+	}
+	seen, _ := os.ReadFile(marker)
+	if !strings.Contains(string(seen), `"id": "batch-9"`) {
+		t.Fatalf("while the command ran, list did not show the lease: %s", seen)
+	}
+	var list []api.Artifact
+	json.Unmarshal([]byte(e.mustCtl("-o", "json", "list")), &list)
+	if len(list) != 1 || len(list[0].InUse) != 0 {
+		t.Fatalf("lease not released after the command: %+v", list)
+	}
+	if r := e.ctl(nil, "lease", "nosuch", "--ttl", "10s"); r.code != 1 {
+		t.Fatalf("lease of an unknown artifact: exit %d", r.code)
+	}
+}
