@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/api"
-	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
 )
 
@@ -219,7 +218,7 @@ func (d *Daemon) admit(ctx context.Context, name string, need int64, done *atomi
 		if err != nil {
 			return nil, err
 		}
-		in.Skip = protectAll(in.Artifacts, name)
+		in.Skip = capacity.Protect(in.Artifacts, name)
 		in.SpareDesired = true
 		evictable := capacity.Evictable(in)
 		if need > room+evictable {
@@ -242,20 +241,6 @@ func (d *Daemon) admit(ctx context.Context, name string, need int64, done *atomi
 		delete(d.reservations, r)
 		d.capMu.Unlock()
 	}, nil
-}
-
-func protectAll(arts []cachestore.Artifact, names ...string) map[string]bool {
-	skip := map[string]bool{}
-	for _, a := range arts {
-		for _, n := range names {
-			if a.Name == n {
-				for _, v := range a.Versions {
-					skip[capacity.Key(a.Name, v.Revision)] = true
-				}
-			}
-		}
-	}
-	return skip
 }
 
 // room is how many bytes a new pull may write under the policy, after

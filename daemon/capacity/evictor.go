@@ -113,16 +113,7 @@ func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
 	}
 	rep := &Report{Before: pr}
 	in.SpareDesired = e.SpareDesired
-	in.Skip = map[string]bool{}
-	for _, a := range in.Artifacts {
-		for _, n := range e.Protect {
-			if a.Name == n {
-				for _, v := range a.Versions {
-					in.Skip[Key(a.Name, v.Revision)] = true
-				}
-			}
-		}
-	}
+	in.Skip = Protect(in.Artifacts, e.Protect...)
 	victims := PlanRevisions(in)
 	var done []Victim // evicted so far, their references released in later plans
 	var freed int64

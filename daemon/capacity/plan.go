@@ -97,6 +97,22 @@ func (in Inputs) eligible(a cachestore.Artifact, v cachestore.Version) (bool, st
 	return true, ""
 }
 
+// Protect returns the keys of every version of the named artifacts, for
+// Inputs.Skip.
+func Protect(arts []cachestore.Artifact, names ...string) map[string]bool {
+	skip := map[string]bool{}
+	for _, a := range arts {
+		for _, n := range names {
+			if a.Name == n {
+				for _, v := range a.Versions {
+					skip[Key(a.Name, v.Revision)] = true
+				}
+			}
+		}
+	}
+	return skip
+}
+
 // PlanRevisions picks old revisions beyond KeepRevisions (newest kept
 // first) that nothing uses, oldest first.
 func PlanRevisions(in Inputs) []Victim {

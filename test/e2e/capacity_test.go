@@ -142,7 +142,7 @@ func TestEvictionOnASmallFilesystem(t *testing.T) {
 		return false
 	})
 	fill(t, filepath.Join(mnt, "filler-2"), 4<<20) // past the high mark again: d would be next
-	time.Sleep(600 * time.Millisecond) // several eviction passes
+	time.Sleep(600 * time.Millisecond)             // several eviction passes
 	if !present(e, "d") {
 		t.Fatalf("d was evicted while a process mapped it\n%s", e.log)
 	}
