@@ -198,5 +198,16 @@ type Status struct {
 	QuotaBytes     int64         `json:"quotaBytes,omitempty"`
 	HighWatermark  int           `json:"highWatermarkPercent,omitempty"`
 	LowWatermark   int           `json:"lowWatermarkPercent,omitempty"`
+	LastEviction   *Eviction     `json:"lastEviction,omitempty"`
 	DirectIO       bool          `json:"directIO"`
+}
+
+// Eviction summarises the last eviction pass that removed something or
+// could not free what the policy wanted.
+type Eviction struct {
+	At         time.Time `json:"at"`
+	Evicted    []string  `json:"evicted,omitempty"` // name@rev (reason)
+	Failed     []string  `json:"failed,omitempty"`
+	BytesFreed int64     `json:"bytesFreed"`
+	ShortBytes int64     `json:"shortBytes,omitempty"` // wanted but not freeable (pinned, in use, too young)
 }

@@ -66,6 +66,7 @@ type Daemon struct {
 	scanUses     map[string][]capacity.Holder
 	touched      map[string]time.Time // scan loop only
 	capKick      chan struct{}
+	lastEviction atomic.Pointer[evictionRecord]
 }
 
 // New opens the store (running startup repair) and prepares the daemon.

@@ -23,6 +23,12 @@ type reservation struct {
 	done *atomic.Int64
 }
 
+// evictionRecord is the last pass that did or wanted something.
+type evictionRecord struct {
+	at  time.Time
+	rep *capacity.Report
+}
+
 // capacityError is a pull refused by admission.
 type capacityError struct{ msg string }
 
@@ -187,6 +193,9 @@ func (d *Daemon) evictPass(ctx context.Context, extra int64, protect ...string) 
 	d.evictor.Protect = protect
 	d.evictor.SpareDesired = extra > 0 // making room for a pull: never at another desired model's expense
 	rep, err := d.evictor.Run(ctx, extra)
+	if rep != nil && (len(rep.Evicted) > 0 || len(rep.Failed) > 0 || rep.Short > 0) {
+		d.lastEviction.Store(&evictionRecord{at: time.Now(), rep: rep})
+	}
 	if rep != nil && rep.BytesFreed > 0 {
 		d.metrics.freedBytes.Add(float64(rep.BytesFreed))
 	}

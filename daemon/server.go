@@ -240,6 +240,13 @@ func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) error {
 		s.DiskPressure = pr.OverQuota || pr.AboveHigh
 	}
 	s.QuotaBytes, s.HighWatermark, s.LowWatermark = d.cfg.Capacity.QuotaBytes, d.cfg.Capacity.HighPercent, d.cfg.Capacity.LowPercent
+	if le := d.lastEviction.Load(); le != nil {
+		ev := &api.Eviction{At: le.at, Failed: le.rep.Failed, BytesFreed: le.rep.BytesFreed, ShortBytes: le.rep.Short}
+		for _, v := range le.rep.Evicted {
+			ev.Evicted = append(ev.Evicted, fmt.Sprintf("%s@%s (%s)", v.Name, v.Revision, v.Reason))
+		}
+		s.LastEviction = ev
+	}
 	return writeJSON(w, s)
 }
 

@@ -316,6 +316,19 @@ func commands() []*cli.Command {
 					fmt.Fprintf(w, "modelcached %s, up %s\nroot %s, socket %s, models dir %s, direct I/O %v\n", s.Version, time.Since(s.Started).Round(time.Second), s.Root, s.Socket, s.ModelsDir, s.DirectIO)
 					fmt.Fprintf(w, "artifacts: %d ready, %d downloading, %d pending, %d failed\n", s.Phases[api.PhaseReady], s.Phases[api.PhaseDownloading], s.Phases[api.PhasePending], s.Phases[api.PhaseFailed])
 					fmt.Fprintf(w, "store %s; filesystem %s free\n", api.FormatBytes(s.StoreBytes), api.FormatBytes(s.FSFreeBytes))
+					if s.DiskPressure {
+						fmt.Fprintln(w, "disk pressure: over the quota or above the high watermark")
+					}
+					if le := s.LastEviction; le != nil {
+						fmt.Fprintf(w, "last eviction %s: %d evicted, %s freed", le.At.Format(time.RFC3339), len(le.Evicted), api.FormatBytes(le.BytesFreed))
+						if le.ShortBytes > 0 {
+							fmt.Fprintf(w, ", %s could not be freed (pinned, in use or too young)", api.FormatBytes(le.ShortBytes))
+						}
+						fmt.Fprintln(w)
+						for _, f := range le.Failed {
+							fmt.Fprintf(w, "  failed: %s\n", f)
+						}
+					}
 					for _, e := range s.ModelsDirError {
 						fmt.Fprintf(w, "models dir problem: %s\n", e)
 					}

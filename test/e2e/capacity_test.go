@@ -146,6 +146,9 @@ func TestEvictionOnASmallFilesystem(t *testing.T) {
 	if !present(e, "d") {
 		t.Fatalf("d was evicted while a process mapped it\n%s", e.log)
 	}
+	if out := e.mustCtl("status"); !strings.Contains(out, "could not be freed") {
+		t.Fatalf("status should report what eviction could not free: %q", out)
+	}
 	if r := e.ctl(nil, "evict", "d", "--force"); r.code != 1 || !strings.Contains(r.stderr, "mmapper") {
 		t.Fatalf("evict --force of a mapped model: exit %d %q", r.code, r.stderr)
 	}
