@@ -6,7 +6,10 @@
 // errors.Is.
 package api
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // DefaultSocket is where the daemon listens unless told otherwise.
 const DefaultSocket = "/run/modelcached/modelcached.sock"
@@ -98,6 +101,23 @@ type Artifact struct {
 	// processes that have its files open or mapped. In-use versions are
 	// never evicted.
 	InUse []Holder `json:"inUse,omitempty"`
+	// Metadata is what the model's files say (config.json, safetensors
+	// headers); only from Get.
+	Metadata *Metadata `json:"metadata,omitempty"`
+}
+
+// Metadata of a model version.
+type Metadata struct {
+	Architectures         []string         `json:"architectures,omitempty"`
+	ModelType             string           `json:"modelType,omitempty"`
+	TorchDtype            string           `json:"torchDtype,omitempty"`
+	MaxPositionEmbeddings int64            `json:"maxPositionEmbeddings,omitempty"`
+	QuantizationConfig    json.RawMessage  `json:"quantizationConfig,omitempty"`
+	Parameters            int64            `json:"parameters,omitempty"`
+	ParametersByDtype     map[string]int64 `json:"parametersByDtype,omitempty"`
+	TensorBytes           int64            `json:"tensorBytes,omitempty"`
+	SafetensorsFiles      int              `json:"safetensorsFiles,omitempty"`
+	Problems              []string         `json:"problems,omitempty"`
 }
 
 // Holder is one reason an artifact version is in use.

@@ -44,6 +44,13 @@ type Version struct {
 	LastUsed       time.Time `json:"lastUsed"`
 	Bytes          int64     `json:"bytes"`
 	Spec           string    `json:"spec,omitempty"`
+	// HFRepo and HFRef are set for hub sources: the repo id and the
+	// revision asked for. Such versions also appear in the HF cache view.
+	HFRepo string `json:"hfRepo,omitempty"`
+	HFRef  string `json:"hfRef,omitempty"`
+	// Metadata is what the model's files say of it (config.json,
+	// safetensors headers), read at commit.
+	Metadata *Metadata `json:"metadata,omitempty"`
 }
 
 // Artifact is a name with its versions, the current one first.

@@ -36,6 +36,10 @@ type WriterOpts struct {
 	Size int64
 	// Lease, when set, protects the committed blob from GC until released.
 	Lease *Lease
+	// Check, when set, reads the complete data once more before it becomes
+	// a blob (a second digest, such as a git blob sha1); an error fails the
+	// commit like a digest mismatch.
+	Check func(io.Reader) error
 }
 
 // Writer streams one blob into the store. The bytes are hashed on one
@@ -421,6 +425,18 @@ func (w *Writer) Commit(ctx context.Context, size int64, expected string) (strin
 	if expected != "" && got != expected {
 		os.RemoveAll(w.dir)
 		return "", fmt.Errorf("ingest %s: %w: got %s, want %s", w.opts.Ref, ErrDigestMismatch, got, expected)
+	}
+	if w.opts.Check != nil {
+		f, err := os.Open(filepath.Join(w.dir, ingestData))
+		if err != nil {
+			return "", fmt.Errorf("ingest %s: %w", w.opts.Ref, err)
+		}
+		err = w.opts.Check(ctxReader{ctx, f})
+		f.Close()
+		if err != nil {
+			os.RemoveAll(w.dir)
+			return "", fmt.Errorf("ingest %s: %w: %v", w.opts.Ref, ErrDigestMismatch, err)
+		}
 	}
 	if err := w.s.adoptIngest(ctx, filepath.Join(w.dir, ingestData), got, w.offset, w.opts.Lease); err != nil {
 		return "", err

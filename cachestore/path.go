@@ -96,6 +96,9 @@ type Entry struct {
 	Digest string `json:"digest"`
 	Size   int64  `json:"size"`
 	Mode   uint32 `json:"mode"` // permission bits at the source (0644, 0755); trees are read-only
+	// Etag is the source's name for the content (a hub's LFS sha256 or git
+	// blob sha1): the HF cache view's blob name. Not part of the digest.
+	Etag string `json:"etag,omitempty"`
 }
 
 // Manifest is the file list of an artifact version.

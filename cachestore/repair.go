@@ -210,5 +210,25 @@ func (s *Store) repair(ctx context.Context, ingestMaxAge time.Duration) (*Repair
 			}
 		}
 	}
+	// The HF cache view follows the index: rebuilt where missing, trimmed
+	// where it serves nothing.
+	repos := s.hfRepos()
+	if ents, err := os.ReadDir(filepath.Join(s.root, dirHF)); err == nil {
+		for _, e := range ents {
+			known := false
+			for r := range repos {
+				known = known || HFRepoDir(r) == e.Name()
+			}
+			if !known {
+				os.RemoveAll(filepath.Join(s.root, dirHF, e.Name()))
+				rep.TreesRemoved++
+			}
+		}
+	}
+	for r := range repos {
+		if err := s.syncHFView(r); err != nil {
+			s.log.Warn("rebuild hf cache view", "repo", r, "err", err)
+		}
+	}
 	return rep, ctx.Err()
 }

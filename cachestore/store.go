@@ -102,7 +102,7 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 	if err != nil {
 		return nil, nil, fmt.Errorf("store root %q: %w", root, err)
 	}
-	for _, d := range []string{"", dirBlobs, dirIngest, dirTmp, dirQuarantine, kindDirs[KindModel], kindDirs[KindKernelCache]} {
+	for _, d := range []string{"", dirBlobs, dirIngest, dirTmp, dirQuarantine, dirHF, kindDirs[KindModel], kindDirs[KindKernelCache]} {
 		if err := os.MkdirAll(filepath.Join(abs, d), 0o755); err != nil {
 			return nil, nil, fmt.Errorf("store root %q: %w", abs, err)
 		}
@@ -308,6 +308,10 @@ type VersionSpec struct {
 	// Spec is an opaque fingerprint of what produced this version (the
 	// daemon's desire), recorded so a changed desire can be told apart.
 	Spec string
+	// HFRepo ("org/name") and HFRef (the revision asked for) put the
+	// version in the HF cache view too; Revision must then be the commit.
+	HFRepo string
+	HFRef  string
 }
 
 func (s *Store) kindDir(kind string) (string, error) {
@@ -382,6 +386,7 @@ func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, 
 		Name: spec.Name, Kind: spec.Kind, Source: spec.Source, Revision: rev,
 		Manifest: m, ManifestDigest: md, State: StateReady, Pinned: spec.Pin,
 		Created: now, LastUsed: now, Bytes: m.Bytes(), Spec: spec.Spec,
+		HFRepo: spec.HFRepo, HFRef: spec.HFRef, Metadata: s.readMetadata(m),
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		ab, err := tx.Bucket(bucketArtifacts).CreateBucketIfNotExists([]byte(spec.Name))
@@ -411,6 +416,11 @@ func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, 
 	s.hit("commit.after-index")
 	if err := s.setCurrentLink(filepath.Join(base, spec.Name), rev); err != nil {
 		s.log.Warn("swap current link; startup repair will fix it", "artifact", spec.Name, "err", err)
+	}
+	if spec.HFRepo != "" {
+		if err := s.syncHFView(spec.HFRepo); err != nil {
+			s.log.Warn("hf cache view; startup repair will rebuild it", "repo", spec.HFRepo, "err", err)
+		}
 	}
 	return v, nil
 }
@@ -662,6 +672,13 @@ func (s *Store) Evict(ctx context.Context, name, rev string, force bool) ([]stri
 	}
 	if len(victims) == len(a.Versions) {
 		os.Remove(parent)
+	}
+	for _, v := range victims {
+		if v.HFRepo != "" {
+			if err := s.syncHFView(v.HFRepo); err != nil {
+				s.log.Warn("hf cache view after evict", "repo", v.HFRepo, "err", err)
+			}
+		}
 	}
 	return out, nil
 }

@@ -117,6 +117,9 @@ func (s *Store) Verify(ctx context.Context, names []string, progress func(done, 
 				}
 				s.removeTree(filepath.Join(base, a.Name, v.Revision))
 				rep.Affected = append(rep.Affected, a.Name+"@"+v.Revision)
+				if v.HFRepo != "" {
+					s.syncHFView(v.HFRepo) // the corrupt inode leaves the view too
+				}
 				break
 			}
 		}

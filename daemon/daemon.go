@@ -28,6 +28,7 @@ import (
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
 	filefetcher "github.com/modelcache/modelcache/fetchers/file"
+	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
 	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
 )
 
@@ -130,6 +131,12 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		},
 		Evicted: func(v capacity.Victim) { d.metrics.evictions.WithLabelValues(v.Reason).Inc() },
 	}
+	hub, err := hffetcher.New(hffetcher.WithIdleTimeout(cfg.IdleTimeout))
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	d.fetchers["hf"] = hub
 	if cfg.BandwidthLimit > 0 {
 		d.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthLimit), int(min(cfg.BandwidthLimit, 4<<20)))
 	}

@@ -103,7 +103,7 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 					errs <- fmt.Errorf("%s: %w", fl.Path, err)
 					continue
 				}
-				entries[i] = cachestore.Entry{Path: fl.Path, Digest: digest, Size: size, Mode: fl.Mode}
+				entries[i] = cachestore.Entry{Path: fl.Path, Digest: digest, Size: size, Mode: fl.Mode, Etag: fl.Etag}
 				prog.filesDone.Add(1)
 			}
 		}()
@@ -125,7 +125,7 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 	}
 	_, err = d.store.CommitVersion(ctx, cachestore.VersionSpec{
 		Name: ds.Name, Source: ds.URI, Revision: res.Revision, Manifest: entries,
-		ExpectedDigest: ds.Digest, Pin: ds.Pin, Spec: fp,
+		ExpectedDigest: ds.Digest, Pin: ds.Pin, Spec: fp, HFRepo: res.Repo, HFRef: res.Ref,
 	})
 	return err
 }
@@ -192,7 +192,7 @@ func (d *Daemon) fetchFile(ctx context.Context, f fetchers.Fetcher, scheme, uri 
 // download streams the file into an ingest, resuming from what is on disk
 // and after each interrupted attempt, then commits it.
 func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref string, fl fetchers.File, lease *cachestore.Lease, prog *progress) (string, int64, error) {
-	w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease})
+	w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check})
 	if err != nil {
 		return "", 0, err
 	}

@@ -352,6 +352,10 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 			out.Versions = append(out.Versions, av)
 		}
 	}
+	if cur != nil && files && cur.Metadata != nil {
+		m := api.Metadata(*cur.Metadata)
+		out.Metadata = &m
+	}
 	if cur != nil {
 		out.Kind, out.Revision, out.ManifestDigest, out.Bytes, out.Pinned = cur.Kind, cur.Revision, cur.ManifestDigest, cur.Bytes, cur.Pinned
 		if out.URI == "" {

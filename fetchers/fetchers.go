@@ -42,6 +42,12 @@ type File struct {
 	// Locator is private to the fetcher that resolved the file (a URL, an
 	// absolute path); callers pass it back to Open unchanged.
 	Locator string
+	// Etag is the name the source gives the content (a hub's LFS sha256 or
+	// git blob sha1); the HF cache view names its blobs by it.
+	Etag string
+	// Check, when set, is a second verification of the complete content
+	// (a git blob sha1) that must pass before the bytes become a blob.
+	Check func(io.Reader) error
 }
 
 // Resolved pins a source to an immutable revision.
@@ -53,6 +59,10 @@ type Resolved struct {
 	// the revision.
 	Revision string
 	Files    []File
+	// Repo and Ref are set by hub sources: the repo id and the revision
+	// the user asked for (a branch, tag or commit), for the HF cache view.
+	Repo string
+	Ref  string
 }
 
 // Fetcher resolves and streams one kind of source. Implementations are

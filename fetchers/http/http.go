@@ -108,7 +108,7 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 	case resp.StatusCode == nethttp.StatusMethodNotAllowed || resp.StatusCode == nethttp.StatusNotImplemented:
 		// No HEAD: the size comes from the GET.
 	default:
-		if err := statusError(src.URI, resp); err != nil {
+		if err := StatusError(src.URI, resp); err != nil {
 			return nil, err
 		}
 	}
@@ -123,9 +123,20 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 // ignores Range is read from the start and the first offset bytes are
 // skipped.
 func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (io.ReadCloser, error) {
-	req, err := nethttp.NewRequestWithContext(ctx, nethttp.MethodGet, file.Locator, nil)
+	return f.Get(ctx, file.Locator, file.Size, offset, nil, nil)
+}
+
+// Get streams url from offset (size is the whole file's, -1 when
+// unknown) with the extra request headers given; onError, when not nil,
+// turns an error status into an error first (nil falls back to
+// StatusError). Other fetchers that speak HTTP (hf) stream through it.
+func (f *Fetcher) Get(ctx context.Context, url string, size, offset int64, header nethttp.Header, onError func(*nethttp.Response) error) (io.ReadCloser, error) {
+	req, err := nethttp.NewRequestWithContext(ctx, nethttp.MethodGet, url, nil)
 	if err != nil {
 		return nil, fetchers.Permanent(err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	req.Header.Set("User-Agent", f.userAgent)
 	req.Header.Set("Accept-Encoding", "identity")
@@ -134,7 +145,7 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 	}
 	resp, err := f.client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("GET %s: %w", file.Locator, err)
+		return nil, fmt.Errorf("GET %s: %w", url, err)
 	}
 	switch resp.StatusCode {
 	case nethttp.StatusOK:
@@ -142,7 +153,7 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 		if offset > 0 {
 			if _, err := io.CopyN(io.Discard, body, offset); err != nil {
 				body.Close()
-				return nil, fmt.Errorf("GET %s: skip to %d: %w", file.Locator, offset, err)
+				return nil, fmt.Errorf("GET %s: skip to %d: %w", url, offset, err)
 			}
 		}
 		return body, nil
@@ -150,18 +161,23 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 		start, err := contentRangeStart(resp.Header.Get("Content-Range"))
 		if err != nil || start != offset {
 			resp.Body.Close()
-			return nil, fmt.Errorf("GET %s: asked for bytes from %d, server sent Content-Range %q", file.Locator, offset, resp.Header.Get("Content-Range"))
+			return nil, fmt.Errorf("GET %s: asked for bytes from %d, server sent Content-Range %q", url, offset, resp.Header.Get("Content-Range"))
 		}
 		return fetchers.IdleTimeout(resp.Body, f.idleTimeout), nil
 	case nethttp.StatusRequestedRangeNotSatisfiable:
 		resp.Body.Close()
-		if file.Size >= 0 && offset == file.Size {
+		if size >= 0 && offset == size {
 			return io.NopCloser(strings.NewReader("")), nil
 		}
-		return nil, fetchers.Permanent(fmt.Errorf("GET %s: range from %d not satisfiable; the file changed on the server", file.Locator, offset))
+		return nil, fetchers.Permanent(fmt.Errorf("GET %s: range from %d not satisfiable; the file changed on the server", url, offset))
 	}
 	defer resp.Body.Close()
-	return nil, statusError(file.Locator, resp)
+	if onError != nil {
+		if err := onError(resp); err != nil {
+			return nil, err
+		}
+	}
+	return nil, StatusError(url, resp)
 }
 
 func contentRangeStart(h string) (int64, error) {
@@ -177,9 +193,9 @@ func contentRangeStart(h string) (int64, error) {
 	return strconv.ParseInt(s, 10, 64)
 }
 
-// statusError turns a non-success status into an error: retryable for 429,
+// StatusError turns a non-success status into an error: retryable for 429,
 // 408 and 5xx (with the server's Retry-After), Permanent otherwise.
-func statusError(what string, resp *nethttp.Response) error {
+func StatusError(what string, resp *nethttp.Response) error {
 	code := resp.StatusCode
 	switch {
 	case code == nethttp.StatusTooManyRequests || code == nethttp.StatusServiceUnavailable:

@@ -1,0 +1,332 @@
+// Package hubtest is a Hugging Face hub for tests: an API origin that
+// speaks the endpoints the hub clients use (revision, the paginated
+// recursive tree, paths-info, resolve with HEAD and Range) and a second
+// "CDN" origin that LFS files redirect to, as the real hub does. Knobs
+// make it hostile: a token requirement, a hook that answers first, and
+// byte counters.
+package hubtest
+
+import (
+	"bytes"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Entry is one file as the tree API lists it.
+type Entry struct {
+	Type string `json:"type"`
+	OID  string `json:"oid"`
+	Size int64  `json:"size"`
+	Path string `json:"path"`
+	LFS  *LFS   `json:"lfs,omitempty"`
+}
+
+// LFS is the lfs block of a tree entry.
+type LFS struct {
+	OID         string `json:"oid"`
+	Size        int64  `json:"size"`
+	PointerSize int64  `json:"pointerSize"`
+}
+
+type commit struct {
+	files map[string][]byte
+	tree  []Entry // may be edited by tests (hostile entries)
+}
+
+// Hub is a test hub. Create it with New; Close both origins with Close.
+type Hub struct {
+	API *httptest.Server
+	CDN *httptest.Server
+
+	// PageSize is how many tree entries a page holds (pagination); default 3.
+	PageSize int
+	// LFSThreshold: files at least this large are LFS files; default 1024.
+	LFSThreshold int
+	// Token, when set, must come as "Bearer <Token>" or the API answers 401.
+	Token string
+	// Hook, when set, sees every request to either origin first and
+	// answers it by returning true.
+	Hook func(w http.ResponseWriter, r *http.Request) bool
+
+	Sent        atomic.Int64 // file bytes sent by resolve and the CDN
+	CDNSawAuth  atomic.Bool  // an Authorization header reached the CDN
+	ResolveGets atomic.Int64 // GETs of file content (resolve or CDN), Range or not
+
+	mu      sync.Mutex
+	commits map[string]map[string]*commit // repo → commit → files
+	refs    map[string]map[string]string  // repo → ref → commit
+	blobs   map[string][]byte             // sha256 hex → content (CDN)
+}
+
+// New starts both origins.
+func New() *Hub {
+	h := &Hub{PageSize: 3, LFSThreshold: 1024, commits: map[string]map[string]*commit{}, refs: map[string]map[string]string{}, blobs: map[string][]byte{}}
+	h.CDN = httptest.NewServer(http.HandlerFunc(h.serveCDN))
+	h.API = httptest.NewServer(http.HandlerFunc(h.serveAPI))
+	return h
+}
+
+// Close stops both origins.
+func (h *Hub) Close() { h.API.Close(); h.CDN.Close() }
+
+// URL is the endpoint to give as HF_ENDPOINT.
+func (h *Hub) URL() string { return h.API.URL }
+
+// GitOID is the git blob id of b.
+func GitOID(b []byte) string {
+	s := sha1.New()
+	fmt.Fprintf(s, "blob %d\x00", len(b))
+	s.Write(b)
+	return hex.EncodeToString(s.Sum(nil))
+}
+
+// Commit adds a commit of files to repo, points refs (branches, tags) at
+// it, and returns its sha.
+func (h *Hub) Commit(repo string, files map[string][]byte, refs ...string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	paths := make([]string, 0, len(files))
+	for p := range files {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	s := sha1.New()
+	fmt.Fprint(s, repo, time.Now().UnixNano())
+	c := &commit{files: files}
+	dirs := map[string]bool{}
+	for _, p := range paths {
+		b := files[p]
+		fmt.Fprint(s, p, GitOID(b))
+		for d := p; strings.Contains(d, "/"); {
+			d = d[:strings.LastIndex(d, "/")]
+			if !dirs[d] {
+				dirs[d] = true
+				c.tree = append(c.tree, Entry{Type: "directory", OID: strings.Repeat("0", 40), Path: d})
+			}
+		}
+		e := Entry{Type: "file", OID: GitOID(b), Size: int64(len(b)), Path: p}
+		if len(b) >= h.LFSThreshold {
+			sum := sha256.Sum256(b)
+			oid := hex.EncodeToString(sum[:])
+			e.LFS = &LFS{OID: oid, Size: int64(len(b)), PointerSize: 134}
+			e.Size = int64(len(b))
+			h.blobs[oid] = b
+		}
+		c.tree = append(c.tree, e)
+	}
+	sha := hex.EncodeToString(s.Sum(nil))
+	if h.commits[repo] == nil {
+		h.commits[repo] = map[string]*commit{}
+		h.refs[repo] = map[string]string{}
+	}
+	h.commits[repo][sha] = c
+	for _, r := range refs {
+		h.refs[repo][r] = sha
+	}
+	return sha
+}
+
+// EditTree lets a test corrupt the listing of a commit.
+func (h *Hub) EditTree(repo, sha string, fn func([]Entry) []Entry) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.commits[repo][sha]
+	c.tree = fn(c.tree)
+}
+
+// SetFile replaces the bytes served for a path of a commit (the listing
+// keeps the old digests: a hub that serves wrong bytes).
+func (h *Hub) SetFile(repo, sha, path string, b []byte) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.commits[repo][sha]
+	c.files[path] = b
+	for _, e := range c.tree {
+		if e.Path == path && e.LFS != nil {
+			h.blobs[e.LFS.OID] = b
+		}
+	}
+}
+
+func (h *Hub) lookup(repo, rev string) (*commit, string, string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	cs, ok := h.commits[repo]
+	if !ok {
+		return nil, "", "RepoNotFound"
+	}
+	sha := rev
+	if r, ok := h.refs[repo][rev]; ok {
+		sha = r
+	}
+	c, ok := cs[sha]
+	if !ok {
+		return nil, "", "RevisionNotFound"
+	}
+	return c, sha, ""
+}
+
+func hubError(w http.ResponseWriter, status int, code, msg string) {
+	if code != "" {
+		w.Header().Set("X-Error-Code", code)
+	}
+	w.Header().Set("X-Error-Message", msg)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]string{"error": msg})
+}
+
+func (h *Hub) serveAPI(w http.ResponseWriter, r *http.Request) {
+	if h.Hook != nil && h.Hook(w, r) {
+		return
+	}
+	if h.Token != "" && r.Header.Get("Authorization") != "Bearer "+h.Token {
+		hubError(w, http.StatusUnauthorized, "GatedRepo", "Access to this model is restricted. You must have access to it and be authenticated.")
+		return
+	}
+	p := r.URL.Path
+	if rest, ok := strings.CutPrefix(p, "/api/models/"); ok {
+		for _, verb := range []string{"/revision/", "/tree/", "/paths-info/"} {
+			if i := strings.Index(rest, verb); i > 0 {
+				repo, rev := rest[:i], rest[i+len(verb):]
+				rev, _ = url.PathUnescape(rev)
+				c, sha, code := h.lookup(repo, rev)
+				if c == nil {
+					hubError(w, http.StatusNotFound, code, code)
+					return
+				}
+				w.Header().Set("Content-Type", "application/json")
+				switch verb {
+				case "/revision/":
+					sib := []map[string]string{}
+					for p := range c.files {
+						sib = append(sib, map[string]string{"rfilename": p})
+					}
+					json.NewEncoder(w).Encode(map[string]any{"id": repo, "sha": sha, "siblings": sib})
+				case "/tree/":
+					h.mu.Lock()
+					tree := append([]Entry(nil), c.tree...)
+					h.mu.Unlock()
+					cursor, _ := strconv.Atoi(r.URL.Query().Get("cursor"))
+					end := min(cursor+h.PageSize, len(tree))
+					if end < len(tree) {
+						next := *r.URL
+						q := next.Query()
+						q.Set("cursor", strconv.Itoa(end))
+						next.RawQuery = q.Encode()
+						w.Header().Set("Link", fmt.Sprintf(`<%s%s>; rel="next"`, h.API.URL, next.RequestURI()))
+					}
+					json.NewEncoder(w).Encode(tree[cursor:end])
+				case "/paths-info/":
+					r.ParseForm()
+					want := map[string]bool{}
+					for _, p := range r.Form["paths"] {
+						want[p] = true
+					}
+					var body struct {
+						Paths []string `json:"paths"`
+					}
+					json.NewDecoder(r.Body).Decode(&body)
+					for _, p := range body.Paths {
+						want[p] = true
+					}
+					out := []Entry{}
+					for _, e := range c.tree {
+						if want[e.Path] {
+							out = append(out, e)
+						}
+					}
+					json.NewEncoder(w).Encode(out)
+				}
+				return
+			}
+		}
+		hubError(w, http.StatusNotFound, "", "no such API route")
+		return
+	}
+	if i := strings.Index(p, "/resolve/"); i > 0 {
+		repo := strings.TrimPrefix(p[:i], "/")
+		rev, path, _ := strings.Cut(p[i+len("/resolve/"):], "/")
+		rev, _ = url.PathUnescape(rev)
+		path, _ = url.PathUnescape(path)
+		c, sha, code := h.lookup(repo, rev)
+		if c == nil {
+			hubError(w, http.StatusNotFound, code, code)
+			return
+		}
+		h.mu.Lock()
+		b, ok := c.files[path]
+		var entry Entry
+		for _, e := range c.tree {
+			if e.Path == path {
+				entry = e
+			}
+		}
+		h.mu.Unlock()
+		if !ok {
+			hubError(w, http.StatusNotFound, "EntryNotFound", "Entry not found")
+			return
+		}
+		w.Header().Set("X-Repo-Commit", sha)
+		if entry.LFS != nil {
+			w.Header().Set("X-Linked-Etag", `"`+entry.LFS.OID+`"`)
+			w.Header().Set("X-Linked-Size", strconv.FormatInt(entry.LFS.Size, 10))
+			w.Header().Set("ETag", `"`+entry.OID+`"`)
+			http.Redirect(w, r, h.CDN.URL+"/lfs/"+entry.LFS.OID, http.StatusFound)
+			return
+		}
+		w.Header().Set("ETag", `"`+entry.OID+`"`)
+		h.serveContent(w, r, b)
+		return
+	}
+	hubError(w, http.StatusNotFound, "", "not found")
+}
+
+func (h *Hub) serveCDN(w http.ResponseWriter, r *http.Request) {
+	if h.Hook != nil && h.Hook(w, r) {
+		return
+	}
+	if r.Header.Get("Authorization") != "" {
+		h.CDNSawAuth.Store(true)
+	}
+	oid := strings.TrimPrefix(r.URL.Path, "/lfs/")
+	h.mu.Lock()
+	b, ok := h.blobs[oid]
+	h.mu.Unlock()
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("ETag", `"`+oid+`"`)
+	h.serveContent(w, r, b)
+}
+
+func (h *Hub) serveContent(w http.ResponseWriter, r *http.Request, b []byte) {
+	if r.Method == http.MethodGet {
+		h.ResolveGets.Add(1)
+	}
+	http.ServeContent(&counter{w, &h.Sent}, r, "", time.Time{}, bytes.NewReader(b))
+}
+
+type counter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (c *counter) Write(b []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(b)
+	c.n.Add(int64(n))
+	return n, err
+}
