@@ -131,7 +131,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		},
 		Evicted: func(v capacity.Victim) { d.metrics.evictions.WithLabelValues(v.Reason).Inc() },
 	}
-	hub, err := hffetcher.New(hffetcher.WithIdleTimeout(cfg.IdleTimeout))
+	hub, err := hffetcher.New(hffetcher.WithIdleTimeout(cfg.IdleTimeout), hffetcher.WithConnections(max(cfg.HFConnections, 1)))
 	if err != nil {
 		st.Close()
 		return nil, err

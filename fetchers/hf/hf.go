@@ -38,6 +38,8 @@ const (
 
 // Fetcher implements fetchers.Fetcher for hf:// URIs. Safe for concurrent use.
 type Fetcher struct {
+	conns    int
+	chunk    int64
 	endpoint string
 	token    string
 	client   *nethttp.Client
@@ -45,6 +47,8 @@ type Fetcher struct {
 }
 
 type options struct {
+	conns       int
+	chunk       int64
 	endpoint    string
 	token       string
 	tokenFile   string
@@ -69,12 +73,21 @@ func WithTokenFile(p string) Option { return func(o *options) { o.tokenFile = p 
 // WithIdleTimeout bounds a stalled download; default 60s.
 func WithIdleTimeout(d time.Duration) Option { return func(o *options) { o.idleTimeout = d } }
 
+// WithConnections sets how many Range requests fetch one large file at
+// once (files of at least 4 chunks); default 4. CDNs and object stores
+// limit each connection; on loopback more connections do not help.
+func WithConnections(n int) Option { return func(o *options) { o.conns = n } }
+
+// WithChunk sets the bytes of one parallel Range request; default 8 MiB.
+// Memory per file is (connections+1) × chunk.
+func WithChunk(n int64) Option { return func(o *options) { o.chunk = n } }
+
 // WithTransport sets the HTTP transport; default a clone of net/http's.
 func WithTransport(t nethttp.RoundTripper) Option { return func(o *options) { o.transport = t } }
 
 // New returns a hub fetcher.
 func New(opts ...Option) (*Fetcher, error) {
-	o := options{endpoint: os.Getenv("HF_ENDPOINT"), token: os.Getenv("HF_TOKEN"), tokenFile: os.Getenv("HF_TOKEN_PATH"), idleTimeout: 60 * time.Second}
+	o := options{conns: 4, chunk: 8 << 20, endpoint: os.Getenv("HF_ENDPOINT"), token: os.Getenv("HF_TOKEN"), tokenFile: os.Getenv("HF_TOKEN_PATH"), idleTimeout: 60 * time.Second}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -104,7 +117,10 @@ func New(opts ...Option) (*Fetcher, error) {
 		t.MaxIdleConnsPerHost = 16
 		o.transport = t
 	}
-	f := &Fetcher{endpoint: strings.TrimRight(o.endpoint, "/"), token: o.token}
+	if o.conns < 1 || o.conns > 64 || o.chunk < 1<<20 {
+		return nil, fmt.Errorf("hf: connections %d (want 1..64), chunk %d (want >= 1 MiB)", o.conns, o.chunk)
+	}
+	f := &Fetcher{endpoint: strings.TrimRight(o.endpoint, "/"), token: o.token, conns: o.conns, chunk: o.chunk}
 	f.client = &nethttp.Client{Transport: o.transport, CheckRedirect: checkRedirect}
 	f.get = httpfetcher.New(httpfetcher.WithClient(f.client), httpfetcher.WithIdleTimeout(o.idleTimeout), httpfetcher.WithUserAgent("modelcached"))
 	return f, nil
@@ -352,7 +368,13 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 			rev, _, _ = strings.Cut(u.Path[i+len("/resolve/"):], "/")
 		}
 	}
-	return f.get.Get(ctx, file.Locator, file.Size, offset, f.header(), f.hubError(repo, rev, file.Path))
+	onErr := f.hubError(repo, rev, file.Path)
+	if f.conns > 1 && file.Size-offset >= 4*f.chunk {
+		return fetchers.ParallelReader(ctx, func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+			return f.get.GetRange(ctx, file.Locator, file.Size, off, n, f.header(), onErr)
+		}, offset, file.Size, f.chunk, f.conns, fetchers.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Attempts: 4, MaxRetryAfter: time.Minute}), nil
+	}
+	return f.get.Get(ctx, file.Locator, file.Size, offset, f.header(), onErr)
 }
 
 // GitBlobCheck verifies content against a git blob id:

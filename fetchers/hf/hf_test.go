@@ -1,8 +1,10 @@
 package hf
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 
@@ -83,5 +85,38 @@ func TestGitBlobCheck(t *testing.T) {
 	}
 	if err := GitBlobCheck("ce013625030ba8dba906f756967f9e9ca394464a", 6)(strings.NewReader("hellO\n")); err == nil {
 		t.Fatal("wrong content passed")
+	}
+}
+
+func TestParallelRangesMatchOneStream(t *testing.T) {
+	hub := hubtest.New()
+	defer hub.Close()
+	big := make([]byte, 9<<20+12345)
+	for i := range big {
+		big[i] = byte(i*7 + i>>11)
+	}
+	hub.Commit("org/big", map[string][]byte{"w.bin": big}, "main")
+	f, err := New(WithEndpoint(hub.URL()), WithToken(""), WithConnections(3), WithChunk(1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.Resolve(context.Background(), fetchers.Source{URI: "hf://org/big"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range []int64{0, 3<<20 + 17} {
+		before := hub.ResolveGets.Load()
+		rc, err := f.Open(context.Background(), res.Files[0], off)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil || !bytes.Equal(got, big[off:]) {
+			t.Fatalf("from %d: %d bytes, err %v: not the file", off, len(got), err)
+		}
+		if n := hub.ResolveGets.Load() - before; n < 5 {
+			t.Fatalf("from %d: %d requests; want one per 1 MiB chunk", off, n)
+		}
 	}
 }

@@ -131,6 +131,13 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 // turns an error status into an error first (nil falls back to
 // StatusError). Other fetchers that speak HTTP (hf) stream through it.
 func (f *Fetcher) Get(ctx context.Context, url string, size, offset int64, header nethttp.Header, onError func(*nethttp.Response) error) (io.ReadCloser, error) {
+	return f.GetRange(ctx, url, size, offset, -1, header, onError)
+}
+
+// GetRange is Get of n bytes from offset (n < 0: to the end). A server
+// that answers a bounded range with the whole file is refused, so
+// parallel readers never get wrong bytes.
+func (f *Fetcher) GetRange(ctx context.Context, url string, size, offset, n int64, header nethttp.Header, onError func(*nethttp.Response) error) (io.ReadCloser, error) {
 	req, err := nethttp.NewRequestWithContext(ctx, nethttp.MethodGet, url, nil)
 	if err != nil {
 		return nil, fetchers.Permanent(err)
@@ -140,7 +147,10 @@ func (f *Fetcher) Get(ctx context.Context, url string, size, offset int64, heade
 	}
 	req.Header.Set("User-Agent", f.userAgent)
 	req.Header.Set("Accept-Encoding", "identity")
-	if offset > 0 {
+	switch {
+	case n >= 0:
+		req.Header.Set("Range", "bytes="+strconv.FormatInt(offset, 10)+"-"+strconv.FormatInt(offset+n-1, 10))
+	case offset > 0:
 		req.Header.Set("Range", "bytes="+strconv.FormatInt(offset, 10)+"-")
 	}
 	resp, err := f.client.Do(req)
@@ -149,6 +159,10 @@ func (f *Fetcher) Get(ctx context.Context, url string, size, offset int64, heade
 	}
 	switch resp.StatusCode {
 	case nethttp.StatusOK:
+		if n >= 0 && (offset > 0 || size < 0 || n < size) {
+			resp.Body.Close()
+			return nil, fetchers.Permanent(fmt.Errorf("GET %s: the server ignores Range requests; use one connection", url))
+		}
 		body := fetchers.IdleTimeout(resp.Body, f.idleTimeout)
 		if offset > 0 {
 			if _, err := io.CopyN(io.Discard, body, offset); err != nil {
