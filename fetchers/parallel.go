@@ -37,7 +37,7 @@ func ParallelReader(ctx context.Context, open RangeFunc, offset, size, chunk int
 			}
 			go func(off, n int64) {
 				defer func() { <-sem }()
-				buf := make([]byte, n)
+				buf := getChunk(n)
 				err := b.Do(ctx, func(int) error {
 					rc, err := open(ctx, off, n)
 					if err != nil {
@@ -57,6 +57,22 @@ func ParallelReader(ctx context.Context, open RangeFunc, offset, size, chunk int
 	return p
 }
 
+var chunkPool sync.Pool // of *[]byte, reused across readers of the same chunk size
+
+func getChunk(n int64) []byte {
+	if p, ok := chunkPool.Get().(*[]byte); ok && int64(cap(*p)) >= n {
+		return (*p)[:n]
+	}
+	return make([]byte, n)
+}
+
+func putChunk(b []byte) {
+	if cap(b) > 0 {
+		b = b[:cap(b)]
+		chunkPool.Put(&b)
+	}
+}
+
 type chunkResult struct {
 	b   []byte
 	err error
@@ -66,12 +82,17 @@ type parallel struct {
 	cancel  context.CancelFunc
 	results chan chan chunkResult
 	cur     []byte
+	whole   []byte // the chunk cur is a tail of, returned to the pool when read
 	err     error
 	once    sync.Once
 }
 
 func (p *parallel) Read(b []byte) (int, error) {
 	for len(p.cur) == 0 {
+		if p.whole != nil {
+			putChunk(p.whole)
+			p.whole = nil
+		}
 		if p.err != nil {
 			return 0, p.err
 		}
@@ -84,7 +105,7 @@ func (p *parallel) Read(b []byte) (int, error) {
 			p.err = r.err
 			return 0, r.err
 		}
-		p.cur = r.b
+		p.cur, p.whole = r.b, r.b
 	}
 	n := copy(b, p.cur)
 	p.cur = p.cur[n:]
@@ -95,7 +116,9 @@ func (p *parallel) Close() error {
 	p.once.Do(func() {
 		p.cancel()
 		for next := range p.results { // let the fetchers finish and drop their buffers
-			<-next
+			if r := <-next; r.err == nil {
+				putChunk(r.b)
+			}
 		}
 	})
 	return nil

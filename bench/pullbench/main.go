@@ -38,6 +38,7 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
 )
 
 type file struct {
@@ -146,6 +147,7 @@ func main() {
 	fmt.Printf("  modelctl pull, buffered    %.2f  %v  vs curl+sync %.2fx, vs curl %.2fx\n", median(bufRes)/1e9, gbps(bufRes), median(ratios(bufRes, curlRes)), median(ratios(bufRes, curlNoSync)))
 	fmt.Printf("  daemon peak RSS (O_DIRECT) %s; daemon CPU per GB %.2f s\n", api.FormatBytes(int64(median(rss))), median(cpuPerGB))
 
+	hfBench(dir, src, files, canDrop)
 	materializeVsCp(dir, src, files)
 	listAndRestart(dir, *nArts)
 }
@@ -239,18 +241,23 @@ func (c *cw) Write(b []byte) (int, error) {
 	return n, err
 }
 
+// daemonArgs are extra modelcached flags for the next startDaemon.
+var daemonArgs []string
+
 type daemon struct {
 	cmd    *exec.Cmd
 	socket string
 	start  time.Duration
 }
 
-func startDaemon(root, sock string, direct bool) *daemon {
+func startDaemon(root, sock string, direct bool, env ...string) *daemon {
 	t0 := time.Now()
 	cmd := exec.Command(filepath.Join(*binDir, "modelcached"), "--root", root, "--socket", sock,
 		"--metrics-addr", "", "--models-dir", "", "--socket-group", "", "--log-level", "warn",
 		"--direct-io="+strconv.FormatBool(direct), "--max-concurrent-pulls", "4")
+	cmd.Args = append(cmd.Args, daemonArgs...)
 	cmd.Stderr = os.Stderr
+	cmd.Env = append(os.Environ(), env...)
 	must(cmd.Start())
 	c := &api.Client{Socket: sock}
 	for c.Health(context.Background()) != nil {
@@ -445,4 +452,99 @@ func listAndRestart(dir string, n int) {
 	fmt.Printf("%d artifacts in the index (seeded in %s): daemon start to healthy %.0f ms; modelctl -o json list %.0f ms; modelctl list (table) %.0f ms\n",
 		n, seed.Round(time.Second), median(starts)*1e3, median(lists)*1e3, median(listsTable)*1e3)
 	_ = io.Discard
+}
+
+// hfBench serves the model from the test hub (LFS shards redirect to a
+// CDN origin) and alternates modelctl pull hf://, the official JS client's
+// snapshotDownload, and curl -L of the resolve URLs. Then a revision that
+// changes one shard of four: the bytes fetched.
+func hfBench(dir, src string, files []file, canDrop bool) {
+	hub := hubtest.New()
+	defer hub.Close()
+	model := map[string][]byte{}
+	var total int64
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(src, f.name))
+		must(err)
+		model[f.name] = b
+		total += int64(len(b))
+	}
+	sha := hub.Commit("bench/model", model, "main")
+	node, nerr := exec.LookPath("node")
+	js, _ := filepath.Abs("test/hfjs/check.mjs")
+	if _, err := os.Stat(filepath.Join(filepath.Dir(js), "node_modules")); nerr == nil && err != nil {
+		nerr = err
+	}
+	if nerr != nil {
+		fmt.Printf("hf: the official JS client is not installed (cd test/hfjs && npm ci): %v\n", nerr)
+	}
+	timed := func(run func()) (float64, float64) {
+		coldPrep(canDrop)
+		t0 := time.Now()
+		run()
+		a := time.Since(t0).Seconds()
+		syscall.Sync()
+		return float64(total) / a, float64(total) / time.Since(t0).Seconds()
+	}
+	var mc, mc1, jsNo, jsSync, curlNo, curlSync []float64
+	for i := 0; i < *runs; i++ {
+		daemonArgs = []string{"--hf-connections", "1"}
+		d := startDaemon(filepath.Join(dir, "hroot"), filepath.Join(dir, "h.sock"), true, "HF_ENDPOINT="+hub.URL(), "HF_TOKEN=")
+		_, x := timed(func() { d.ctl("pull", "hf://bench/model", "--name", "m") })
+		mc1 = append(mc1, x)
+		d.stop()
+		os.RemoveAll(filepath.Join(dir, "hroot"))
+		daemonArgs = nil
+		d = startDaemon(filepath.Join(dir, "hroot"), filepath.Join(dir, "h.sock"), true, "HF_ENDPOINT="+hub.URL(), "HF_TOKEN=")
+		_, x = timed(func() { d.ctl("pull", "hf://bench/model", "--name", "m") })
+		mc = append(mc, x)
+		if i == *runs-1 {
+			// One shard of four changes: only it is fetched again (and the small git files).
+			next := map[string][]byte{}
+			for k, v := range model {
+				next[k] = v
+			}
+			shard := files[1].name
+			changed := append([]byte(nil), model[shard]...)
+			changed[len(changed)/2] ^= 0xff
+			next[shard] = changed
+			hub.Commit("bench/model", next, "main")
+			before := hub.Sent.Load()
+			t0 := time.Now()
+			d.ctl("pull", "hf://bench/model", "--name", "m")
+			fmt.Printf("hf revision that changes 1 of 4 shards: %s fetched (the shard is %s), %s\n",
+				api.FormatBytes(hub.Sent.Load()-before), api.FormatBytes(int64(len(changed))), time.Since(t0).Round(time.Millisecond))
+		}
+		d.stop()
+		os.RemoveAll(filepath.Join(dir, "hroot"))
+		if nerr == nil {
+			cache := filepath.Join(dir, "jscache")
+			a, b := timed(func() {
+				c := exec.Command(node, js, "download", hub.URL(), "bench/model", sha, cache)
+				c.Dir = filepath.Dir(js)
+				c.Stderr = os.Stderr
+				must(c.Run())
+			})
+			jsNo, jsSync = append(jsNo, a), append(jsSync, b)
+			os.RemoveAll(cache)
+		}
+		out := filepath.Join(dir, "hcurl")
+		os.MkdirAll(out, 0o755)
+		args := []string{"-sS", "--fail", "-L"}
+		for _, f := range files {
+			args = append(args, "-o", filepath.Join(out, f.name), hub.URL()+"/bench/model/resolve/"+sha+"/"+f.name)
+		}
+		a, b := timed(func() { must(exec.Command("curl", args...).Run()) })
+		curlNo, curlSync = append(curlNo, a), append(curlSync, b)
+		os.RemoveAll(out)
+	}
+	fmt.Printf("hf pull of %s from the loopback test hub (GB/s, median of %d):\n", api.FormatBytes(total), *runs)
+	fmt.Printf("  modelctl pull hf:// (verified, fsynced)  %.2f  %v  4 Range connections per shard (default)\n", median(mc)/1e9, gbps(mc))
+	fmt.Printf("  modelctl pull hf://, --hf-connections 1 %.2f  %v\n", median(mc1)/1e9, gbps(mc1))
+	if len(jsNo) > 0 {
+		fmt.Printf("  @huggingface/hub snapshotDownload       %.2f  %v (+sync %.2f)  modelctl vs it: %.2fx (vs +sync %.2fx)\n",
+			median(jsNo)/1e9, gbps(jsNo), median(jsSync)/1e9, median(ratios(mc, jsNo)), median(ratios(mc, jsSync)))
+	}
+	fmt.Printf("  curl -L of the resolve URLs              %.2f  %v (+sync %.2f)  modelctl vs it: %.2fx (vs +sync %.2fx)\n",
+		median(curlNo)/1e9, gbps(curlNo), median(curlSync)/1e9, median(ratios(mc, curlNo)), median(ratios(mc, curlSync)))
 }
