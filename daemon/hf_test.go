@@ -239,3 +239,43 @@ func TestHFTokenStaysOnTheHub(t *testing.T) {
 		t.Fatal("the token was sent to the CDN on a cross-origin redirect")
 	}
 }
+
+func TestHFTruncationResumesAndEntryNotFound(t *testing.T) {
+	h, hub := startWithHub(t)
+	files := hubModel(1, 8)
+	hub.Commit("acme/cut", files, "main")
+	var cut atomic.Bool
+	hub.Hook = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method != http.MethodGet || !strings.HasPrefix(r.URL.Path, "/lfs/") || r.Header.Get("Range") != "" || cut.Swap(true) {
+			return false
+		}
+		b := files["model-00001.safetensors"]
+		w.Header().Set("Content-Length", itoa(len(b)))
+		w.WriteHeader(http.StatusOK)
+		w.Write(b[:len(b)/2])
+		w.(http.Flusher).Flush()
+		conn, _, _ := w.(http.Hijacker).Hijack()
+		conn.Close()
+		return true
+	}
+	if _, err := h.pull(api.PullRequest{Name: "cut", URI: "hf://acme/cut"}); err != nil {
+		t.Fatalf("pull after a truncated LFS body: %v", err)
+	}
+	if h.read("cut", "model-00001.safetensors") != string(files["model-00001.safetensors"]) {
+		t.Fatal("content differs after the resume")
+	}
+
+	hub.Commit("acme/gone", hubModel(1, 9), "main")
+	hub.Hook = func(w http.ResponseWriter, r *http.Request) bool {
+		if strings.HasSuffix(r.URL.Path, "/config.json") && strings.Contains(r.URL.Path, "/resolve/") {
+			w.Header().Set("X-Error-Code", "EntryNotFound")
+			w.WriteHeader(http.StatusNotFound)
+			return true
+		}
+		return false
+	}
+	_, err := h.pull(api.PullRequest{Name: "gone", URI: "hf://acme/gone"})
+	if err == nil || !strings.Contains(err.Error(), "config.json not in this revision") {
+		t.Fatalf("EntryNotFound: %v", err)
+	}
+}
