@@ -22,6 +22,7 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/cachestore/storetest"
+	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
 	"github.com/modelcache/modelcache/fetchers"
 )
 
@@ -143,22 +144,12 @@ func newFileServer(t *testing.T, files map[string][]byte) *fileServer {
 		if r.Method == http.MethodGet {
 			fs.gets.Add(1)
 		}
-		http.ServeContent(&countingWriter{w, &fs.sent}, r, "", time.Time{}, bytes.NewReader(b))
+		http.ServeContent(&hubtest.CountingWriter{ResponseWriter: w, N: &fs.sent}, r, "", time.Time{}, bytes.NewReader(b))
 	}))
 	t.Cleanup(fs.Close)
 	return fs
 }
 
-type countingWriter struct {
-	http.ResponseWriter
-	n *atomic.Int64
-}
-
-func (c *countingWriter) Write(b []byte) (int, error) {
-	n, err := c.ResponseWriter.Write(b)
-	c.n.Add(int64(n))
-	return n, err
-}
 
 func TestPullHTTPDedupAcrossArtifacts(t *testing.T) {
 	w := data(3<<20+11, 1)

@@ -226,20 +226,10 @@ func makeModel(dir string, size int64) []file {
 
 func countBytes(h http.Handler, n *atomic.Int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.ServeHTTP(&cw{w, n}, r)
+		h.ServeHTTP(&hubtest.CountingWriter{ResponseWriter: w, N: n}, r)
 	})
 }
 
-type cw struct {
-	http.ResponseWriter
-	n *atomic.Int64
-}
-
-func (c *cw) Write(b []byte) (int, error) {
-	n, err := c.ResponseWriter.Write(b)
-	c.n.Add(int64(n))
-	return n, err
-}
 
 // daemonArgs are extra modelcached flags for the next startDaemon.
 var daemonArgs []string

@@ -317,16 +317,18 @@ func (h *Hub) serveContent(w http.ResponseWriter, r *http.Request, b []byte) {
 	if r.Method == http.MethodGet {
 		h.ResolveGets.Add(1)
 	}
-	http.ServeContent(&counter{w, &h.Sent}, r, "", time.Time{}, bytes.NewReader(b))
+	http.ServeContent(&CountingWriter{w, &h.Sent}, r, "", time.Time{}, bytes.NewReader(b))
 }
 
-type counter struct {
+// CountingWriter adds the bytes a handler writes to N: test servers use
+// it to tell how much a client fetched.
+type CountingWriter struct {
 	http.ResponseWriter
-	n *atomic.Int64
+	N *atomic.Int64
 }
 
-func (c *counter) Write(b []byte) (int, error) {
+func (c *CountingWriter) Write(b []byte) (int, error) {
 	n, err := c.ResponseWriter.Write(b)
-	c.n.Add(int64(n))
+	c.N.Add(int64(n))
 	return n, err
 }
