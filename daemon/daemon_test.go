@@ -22,8 +22,8 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/cachestore/storetest"
-	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
 )
 
 type harness struct {
@@ -149,7 +149,6 @@ func newFileServer(t *testing.T, files map[string][]byte) *fileServer {
 	t.Cleanup(fs.Close)
 	return fs
 }
-
 
 func TestPullHTTPDedupAcrossArtifacts(t *testing.T) {
 	w := data(3<<20+11, 1)

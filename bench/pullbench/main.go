@@ -230,7 +230,6 @@ func countBytes(h http.Handler, n *atomic.Int64) http.Handler {
 	})
 }
 
-
 // daemonArgs are extra modelcached flags for the next startDaemon.
 var daemonArgs []string
 
