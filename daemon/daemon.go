@@ -30,6 +30,7 @@ import (
 	filefetcher "github.com/modelcache/modelcache/fetchers/file"
 	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
 	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
+	s3fetcher "github.com/modelcache/modelcache/fetchers/s3"
 )
 
 // Daemon is one modelcached. Create it with New, run it with Run.
@@ -131,12 +132,13 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		},
 		Evicted: func(v capacity.Victim) { d.metrics.evictions.WithLabelValues(v.Reason).Inc() },
 	}
-	hub, err := hffetcher.New(hffetcher.WithIdleTimeout(cfg.IdleTimeout), hffetcher.WithConnections(max(cfg.HFConnections, 1)))
+	hub, err := hffetcher.New(hffetcher.WithIdleTimeout(cfg.IdleTimeout), hffetcher.WithConnections(max(cfg.RangeConnections, 1)))
 	if err != nil {
 		st.Close()
 		return nil, err
 	}
 	d.fetchers["hf"] = hub
+	d.fetchers["s3"] = s3fetcher.New(max(cfg.RangeConnections, 1), 8<<20)
 	if cfg.BandwidthLimit > 0 {
 		d.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthLimit), int(min(cfg.BandwidthLimit, 4<<20)))
 	}

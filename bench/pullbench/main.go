@@ -477,7 +477,7 @@ func hfBench(dir, src string, files []file, canDrop bool) {
 	}
 	var mc, mc1, jsNo, jsSync, curlNo, curlSync []float64
 	for i := 0; i < *runs; i++ {
-		daemonArgs = []string{"--hf-connections", "1"}
+		daemonArgs = []string{"--range-connections", "1"}
 		d := startDaemon(filepath.Join(dir, "hroot"), filepath.Join(dir, "h.sock"), true, "HF_ENDPOINT="+hub.URL(), "HF_TOKEN=")
 		_, x := timed(func() { d.ctl("pull", "hf://bench/model", "--name", "m") })
 		mc1 = append(mc1, x)
@@ -529,7 +529,7 @@ func hfBench(dir, src string, files []file, canDrop bool) {
 	}
 	fmt.Printf("hf pull of %s from the loopback test hub (GB/s, median of %d):\n", api.FormatBytes(total), *runs)
 	fmt.Printf("  modelctl pull hf:// (verified, fsynced)  %.2f  %v  4 Range connections per shard (default)\n", median(mc)/1e9, gbps(mc))
-	fmt.Printf("  modelctl pull hf://, --hf-connections 1 %.2f  %v\n", median(mc1)/1e9, gbps(mc1))
+	fmt.Printf("  modelctl pull hf://, --range-connections 1 %.2f  %v\n", median(mc1)/1e9, gbps(mc1))
 	if len(jsNo) > 0 {
 		fmt.Printf("  @huggingface/hub snapshotDownload       %.2f  %v (+sync %.2f)  modelctl vs it: %.2fx (vs +sync %.2fx)\n",
 			median(jsNo)/1e9, gbps(jsNo), median(jsSync)/1e9, median(ratios(mc, jsNo)), median(ratios(mc, jsSync)))

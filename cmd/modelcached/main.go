@@ -50,7 +50,7 @@ func main() {
 			&cli.Int64Flag{Name: "bandwidth-limit", Usage: "bytes per second over all pulls; 0 = unlimited"},
 			&cli.DurationFlag{Name: "retry-initial", Value: def.RetryInitial, Usage: "first delay after a failed pull"},
 			&cli.DurationFlag{Name: "retry-max", Value: def.RetryMax, Usage: "longest delay between pull attempts"},
-			&cli.IntFlag{Name: "hf-connections", Value: def.HFConnections, Usage: "parallel Range requests per large file from a hub (HF_ENDPOINT, HF_TOKEN come from the environment)"},
+			&cli.IntFlag{Name: "range-connections", Value: def.RangeConnections, Usage: "parallel Range requests per large file from a hub or S3 (1: one stream)"},
 			&cli.DurationFlag{Name: "idle-timeout", Value: def.IdleTimeout, Usage: "a download that delivers nothing this long is resumed on a new request"},
 		},
 		Action: run,
@@ -117,7 +117,7 @@ func run(c *cli.Context) error {
 	cfg.RetryInitial = c.Duration("retry-initial")
 	cfg.RetryMax = c.Duration("retry-max")
 	cfg.IdleTimeout = c.Duration("idle-timeout")
-	cfg.HFConnections = c.Int("hf-connections")
+	cfg.RangeConnections = c.Int("range-connections")
 	cfg.Logger = logger
 	cfg.Version = version
 	cfg.Hook = faultHook(logger)

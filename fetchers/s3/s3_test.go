@@ -1,0 +1,121 @@
+package s3
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+
+	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/s3/s3test"
+)
+
+func TestParseURI(t *testing.T) {
+	for _, tc := range []struct {
+		uri, bucket, prefix string
+		ok                  bool
+	}{
+		{"s3://models/llama/3", "models", "llama/3", true},
+		{"s3://models", "models", "", true},
+		{"s3:///x", "", "", false},
+		{"s3://b/a/../../x", "", "", false},
+		{"http://b/x", "", "", false},
+	} {
+		b, p, err := ParseURI(tc.uri)
+		if (err == nil) != tc.ok || b != tc.bucket || p != tc.prefix {
+			t.Errorf("ParseURI(%q) = %q %q %v", tc.uri, b, p, err)
+		}
+	}
+}
+
+func TestAgainstARealS3Server(t *testing.T) {
+	srv := s3test.Start(t)
+	srv.Bucket(t, "models")
+	big := bytes.Repeat([]byte("0123456789abcdef"), 5<<16) // 5 MiB: parallel ranges of 1 MiB
+	srv.Put(t, "models", "llama/config.json", []byte(`{"model_type":"llama"}`), false)
+	srv.Put(t, "models", "llama/w.safetensors", big, true)
+	srv.Put(t, "models", "llama/sub/tok.json", []byte(`{}`), false)
+	srv.Put(t, "models", "llama2/other.bin", []byte("not ours"), false)
+	srv.Put(t, "models", "llama/", nil, false) // a directory marker
+
+	f := New(3, 1<<20)
+	res, err := f.Resolve(context.Background(), fetchers.Source{URI: "s3://models/llama"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]fetchers.File{}
+	for _, fl := range res.Files {
+		got[fl.Path] = fl
+	}
+	if len(got) != 3 || got["w.safetensors"].Size != int64(len(big)) || !strings.HasPrefix(res.Revision, "s3-") {
+		t.Fatalf("resolve: %+v", res)
+	}
+	if fl := got["config.json"]; fl.Check == nil || fl.Digest != "" {
+		t.Fatalf("a single-part object without a sha256 checksum must be checked by its ETag MD5: %+v", fl)
+	}
+	t.Logf("w.safetensors digest from x-amz-checksum-sha256: %q", got["w.safetensors"].Digest)
+	rc, err := f.Open(context.Background(), got["w.safetensors"], 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if !bytes.Equal(b, big[1000:]) {
+		t.Fatal("ranged read differs")
+	}
+	if err := got["config.json"].Check(strings.NewReader(`{"model_type":"evil"}`)); err == nil {
+		t.Fatal("the ETag MD5 check passed wrong bytes")
+	}
+
+	// A changed object is a new revision.
+	srv.Put(t, "models", "llama/config.json", []byte(`{"model_type":"llama","v":2}`), false)
+	res2, err := f.Resolve(context.Background(), fetchers.Source{URI: "s3://models/llama"})
+	if err != nil || res2.Revision == res.Revision {
+		t.Fatalf("revision after a change: %v %v", res2.Revision, err)
+	}
+	// The object changed after the listing: Open refuses the new bytes.
+	if rc, err := f.Open(context.Background(), got["config.json"], 0); err == nil {
+		b, _ := io.ReadAll(rc)
+		t.Fatalf("read %q from an object that changed since the listing", b)
+	}
+
+	// A multipart object: its ETag "<hex>-N" is recognised, not taken for an MD5.
+	mp, err := srv.Client.CreateMultipartUpload(context.Background(), &s3.CreateMultipartUploadInput{Bucket: aws.String("models"), Key: aws.String("mp/w.bin")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	part := bytes.Repeat([]byte{7}, 5<<20)
+	var parts []types.CompletedPart
+	for i := int32(1); i <= 2; i++ {
+		up, err := srv.Client.UploadPart(context.Background(), &s3.UploadPartInput{Bucket: aws.String("models"), Key: aws.String("mp/w.bin"), UploadId: mp.UploadId, PartNumber: aws.Int32(i), Body: bytes.NewReader(part)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts = append(parts, types.CompletedPart{ETag: up.ETag, PartNumber: aws.Int32(i)})
+	}
+	if _, err := srv.Client.CompleteMultipartUpload(context.Background(), &s3.CompleteMultipartUploadInput{Bucket: aws.String("models"), Key: aws.String("mp/w.bin"), UploadId: mp.UploadId, MultipartUpload: &types.CompletedMultipartUpload{Parts: parts}}); err != nil {
+		t.Fatal(err)
+	}
+	mres, err := f.Resolve(context.Background(), fetchers.Source{URI: "s3://models/mp/"})
+	if err != nil || len(mres.Files) != 1 || mres.Files[0].Check != nil || !strings.HasSuffix(mres.Files[0].Etag, "-2") {
+		t.Fatalf("multipart: %+v %v", mres, err)
+	}
+
+	// Errors name the bucket and key.
+	if _, err := f.Resolve(context.Background(), fetchers.Source{URI: "s3://nosuchbucket/x"}); !errors.Is(err, fetchers.ErrNotFound) || !strings.Contains(err.Error(), "nosuchbucket") {
+		t.Fatalf("no such bucket: %v", err)
+	}
+	if _, err := f.Resolve(context.Background(), fetchers.Source{URI: "s3://models/absent/"}); !errors.Is(err, fetchers.ErrNotFound) {
+		t.Fatalf("empty prefix: %v", err)
+	}
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+	if _, err := New(1, 0).Resolve(context.Background(), fetchers.Source{URI: "s3://models/llama"}); !errors.Is(err, fetchers.ErrUnauthorized) {
+		t.Fatalf("wrong secret: %v", err)
+	}
+}

@@ -1,0 +1,114 @@
+// Package s3test starts a real S3-compatible server for tests: versitygw
+// (github.com/versity/versitygw) serving a temp directory on loopback.
+// .ci/run installs it with go install; under CI=true a missing binary is a
+// failure, elsewhere the test is skipped.
+package s3test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// Credentials of the test server's root user.
+const (
+	AccessKey = "modelcache-test"
+	SecretKey = "modelcache-test-secret-key"
+)
+
+// Server is a running versitygw.
+type Server struct {
+	Endpoint string // http://127.0.0.1:PORT
+	Client   *s3.Client
+}
+
+func binary() (string, error) {
+	if p, err := exec.LookPath("versitygw"); err == nil {
+		return p, nil
+	}
+	out, err := exec.Command("go", "env", "GOPATH").Output()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(string(out[:len(out)-1]), "bin", "versitygw")
+	_, err = os.Stat(p)
+	return p, err
+}
+
+// Start runs versitygw until the test ends, and sets the AWS_* environment
+// of the test to reach it.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	bin, err := binary()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("versitygw is not installed (%v); .ci/run runs go install github.com/versity/versitygw/cmd/versitygw@v1.8.0", err)
+		}
+		t.Skipf("versitygw is not installed: go install github.com/versity/versitygw/cmd/versitygw@v1.8.0 (%v)", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "--port", addr, "posix", dir)
+	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY="+AccessKey, "ROOT_SECRET_KEY="+SecretKey)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("versitygw did not listen on %s", addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ep := "http://" + addr
+	for k, v := range map[string]string{"AWS_ENDPOINT_URL": ep, "AWS_ACCESS_KEY_ID": AccessKey, "AWS_SECRET_ACCESS_KEY": SecretKey,
+		"AWS_REGION": "us-east-1", "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_PROFILE": ""} {
+		t.Setenv(k, v)
+	}
+	c := s3.New(s3.Options{
+		Region: "us-east-1", BaseEndpoint: aws.String(ep), UsePathStyle: true,
+		Credentials: credentials.NewStaticCredentialsProvider(AccessKey, SecretKey, ""),
+	})
+	return &Server{Endpoint: ep, Client: c}
+}
+
+// Put stores an object; withSHA256 asks the server to keep its
+// x-amz-checksum-sha256.
+func (s *Server) Put(t testing.TB, bucket, key string, body []byte, withSHA256 bool) {
+	t.Helper()
+	in := &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), Body: bytes.NewReader(body)}
+	if withSHA256 {
+		in.ChecksumAlgorithm = "SHA256"
+	}
+	if _, err := s.Client.PutObject(context.Background(), in); err != nil {
+		t.Fatalf("put s3://%s/%s: %v", bucket, key, err)
+	}
+}
+
+// Bucket creates a bucket.
+func (s *Server) Bucket(t testing.TB, name string) {
+	t.Helper()
+	if _, err := s.Client.CreateBucket(context.Background(), &s3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
+		t.Fatalf("create bucket %s: %v", name, err)
+	}
+}
