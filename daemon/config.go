@@ -30,7 +30,7 @@ type Config struct {
 	RetryMax           time.Duration // cap of the delay between pull attempts
 	IdleTimeout        time.Duration // a stream that delivers nothing this long is retried
 	BandwidthLimit     int64         // bytes/s over all pulls; 0 = unlimited
-	RangeConnections      int           // parallel Range requests per large hub file
+	RangeConnections   int           // parallel Range requests per large hub file
 	Capacity           capacity.Policy
 	CapacityInterval   time.Duration // how often the in-use scan and an eviction pass run
 	Logger             *slog.Logger  // nil = silent
@@ -54,7 +54,7 @@ func DefaultConfig() Config {
 		RetryInitial:       5 * time.Second,
 		RetryMax:           10 * time.Minute,
 		IdleTimeout:        60 * time.Second,
-		RangeConnections:      4,
+		RangeConnections:   4,
 		Capacity:           capacity.DefaultPolicy(),
 		CapacityInterval:   10 * time.Second,
 		Version:            "dev",
