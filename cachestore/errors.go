@@ -14,5 +14,4 @@ var (
 	ErrPinned         = errors.New("pinned")
 	ErrLocked         = errors.New("in use by another writer")
 	ErrSchemaTooNew   = errors.New("index schema is newer than this binary supports")
-	ErrClosed         = errors.New("store closed")
 )

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -703,14 +702,4 @@ func (s *Store) Desires() (map[string][]byte, error) {
 		})
 	})
 	return out, err
-}
-
-// ReadBlobAt is a small helper for tests and verify: it reads the blob.
-func (s *Store) readAll(d string) ([]byte, error) {
-	f, err := s.OpenBlob(d)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(f)
 }
