@@ -30,7 +30,8 @@ type Config struct {
 	RetryMax           time.Duration // cap of the delay between pull attempts
 	IdleTimeout        time.Duration // a stream that delivers nothing this long is retried
 	BandwidthLimit     int64         // bytes/s over all pulls; 0 = unlimited
-	RangeConnections   int           // parallel Range requests per large hub file
+	RangeConnections   int           // parallel Range requests per large hub or S3 file
+	InsecureRegistries []string      // OCI registries (host:port) reached over plain HTTP
 	Capacity           capacity.Policy
 	CapacityInterval   time.Duration // how often the in-use scan and an eviction pass run
 	Logger             *slog.Logger  // nil = silent

@@ -30,6 +30,7 @@ import (
 	filefetcher "github.com/modelcache/modelcache/fetchers/file"
 	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
 	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
+	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 	s3fetcher "github.com/modelcache/modelcache/fetchers/s3"
 )
 
@@ -139,6 +140,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.fetchers["hf"] = hub
 	d.fetchers["s3"] = s3fetcher.New(max(cfg.RangeConnections, 1), 8<<20)
+	d.fetchers["oci"] = ocifetcher.New(ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...))
 	if cfg.BandwidthLimit > 0 {
 		d.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthLimit), int(min(cfg.BandwidthLimit, 4<<20)))
 	}

@@ -1,9 +1,15 @@
 package daemon
 
 import (
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+
 	"context"
 	"errors"
 	"fmt"
+	"github.com/klauspost/compress/zstd"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -71,7 +77,8 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 	}
 	prog.total.Store(total)
 	// Admission: what the store lacks must fit in free space plus what
-	// eviction can free, and stays reserved while it downloads.
+	// eviction can free, and stays reserved while it downloads. (An archive
+	// counts by its layer size; compressed layers may unpack larger.)
 	var need int64
 	for _, fl := range files {
 		if fl.Digest != "" && d.store.HasBlob(fl.Digest) {
@@ -88,6 +95,20 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 
 	lease := d.store.NewLease()
 	defer lease.Release()
+	// Archive layers (OCI tar layers) are unpacked in order; the rest are files.
+	var archives, plain []fetchers.File
+	for _, fl := range files {
+		if fl.Archive != nil {
+			archives = append(archives, fl)
+		} else {
+			plain = append(plain, fl)
+		}
+	}
+	files = plain
+	unpacked, err := d.unpack(ctx, f, scheme, archives, lease, prog)
+	if err != nil {
+		return err
+	}
 	entries := make(cachestore.Manifest, len(files))
 	work := make(chan int)
 	errs := make(chan error, len(files))
@@ -122,6 +143,27 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 	}
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if len(archives) > 0 {
+		// Raw files win over archive members of the same path; the include
+		// and exclude globs apply to members too.
+		have := map[string]bool{}
+		for _, e := range entries {
+			have[e.Path] = true
+		}
+		var members []fetchers.File
+		for _, e := range unpacked {
+			if !have[e.Path] {
+				members = append(members, fetchers.File{Path: e.Path})
+			}
+		}
+		kept, err := fetchers.Filter(members, ds.Include, ds.Exclude)
+		if err != nil {
+			return fmt.Errorf("%s: %w", ds.URI, err)
+		}
+		for _, m := range kept {
+			entries = append(entries, unpacked[m.Path])
+		}
 	}
 	_, err = d.store.CommitVersion(ctx, cachestore.VersionSpec{
 		Name: ds.Name, Source: ds.URI, Revision: res.Revision, Manifest: entries,
@@ -252,4 +294,113 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 // diskFull says what a full disk means for the operator.
 func (d *Daemon) diskFull(err error) error {
 	return fmt.Errorf("disk full under %s: %w; free space or evict artifacts (modelctl evict, modelctl gc)", d.store.Root(), err)
+}
+
+// unpack streams each archive layer in order, verifies the layer digest
+// over the whole stream, and ingests every member through fetchers.Untar
+// (the hardened reader). Later layers override earlier ones; whiteouts
+// delete. Members are blobs held by the lease; if a layer's digest does
+// not match, the pull fails and they stay unreferenced (GC takes them):
+// nothing becomes visible.
+func (d *Daemon) unpack(ctx context.Context, f fetchers.Fetcher, scheme string, archives []fetchers.File, lease *cachestore.Lease, prog *progress) (map[string]cachestore.Entry, error) {
+	merged := map[string]cachestore.Entry{}
+	for _, fl := range archives {
+		err := d.backoff.Do(ctx, func(int) error {
+			layer := map[string]cachestore.Entry{}
+			rc, err := f.Open(ctx, fl, 0)
+			if err != nil {
+				return err
+			}
+			defer rc.Close()
+			h := sha256.New()
+			var fetched atomic.Int64
+			raw := io.TeeReader(fetchers.CountingReader{R: fetchers.RateLimited(ctx, fetchers.CountingReader{R: rc, N: &fetched}, d.limiter), N: &prog.done}, h)
+			defer func() { d.metrics.fetchedBytes.WithLabelValues(scheme).Add(float64(fetched.Load())) }()
+			body, closeBody, err := decompress(raw, fl.Archive.MediaType)
+			if err != nil {
+				return fetchers.Permanent(fmt.Errorf("layer %s: %w", fl.Digest, err))
+			}
+			defer closeBody()
+			lower := func(p string) bool { _, ok := merged[p]; return ok }
+			err = fetchers.Untar(body, fetchers.TarLimits{Subtree: fl.Archive.Subtree, Exists: lower}, func(e fetchers.TarEntry, r io.Reader) error {
+				if e.Link != "" {
+					src, ok := layer[e.Link]
+					if !ok {
+						src, ok = merged[e.Link]
+					}
+					if !ok {
+						return fmt.Errorf("%w %q: link target %q was removed", fetchers.ErrHostileArchive, e.Path, e.Link)
+					}
+					layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: src.Digest, Size: src.Size, Mode: src.Mode}
+					return nil
+				}
+				if err := cachestore.ValidatePath(e.Path); err != nil {
+					return fmt.Errorf("%w: %v", fetchers.ErrHostileArchive, err)
+				}
+				w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: "layer:" + fl.Digest + ":" + e.Path, Size: e.Size, Lease: lease})
+				if err != nil {
+					return err
+				}
+				if _, err := w.ReadFrom(r); err != nil {
+					w.Abort()
+					return err
+				}
+				dg, err := w.Commit(ctx, e.Size, "")
+				if err != nil {
+					return err
+				}
+				layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: dg, Size: e.Size, Mode: e.Mode}
+				return nil
+			}, func(p string, opaque bool) error {
+				// A whiteout hides p and what is under it in the lower layers;
+				// an opaque one hides everything under the directory p.
+				for k := range merged {
+					if p == "." || strings.HasPrefix(k, p+"/") || (!opaque && k == p) {
+						delete(merged, k)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				if errors.Is(err, fetchers.ErrHostileArchive) {
+					return fetchers.Permanent(fmt.Errorf("layer %s: %w", fl.Digest, err))
+				}
+				return err
+			}
+			if _, err := io.Copy(io.Discard, raw); err != nil { // the tail after the archive's end, for the digest
+				return err
+			}
+			if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != fl.Digest {
+				return fetchers.Permanent(fmt.Errorf("layer %s: %w: the registry sent %s", fl.Digest, cachestore.ErrDigestMismatch, got))
+			}
+			for k, e := range layer {
+				merged[k] = e
+			}
+			return nil
+		}, nil)
+		if err != nil {
+			return nil, err
+		}
+		prog.filesDone.Add(1)
+	}
+	return merged, nil
+}
+
+// decompress reads a layer by its media type's compression suffix.
+func decompress(r io.Reader, mediaType string) (io.Reader, func(), error) {
+	switch {
+	case strings.HasSuffix(mediaType, "+gzip") || strings.HasSuffix(mediaType, ".gzip") || strings.HasSuffix(mediaType, "tar.gzip"):
+		z, err := gzip.NewReader(r)
+		if err != nil {
+			return nil, nil, err
+		}
+		return z, func() { z.Close() }, nil
+	case strings.HasSuffix(mediaType, "+zstd") || strings.HasSuffix(mediaType, ".zstd"):
+		z, err := zstd.NewReader(r)
+		if err != nil {
+			return nil, nil, err
+		}
+		return z, z.Close, nil
+	}
+	return r, func() {}, nil
 }

@@ -48,6 +48,17 @@ type File struct {
 	// Check, when set, is a second verification of the complete content
 	// (a git blob sha1) that must pass before the bytes become a blob.
 	Check func(io.Reader) error
+	// Archive, when set, says this "file" is an archive (an OCI tar layer)
+	// whose members are the artifact's files: the caller streams it with
+	// Open, checks Digest over the whole stream, and unpacks it with Untar.
+	// Path is then only a label.
+	Archive *Archive
+}
+
+// Archive describes a layer to unpack.
+type Archive struct {
+	MediaType string // tells the compression: +gzip, +zstd, or none
+	Subtree   string // only members under it, prefix removed ("models" for modelcar images)
 }
 
 // Resolved pins a source to an immutable revision.

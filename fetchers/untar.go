@@ -17,6 +17,9 @@ type TarLimits struct {
 	// Subtree, when set ("models"), takes only entries under it, with the
 	// prefix removed (modelcar images carry the model under /models).
 	Subtree string
+	// Exists, when set, tells whether a path is a regular file of a lower
+	// layer, which links in this archive may point at too.
+	Exists func(p string) bool
 }
 
 // ErrHostileArchive marks an archive entry refused by Untar.
@@ -133,7 +136,7 @@ func Untar(r io.Reader, lim TarLimits, file func(e TarEntry, body io.Reader) err
 				}
 				t = strings.TrimPrefix(t, sub+"/")
 			}
-			if !regular[t] {
+			if !regular[t] && (lim.Exists == nil || !lim.Exists(t)) {
 				return bad(fmt.Sprintf("link to %q, which is not an earlier regular file of the archive", hdr.Linkname))
 			}
 			if err := file(TarEntry{Path: p, Mode: 0o644, Link: t}, nil); err != nil {

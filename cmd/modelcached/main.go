@@ -51,6 +51,7 @@ func main() {
 			&cli.DurationFlag{Name: "retry-initial", Value: def.RetryInitial, Usage: "first delay after a failed pull"},
 			&cli.DurationFlag{Name: "retry-max", Value: def.RetryMax, Usage: "longest delay between pull attempts"},
 			&cli.IntFlag{Name: "range-connections", Value: def.RangeConnections, Usage: "parallel Range requests per large file from a hub or S3 (1: one stream)"},
+			&cli.StringSliceFlag{Name: "insecure-registry", Usage: "an OCI registry (host:port) to reach over plain HTTP (repeatable; for local registries)"},
 			&cli.DurationFlag{Name: "idle-timeout", Value: def.IdleTimeout, Usage: "a download that delivers nothing this long is resumed on a new request"},
 		},
 		Action: run,
@@ -118,6 +119,7 @@ func run(c *cli.Context) error {
 	cfg.RetryMax = c.Duration("retry-max")
 	cfg.IdleTimeout = c.Duration("idle-timeout")
 	cfg.RangeConnections = c.Int("range-connections")
+	cfg.InsecureRegistries = c.StringSlice("insecure-registry")
 	cfg.Logger = logger
 	cfg.Version = version
 	cfg.Hook = faultHook(logger)

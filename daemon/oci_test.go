@@ -1,0 +1,257 @@
+package daemon
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers/oci"
+)
+
+// orasArtifact: raw layers named by org.opencontainers.image.title.
+func orasArtifact(t *testing.T, files map[string][]byte) v1.Image {
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, "application/vnd.unknown.config.v1+json")
+	for p, b := range files {
+		var err error
+		img, err = mutate.Append(img, mutate.Addendum{Layer: static.NewLayer(b, "application/vnd.oci.image.layer.v1.raw"), Annotations: map[string]string{oci.AnnotationTitle: p}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return img
+}
+
+type tarFile struct {
+	name string
+	body []byte
+	typ  byte
+	link string
+}
+
+func tarLayer(t *testing.T, gz bool, files ...tarFile) v1.Layer {
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	for _, f := range files {
+		typ := f.typ
+		if typ == 0 {
+			typ = tar.TypeReg
+		}
+		tw.WriteHeader(&tar.Header{Name: f.name, Typeflag: typ, Linkname: f.link, Mode: 0o644, Size: int64(len(f.body))})
+		tw.Write(f.body)
+	}
+	tw.Close()
+	if !gz {
+		return static.NewLayer(b.Bytes(), types.OCIUncompressedLayer)
+	}
+	var z bytes.Buffer
+	zw := gzip.NewWriter(&z)
+	zw.Write(b.Bytes())
+	zw.Close()
+	return static.NewLayer(z.Bytes(), types.OCILayer)
+}
+
+func modelcar(t *testing.T, layers ...v1.Layer) v1.Image {
+	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), layers...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mutate.ConfigMediaType(img, types.OCIConfigJSON)
+}
+
+func push(t *testing.T, host, repo string, img v1.Image) string {
+	t.Helper()
+	ref, err := name.ParseReference(host+"/"+repo, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatalf("push %s: %v", ref, err)
+	}
+	d, _ := img.Digest()
+	return d.Hex
+}
+
+func TestOCIArtifactsModelcarAndHostileLayers(t *testing.T) {
+	var corrupt string // a blob digest whose bytes the registry will flip
+	reg := registry.New()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if corrupt != "" && r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/blobs/"+corrupt) {
+			rec := httptest.NewRecorder()
+			reg.ServeHTTP(rec, r)
+			b := rec.Body.Bytes()
+			b[len(b)/2] ^= 1
+			for k, v := range rec.Header() {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.Code)
+			w.Write(b)
+			return
+		}
+		reg.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	u, _ := url.Parse(srv.URL)
+	host := u.Host
+	cfg := testConfig(t)
+	cfg.InsecureRegistries = []string{host}
+	h := start(t, cfg)
+
+	// ORAS: raw layers, addressed by digest, so dedup works across sources.
+	w := data(2<<20, 80)
+	files := map[string][]byte{"config.json": []byte(`{"model_type":"llama"}`), "w.safetensors": w}
+	dg := push(t, host, "models/oras:v1", orasArtifact(t, files))
+	a, err := h.pull(api.PullRequest{Name: "oras", URI: "oci://" + host + "/models/oras:v1"})
+	if err != nil || a.Revision != dg {
+		t.Fatalf("oras pull: %+v %v (want revision %s)", a, err, dg)
+	}
+	for p, b := range files {
+		if h.read("oras", p) != string(b) {
+			t.Fatalf("%s differs", p)
+		}
+	}
+	// The tag moves: what is served stays the pinned digest until a new pull.
+	push(t, host, "models/oras:v1", orasArtifact(t, map[string][]byte{"config.json": []byte(`{"v":2}`)}))
+	if h.read("oras", "config.json") != string(files["config.json"]) {
+		t.Fatal("a moved tag changed what is served")
+	}
+
+	// A modelcar: only /models, later layers override, whiteouts delete.
+	img := modelcar(t,
+		tarLayer(t, false, tarFile{name: "models/config.json", body: []byte("{}")}, tarFile{name: "models/old.bin", body: []byte("old")},
+			tarFile{name: "etc/passwd", body: []byte("root:x")}, tarFile{name: "models/w.bin", body: w}),
+		tarLayer(t, true, tarFile{name: "models/.wh.old.bin"}, tarFile{name: "models/sub/new.bin", body: []byte("new")},
+			tarFile{name: "models/alias.bin", typ: tar.TypeSymlink, link: "w.bin"}),
+	)
+	push(t, host, "models/car:1", img)
+	if _, err := h.pull(api.PullRequest{Name: "car", URI: "oci://" + host + "/models/car:1"}); err != nil {
+		t.Fatal(err)
+	}
+	full, _ := h.c.Get(context.Background(), "car")
+	var got []string
+	for _, f := range full.Versions[0].Files {
+		got = append(got, f.Path)
+	}
+	if strings.Join(got, ",") != "alias.bin,config.json,sub/new.bin,w.bin" {
+		t.Fatalf("modelcar files %v", got)
+	}
+	if h.read("car", "alias.bin") != string(w) {
+		t.Fatal("symlink member not resolved to its target's bytes")
+	}
+	u2, _ := h.c.Usage(context.Background())
+	if u2.StoreBytes > int64(len(w))+1000 {
+		t.Fatalf("the weights are stored more than once across oras and modelcar: %+v", u2)
+	}
+
+	// Hostile layers fail the pull, naming the entry; nothing becomes visible.
+	for i, l := range []v1.Layer{
+		tarLayer(t, false, tarFile{name: "models/../../escape", body: []byte("x")}),
+		tarLayer(t, false, tarFile{name: "models/link", typ: tar.TypeSymlink, link: "/etc/passwd"}),
+		tarLayer(t, true, tarFile{name: "models/dev", typ: tar.TypeChar}),
+	} {
+		n := "bad" + itoa(i)
+		push(t, host, "models/"+n+":1", modelcar(t, l))
+		_, err := h.pull(api.PullRequest{Name: n, URI: "oci://" + host + "/models/" + n + ":1"})
+		if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "refused archive entry") {
+			t.Fatalf("hostile layer %d: %v", i, err)
+		}
+		if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", n)); err == nil {
+			t.Fatal("a tree appeared for a hostile layer")
+		}
+	}
+
+	// A registry that sends a layer with other bytes than its digest.
+	l := tarLayer(t, false, tarFile{name: "models/w.bin", body: data(100000, 81)})
+	ld, _ := l.Digest()
+	push(t, host, "models/flip:1", modelcar(t, l))
+	corrupt = ld.String()
+	_, err = h.pull(api.PullRequest{Name: "flip", URI: "oci://" + host + "/models/flip:1"})
+	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "digest mismatch") {
+		t.Fatalf("corrupted layer: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", "flip")); err == nil {
+		t.Fatal("a tree appeared from a corrupted layer")
+	}
+	_, err = h.pull(api.PullRequest{Name: "none", URI: "oci://" + host + "/models/none:1"})
+	if err == nil || !strings.Contains(err.Error(), "no such repository") {
+		t.Fatalf("missing repo: %v", err)
+	}
+}
+
+// TestOCIRealRegistry pushes a ModelPack-style artifact to Debian's
+// docker-registry (distribution 2.8) and pulls it by tag and by digest.
+func TestOCIRealRegistry(t *testing.T) {
+	bin, err := exec.LookPath("docker-registry")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("docker-registry is not installed; .ci/run installs Debian's docker-registry")
+		}
+		t.Skip("docker-registry is not installed (apt-get install docker-registry)")
+	}
+	dir := t.TempDir()
+	port := freePort(t)
+	cfgPath := filepath.Join(dir, "config.yml")
+	os.WriteFile(cfgPath, []byte("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: "+dir+"/data\nhttp:\n  addr: 127.0.0.1:"+port+"\n"), 0o644)
+	cmd := exec.Command(bin, "serve", cfgPath)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	host := "127.0.0.1:" + port
+	for i := 0; ; i++ {
+		if resp, err := http.Get("http://" + host + "/v2/"); err == nil {
+			resp.Body.Close()
+			break
+		}
+		if i > 200 {
+			t.Fatal("docker-registry did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	w := data(1<<20, 82)
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, "application/vnd.cncf.model.config.v1+json")
+	img, _ = mutate.Append(img,
+		mutate.Addendum{Layer: static.NewLayer(w, "application/vnd.cncf.model.weight.v1.raw"), Annotations: map[string]string{oci.AnnotationModelPackPath: "model/w.safetensors"}},
+		mutate.Addendum{Layer: static.NewLayer([]byte(`{}`), "application/vnd.cncf.model.weight.config.v1.raw"), Annotations: map[string]string{oci.AnnotationModelPackPath: "config.json"}})
+	dg := push(t, host, "modelpack/tiny:v1", img)
+	cfg := testConfig(t)
+	cfg.InsecureRegistries = []string{host}
+	h := start(t, cfg)
+	a, err := h.pull(api.PullRequest{Name: "mp", URI: "oci://" + host + "/modelpack/tiny:v1"})
+	if err != nil || a.Revision != dg || h.read("mp", "model/w.safetensors") != string(w) {
+		t.Fatalf("pull from docker-registry: %+v %v", a, err)
+	}
+	a, err = h.pull(api.PullRequest{Name: "mp2", URI: "oci://" + host + "/modelpack/tiny@sha256:" + dg})
+	if err != nil || a.Revision != dg {
+		t.Fatalf("pull by digest: %+v %v", a, err)
+	}
+}
+
+func freePort(t *testing.T) string {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	u, _ := url.Parse(srv.URL)
+	srv.Close()
+	return u.Port()
+}

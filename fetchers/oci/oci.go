@@ -1,0 +1,223 @@
+// Package oci fetches models packaged as OCI artifacts or images:
+// oci://<registry>/<repo>(:<tag>|@<digest>). A tag resolves to its manifest
+// digest, which pins the artifact. Layouts understood: ModelPack
+// (org.cncf.model.filepath annotations, raw or tar layers), KitOps
+// ModelKits (tar layers), ORAS artifacts (raw layers named by
+// org.opencontainers.image.title), and modelcar / container images whose
+// tar layers carry a /models tree (only that subtree is taken; whiteouts
+// honoured). Raw layers are files addressed by their sha256, so the same
+// weights pulled from HF, S3 or a registry are stored once. It uses
+// github.com/google/go-containerregistry with the docker config and
+// credential helpers (authn.DefaultKeychain).
+package oci
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+
+	"github.com/modelcache/modelcache/fetchers"
+)
+
+// Annotations that name a layer's file.
+const (
+	AnnotationModelPackPath = "org.cncf.model.filepath"
+	AnnotationTitle         = "org.opencontainers.image.title"
+)
+
+// Fetcher implements fetchers.Fetcher for oci:// URIs. Safe for concurrent use.
+type Fetcher struct {
+	insecure map[string]bool
+	keychain authn.Keychain
+	rt       http.RoundTripper
+}
+
+// Option configures New.
+type Option func(*Fetcher)
+
+// WithInsecureRegistries allows plain HTTP to these registries
+// (host:port); default none.
+func WithInsecureRegistries(hosts ...string) Option {
+	return func(f *Fetcher) {
+		for _, h := range hosts {
+			if h != "" {
+				f.insecure[h] = true
+			}
+		}
+	}
+}
+
+// WithTransport sets the HTTP transport; default remote.DefaultTransport.
+func WithTransport(rt http.RoundTripper) Option { return func(f *Fetcher) { f.rt = rt } }
+
+// New returns an OCI fetcher.
+func New(opts ...Option) *Fetcher {
+	f := &Fetcher{insecure: map[string]bool{}, keychain: authn.DefaultKeychain, rt: remote.DefaultTransport}
+	for _, o := range opts {
+		o(f)
+	}
+	return f
+}
+
+// ParseURI parses oci://<registry>/<repo>(:<tag>|@<digest>).
+func (f *Fetcher) ParseURI(uri string) (name.Reference, error) {
+	ref, ok := strings.CutPrefix(uri, "oci://")
+	if !ok || ref == "" {
+		return nil, fmt.Errorf("source %q: %w: write oci://<registry>/<repo>:<tag> or @sha256:<hex>", uri, fetchers.ErrBadSource)
+	}
+	reg, _, _ := strings.Cut(ref, "/")
+	var o []name.Option
+	if f.insecure[reg] {
+		o = append(o, name.Insecure)
+	}
+	r, err := name.ParseReference(ref, o...)
+	if err != nil {
+		return nil, fmt.Errorf("source %q: %w: %v", uri, fetchers.ErrBadSource, err)
+	}
+	return r, nil
+}
+
+func (f *Fetcher) remote(ctx context.Context) []remote.Option {
+	return []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(f.keychain), remote.WithTransport(f.rt)}
+}
+
+// Resolve pins the reference to its digest and lists the layers as files
+// (raw layers) or archives (tar layers).
+func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.Resolved, error) {
+	ref, err := f.ParseURI(src.URI)
+	if err != nil {
+		return nil, fetchers.Permanent(err)
+	}
+	desc, err := remote.Get(ref, f.remote(ctx)...)
+	if err != nil {
+		return nil, explain(ref, err)
+	}
+	var img v1.Image
+	if desc.MediaType.IsIndex() {
+		idx, err := desc.ImageIndex()
+		if err != nil {
+			return nil, explain(ref, err)
+		}
+		im, err := idx.IndexManifest()
+		if err != nil {
+			return nil, explain(ref, err)
+		}
+		var pick *v1.Descriptor
+		for i, m := range im.Manifests {
+			if m.Platform == nil || (m.Platform.OS == "linux" && m.Platform.Architecture == "amd64") || pick == nil {
+				pick = &im.Manifests[i]
+			}
+		}
+		if pick == nil {
+			return nil, fetchers.Permanent(fmt.Errorf("%s: the index lists no manifests", ref))
+		}
+		if img, err = idx.Image(pick.Digest); err != nil {
+			return nil, explain(ref, err)
+		}
+	} else if img, err = desc.Image(); err != nil {
+		return nil, explain(ref, err)
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		return nil, explain(ref, err)
+	}
+	cfgType := string(m.Config.MediaType)
+	image := strings.Contains(cfgType, "image.config") || strings.Contains(cfgType, "container.image")
+	res := &fetchers.Resolved{URI: src.URI, Revision: desc.Digest.Hex}
+	for i, l := range m.Layers {
+		mt := string(l.MediaType)
+		p := l.Annotations[AnnotationModelPackPath]
+		if p == "" {
+			p = l.Annotations[AnnotationTitle]
+		}
+		loc := ref.Context().Digest(l.Digest.String()).String()
+		switch {
+		case strings.Contains(mt, "tar"):
+			sub := ""
+			if image {
+				sub = "models" // a modelcar: the model lives under /models
+			}
+			res.Files = append(res.Files, fetchers.File{Path: fmt.Sprintf("layer-%d", i), Size: l.Size, Digest: l.Digest.String(), Locator: loc,
+				Archive: &fetchers.Archive{MediaType: mt, Subtree: sub}})
+		case p != "":
+			res.Files = append(res.Files, fetchers.File{Path: p, Size: l.Size, Digest: l.Digest.String(), Locator: loc, Mode: 0o644})
+		}
+	}
+	if len(res.Files) == 0 {
+		return nil, fetchers.Permanent(fmt.Errorf("%s: %w: no layer is a model file (no %s or %s annotation) or a tar layer", ref, fetchers.ErrNotFound, AnnotationModelPackPath, AnnotationTitle))
+	}
+	return res, nil
+}
+
+// Open streams a layer blob from offset (the registry's bytes; the caller
+// verifies them against the digest).
+func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (io.ReadCloser, error) {
+	d, err := name.NewDigest(file.Locator, f.nameOpts(file.Locator)...)
+	if err != nil {
+		return nil, fetchers.Permanent(err)
+	}
+	l, err := remote.Layer(d, f.remote(ctx)...)
+	if err != nil {
+		return nil, explain(d, err)
+	}
+	rc, err := l.Compressed()
+	if err != nil {
+		return nil, explain(d, err)
+	}
+	rc = &verified{rc, d.String()}
+	if offset > 0 {
+		if _, err := io.CopyN(io.Discard, rc, offset); err != nil {
+			rc.Close()
+			return nil, fmt.Errorf("%s: skip to %d: %w", d, offset, err)
+		}
+	}
+	return rc, nil
+}
+
+// verified turns go-containerregistry's end-of-stream digest check into a
+// permanent "digest mismatch": a registry that sends other bytes is not
+// retried into a loop.
+type verified struct {
+	io.ReadCloser
+	what string
+}
+
+func (v *verified) Read(p []byte) (int, error) {
+	n, err := v.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && strings.Contains(err.Error(), "error verifying") {
+		return n, fetchers.Permanent(fmt.Errorf("%s: digest mismatch: %v", v.what, err))
+	}
+	return n, err
+}
+
+func (f *Fetcher) nameOpts(ref string) []name.Option {
+	reg, _, _ := strings.Cut(ref, "/")
+	if f.insecure[reg] {
+		return []name.Option{name.Insecure}
+	}
+	return nil
+}
+
+func explain(ref name.Reference, err error) error {
+	var te *transport.Error
+	if errors.As(err, &te) {
+		switch te.StatusCode {
+		case http.StatusUnauthorized, http.StatusForbidden:
+			return fetchers.Permanent(fmt.Errorf("%s: %w: log in to %s (docker login / a credential helper) or check the pull secret", ref, fetchers.ErrUnauthorized, ref.Context().RegistryStr()))
+		case http.StatusNotFound:
+			return fetchers.Permanent(fmt.Errorf("%s: %w: no such repository, tag or digest", ref, fetchers.ErrNotFound))
+		case http.StatusTooManyRequests:
+			return &fetchers.RetryAfterError{Status: te.StatusCode}
+		}
+	}
+	return fmt.Errorf("%s: %w", ref, err)
+}
