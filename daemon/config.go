@@ -8,6 +8,7 @@ import (
 	"net"
 	"os/user"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/modelcache/modelcache/api"
@@ -32,6 +33,7 @@ type Config struct {
 	BandwidthLimit     int64         // bytes/s over all pulls; 0 = unlimited
 	RangeConnections   int           // parallel Range requests per large hub or S3 file
 	InsecureRegistries []string      // OCI registries (host:port) reached over plain HTTP
+	RegistryMirrors    []string      // "registry=mirror": pulls from registry try mirror first
 	Capacity           capacity.Policy
 	CapacityInterval   time.Duration // how often the in-use scan and an eviction pass run
 	Logger             *slog.Logger  // nil = silent
@@ -95,6 +97,11 @@ func (c *Config) Validate() error {
 	}
 	if c.CapacityInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--capacity-interval %s: want > 0", c.CapacityInterval))
+	}
+	for _, m := range c.RegistryMirrors {
+		if r, mir, ok := strings.Cut(m, "="); !ok || r == "" || mir == "" {
+			errs = append(errs, fmt.Errorf("--registry-mirror %q: want registry=mirror, e.g. docker.io=mirror.local:5000", m))
+		}
 	}
 	if c.BandwidthLimit < 0 {
 		errs = append(errs, fmt.Errorf("--bandwidth-limit %d: want >= 0", c.BandwidthLimit))

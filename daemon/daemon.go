@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -140,7 +141,12 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.fetchers["hf"] = hub
 	d.fetchers["s3"] = s3fetcher.New(max(cfg.RangeConnections, 1), 8<<20)
-	d.fetchers["oci"] = ocifetcher.New(ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...))
+	ociOpts := []ocifetcher.Option{ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...)}
+	for _, m := range cfg.RegistryMirrors {
+		r, mir, _ := strings.Cut(m, "=")
+		ociOpts = append(ociOpts, ocifetcher.WithMirror(r, mir))
+	}
+	d.fetchers["oci"] = ocifetcher.New(ociOpts...)
 	if cfg.BandwidthLimit > 0 {
 		d.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthLimit), int(min(cfg.BandwidthLimit, 4<<20)))
 	}

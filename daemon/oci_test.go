@@ -255,3 +255,32 @@ func freePort(t *testing.T) string {
 	srv.Close()
 	return u.Port()
 }
+
+// TestOCIRegistryMirror: a pull from the origin tries the mirror first
+// and falls back to the origin when the mirror cannot serve.
+func TestOCIRegistryMirror(t *testing.T) {
+	origin := httptest.NewServer(registry.New())
+	defer origin.Close()
+	mirror := httptest.NewServer(registry.New())
+	ou, _ := url.Parse(origin.URL)
+	mu, _ := url.Parse(mirror.URL)
+	w := data(300000, 83)
+	// Only the mirror has this one: the pull can only succeed through it.
+	push(t, mu.Host, "models/m:1", orasArtifact(t, map[string][]byte{"w.bin": w}))
+	cfg := testConfig(t)
+	cfg.InsecureRegistries = []string{ou.Host, mu.Host}
+	cfg.RegistryMirrors = []string{ou.Host + "=" + mu.Host}
+	h := start(t, cfg)
+	if _, err := h.pull(api.PullRequest{Name: "viamirror", URI: "oci://" + ou.Host + "/models/m:1"}); err != nil {
+		t.Fatalf("pull through the mirror: %v", err)
+	}
+	// The mirror goes away: the origin serves.
+	push(t, ou.Host, "models/o:1", orasArtifact(t, map[string][]byte{"w2.bin": data(1000, 84)}))
+	mirror.Close()
+	if _, err := h.pull(api.PullRequest{Name: "fallback", URI: "oci://" + ou.Host + "/models/o:1"}); err != nil {
+		t.Fatalf("fallback to the origin: %v", err)
+	}
+	if h.read("viamirror", "w.bin") != string(w) {
+		t.Fatal("content through the mirror differs")
+	}
+}

@@ -36,6 +36,7 @@ const (
 
 // Fetcher implements fetchers.Fetcher for oci:// URIs. Safe for concurrent use.
 type Fetcher struct {
+	mirrors  map[string][]string // registry → mirrors tried first, in order
 	insecure map[string]bool
 	keychain authn.Keychain
 	rt       http.RoundTripper
@@ -56,12 +57,19 @@ func WithInsecureRegistries(hosts ...string) Option {
 	}
 }
 
+// WithMirror makes pulls from registry try mirror (host[:port]) first and
+// fall back to the registry itself when the mirror fails. Content is
+// verified by digest either way, so a mirror cannot change what is served.
+func WithMirror(registry, mirror string) Option {
+	return func(f *Fetcher) { f.mirrors[registry] = append(f.mirrors[registry], mirror) }
+}
+
 // WithTransport sets the HTTP transport; default remote.DefaultTransport.
 func WithTransport(rt http.RoundTripper) Option { return func(f *Fetcher) { f.rt = rt } }
 
 // New returns an OCI fetcher.
 func New(opts ...Option) *Fetcher {
-	f := &Fetcher{insecure: map[string]bool{}, keychain: authn.DefaultKeychain, rt: remote.DefaultTransport}
+	f := &Fetcher{mirrors: map[string][]string{}, insecure: map[string]bool{}, keychain: authn.DefaultKeychain, rt: remote.DefaultTransport}
 	for _, o := range opts {
 		o(f)
 	}
@@ -97,7 +105,12 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 	if err != nil {
 		return nil, fetchers.Permanent(err)
 	}
-	desc, err := remote.Get(ref, f.remote(ctx)...)
+	var desc *remote.Descriptor
+	err = f.tryMirrors(ref, func(r name.Reference) error {
+		var err error
+		desc, err = remote.Get(r, f.remote(ctx)...)
+		return err
+	})
 	if err != nil {
 		return nil, explain(ref, err)
 	}
@@ -165,11 +178,15 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 	if err != nil {
 		return nil, fetchers.Permanent(err)
 	}
-	l, err := remote.Layer(d, f.remote(ctx)...)
-	if err != nil {
-		return nil, explain(d, err)
-	}
-	rc, err := l.Compressed()
+	var rc io.ReadCloser
+	err = f.tryMirrors(d, func(r name.Reference) error {
+		l, err := remote.Layer(r.(name.Digest), f.remote(ctx)...)
+		if err != nil {
+			return err
+		}
+		rc, err = l.Compressed()
+		return err
+	})
 	if err != nil {
 		return nil, explain(d, err)
 	}
@@ -197,6 +214,21 @@ func (v *verified) Read(p []byte) (int, error) {
 		return n, fetchers.Permanent(fmt.Errorf("%s: digest mismatch: %v", v.what, err))
 	}
 	return n, err
+}
+
+// tryMirrors calls fn with the reference moved to each mirror of its
+// registry in turn, then with the reference itself.
+func (f *Fetcher) tryMirrors(ref name.Reference, fn func(name.Reference) error) error {
+	for _, m := range f.mirrors[ref.Context().RegistryStr()] {
+		r, err := name.ParseReference(strings.Replace(ref.Name(), ref.Context().RegistryStr(), m, 1), f.nameOpts(m)...)
+		if err != nil {
+			continue
+		}
+		if err := fn(r); err == nil {
+			return nil
+		}
+	}
+	return fn(ref)
 }
 
 func (f *Fetcher) nameOpts(ref string) []name.Option {
