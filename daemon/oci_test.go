@@ -247,6 +247,35 @@ func TestOCIRealRegistry(t *testing.T) {
 	if err != nil || a.Revision != dg {
 		t.Fatalf("pull by digest: %+v %v", a, err)
 	}
+
+	// An artifact pushed by the real oras CLI (files named by their title annotation).
+	oras, err := exec.LookPath("oras")
+	if err != nil {
+		if gp, gerr := exec.Command("go", "env", "GOPATH").Output(); gerr == nil {
+			oras = filepath.Join(strings.TrimSpace(string(gp)), "bin", "oras")
+			_, err = os.Stat(oras)
+		}
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("the oras CLI is not installed; .ci/run builds oras.land/oras v1.2.3")
+		}
+		t.Skip("oras CLI not installed")
+	}
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "config.json"), []byte(`{"model_type":"oras"}`), 0o644)
+	os.WriteFile(filepath.Join(src, "w.safetensors"), w, 0o644) // the same weights as above: stored once
+	push := exec.Command(oras, "push", "--plain-http", host+"/oras/cli:v1", "config.json:application/json", "w.safetensors")
+	push.Dir = src
+	if out, err := push.CombinedOutput(); err != nil {
+		t.Fatalf("oras push: %v\n%s", err, out)
+	}
+	if _, err := h.pull(api.PullRequest{Name: "orascli", URI: "oci://" + host + "/oras/cli:v1"}); err != nil {
+		t.Fatal(err)
+	}
+	if h.read("orascli", "w.safetensors") != string(w) || h.read("orascli", "config.json") != `{"model_type":"oras"}` {
+		t.Fatal("oras-pushed files differ")
+	}
 }
 
 func freePort(t *testing.T) string {

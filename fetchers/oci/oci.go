@@ -32,6 +32,7 @@ import (
 const (
 	AnnotationModelPackPath = "org.cncf.model.filepath"
 	AnnotationTitle         = "org.opencontainers.image.title"
+	annotationORASUnpack    = "io.deis.oras.content.unpack" // oras push of a directory: a tar to unpack
 )
 
 // Fetcher implements fetchers.Fetcher for oci:// URIs. Safe for concurrent use.
@@ -148,21 +149,29 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 	res := &fetchers.Resolved{URI: src.URI, Revision: desc.Digest.Hex}
 	for i, l := range m.Layers {
 		mt := string(l.MediaType)
-		p := l.Annotations[AnnotationModelPackPath]
-		if p == "" {
-			p = l.Annotations[AnnotationTitle]
-		}
+		isTar := strings.Contains(mt, "tar")
+		mp, title := l.Annotations[AnnotationModelPackPath], l.Annotations[AnnotationTitle]
 		loc := ref.Context().Digest(l.Digest.String()).String()
-		switch {
-		case strings.Contains(mt, "tar"):
-			sub := ""
-			if image {
-				sub = "models" // a modelcar: the model lives under /models
-			}
+		raw := func(p string) {
+			res.Files = append(res.Files, fetchers.File{Path: p, Size: l.Size, Digest: l.Digest.String(), Locator: loc, Mode: 0o644})
+		}
+		archive := func(sub string) {
 			res.Files = append(res.Files, fetchers.File{Path: fmt.Sprintf("layer-%d", i), Size: l.Size, Digest: l.Digest.String(), Locator: loc,
 				Archive: &fetchers.Archive{MediaType: mt, Subtree: sub}})
-		case p != "":
-			res.Files = append(res.Files, fetchers.File{Path: p, Size: l.Size, Digest: l.Digest.String(), Locator: loc, Mode: 0o644})
+		}
+		switch {
+		case mp != "" && !isTar: // ModelPack raw layer
+			raw(mp)
+		case mp != "": // ModelPack tar layer
+			archive("")
+		case title != "" && l.Annotations[annotationORASUnpack] != "true":
+			// ORAS names a file by its title whatever the media type (the oras
+			// CLI's default for a file is the OCI tar layer type).
+			raw(title)
+		case isTar && image: // a modelcar: the model lives under /models
+			archive("models")
+		case isTar: // KitOps and other tar layers
+			archive("")
 		}
 	}
 	if len(res.Files) == 0 {
