@@ -119,3 +119,38 @@ func TestAgainstARealS3Server(t *testing.T) {
 		t.Fatalf("wrong secret: %v", err)
 	}
 }
+
+// TestVersionedBucketPinsTheVersion: on a versioned bucket the listing
+// records version ids, and a read after the object was overwritten still
+// returns the version that was resolved.
+func TestVersionedBucketPinsTheVersion(t *testing.T) {
+	srv := s3test.StartVersioned(t)
+	srv.Bucket(t, "versioned")
+	if _, err := srv.Client.PutBucketVersioning(context.Background(), &s3.PutBucketVersioningInput{Bucket: aws.String("versioned"),
+		VersioningConfiguration: &types.VersioningConfiguration{Status: types.BucketVersioningStatusEnabled}}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Put(t, "versioned", "m/w.bin", []byte("version one"), true)
+	f := New(1, 0)
+	res, err := f.Resolve(context.Background(), fetchers.Source{URI: "s3://versioned/m/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(res.Files[0].Locator, "v=") || strings.Contains(res.Files[0].Locator, "v=&") {
+		t.Fatalf("no version id recorded: %s", res.Files[0].Locator)
+	}
+	srv.Put(t, "versioned", "m/w.bin", []byte("version two!"), true)
+	rc, err := f.Open(context.Background(), res.Files[0], 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(b) != "version one" {
+		t.Fatalf("read %q; the resolved version is pinned", b)
+	}
+	res2, _ := f.Resolve(context.Background(), fetchers.Source{URI: "s3://versioned/m/"})
+	if res2.Revision == res.Revision {
+		t.Fatal("a new object version must be a new revision")
+	}
+}

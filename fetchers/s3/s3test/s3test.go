@@ -46,7 +46,12 @@ func binary() (string, error) {
 
 // Start runs versitygw until the test ends, and sets the AWS_* environment
 // of the test to reach it.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { return start(t, false) }
+
+// StartVersioned is Start with bucket versioning available.
+func StartVersioned(t testing.TB) *Server { return start(t, true) }
+
+func start(t testing.TB, versioning bool) *Server {
 	t.Helper()
 	bin, err := binary()
 	if err != nil {
@@ -62,7 +67,11 @@ func Start(t testing.TB) *Server {
 	addr := l.Addr().String()
 	l.Close()
 	dir := t.TempDir()
-	cmd := exec.Command(bin, "--port", addr, "posix", dir)
+	args := []string{"--port", addr, "posix"}
+	if versioning {
+		args = append(args, "--versioning-dir", t.TempDir())
+	}
+	cmd := exec.Command(bin, append(args, dir)...)
 	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY="+AccessKey, "ROOT_SECRET_KEY="+SecretKey)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
