@@ -35,6 +35,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
@@ -148,6 +152,8 @@ func main() {
 	fmt.Printf("  daemon peak RSS (O_DIRECT) %s; daemon CPU per GB %.2f s\n", api.FormatBytes(int64(median(rss))), median(cpuPerGB))
 
 	hfBench(dir, src, files, canDrop)
+	ociBench(dir, src, files, canDrop)
+	s3Bench(dir, src, files, canDrop)
 	materializeVsCp(dir, src, files)
 	listAndRestart(dir, *nArts)
 }
@@ -536,4 +542,149 @@ func hfBench(dir, src string, files []file, canDrop bool) {
 	}
 	fmt.Printf("  curl -L of the resolve URLs              %.2f  %v (+sync %.2f)  modelctl vs it: %.2fx (vs +sync %.2fx)\n",
 		median(curlNo)/1e9, gbps(curlNo), median(curlSync)/1e9, median(ratios(mc, curlNo)), median(ratios(mc, curlSync)))
+}
+
+// alternate runs modelctl (a pull into a fresh daemon) and each peer
+// command, *runs times, and prints throughputs and ratios.
+func alternate(title, dir string, total int64, canDrop bool, env []string, uri string, peers map[string]func(out string)) {
+	timed := func(run func()) float64 {
+		coldPrep(canDrop)
+		t0 := time.Now()
+		run()
+		syscall.Sync()
+		return float64(total) / time.Since(t0).Seconds()
+	}
+	mc := []float64{}
+	res := map[string][]float64{}
+	for i := 0; i < *runs; i++ {
+		d := startDaemon(filepath.Join(dir, "xroot"), filepath.Join(dir, "x.sock"), true, env...)
+		mc = append(mc, timed(func() { d.ctl("pull", uri, "--name", "m") }))
+		d.stop()
+		os.RemoveAll(filepath.Join(dir, "xroot"))
+		for name, run := range peers {
+			out := filepath.Join(dir, "peer")
+			os.MkdirAll(out, 0o755)
+			res[name] = append(res[name], timed(func() { run(out) }))
+			os.RemoveAll(out)
+		}
+	}
+	fmt.Printf("%s (GB/s incl. sync, median of %d):\n  modelctl pull  %.2f  %v\n", title, *runs, median(mc)/1e9, gbps(mc))
+	for name, r := range res {
+		fmt.Printf("  %-14s %.2f  %v  modelctl vs it: %.2fx\n", name, median(r)/1e9, gbps(r), median(ratios(mc, r)))
+	}
+}
+
+// ociBench pushes the model as an ORAS artifact (raw layers) to Debian's
+// docker-registry and compares modelctl pull oci:// with oras pull.
+func ociBench(dir, src string, files []file, canDrop bool) {
+	reg, err := exec.LookPath("docker-registry")
+	oras := filepath.Join(goBin(), "oras")
+	if _, serr := os.Stat(oras); err != nil || serr != nil {
+		fmt.Println("oci: docker-registry or oras missing; skipped (see .ci/run)")
+		return
+	}
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	host := l.Addr().String()
+	l.Close()
+	cfg := filepath.Join(dir, "reg.yml")
+	os.WriteFile(cfg, []byte("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: "+dir+"/regdata\nhttp:\n  addr: "+host+"\n"), 0o644)
+	cmd := exec.Command(reg, "serve", cfg)
+	must(cmd.Start())
+	defer func() { cmd.Process.Kill(); cmd.Wait(); os.RemoveAll(dir + "/regdata") }()
+	for i := 0; ; i++ {
+		if resp, err := http.Get("http://" + host + "/v2/"); err == nil {
+			resp.Body.Close()
+			break
+		}
+		if i > 500 {
+			must(fmt.Errorf("docker-registry did not start"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	args := []string{"push", "--plain-http", host + "/bench/model:v1"}
+	var total int64
+	for _, f := range files {
+		args = append(args, f.name)
+		total += f.size
+	}
+	push := exec.Command(oras, args...)
+	push.Dir = src
+	if out, err := push.CombinedOutput(); err != nil {
+		must(fmt.Errorf("oras push: %v %s", err, out))
+	}
+	alternate("oci pull of "+api.FormatBytes(total)+" from docker-registry on loopback", dir, total, canDrop,
+		[]string{}, "oci://"+host+"/bench/model:v1", map[string]func(string){
+			"oras pull": func(out string) {
+				c := exec.Command(oras, "pull", "--plain-http", "-o", out, host+"/bench/model:v1")
+				if b, err := c.CombinedOutput(); err != nil {
+					must(fmt.Errorf("oras pull: %v %s", err, b))
+				}
+			},
+		})
+}
+
+// s3Bench puts the model into versitygw and compares modelctl pull s3://
+// with curl of presigned URLs.
+func s3Bench(dir, src string, files []file, canDrop bool) {
+	gw := filepath.Join(goBin(), "versitygw")
+	if _, err := os.Stat(gw); err != nil {
+		fmt.Println("s3: versitygw missing; skipped (see .ci/run)")
+		return
+	}
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	host := l.Addr().String()
+	l.Close()
+	data := filepath.Join(dir, "s3data")
+	os.MkdirAll(data, 0o755)
+	cmd := exec.Command(gw, "--port", host, "posix", data)
+	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY=bench", "ROOT_SECRET_KEY=bench-secret-key")
+	must(cmd.Start())
+	defer func() { cmd.Process.Kill(); cmd.Wait(); os.RemoveAll(data) }()
+	for i := 0; ; i++ {
+		if c, err := net.Dial("tcp", host); err == nil {
+			c.Close()
+			break
+		}
+		if i > 500 {
+			must(fmt.Errorf("versitygw did not start"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ep := "http://" + host
+	c := s3.New(s3.Options{Region: "us-east-1", BaseEndpoint: aws.String(ep), UsePathStyle: true,
+		Credentials: credentials.NewStaticCredentialsProvider("bench", "bench-secret-key", "")})
+	ctx := context.Background()
+	_, err := c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String("models")})
+	must(err)
+	var total int64
+	var urls []string
+	pre := s3.NewPresignClient(c)
+	for _, f := range files {
+		fh, err := os.Open(filepath.Join(src, f.name))
+		must(err)
+		_, err = c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String("models"), Key: aws.String("m/" + f.name), Body: fh, ChecksumAlgorithm: "SHA256"})
+		fh.Close()
+		must(err)
+		total += f.size
+		req, err := pre.PresignGetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("models"), Key: aws.String("m/" + f.name)})
+		must(err)
+		urls = append(urls, req.URL)
+	}
+	env := []string{"AWS_ENDPOINT_URL=" + ep, "AWS_ACCESS_KEY_ID=bench", "AWS_SECRET_ACCESS_KEY=bench-secret-key", "AWS_REGION=us-east-1"}
+	alternate("s3 pull of "+api.FormatBytes(total)+" from versitygw on loopback", dir, total, canDrop, env, "s3://models/m/",
+		map[string]func(string){
+			"curl presigned": func(out string) {
+				args := []string{"-sS", "--fail"}
+				for i, u := range urls {
+					args = append(args, "-o", filepath.Join(out, files[i].name), u)
+				}
+				must(exec.Command("curl", args...).Run())
+			},
+		})
+}
+
+func goBin() string {
+	out, err := exec.Command("go", "env", "GOPATH").Output()
+	must(err)
+	return filepath.Join(strings.TrimSpace(string(out)), "bin")
 }
