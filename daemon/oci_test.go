@@ -313,3 +313,32 @@ func TestOCIRegistryMirror(t *testing.T) {
 		t.Fatal("content through the mirror differs")
 	}
 }
+
+// TestOCIKitOpsModelKit: a ModelKit's tar+gzip layers are unpacked at the
+// kit's root, and a raw ModelPack tar layer too.
+func TestOCIKitOpsModelKit(t *testing.T) {
+	srv := httptest.NewServer(registry.New())
+	defer srv.Close()
+	u, _ := url.Parse(srv.URL)
+	w := data(200000, 85)
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, "application/vnd.kitops.modelkit.config.v1+json")
+	model := tarLayer(t, true, tarFile{name: "model/w.safetensors", body: w})
+	code := tarLayer(t, true, tarFile{name: "code/infer.py", body: []byte("print(1)")})
+	img, err := mutate.Append(img,
+		mutate.Addendum{Layer: model, MediaType: "application/vnd.kitops.modelkit.model.v1.tar+gzip"},
+		mutate.Addendum{Layer: code, MediaType: "application/vnd.kitops.modelkit.code.v1.tar+gzip"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	push(t, u.Host, "kits/tiny:v1", img)
+	cfg := testConfig(t)
+	cfg.InsecureRegistries = []string{u.Host}
+	h := start(t, cfg)
+	if _, err := h.pull(api.PullRequest{Name: "kit", URI: "oci://" + u.Host + "/kits/tiny:v1"}); err != nil {
+		t.Fatal(err)
+	}
+	if h.read("kit", "model/w.safetensors") != string(w) || h.read("kit", "code/infer.py") != "print(1)" {
+		t.Fatal("ModelKit layers not unpacked at the kit root")
+	}
+}
