@@ -22,6 +22,7 @@ type Config struct {
 	Socket             string        // unix socket of the API
 	SocketMode         fs.FileMode   // permission bits of the socket
 	SocketGroup        string        // group that may mutate (and own the socket); "" = none
+	SystemdSocket      bool          // require the listener from systemd socket activation
 	MetricsAddr        string        // TCP address of /metrics and /healthz; "" = off
 	ModelsDir          string        // YAML desires, watched; a missing dir means none
 	MaxConcurrentPulls int           // artifacts pulled at once

@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/coreos/go-systemd/v22/daemon"
 	"golang.org/x/time/rate"
 
@@ -81,6 +82,9 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.SystemdSocket && os.Getenv("LISTEN_FDS") == "" {
+		return nil, errors.New("--systemd-socket: no socket from systemd (LISTEN_FDS unset); start modelcached.socket, or drop the flag to listen on --socket")
 	}
 	opts := []cachestore.Option{cachestore.WithLogger(log.With("component", "store")), cachestore.WithDirectIO(cfg.DirectIO)}
 	if cfg.Hook != nil {
@@ -271,6 +275,25 @@ func (d *Daemon) healthy() error {
 // replaced, a live one is an error, and anything that is not a socket is
 // never removed.
 func (d *Daemon) listen() (net.Listener, error) {
+	// Socket activation: systemd passes the listener (modelcached.socket).
+	if os.Getenv("LISTEN_FDS") != "" {
+		lns, err := activation.Listeners()
+		if err != nil {
+			return nil, fmt.Errorf("socket activation: %w", err)
+		}
+		for _, ln := range lns {
+			if ln != nil && ln.Addr().Network() == "unix" {
+				d.log.Info("serving on the socket systemd passed", "socket", ln.Addr().String())
+				d.cfg.Socket = ln.Addr().String()
+				return ln, nil
+			}
+		}
+		if d.cfg.SystemdSocket {
+			return nil, errors.New("--systemd-socket: systemd passed no unix socket (LISTEN_FDS); is modelcached.socket enabled?")
+		}
+	} else if d.cfg.SystemdSocket {
+		return nil, errors.New("--systemd-socket: no socket from systemd (LISTEN_FDS unset); start modelcached.socket, or drop the flag to listen on --socket")
+	}
 	path := d.cfg.Socket
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("socket dir: %w", err)

@@ -40,6 +40,7 @@ func main() {
 			&cli.StringFlag{Name: "socket", Value: def.Socket, Usage: "unix socket of the API", EnvVars: []string{"MODELCACHED_SOCKET"}},
 			&cli.StringFlag{Name: "socket-mode", Value: "0666", Usage: "permission bits of the socket: 0666 lets every local user read (mutations are checked per peer), 0660 restricts reads to the group too"},
 			&cli.StringFlag{Name: "socket-group", Value: def.SocketGroup, Usage: "group whose members may change the cache (and that owns the socket); empty: only root and the daemon's user"},
+			&cli.BoolFlag{Name: "systemd-socket", Usage: "require the API socket from systemd socket activation (without the flag a passed socket is used when present)"},
 			&cli.StringFlag{Name: "metrics-addr", Value: def.MetricsAddr, Usage: "TCP address of /metrics and /healthz; empty disables"},
 			&cli.StringFlag{Name: "models-dir", Value: def.ModelsDir, Usage: "directory of YAML desires, reloaded on change"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
@@ -112,6 +113,7 @@ func run(c *cli.Context) error {
 	cfg.Socket = c.String("socket")
 	cfg.SocketMode = os.FileMode(mode)
 	cfg.SocketGroup = c.String("socket-group")
+	cfg.SystemdSocket = c.Bool("systemd-socket")
 	cfg.MetricsAddr = c.String("metrics-addr")
 	cfg.ModelsDir = c.String("models-dir")
 	cfg.FilesPerPull = c.Int("files-per-pull")

@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -87,5 +89,45 @@ func TestStaleSocketAndSecondDaemon(t *testing.T) {
 	e3 := &env{t: t, dir: e.dir, root: e.root, socket: filepath.Join(e.dir, "other.sock")}
 	if out := e3.startFail(); !strings.Contains(out, "locked by another process") {
 		t.Fatalf("second daemon on a locked root: %s", out)
+	}
+}
+
+// TestSocketActivation: started by systemd-socket-activate (as by
+// modelcached.socket), the daemon serves on the passed socket; asked for
+// activation without one, it says so and exits.
+func TestSocketActivation(t *testing.T) {
+	sa, err := exec.LookPath("systemd-socket-activate")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("systemd-socket-activate (Debian's systemd package) is missing")
+		}
+		t.Skip("systemd-socket-activate missing")
+	}
+	e := newEnv(t)
+	cmd := exec.Command(sa, "-l", e.socket, filepath.Join(binDir, "modelcached"), "--systemd-socket",
+		"--root", e.root, "--socket", filepath.Join(e.dir, "ignored.sock"), "--metrics-addr", "", "--models-dir", "", "--socket-group", "")
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
+	// systemd-socket-activate starts the daemon on the first connection.
+	var st *api.Status
+	for i := 0; i < 200; i++ {
+		if st, err = (&api.Client{Socket: e.socket}).Status(t.Context()); err == nil {
+			break
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	if err != nil || st.Socket != e.socket {
+		t.Fatalf("status over the activated socket: %+v %v\n%s", st, err, log.String())
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, "ignored.sock")); err == nil {
+		t.Fatal("the daemon listened on --socket despite being passed one")
+	}
+	out := e.startFail("--systemd-socket")
+	if !strings.Contains(out, "no socket from systemd") {
+		t.Fatalf("--systemd-socket without LISTEN_FDS: %s", out)
 	}
 }
