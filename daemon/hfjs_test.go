@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,15 +19,9 @@ import (
 func hfjs(t *testing.T, args ...string) []byte {
 	t.Helper()
 	dir, _ := filepath.Abs("../test/hfjs")
-	node, err := exec.LookPath("node")
-	if err == nil {
-		_, err = os.Stat(filepath.Join(dir, "node_modules", "@huggingface", "hub"))
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the official HF JS client is not installed (%v); .ci/run runs npm ci in test/hfjs", err)
-		}
-		t.Skipf("node or @huggingface/hub missing (%v): cd test/hfjs && npm ci", err)
+	node := testenv.Require(t, "node", "apt-get install nodejs npm")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@huggingface", "hub")); err != nil {
+		testenv.Missing(t, "the official HF JS client", "cd test/hfjs && npm ci")
 	}
 	cmd := exec.Command(node, append([]string{filepath.Join(dir, "check.mjs")}, args...)...)
 	cmd.Dir = dir

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"io"
 	"log"
 	"net/http"
@@ -88,20 +89,7 @@ func TestHostileFileNameFromURL(t *testing.T) {
 // reason that says the disk is full, nothing is visible, other artifacts
 // stay intact, and once space is freed the pull succeeds.
 func TestDiskFull(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to mount a small tmpfs; CI runs as root")
-		}
-		t.Skip("needs root to mount a small tmpfs")
-	}
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", mnt).CombinedOutput(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("mount tmpfs: %v %s", err, out)
-		}
-		t.Skipf("cannot mount tmpfs here: %v %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	mnt := testenv.Tmpfs(t, "6m")
 	small, big := data(1<<20, 41), data(8<<20, 42)
 	srv := newFileServer(t, map[string][]byte{"small.bin": small, "big.bin": big})
 	// big.bin comes without a size (no HEAD, a chunked body), so admission

@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"io"
 	"net/http"
 	"os"
@@ -58,13 +59,7 @@ func TestMetricsExposition(t *testing.T) {
 	for _, p := range problems {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("promtool not installed; .ci/run installs Debian's prometheus package")
-		}
-		t.Skip("promtool not installed (apt-get install prometheus)")
-	}
+	promtool := testenv.Require(t, "promtool", "apt-get install prometheus")
 	cmd := exec.Command(promtool, "check", "metrics")
 	cmd.Stdin = bytes.NewReader(body)
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -202,32 +203,21 @@ func TestOCIArtifactsModelcarAndHostileLayers(t *testing.T) {
 // TestOCIRealRegistry pushes a ModelPack-style artifact to Debian's
 // docker-registry (distribution 2.8) and pulls it by tag and by digest.
 func TestOCIRealRegistry(t *testing.T) {
-	bin, err := exec.LookPath("docker-registry")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("docker-registry is not installed; .ci/run installs Debian's docker-registry")
-		}
-		t.Skip("docker-registry is not installed (apt-get install docker-registry)")
-	}
+	bin := testenv.Require(t, "docker-registry", "apt-get install --no-install-recommends docker-registry")
 	dir := t.TempDir()
-	port := freePort(t)
+	host, err := testenv.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfgPath := filepath.Join(dir, "config.yml")
-	os.WriteFile(cfgPath, []byte("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: "+dir+"/data\nhttp:\n  addr: 127.0.0.1:"+port+"\n"), 0o644)
+	os.WriteFile(cfgPath, []byte("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: "+dir+"/data\nhttp:\n  addr: "+host+"\n"), 0o644)
 	cmd := exec.Command(bin, "serve", cfgPath)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	host := "127.0.0.1:" + port
-	for i := 0; ; i++ {
-		if resp, err := http.Get("http://" + host + "/v2/"); err == nil {
-			resp.Body.Close()
-			break
-		}
-		if i > 200 {
-			t.Fatal("docker-registry did not start")
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := testenv.WaitTCP(host, 5*time.Second); err != nil {
+		t.Fatalf("docker-registry: %v", err)
 	}
 	w := data(1<<20, 82)
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
@@ -249,19 +239,7 @@ func TestOCIRealRegistry(t *testing.T) {
 	}
 
 	// An artifact pushed by the real oras CLI (files named by their title annotation).
-	oras, err := exec.LookPath("oras")
-	if err != nil {
-		if gp, gerr := exec.Command("go", "env", "GOPATH").Output(); gerr == nil {
-			oras = filepath.Join(strings.TrimSpace(string(gp)), "bin", "oras")
-			_, err = os.Stat(oras)
-		}
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("the oras CLI is not installed; .ci/run builds oras.land/oras v1.2.3")
-		}
-		t.Skip("oras CLI not installed")
-	}
+	oras := testenv.Require(t, "oras", "build oras.land/oras/cmd/oras@v1.2.3 as .ci/run does")
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "config.json"), []byte(`{"model_type":"oras"}`), 0o644)
 	os.WriteFile(filepath.Join(src, "w.safetensors"), w, 0o644) // the same weights as above: stored once
@@ -276,13 +254,6 @@ func TestOCIRealRegistry(t *testing.T) {
 	if h.read("orascli", "w.safetensors") != string(w) || h.read("orascli", "config.json") != `{"model_type":"oras"}` {
 		t.Fatal("oras-pushed files differ")
 	}
-}
-
-func freePort(t *testing.T) string {
-	srv := httptest.NewServer(http.NotFoundHandler())
-	u, _ := url.Parse(srv.URL)
-	srv.Close()
-	return u.Port()
 }
 
 // TestOCIRegistryMirror: a pull from the origin tries the mirror first

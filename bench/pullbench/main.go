@@ -43,6 +43,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 type file struct {
@@ -577,30 +578,20 @@ func alternate(title, dir string, total int64, canDrop bool, env []string, uri s
 // ociBench pushes the model as an ORAS artifact (raw layers) to Debian's
 // docker-registry and compares modelctl pull oci:// with oras pull.
 func ociBench(dir, src string, files []file, canDrop bool) {
-	reg, err := exec.LookPath("docker-registry")
-	oras := filepath.Join(goBin(), "oras")
-	if _, serr := os.Stat(oras); err != nil || serr != nil {
+	reg, err := testenv.Tool("docker-registry")
+	oras, oerr := testenv.Tool("oras")
+	if err != nil || oerr != nil {
 		fmt.Println("oci: docker-registry or oras missing; skipped (see .ci/run)")
 		return
 	}
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	host := l.Addr().String()
-	l.Close()
+	host, err := testenv.FreeAddr()
+	must(err)
 	cfg := filepath.Join(dir, "reg.yml")
 	os.WriteFile(cfg, []byte("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: "+dir+"/regdata\nhttp:\n  addr: "+host+"\n"), 0o644)
 	cmd := exec.Command(reg, "serve", cfg)
 	must(cmd.Start())
 	defer func() { cmd.Process.Kill(); cmd.Wait(); os.RemoveAll(dir + "/regdata") }()
-	for i := 0; ; i++ {
-		if resp, err := http.Get("http://" + host + "/v2/"); err == nil {
-			resp.Body.Close()
-			break
-		}
-		if i > 500 {
-			must(fmt.Errorf("docker-registry did not start"))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	must(testenv.WaitTCP(host, 10*time.Second))
 	args := []string{"push", "--plain-http", host + "/bench/model:v1"}
 	var total int64
 	for _, f := range files {
@@ -626,35 +617,25 @@ func ociBench(dir, src string, files []file, canDrop bool) {
 // s3Bench puts the model into versitygw and compares modelctl pull s3://
 // with curl of presigned URLs.
 func s3Bench(dir, src string, files []file, canDrop bool) {
-	gw := filepath.Join(goBin(), "versitygw")
-	if _, err := os.Stat(gw); err != nil {
+	gw, err := testenv.Tool("versitygw")
+	if err != nil {
 		fmt.Println("s3: versitygw missing; skipped (see .ci/run)")
 		return
 	}
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	host := l.Addr().String()
-	l.Close()
+	host, err := testenv.FreeAddr()
+	must(err)
 	data := filepath.Join(dir, "s3data")
 	os.MkdirAll(data, 0o755)
 	cmd := exec.Command(gw, "--port", host, "posix", data)
 	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY=bench", "ROOT_SECRET_KEY=bench-secret-key")
 	must(cmd.Start())
 	defer func() { cmd.Process.Kill(); cmd.Wait(); os.RemoveAll(data) }()
-	for i := 0; ; i++ {
-		if c, err := net.Dial("tcp", host); err == nil {
-			c.Close()
-			break
-		}
-		if i > 500 {
-			must(fmt.Errorf("versitygw did not start"))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	must(testenv.WaitTCP(host, 10*time.Second))
 	ep := "http://" + host
 	c := s3.New(s3.Options{Region: "us-east-1", BaseEndpoint: aws.String(ep), UsePathStyle: true,
 		Credentials: credentials.NewStaticCredentialsProvider("bench", "bench-secret-key", "")})
 	ctx := context.Background()
-	_, err := c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String("models")})
+	_, err = c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String("models")})
 	must(err)
 	var total int64
 	var urls []string
@@ -681,10 +662,4 @@ func s3Bench(dir, src string, files []file, canDrop bool) {
 				must(exec.Command("curl", args...).Run())
 			},
 		})
-}
-
-func goBin() string {
-	out, err := exec.Command("go", "env", "GOPATH").Output()
-	must(err)
-	return filepath.Join(strings.TrimSpace(string(out)), "bin")
 }

@@ -90,22 +90,25 @@ func run(c *cli.Context) error {
 		}
 		cfg.Capacity.QuotaBytes = n
 	}
-	if c.IsSet("high-watermark") || c.String("config") == "" {
+	// Without a config file every flag (default or given) counts; with one,
+	// only flags given on the command line override it.
+	flag := func(n string) bool { return c.IsSet(n) || c.String("config") == "" }
+	if flag("high-watermark") {
 		cfg.Capacity.HighPercent = c.Int("high-watermark")
 	}
-	if c.IsSet("low-watermark") || c.String("config") == "" {
+	if flag("low-watermark") {
 		cfg.Capacity.LowPercent = c.Int("low-watermark")
 	}
-	if c.IsSet("min-age") || c.String("config") == "" {
+	if flag("min-age") {
 		cfg.Capacity.MinAge = c.Duration("min-age")
 	}
-	if c.IsSet("keep-revisions") || c.String("config") == "" {
+	if flag("keep-revisions") {
 		cfg.Capacity.KeepRevisions = c.Int("keep-revisions")
 	}
-	if c.IsSet("max-concurrent-pulls") || c.String("config") == "" {
+	if flag("max-concurrent-pulls") {
 		cfg.MaxConcurrentPulls = c.Int("max-concurrent-pulls")
 	}
-	if c.IsSet("bandwidth-limit") || c.String("config") == "" {
+	if flag("bandwidth-limit") {
 		cfg.BandwidthLimit = c.Int64("bandwidth-limit")
 	}
 	cfg.CapacityInterval = c.Duration("capacity-interval")

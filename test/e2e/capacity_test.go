@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,19 +56,8 @@ func fill(t *testing.T, path string, n int) {
 // re-pull and a new pull that cannot fit fail at once with the reason; a
 // process that maps d keeps d until it exits.
 func TestEvictionOnASmallFilesystem(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to mount a tmpfs; CI runs as root")
-		}
-		t.Skip("needs root to mount a tmpfs")
-	}
+	mnt := testenv.Tmpfs(t, "40m")
 	e := newEnv(t)
-	mnt := filepath.Join(e.dir, "mnt")
-	os.MkdirAll(mnt, 0o755)
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", mnt).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
 	e.root = filepath.Join(mnt, "root")
 	e.flags = []string{"--min-age", "0s", "--capacity-interval", "100ms"}
 	files := map[string][]byte{}

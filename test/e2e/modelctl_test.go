@@ -2,8 +2,8 @@ package e2e
 
 import (
 	"encoding/json"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -106,15 +106,9 @@ func TestModelctlEndToEnd(t *testing.T) {
 // TestPeerCanReadNotMutate runs modelctl as uid 65534: it may list, not evict.
 func TestPeerCanReadNotMutate(t *testing.T) {
 	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("this test needs root (setpriv to another uid); CI runs as root")
-		}
-		t.Skip("needs root to run a peer as another uid")
+		testenv.Missing(t, "root (to run a peer as another uid with setpriv)", "run the tests as root, as CI does")
 	}
-	setpriv, err := exec.LookPath("setpriv")
-	if err != nil {
-		t.Fatal("setpriv (util-linux) is missing")
-	}
+	setpriv := testenv.Require(t, "setpriv", "apt-get install util-linux")
 	e := newEnv(t)
 	e.start()
 	src := filepath.Join(e.dir, "src")

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"net"
 	"os"
 	"os/exec"
@@ -96,13 +97,7 @@ func TestStaleSocketAndSecondDaemon(t *testing.T) {
 // modelcached.socket), the daemon serves on the passed socket; asked for
 // activation without one, it says so and exits.
 func TestSocketActivation(t *testing.T) {
-	sa, err := exec.LookPath("systemd-socket-activate")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("systemd-socket-activate (Debian's systemd package) is missing")
-		}
-		t.Skip("systemd-socket-activate missing")
-	}
+	sa := testenv.Require(t, "systemd-socket-activate", "apt-get install systemd")
 	e := newEnv(t)
 	cmd := exec.Command(sa, "-l", e.socket, filepath.Join(binDir, "modelcached"), "--systemd-socket",
 		"--root", e.root, "--socket", filepath.Join(e.dir, "ignored.sock"), "--metrics-addr", "", "--models-dir", "", "--socket-group", "")
@@ -114,6 +109,7 @@ func TestSocketActivation(t *testing.T) {
 	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
 	// systemd-socket-activate starts the daemon on the first connection.
 	var st *api.Status
+	var err error
 	for i := 0; i < 200; i++ {
 		if st, err = (&api.Client{Socket: e.socket}).Status(t.Context()); err == nil {
 			break

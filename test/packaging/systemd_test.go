@@ -3,6 +3,7 @@
 package packaging
 
 import (
+	"github.com/modelcache/modelcache/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,13 +14,7 @@ import (
 // TestSystemdUnitsVerify runs systemd-analyze verify on the units, with
 // ExecStart pointing at a freshly built modelcached.
 func TestSystemdUnitsVerify(t *testing.T) {
-	sa, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("systemd-analyze (Debian's systemd package) is missing")
-		}
-		t.Skip("systemd-analyze missing")
-	}
+	sa := testenv.Require(t, "systemd-analyze", "apt-get install systemd")
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "modelcached")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/modelcache/modelcache/cmd/modelcached").CombinedOutput(); err != nil {

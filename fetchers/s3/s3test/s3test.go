@@ -7,10 +7,9 @@ package s3test
 import (
 	"bytes"
 	"context"
-	"net"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -31,19 +30,6 @@ type Server struct {
 	Client   *s3.Client
 }
 
-func binary() (string, error) {
-	if p, err := exec.LookPath("versitygw"); err == nil {
-		return p, nil
-	}
-	out, err := exec.Command("go", "env", "GOPATH").Output()
-	if err != nil {
-		return "", err
-	}
-	p := filepath.Join(string(out[:len(out)-1]), "bin", "versitygw")
-	_, err = os.Stat(p)
-	return p, err
-}
-
 // Start runs versitygw until the test ends, and sets the AWS_* environment
 // of the test to reach it.
 func Start(t testing.TB) *Server { return start(t, false) }
@@ -53,19 +39,11 @@ func StartVersioned(t testing.TB) *Server { return start(t, true) }
 
 func start(t testing.TB, versioning bool) *Server {
 	t.Helper()
-	bin, err := binary()
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("versitygw is not installed (%v); .ci/run runs go install github.com/versity/versitygw/cmd/versitygw@v1.8.0", err)
-		}
-		t.Skipf("versitygw is not installed: go install github.com/versity/versitygw/cmd/versitygw@v1.8.0 (%v)", err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	bin := testenv.Require(t, "versitygw", "go install github.com/versity/versitygw/cmd/versitygw@v1.8.0")
+	addr, err := testenv.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
 	dir := t.TempDir()
 	args := []string{"--port", addr, "posix"}
 	if versioning {
@@ -77,17 +55,8 @@ func start(t testing.TB, versioning bool) *Server {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("versitygw did not listen on %s", addr)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := testenv.WaitTCP(addr, 20*time.Second); err != nil {
+		t.Fatalf("versitygw: %v", err)
 	}
 	ep := "http://" + addr
 	for k, v := range map[string]string{"AWS_ENDPOINT_URL": ep, "AWS_ACCESS_KEY_ID": AccessKey, "AWS_SECRET_ACCESS_KEY": SecretKey,

@@ -1,0 +1,94 @@
+// Package testenv is what the tests and the benchmark share about their
+// environment: finding the real tools they drive (on PATH or where
+// `go install` puts them), failing under CI=true and skipping elsewhere
+// when one is missing, and loopback ports for the servers they start.
+package testenv
+
+import (
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Tool finds name on PATH, then in $(go env GOPATH)/bin.
+func Tool(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	out, err := exec.Command("go", "env", "GOPATH").Output()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(strings.TrimSpace(string(out)), "bin", name)
+	if _, err := os.Stat(p); err != nil {
+		return "", errors.New(name + " not found on PATH or in GOPATH/bin")
+	}
+	return p, nil
+}
+
+// Missing stops the test for a missing prerequisite: a failure under
+// CI=true (CI must install it), a skip elsewhere. how says how to get it.
+func Missing(t testing.TB, what, how string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s is missing; .ci/run must install it (%s)", what, how)
+	}
+	t.Skipf("%s is missing (%s)", what, how)
+}
+
+// Require returns the path of tool, or stops the test as Missing does.
+func Require(t testing.TB, tool, how string) string {
+	t.Helper()
+	p, err := Tool(tool)
+	if err != nil {
+		Missing(t, tool, how)
+	}
+	return p
+}
+
+// FreeAddr returns a 127.0.0.1:port nothing listens on right now.
+func FreeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// WaitTCP waits until addr accepts connections.
+func WaitTCP(addr string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New(addr + " did not accept connections within " + timeout.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Tmpfs mounts a tmpfs of size (e.g. "40m") on a temp dir for the test
+// and unmounts it afterwards: a small real filesystem for disk-full and
+// eviction tests. It needs root, which CI has.
+func Tmpfs(t testing.TB, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Missing(t, "root (to mount a tmpfs)", "run the tests as root, as CI does")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
+		Missing(t, "a mountable tmpfs", err.Error()+": "+strings.TrimSpace(string(out)))
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	return dir
+}
