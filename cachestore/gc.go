@@ -104,17 +104,24 @@ type Usage struct {
 
 // StoreBytes is the sum of the sizes of the blobs in the index.
 func (s *Store) StoreBytes() (int64, error) {
-	var n int64
-	err := s.db.View(func(tx *bolt.Tx) error {
+	n, _, err := s.BlobStats()
+	return n, err
+}
+
+// BlobStats returns the bytes and the number of blobs in the index; it
+// reads the blob records only (no manifests), cheap enough for every scrape.
+func (s *Store) BlobStats() (bytes int64, count int, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketBlobs).ForEach(func(_, raw []byte) error {
 			var r blobRecord
 			if json.Unmarshal(raw, &r) == nil {
-				n += r.Size
+				bytes += r.Size
+				count++
 			}
 			return nil
 		})
 	})
-	return n, err
+	return bytes, count, err
 }
 
 // FSStat returns capacity and available bytes of the root's filesystem.
@@ -130,17 +137,8 @@ func (s *Store) FSStat() (capacity, free int64, err error) {
 // the filesystem's capacity and free space.
 func (s *Store) Usage() (*Usage, error) {
 	u := &Usage{}
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketBlobs).ForEach(func(_, raw []byte) error {
-			var r blobRecord
-			if json.Unmarshal(raw, &r) == nil {
-				u.StoreBytes += r.Size
-				u.Blobs++
-			}
-			return nil
-		})
-	})
-	if err != nil {
+	var err error
+	if u.StoreBytes, u.Blobs, err = s.BlobStats(); err != nil {
 		return nil, err
 	}
 	arts, err := s.List()

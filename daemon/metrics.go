@@ -98,9 +98,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descArtifacts, prometheus.GaugeValue, float64(n), string(p))
 		}
 	}
-	if u, err := c.d.store.Usage(); err == nil {
-		ch <- prometheus.MustNewConstMetric(descStoreBytes, prometheus.GaugeValue, float64(u.StoreBytes))
-		ch <- prometheus.MustNewConstMetric(descBlobs, prometheus.GaugeValue, float64(u.Blobs))
+	if n, count, err := c.d.store.BlobStats(); err == nil { // blob records only: no manifests per scrape
+		ch <- prometheus.MustNewConstMetric(descStoreBytes, prometheus.GaugeValue, float64(n))
+		ch <- prometheus.MustNewConstMetric(descBlobs, prometheus.GaugeValue, float64(count))
 	}
 	if capa, free, err := c.d.store.FSStat(); err == nil {
 		ch <- prometheus.MustNewConstMetric(descFSCap, prometheus.GaugeValue, float64(capa))

@@ -229,9 +229,8 @@ func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) error {
 			s.PullsInFlight++
 		}
 	}
-	if u, err := d.store.Usage(); err == nil {
-		s.StoreBytes, s.FSFreeBytes = u.StoreBytes, u.FSFree
-	}
+	s.StoreBytes, _, _ = d.store.BlobStats()
+	_, s.FSFreeBytes, _ = d.store.FSStat()
 	d.mu.Lock()
 	s.ModelsDirError = append([]string(nil), d.fileErrors...)
 	d.mu.Unlock()
