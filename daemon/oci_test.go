@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -203,22 +202,7 @@ func TestOCIArtifactsModelcarAndHostileLayers(t *testing.T) {
 // TestOCIRealRegistry pushes a ModelPack-style artifact to Debian's
 // docker-registry (distribution 2.8) and pulls it by tag and by digest.
 func TestOCIRealRegistry(t *testing.T) {
-	bin := testenv.Require(t, "docker-registry", "apt-get install --no-install-recommends docker-registry")
-	dir := t.TempDir()
-	host, err := testenv.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgPath := filepath.Join(dir, "config.yml")
-	os.WriteFile(cfgPath, []byte("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: "+dir+"/data\nhttp:\n  addr: "+host+"\n"), 0o644)
-	cmd := exec.Command(bin, "serve", cfgPath)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	if err := testenv.WaitTCP(host, 5*time.Second); err != nil {
-		t.Fatalf("docker-registry: %v", err)
-	}
+	host := testenv.Registry(t)
 	w := data(1<<20, 82)
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, "application/vnd.cncf.model.config.v1+json")

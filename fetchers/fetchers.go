@@ -31,6 +31,10 @@ type Source struct {
 	URI     string
 	Include []string // globs; empty means every file
 	Exclude []string // globs
+	// KernelCache asks an oci source for a kernel cache image: every tar
+	// layer is taken whole (not only a /models subtree) and the image
+	// labels come back in Resolved.Labels.
+	KernelCache bool
 }
 
 // File is one file of a resolved source.
@@ -74,6 +78,8 @@ type Resolved struct {
 	// the user asked for (a branch, tag or commit), for the HF cache view.
 	Repo string
 	Ref  string
+	// Labels are an OCI image's config labels (kernel cache summaries).
+	Labels map[string]string
 }
 
 // Fetcher resolves and streams one kind of source. Implementations are

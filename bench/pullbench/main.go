@@ -584,14 +584,9 @@ func ociBench(dir, src string, files []file, canDrop bool) {
 		fmt.Println("oci: docker-registry or oras missing; skipped (see .ci/run)")
 		return
 	}
-	host, err := testenv.FreeAddr()
+	host, stop, err := testenv.StartRegistry(reg, dir)
 	must(err)
-	cfg := filepath.Join(dir, "reg.yml")
-	os.WriteFile(cfg, []byte("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: "+dir+"/regdata\nhttp:\n  addr: "+host+"\n"), 0o644)
-	cmd := exec.Command(reg, "serve", cfg)
-	must(cmd.Start())
-	defer func() { cmd.Process.Kill(); cmd.Wait(); os.RemoveAll(dir + "/regdata") }()
-	must(testenv.WaitTCP(host, 10*time.Second))
+	defer stop()
 	args := []string{"push", "--plain-http", host + "/bench/model:v1"}
 	var total int64
 	for _, f := range files {

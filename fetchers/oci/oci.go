@@ -147,6 +147,13 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 	cfgType := string(m.Config.MediaType)
 	image := strings.Contains(cfgType, "image.config") || strings.Contains(cfgType, "container.image")
 	res := &fetchers.Resolved{URI: src.URI, Revision: desc.Digest.Hex}
+	if src.KernelCache {
+		cf, err := img.ConfigFile()
+		if err != nil {
+			return nil, explain(ref, err)
+		}
+		res.Labels = cf.Config.Labels
+	}
 	for i, l := range m.Layers {
 		mt := string(l.MediaType)
 		isTar := strings.Contains(mt, "tar")
@@ -168,6 +175,8 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 			// ORAS names a file by its title whatever the media type (the oras
 			// CLI's default for a file is the OCI tar layer type).
 			raw(title)
+		case isTar && src.KernelCache: // io.triton.cache/, io.vllm.cache/ and their manifests
+			archive("")
 		case isTar && image: // a modelcar: the model lives under /models
 			archive("models")
 		case isTar: // KitOps and other tar layers

@@ -92,3 +92,41 @@ func Tmpfs(t testing.TB, size string) string {
 	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
 	return dir
 }
+
+// StartRegistry starts Debian's docker-registry (distribution 2.8) on a
+// loopback port with its storage under dir and returns its host:port and
+// a stop function.
+func StartRegistry(bin, dir string) (string, func(), error) {
+	host, err := FreeAddr()
+	if err != nil {
+		return "", nil, err
+	}
+	cfg := filepath.Join(dir, "registry.yml")
+	body := "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: " + filepath.Join(dir, "registry-data") + "\n  delete:\n    enabled: true\nhttp:\n  addr: " + host + "\n"
+	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(bin, "serve", cfg)
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() { cmd.Process.Kill(); cmd.Wait(); os.RemoveAll(filepath.Join(dir, "registry-data")) }
+	if err := WaitTCP(host, 10*time.Second); err != nil {
+		stop()
+		return "", nil, errors.New("docker-registry: " + err.Error())
+	}
+	return host, stop, nil
+}
+
+// Registry starts a docker-registry for the test (Missing when the
+// package is not installed) and stops it at cleanup.
+func Registry(t testing.TB) string {
+	t.Helper()
+	bin := Require(t, "docker-registry", "apt-get install --no-install-recommends docker-registry")
+	host, stop, err := StartRegistry(bin, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return host
+}
