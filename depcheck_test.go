@@ -8,7 +8,7 @@ import (
 
 // TestDependencyDirection holds the package graph of the design map:
 // cachestore and api import no other package of this module; fetchers
-// import neither the store nor the daemon; only cmd/ and tests import the daemon.
+// import neither the store nor the daemon; gpu imports only api; only cmd/ and tests import the daemon.
 func TestDependencyDirection(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./...").Output()
 	if err != nil {
@@ -19,6 +19,7 @@ func TestDependencyDirection(t *testing.T) {
 		"cachestore": {""}, // nothing of the module
 		"api":        {""}, // nothing of the module
 		"fetchers":   {"cachestore", "daemon", "api"},
+		"gpu":        {"cachestore", "daemon", "fetchers"}, // api only: its types are the wire format
 	}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		f := strings.Fields(line)

@@ -264,6 +264,18 @@ func (c *Client) Usage(ctx context.Context) (*Usage, error) {
 	return &u, c.call(ctx, "GET", "/v1/usage", nil, &u)
 }
 
+// GPU returns the node's GPU inventory.
+func (c *Client) GPU(ctx context.Context) (*GPUInventory, error) {
+	var g GPUInventory
+	return &g, c.call(ctx, "GET", "/v1/gpu", nil, &g)
+}
+
+// Env returns the environment a framework needs to use an artifact.
+func (c *Client) Env(ctx context.Context, name string) (map[string]string, error) {
+	var env map[string]string
+	return env, c.call(ctx, "GET", "/v1/artifacts/"+url.PathEscape(name)+"/env", nil, &env)
+}
+
 // FormatBytes renders n in binary units for people.
 func FormatBytes(n int64) string {
 	if n < 0 {

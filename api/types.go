@@ -22,6 +22,16 @@ const (
 	PhaseDownloading Phase = "Downloading"
 	PhaseReady       Phase = "Ready"
 	PhaseFailed      Phase = "Failed"
+	// PhaseIncompatible: a kernel cache built for GPUs this node does not
+	// have. Not a failure; nothing is downloaded and nothing is retried
+	// until the desire or the node's GPUs change.
+	PhaseIncompatible Phase = "Incompatible"
+)
+
+// Artifact kinds.
+const (
+	KindModel       = "model"
+	KindKernelCache = "kernelcache"
 )
 
 // Desire is one wanted artifact: from `modelctl pull` (persisted in the
@@ -36,6 +46,69 @@ type Desire struct {
 	Exclude []string `json:"exclude,omitempty"`
 	// Origin says where the desire comes from: "api", or "file:<path>".
 	Origin string `json:"origin,omitempty"`
+	// Kind is model (default) or kernelcache (an oci:// kernel cache image).
+	Kind string `json:"kind,omitempty"`
+	// Signature is a kernel cache's signature policy.
+	Signature *SignaturePolicy `json:"signature,omitempty"`
+	// KernelCaches lists a model's kernel cache images, typically one per
+	// GPU architecture; each node takes the ones its GPUs can run.
+	KernelCaches []KernelCacheRef `json:"kernelCaches,omitempty"`
+	// Serves names the model a kernel cache desire came from.
+	Serves string `json:"serves,omitempty"`
+}
+
+// KernelCacheRef is one kernel cache image of a model desire.
+type KernelCacheRef struct {
+	// Name defaults to <model>.kc<index>.
+	Name      string           `json:"name,omitempty"`
+	URI       string           `json:"uri"`
+	Signature *SignaturePolicy `json:"signature,omitempty"`
+}
+
+// SignaturePolicy says what must have signed a kernel cache image.
+type SignaturePolicy struct {
+	// Policy is required (the default) or off.
+	Policy string `json:"policy,omitempty"`
+	// Keys: PEM public keys (cosign.pub), inline or as paths on the node;
+	// any one of them may sign.
+	Keys []string `json:"keys,omitempty"`
+	// Keyless: the certificate's subject and OIDC issuer (exact or
+	// regexp), checked against TrustedRoot, a path on the node to a
+	// sigstore trusted_root.json or a PEM CA bundle.
+	Identity       string `json:"identity,omitempty"`
+	IdentityRegexp string `json:"identityRegexp,omitempty"`
+	Issuer         string `json:"issuer,omitempty"`
+	IssuerRegexp   string `json:"issuerRegexp,omitempty"`
+	TrustedRoot    string `json:"trustedRoot,omitempty"`
+}
+
+// Signature policies.
+const (
+	PolicyRequired = "required"
+	PolicyOff      = "off"
+)
+
+// KernelCacheInfo is what the daemon checked of a kernel cache version.
+type KernelCacheInfo struct {
+	Serves        string          `json:"serves,omitempty"`
+	Signature     *SignatureCheck `json:"signature,omitempty"`
+	Compatibility *Compatibility  `json:"compatibility,omitempty"`
+	// CacheBytes is what was extracted under the cache directories.
+	CacheBytes     int64   `json:"cacheBytes,omitempty"`
+	Entries        int     `json:"entries,omitempty"`
+	ExtractSeconds float64 `json:"extractSeconds,omitempty"`
+	// Dirs are the cache directories found (io.triton.cache, …).
+	Dirs []string `json:"dirs,omitempty"`
+}
+
+// SignatureCheck is the result of a signature verification.
+type SignatureCheck struct {
+	Policy   string    `json:"policy"`
+	Verified bool      `json:"verified"`
+	Digest   string    `json:"digest,omitempty"`
+	Format   string    `json:"format,omitempty"`
+	Signer   string    `json:"signer,omitempty"`
+	At       time.Time `json:"at"`
 }
 
 // Desire states.
@@ -104,6 +177,9 @@ type Artifact struct {
 	// Metadata is what the model's files say (config.json, safetensors
 	// headers); only from Get.
 	Metadata *Metadata `json:"metadata,omitempty"`
+	// KernelCache is what was checked of a kernel cache: signature,
+	// compatibility per GPU, extraction.
+	KernelCache *KernelCacheInfo `json:"kernelCache,omitempty"`
 }
 
 // Metadata of a model version.
@@ -189,6 +265,10 @@ type ArtifactUsage struct {
 	Bytes       int64  `json:"bytes"`
 	UniqueBytes int64  `json:"uniqueBytes"`
 	SharedBytes int64  `json:"sharedBytes"`
+	// Serves: a kernel cache's model. KernelCacheBytes: a model's kernel
+	// caches, which it keeps on disk besides its own Bytes.
+	Serves           string `json:"serves,omitempty"`
+	KernelCacheBytes int64  `json:"kernelCacheBytes,omitempty"`
 }
 
 // Usage is the disk use of the store.
@@ -230,4 +310,58 @@ type Eviction struct {
 	Failed     []string  `json:"failed,omitempty"`
 	BytesFreed int64     `json:"bytesFreed"`
 	ShortBytes int64     `json:"shortBytes,omitempty"` // wanted but not freeable (pinned, in use, too young)
+}
+
+// GPUInventory is what this node's GPUs are.
+type GPUInventory struct {
+	// Source is nvml, simulated (from --gpu-inventory) or none.
+	Source    string `json:"source"`
+	Simulated bool   `json:"simulated,omitempty"`
+	// Reason says why the inventory is empty or partial (no driver, NVML
+	// error on one device).
+	Reason            string      `json:"reason,omitempty"`
+	DriverVersion     string      `json:"driverVersion,omitempty"`
+	CUDADriverVersion string      `json:"cudaDriverVersion,omitempty"` // e.g. "12.4"
+	Devices           []GPUDevice `json:"devices"`
+	DetectedAt        time.Time   `json:"detectedAt"`
+}
+
+// GPUDevice is one GPU.
+type GPUDevice struct {
+	Index int    `json:"index"`
+	Name  string `json:"name"`
+	UUID  string `json:"uuid"`
+	// ComputeCapability is major.minor, e.g. "9.0" (sm_90).
+	ComputeCapability string `json:"computeCapability"`
+	// Architecture is the family: Volta, Turing, Ampere, Ada, Hopper,
+	// Blackwell (or an AMD gfx name in a simulated inventory).
+	Architecture string `json:"architecture"`
+	MemoryBytes  uint64 `json:"memoryBytes"`
+	// Backend is what kernels target: cuda (every NVML device) or hip.
+	Backend string `json:"backend"`
+	// Arch is the kernel target as Triton names it: "90" for sm_90,
+	// "gfx90a" for an AMD device.
+	Arch     string `json:"arch"`
+	WarpSize int    `json:"warpSize"`
+}
+
+// GPUCompat is the verdict of a kernel cache for one GPU.
+type GPUCompat struct {
+	Index      int    `json:"index"`
+	UUID       string `json:"uuid,omitempty"`
+	Name       string `json:"name,omitempty"`
+	Compatible bool   `json:"compatible"`
+	// Entries is how many of the cache's entries this GPU can run.
+	Entries int    `json:"entries"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// Compatibility is the verdict of a kernel cache against the inventory.
+type Compatibility struct {
+	// Compatible: at least one GPU runs at least one entry of the cache.
+	Compatible bool        `json:"compatible"`
+	Simulated  bool        `json:"simulated,omitempty"`
+	Targets    int         `json:"targets"`
+	Devices    []GPUCompat `json:"devices"`
+	Reason     string      `json:"reason,omitempty"`
 }

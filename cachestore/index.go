@@ -51,6 +51,8 @@ type Version struct {
 	// Metadata is what the model's files say of it (config.json,
 	// safetensors headers), read at commit.
 	Metadata *Metadata `json:"metadata,omitempty"`
+	// Annotations is what the committer recorded (opaque to the store).
+	Annotations json.RawMessage `json:"annotations,omitempty"`
 }
 
 // Artifact is a name with its versions, the current one first.

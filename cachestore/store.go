@@ -311,6 +311,9 @@ type VersionSpec struct {
 	// version in the HF cache view too; Revision must then be the commit.
 	HFRepo string
 	HFRef  string
+	// Annotations is what the caller checked of the version (a kernel
+	// cache's signature and compatibility), kept with it as given.
+	Annotations json.RawMessage
 }
 
 func (s *Store) kindDir(kind string) (string, error) {
@@ -385,7 +388,7 @@ func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, 
 		Name: spec.Name, Kind: spec.Kind, Source: spec.Source, Revision: rev,
 		Manifest: m, ManifestDigest: md, State: StateReady, Pinned: spec.Pin,
 		Created: now, LastUsed: now, Bytes: m.Bytes(), Spec: spec.Spec,
-		HFRepo: spec.HFRepo, HFRef: spec.HFRef, Metadata: s.readMetadata(m),
+		HFRepo: spec.HFRepo, HFRef: spec.HFRef, Metadata: s.readMetadata(m), Annotations: spec.Annotations,
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		ab, err := tx.Bucket(bucketArtifacts).CreateBucketIfNotExists([]byte(spec.Name))

@@ -37,6 +37,7 @@ type Config struct {
 	RegistryMirrors    []string      // "registry=mirror": pulls from registry try mirror first
 	Capacity           capacity.Policy
 	CapacityInterval   time.Duration // how often the in-use scan and an eviction pass run
+	GPUInventory       string        // a JSON file describing a simulated node; "" = NVML
 	Logger             *slog.Logger  // nil = silent
 	Version            string        // reported by status and metrics
 	// Hook is called at the store's named commit points; for crash tests.

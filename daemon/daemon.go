@@ -34,6 +34,7 @@ import (
 	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
 	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 	s3fetcher "github.com/modelcache/modelcache/fetchers/s3"
+	"github.com/modelcache/modelcache/gpu"
 )
 
 // Daemon is one modelcached. Create it with New, run it with Run.
@@ -47,6 +48,8 @@ type Daemon struct {
 	started  time.Time
 	gid      int
 	backoff  fetchers.Backoff
+	oci      *ocifetcher.Fetcher
+	gpus     gpu.Inventory
 
 	mu          sync.Mutex
 	apiDesires  map[string]api.Desire
@@ -150,7 +153,17 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		r, mir, _ := strings.Cut(m, "=")
 		ociOpts = append(ociOpts, ocifetcher.WithMirror(r, mir))
 	}
-	d.fetchers["oci"] = ocifetcher.New(ociOpts...)
+	d.oci = ocifetcher.New(ociOpts...)
+	d.fetchers["oci"] = d.oci
+	if cfg.GPUInventory != "" {
+		if d.gpus, err = gpu.Load(cfg.GPUInventory); err != nil {
+			st.Close()
+			return nil, err
+		}
+	} else {
+		d.gpus = gpu.Detect()
+	}
+	log.Info("gpu inventory", "source", d.gpus.Source, "devices", len(d.gpus.Devices), "driver", d.gpus.DriverVersion, "cuda", d.gpus.CUDADriverVersion, "reason", d.gpus.Reason)
 	if cfg.BandwidthLimit > 0 {
 		d.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthLimit), int(min(cfg.BandwidthLimit, 4<<20)))
 	}

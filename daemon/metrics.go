@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"net/http"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -22,6 +23,8 @@ type metrics struct {
 	apiRequests   *prometheus.CounterVec
 	freedBytes    prometheus.Counter
 	admissions    *prometheus.CounterVec
+	signatures    *prometheus.CounterVec
+	compatChecks  *prometheus.CounterVec
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -55,8 +58,20 @@ func newMetrics(d *Daemon) *metrics {
 		admissions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "modelcache_pull_admissions_total", Help: "Capacity admission decisions for pulls, by result (admitted, evicted_first, rejected).",
 		}, []string{"result"}),
+		signatures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "modelcache_signature_verifications_total", Help: "Kernel cache signature checks, by result (verified, unsigned, invalid, error, skipped).",
+		}, []string{"result"}),
+		compatChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "modelcache_kernelcache_compat_checks_total", Help: "Kernel cache compatibility checks against this node's GPUs, by result (compatible, incompatible).",
+		}, []string{"result"}),
 	}
-	m.reg.MustRegister(m.fetchedBytes, m.fetchErrors, m.fetchDuration, m.pulls, m.verifications, m.evictions, m.apiRequests, m.freedBytes, m.admissions,
+	for _, r := range []string{"verified", "unsigned", "invalid", "error", "skipped"} {
+		m.signatures.WithLabelValues(r)
+	}
+	for _, r := range []string{"compatible", "incompatible"} {
+		m.compatChecks.WithLabelValues(r)
+	}
+	m.reg.MustRegister(m.fetchedBytes, m.fetchErrors, m.fetchDuration, m.pulls, m.verifications, m.evictions, m.apiRequests, m.freedBytes, m.admissions, m.signatures, m.compatChecks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{d: d})
 	return m
@@ -75,6 +90,10 @@ var (
 	descPressure   = prometheus.NewDesc("modelcache_disk_pressure", "1 when the store is over its quota or the filesystem above the high watermark.", []string{"cause"}, nil)
 	descQuota      = prometheus.NewDesc("modelcache_quota_bytes", "The store's byte quota (0: none).", nil, nil)
 	descWatermark  = prometheus.NewDesc("modelcache_watermark_ratio", "Filesystem-use watermarks of the eviction policy.", []string{"mark"}, nil)
+	descGPU        = prometheus.NewDesc("modelcache_gpu_info", "One per GPU of this node's inventory (source nvml or simulated).",
+		[]string{"index", "name", "uuid", "compute_capability", "architecture", "driver_version", "cuda_driver_version", "source"}, nil)
+	descGPUs        = prometheus.NewDesc("modelcache_gpus", "GPUs in this node's inventory, by source (nvml, simulated, none).", []string{"source"}, nil)
+	descKernelBytes = prometheus.NewDesc("modelcache_kernelcache_bytes", "Bytes of the current Ready kernel cache versions (shared blobs counted in each).", nil, nil)
 )
 
 // stateCollector reads the store and the daemon at scrape time. A failing
@@ -82,7 +101,7 @@ var (
 type stateCollector struct{ d *Daemon }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descArtifacts, descStoreBytes, descBlobs, descFSCap, descFSFree, descInfo, descReserved, descPinned, descInUse, descPressure, descQuota, descWatermark} {
+	for _, d := range []*prometheus.Desc{descArtifacts, descStoreBytes, descBlobs, descFSCap, descFSFree, descInfo, descReserved, descPinned, descInUse, descPressure, descQuota, descWatermark, descGPU, descGPUs, descKernelBytes} {
 		ch <- d
 	}
 }
@@ -90,7 +109,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descInfo, prometheus.GaugeValue, 1, c.d.cfg.Version)
 	if list, err := c.d.list(); err == nil {
-		counts := map[api.Phase]int{api.PhasePending: 0, api.PhaseDownloading: 0, api.PhaseReady: 0, api.PhaseFailed: 0}
+		counts := map[api.Phase]int{api.PhasePending: 0, api.PhaseDownloading: 0, api.PhaseReady: 0, api.PhaseFailed: 0, api.PhaseIncompatible: 0}
 		for _, a := range list {
 			counts[a.Phase]++
 		}
@@ -116,15 +135,25 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPressure, prometheus.GaugeValue, b2f(pr.AboveHigh), "watermark")
 	}
 	if arts, err := c.d.store.ListSummaries(); err == nil {
-		n := 0
+		n, kb := 0, int64(0)
 		for _, a := range arts {
 			for _, v := range a.Versions {
 				if v.Pinned {
 					n++
 				}
+				if v.Kind == api.KindKernelCache && v.Revision == a.Current && v.State == "Ready" {
+					kb += v.Bytes
+				}
 			}
 		}
 		ch <- prometheus.MustNewConstMetric(descPinned, prometheus.GaugeValue, float64(n))
+		ch <- prometheus.MustNewConstMetric(descKernelBytes, prometheus.GaugeValue, float64(kb))
+	}
+	inv := c.d.gpus
+	ch <- prometheus.MustNewConstMetric(descGPUs, prometheus.GaugeValue, float64(len(inv.Devices)), inv.Source)
+	for _, g := range inv.Devices {
+		ch <- prometheus.MustNewConstMetric(descGPU, prometheus.GaugeValue, 1, strconv.Itoa(g.Index), g.Name, g.UUID,
+			g.ComputeCapability, g.Architecture, inv.DriverVersion, inv.CUDADriverVersion, inv.Source)
 	}
 	byKind := map[string]int{"lease": 0, "process": 0}
 	for _, hs := range c.d.inUse() {

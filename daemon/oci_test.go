@@ -16,17 +16,16 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/fetchers/oci"
+	"github.com/modelcache/modelcache/fetchers/oci/ocitest"
 )
 
 // orasArtifact: raw layers named by org.opencontainers.image.title.
@@ -82,15 +81,7 @@ func modelcar(t *testing.T, layers ...v1.Layer) v1.Image {
 
 func push(t *testing.T, host, repo string, img v1.Image) string {
 	t.Helper()
-	ref, err := name.ParseReference(host+"/"+repo, name.Insecure)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(ref, img); err != nil {
-		t.Fatalf("push %s: %v", ref, err)
-	}
-	d, _ := img.Digest()
-	return d.Hex
+	return strings.TrimPrefix(ocitest.Push(t, host, repo, img), "sha256:")
 }
 
 func TestOCIArtifactsModelcarAndHostileLayers(t *testing.T) {

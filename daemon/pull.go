@@ -4,6 +4,7 @@ import (
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"strings"
 
 	"context"
@@ -45,7 +46,8 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 		return err
 	}
 	scheme, _ := fetchers.Scheme(ds.URI)
-	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude}
+	kernel := ds.Kind == api.KindKernelCache
+	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: kernel}
 	var res *fetchers.Resolved
 	err = d.backoff.Do(ctx, func(int) error {
 		var err error
@@ -57,6 +59,17 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 	if err != nil {
 		return fmt.Errorf("resolve %s: %w", ds.URI, err)
 	}
+	var kc *api.KernelCacheInfo
+	if kernel {
+		kc, err = d.kernelCacheBefore(ctx, ds, res)
+		d.mu.Lock()
+		st.kc = kc
+		d.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	started := time.Now()
 	files, err := fetchers.Filter(res.Files, ds.Include, ds.Exclude)
 	if err != nil {
 		return fmt.Errorf("%s: %w", ds.URI, err)
@@ -165,10 +178,18 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 			entries = append(entries, unpacked[m.Path])
 		}
 	}
-	_, err = d.store.CommitVersion(ctx, cachestore.VersionSpec{
+	spec := cachestore.VersionSpec{
 		Name: ds.Name, Source: ds.URI, Revision: res.Revision, Manifest: entries,
 		ExpectedDigest: ds.Digest, Pin: ds.Pin, Spec: fp, HFRepo: res.Repo, HFRef: res.Ref,
-	})
+	}
+	if kernel {
+		if err := d.kernelCacheAfter(kc, res, entries, started); err != nil {
+			return err
+		}
+		spec.Kind = cachestore.KindKernelCache
+		spec.Annotations, _ = json.Marshal(kc)
+	}
+	_, err = d.store.CommitVersion(ctx, spec)
 	return err
 }
 

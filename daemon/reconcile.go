@@ -24,12 +24,14 @@ type artState struct {
 	message   string
 	attempts  int
 	nextRetry time.Time
-	spec      string             // fingerprint of the desire of the pull in flight or last pulled
-	cancel    context.CancelFunc // set while a pull is in flight
-	done      chan struct{}      // closed when that pull has finished
-	force     bool               // re-resolve even when satisfied (an explicit pull)
-	completed uint64             // pulls finished (either way); waiters watch it
-	reason    string             // machine-readable cause of Failed
+	spec      string               // fingerprint of the desire of the pull in flight or last pulled
+	cancel    context.CancelFunc   // set while a pull is in flight
+	done      chan struct{}        // closed when that pull has finished
+	force     bool                 // re-resolve even when satisfied (an explicit pull)
+	completed uint64               // pulls finished (either way); waiters watch it
+	lastErr   error                // outcome of the last finished pull
+	reason    string               // machine-readable cause of Failed or Incompatible
+	kc        *api.KernelCacheInfo // what the last kernel-cache pull checked
 	prog      *progress
 }
 
@@ -58,7 +60,11 @@ func (p *progress) view() *api.Progress {
 // fingerprint identifies what a desire asks the store for; a change of it
 // means a new pull.
 func fingerprint(ds api.Desire) string {
-	b, _ := json.Marshal([]any{ds.URI, ds.Digest, ds.Include, ds.Exclude})
+	parts := []any{ds.URI, ds.Digest, ds.Include, ds.Exclude}
+	if ds.Kind == api.KindKernelCache { // models keep the fingerprint they always had
+		parts = append(parts, ds.Kind, ds.Signature)
+	}
+	b, _ := json.Marshal(parts)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:8])
 }
@@ -72,6 +78,11 @@ func (d *Daemon) desired() map[string]api.Desire {
 	}
 	for n, ds := range d.fileDesires {
 		out[n] = ds
+	}
+	for _, ds := range out {
+		if len(ds.KernelCaches) > 0 {
+			expandKernelCaches(out, ds)
+		}
 	}
 	return out
 }
@@ -160,6 +171,9 @@ func (d *Daemon) reconcile(ctx context.Context) time.Duration {
 			}
 			continue
 		}
+		if st.phase == api.PhaseIncompatible && !st.force && st.spec == fp {
+			continue // the GPUs do not change while the daemon runs
+		}
 		if st.phase == api.PhaseFailed && !st.force && st.spec == fp && now.Before(st.nextRetry) {
 			if w := st.nextRetry.Sub(now); w < next {
 				next = w
@@ -236,6 +250,7 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 	st.cancel = nil
 	close(st.done)
 	st.completed++
+	st.lastErr = nil // a failure sets it below; a cancelled or incompatible pull leaves the phase to speak
 	scheme, _ := fetchers.Scheme(ds.URI)
 	switch {
 	case err == nil:
@@ -248,6 +263,10 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 	case pctx.Err() != nil:
 		st.phase, st.message = api.PhasePending, "restarting: the desire changed"
 		d.kick()
+	case errors.As(err, new(*incompatibleError)):
+		st.phase, st.message, st.reason, st.attempts = api.PhaseIncompatible, err.Error(), ReasonIncompatible, 0
+		d.metrics.pulls.WithLabelValues(scheme, "incompatible").Inc()
+		d.log.Info("kernel cache incompatible with this node's GPUs; not downloaded", "artifact", ds.Name, "uri", ds.URI, "why", err)
 	default:
 		st.attempts++
 		delay := d.cfg.RetryInitial << min(st.attempts-1, 16)
@@ -260,7 +279,11 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 		if errors.As(err, &ce) {
 			st.reason = ReasonInsufficientCapacity
 		}
+		if errors.As(err, new(*signatureError)) {
+			st.reason = ReasonSignatureFailed
+		}
 		st.nextRetry = time.Now().Add(delay)
+		st.lastErr = err
 		d.metrics.pulls.WithLabelValues(scheme, "failed").Inc()
 		d.log.Error("pull failed", "artifact", ds.Name, "uri", ds.URI, "attempt", st.attempts, "retry_in", delay.Round(time.Second), "err", err)
 		// A version that lost its blobs and cannot be re-fetched says why.

@@ -101,6 +101,8 @@ func (d *Daemon) routeTable() []route {
 		{"GET /v1/artifacts", false, d.handleList},
 		{"GET /v1/artifacts/{name}", false, d.handleGet},
 		{"GET /v1/artifacts/{name}/wait", false, d.handleWait},
+		{"GET /v1/artifacts/{name}/env", false, d.handleEnv},
+		{"GET /v1/gpu", false, d.handleGPU},
 		{"POST /v1/pull", true, d.handlePull},
 		{"POST /v1/artifacts/{name}/pin", true, d.handlePin(true)},
 		{"POST /v1/artifacts/{name}/unpin", true, d.handlePin(false)},
@@ -255,8 +257,24 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out := api.Usage{Root: d.store.Root(), StoreBytes: u.StoreBytes, Blobs: u.Blobs, FSCapacityBytes: u.FSCapacity, FSFreeBytes: u.FSFree}
+	// A kernel cache counts with the model it serves, too.
+	serves := map[string]string{}
+	if arts, err := d.store.ListSummaries(); err == nil {
+		for i := range arts {
+			if info := kernelCacheInfo(currentVersion(&arts[i])); info != nil && info.Serves != "" {
+				serves[arts[i].Name] = info.Serves
+			}
+		}
+	}
+	kernels := map[string]int64{}
 	for _, a := range u.Artifacts {
-		out.Artifacts = append(out.Artifacts, api.ArtifactUsage{Name: a.Name, Bytes: a.Bytes, UniqueBytes: a.Unique, SharedBytes: a.Shared})
+		if m := serves[a.Name]; m != "" {
+			kernels[m] += a.Bytes
+		}
+	}
+	for _, a := range u.Artifacts {
+		out.Artifacts = append(out.Artifacts, api.ArtifactUsage{Name: a.Name, Bytes: a.Bytes, UniqueBytes: a.Unique, SharedBytes: a.Shared,
+			Serves: serves[a.Name], KernelCacheBytes: kernels[a.Name]})
 	}
 	return writeJSON(w, out)
 }
@@ -331,6 +349,9 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 	if ds, ok := want[name]; ok {
 		ds := ds
 		out.Desire, out.URI, out.Pinned = &ds, ds.URI, ds.Pin
+		if ds.Kind == api.KindKernelCache {
+			out.Kind = api.KindKernelCache
+		}
 	}
 	var cur *cachestore.Version
 	if a != nil {
@@ -357,6 +378,7 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 	}
 	if cur != nil {
 		out.Kind, out.Revision, out.ManifestDigest, out.Bytes, out.Pinned = cur.Kind, cur.Revision, cur.ManifestDigest, cur.Bytes, cur.Pinned
+		out.KernelCache = kernelCacheInfo(cur)
 		if out.URI == "" {
 			out.URI = cur.Source
 		}
@@ -374,8 +396,11 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 		switch {
 		case st.cancel != nil:
 			out.Phase, out.Message, out.Progress = st.phase, st.message, st.prog.view()
-		case st.phase == api.PhaseFailed:
-			out.Phase, out.Message, out.Reason = api.PhaseFailed, st.message, st.reason
+		case st.phase == api.PhaseFailed || st.phase == api.PhaseIncompatible:
+			out.Phase, out.Message, out.Reason = st.phase, st.message, st.reason
+			if st.kc != nil {
+				out.KernelCache = st.kc // what this attempt found: signature, compatibility
+			}
 		case cur == nil || cur.State != cachestore.StateReady:
 			if st.message != "" {
 				out.Message = st.message
@@ -397,6 +422,9 @@ func settledErr(a *api.Artifact) error {
 	if a.Phase == api.PhaseFailed {
 		return api.Errorf(api.CodeFailed, "artifact %s failed: %s", a.Name, a.Message)
 	}
+	if a.Phase == api.PhaseIncompatible {
+		return api.Errorf(api.CodeFailed, "artifact %s is not for this node: %s", a.Name, a.Message)
+	}
 	return nil
 }
 
@@ -405,11 +433,11 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
+	req.Origin = "api"
 	ds, err := d.validateDesire(req)
 	if err != nil {
 		return err
 	}
-	ds.Origin = "api"
 	raw, _ := json.Marshal(ds)
 	d.mu.Lock()
 	if fd, ok := d.fileDesires[ds.Name]; ok {
@@ -443,7 +471,14 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(http.StatusAccepted)
 		return writeJSON(w, a)
 	}
-	return d.streamUntil(w, r, ds.Name, 0, func(st *artState) bool { return st != nil && st.completed > since && st.cancel == nil })
+	// The waiter gets the outcome of that pull, even where an older version
+	// still satisfies the desire (a refresh that failed is not Ready).
+	return d.streamUntil(w, r, ds.Name, 0, func(st *artState) (bool, error) {
+		if st == nil || st.completed <= since || st.cancel != nil {
+			return false, nil
+		}
+		return true, st.lastErr
+	})
 }
 
 // validateDesire checks a desire from the API or a file and fills defaults.
@@ -476,7 +511,69 @@ func (d *Daemon) validateDesire(ds api.Desire) (api.Desire, error) {
 			return ds, api.Errorf(api.CodeInvalid, "artifact %s: %v", ds.Name, err)
 		}
 	}
-	return ds, nil
+	return ds, validateKernelCaches(ds)
+}
+
+// validateKernelCaches checks the kernel cache parts of a desire: the kind,
+// oci:// sources, names, and signature policies. Keys over the socket must
+// be PEM (modelctl reads --key files), so no client makes the daemon open
+// a path of its choosing; a models.d file may name key paths on the node.
+func validateKernelCaches(ds api.Desire) error {
+	bad := func(f string, a ...any) error {
+		return api.Errorf(api.CodeInvalid, "artifact %s: %s", ds.Name, fmt.Sprintf(f, a...))
+	}
+	checkPolicy := func(what string, p *api.SignaturePolicy) error {
+		if p == nil {
+			return nil
+		}
+		if p.Policy != "" && p.Policy != api.PolicyRequired && p.Policy != api.PolicyOff {
+			return bad("%s: signature policy %q: use required or off", what, p.Policy)
+		}
+		for _, k := range p.Keys {
+			if ds.Origin == "api" && !strings.Contains(k, "-----BEGIN") {
+				return bad("%s: a key over the socket must be PEM text (modelctl pull --key FILE sends it so)", what)
+			}
+		}
+		if (p.Identity != "" || p.IdentityRegexp != "") && p.TrustedRoot == "" {
+			return bad("%s: keyless verification needs trustedRoot (a trusted_root.json or PEM CA bundle on the node)", what)
+		}
+		return nil
+	}
+	oci := func(u string) bool { return strings.HasPrefix(u, "oci://") }
+	switch ds.Kind {
+	case "", api.KindModel:
+		if ds.Signature != nil {
+			return bad("a signature policy applies to kernel caches; put it under kernelCaches")
+		}
+	case api.KindKernelCache:
+		if !oci(ds.URI) {
+			return bad("a kernel cache is an OCI image; write oci://<registry>/<repo>:<tag>")
+		}
+		if len(ds.KernelCaches) > 0 {
+			return bad("kernelCaches belong to a model, not to a kernel cache")
+		}
+		if err := checkPolicy("kernel cache", ds.Signature); err != nil {
+			return err
+		}
+	default:
+		return bad("kind %q: use model or kernelcache", ds.Kind)
+	}
+	for i, kc := range ds.KernelCaches {
+		if !oci(kc.URI) {
+			return bad("kernelCaches[%d]: %q is not an oci:// image", i, kc.URI)
+		}
+		n := kc.Name
+		if n == "" {
+			n = fmt.Sprintf("%s.kc%d", ds.Name, i)
+		}
+		if err := cachestore.ValidateName(n); err != nil {
+			return bad("kernelCaches[%d]: %v", i, err)
+		}
+		if err := checkPolicy(fmt.Sprintf("kernelCaches[%d]", i), kc.Signature); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (d *Daemon) handleWait(w http.ResponseWriter, r *http.Request) error {
@@ -487,13 +584,13 @@ func (d *Daemon) handleWait(w http.ResponseWriter, r *http.Request) error {
 			return api.Errorf(api.CodeInvalid, "timeout %q: want a duration such as 10m", t)
 		}
 	}
-	return d.streamUntil(w, r, r.PathValue("name"), timeout, func(st *artState) bool { return st == nil || st.cancel == nil })
+	return d.streamUntil(w, r, r.PathValue("name"), timeout, func(st *artState) (bool, error) { return st == nil || st.cancel == nil, nil })
 }
 
 // streamUntil writes the artifact as JSON lines on every change (and every
 // second while downloading) until it is Ready or Failed and done(state)
 // holds, the timeout passes or the client goes.
-func (d *Daemon) streamUntil(w http.ResponseWriter, r *http.Request, name string, timeout time.Duration, done func(*artState) bool) error {
+func (d *Daemon) streamUntil(w http.ResponseWriter, r *http.Request, name string, timeout time.Duration, done func(*artState) (bool, error)) error {
 	ctx := r.Context()
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -513,7 +610,7 @@ func (d *Daemon) streamUntil(w http.ResponseWriter, r *http.Request, name string
 	for {
 		d.mu.Lock()
 		changed := d.changed
-		fin := done(d.arts[name])
+		fin, pullErr := done(d.arts[name])
 		d.mu.Unlock()
 		a, err := d.view(name, false)
 		if err != nil {
@@ -524,7 +621,16 @@ func (d *Daemon) streamUntil(w http.ResponseWriter, r *http.Request, name string
 			}
 			a = &api.Artifact{Name: name, Phase: api.PhasePending, Message: "not desired yet; waiting for a pull or a desire"}
 		}
-		settled := a.Phase == api.PhaseReady || a.Phase == api.PhaseFailed
+		settled := a.Phase == api.PhaseReady || a.Phase == api.PhaseFailed || a.Phase == api.PhaseIncompatible
+		if fin && pullErr != nil {
+			msg := fmt.Sprintf("pull of %s failed: %v", name, pullErr)
+			if a.Path != "" { // an older version is Ready
+				msg += fmt.Sprintf(" (revision %s is still served)", a.Revision)
+			}
+			enc.Encode(api.Event{Artifact: a, Error: api.Errorf(api.CodeFailed, "%s", msg)})
+			flush()
+			return nil
+		}
 		if fin && settled {
 			if err := settledErr(a); err != nil {
 				enc.Encode(api.Event{Artifact: a, Error: toAPIError(err)})
@@ -587,6 +693,14 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; set state: absent there or remove the file", name, strings.TrimPrefix(fd.Origin, "file:"))
 	}
 	_, hadDesire := d.apiDesires[name]
+	var kernels []string // the kernel caches the model's desire lists go with it
+	if rev == "" {
+		for n, ds := range d.desired() {
+			if ds.Serves == name {
+				kernels = append(kernels, n)
+			}
+		}
+	}
 	var inFlight chan struct{}
 	if rev == "" {
 		if st := d.arts[name]; st != nil && st.cancel != nil {
@@ -639,6 +753,20 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 		delete(d.apiDesires, name)
 		delete(d.arts, name)
 		d.notify()
+		d.mu.Unlock()
+	}
+	sort.Strings(kernels)
+	for _, k := range kernels {
+		revs, err := d.store.Evict(r.Context(), k, "", force)
+		if err != nil && !errors.Is(err, cachestore.ErrNotFound) {
+			d.log.Warn("evict a kernel cache of an evicted model", "artifact", k, "model", name, "err", err)
+		}
+		for _, rv := range revs {
+			res.Revisions = append(res.Revisions, k+"@"+rv)
+		}
+		d.metrics.evictions.WithLabelValues(capacity.ReasonManual).Add(float64(len(revs)))
+		d.mu.Lock()
+		delete(d.arts, k)
 		d.mu.Unlock()
 	}
 	gc, err := d.store.GC(r.Context())
@@ -746,4 +874,16 @@ func (d *Daemon) handleRelease(w http.ResponseWriter, r *http.Request) error {
 	delete(d.leases[name], holder)
 	d.notify()
 	return writeJSON(w, map[string]string{"released": holder})
+}
+
+func (d *Daemon) handleGPU(w http.ResponseWriter, r *http.Request) error {
+	return writeJSON(w, d.gpus)
+}
+
+func (d *Daemon) handleEnv(w http.ResponseWriter, r *http.Request) error {
+	env, err := d.env(r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, env)
 }

@@ -3,6 +3,7 @@ package gpu
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/modelcache/modelcache/api"
 	"sort"
 	"strconv"
 	"strings"
@@ -136,26 +137,11 @@ func targets(raw []entry) ([]Target, error) {
 	return out, nil
 }
 
-// DeviceResult is the verdict for one GPU.
-type DeviceResult struct {
-	Index      int    `json:"index"`
-	UUID       string `json:"uuid,omitempty"`
-	Name       string `json:"name,omitempty"`
-	Compatible bool   `json:"compatible"`
-	// Entries is how many of the cache's entries this GPU can run.
-	Entries int    `json:"entries"`
-	Reason  string `json:"reason,omitempty"`
-}
-
-// Report is the verdict of a kernel cache against an inventory.
-type Report struct {
-	// Compatible: at least one GPU runs at least one entry of the cache.
-	Compatible bool           `json:"compatible"`
-	Simulated  bool           `json:"simulated,omitempty"`
-	Targets    int            `json:"targets"`
-	Devices    []DeviceResult `json:"devices"`
-	Reason     string         `json:"reason,omitempty"`
-}
+// DeviceResult and Report are wire types too.
+type (
+	DeviceResult = api.GPUCompat
+	Report       = api.Compatibility
+)
 
 // Check decides, per GPU, whether the cache's entries can run on it. A
 // GPU matches an entry when backend, arch and warp size are equal and the

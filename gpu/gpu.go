@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/modelcache/modelcache/api"
 	"os"
 	"strconv"
 	"strings"
@@ -26,38 +27,12 @@ const (
 	SourceNone      = "none"
 )
 
-// Inventory is what this node's GPUs are.
-type Inventory struct {
-	// Source is nvml, simulated (from --gpu-inventory) or none.
-	Source    string `json:"source"`
-	Simulated bool   `json:"simulated,omitempty"`
-	// Reason says why the inventory is empty or partial (no driver, NVML
-	// error on one device).
-	Reason            string    `json:"reason,omitempty"`
-	DriverVersion     string    `json:"driverVersion,omitempty"`
-	CUDADriverVersion string    `json:"cudaDriverVersion,omitempty"` // e.g. "12.4"
-	Devices           []Device  `json:"devices"`
-	DetectedAt        time.Time `json:"detectedAt"`
-}
-
-// Device is one GPU.
-type Device struct {
-	Index int    `json:"index"`
-	Name  string `json:"name"`
-	UUID  string `json:"uuid"`
-	// ComputeCapability is major.minor, e.g. "9.0" (sm_90).
-	ComputeCapability string `json:"computeCapability"`
-	// Architecture is the family: Volta, Turing, Ampere, Ada, Hopper,
-	// Blackwell (or an AMD gfx name in a simulated inventory).
-	Architecture string `json:"architecture"`
-	MemoryBytes  uint64 `json:"memoryBytes"`
-	// Backend is what kernels target: cuda (every NVML device) or hip.
-	Backend string `json:"backend"`
-	// Arch is the kernel target as Triton names it: "90" for sm_90,
-	// "gfx90a" for an AMD device.
-	Arch     string `json:"arch"`
-	WarpSize int    `json:"warpSize"`
-}
+// Inventory and Device are the wire types of the socket API: modelctl
+// shows them without linking NVML.
+type (
+	Inventory = api.GPUInventory
+	Device    = api.GPUDevice
+)
 
 // Detect reads the inventory from NVML. Without the driver it returns an
 // empty inventory whose Reason says so.

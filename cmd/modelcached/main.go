@@ -54,6 +54,7 @@ func main() {
 			&cli.IntFlag{Name: "range-connections", Value: def.RangeConnections, Usage: "parallel Range requests per large file from a hub or S3 (1: one stream)"},
 			&cli.StringSliceFlag{Name: "insecure-registry", Usage: "an OCI registry (host:port) to reach over plain HTTP (repeatable; for local registries)"},
 			&cli.StringSliceFlag{Name: "registry-mirror", Usage: "registry=mirror: pull from the mirror first, the registry when it fails (repeatable; digests are verified either way)"},
+			&cli.StringFlag{Name: "gpu-inventory", Usage: "JSON file describing a simulated node's GPUs (tests; nodes where NVML is unavailable); shown as simulated everywhere", EnvVars: []string{"MODELCACHED_GPU_INVENTORY"}},
 			&cli.DurationFlag{Name: "idle-timeout", Value: def.IdleTimeout, Usage: "a download that delivers nothing this long is resumed on a new request"},
 		},
 		Action: run,
@@ -127,6 +128,7 @@ func run(c *cli.Context) error {
 	cfg.RangeConnections = c.Int("range-connections")
 	cfg.InsecureRegistries = c.StringSlice("insecure-registry")
 	cfg.RegistryMirrors = c.StringSlice("registry-mirror")
+	cfg.GPUInventory = c.String("gpu-inventory")
 	cfg.Logger = logger
 	cfg.Version = version
 	cfg.Hook = faultHook(logger)

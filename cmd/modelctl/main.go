@@ -171,6 +171,15 @@ func commands() []*cli.Command {
 				&cli.StringSliceFlag{Name: "include", Usage: "only files matching this glob (repeatable)"},
 				&cli.StringSliceFlag{Name: "exclude", Usage: "skip files matching this glob (repeatable)"},
 				&cli.BoolFlag{Name: "no-wait", Usage: "return once the pull is queued"},
+				&cli.StringFlag{Name: "kind", Value: api.KindModel, Usage: "model, or kernelcache for an oci:// GPU kernel cache image (MCV layout)"},
+				&cli.StringSliceFlag{Name: "kernel-cache", Usage: "a kernel cache image (oci://…) that goes with the model; repeatable, one per GPU architecture"},
+				&cli.StringSliceFlag{Name: "key", Usage: "kernel caches: a cosign public key (PEM file) that may sign them; repeatable"},
+				&cli.StringFlag{Name: "identity", Usage: "kernel caches, keyless: the certificate subject (email or URI) that must sign"},
+				&cli.StringFlag{Name: "identity-regexp", Usage: "kernel caches, keyless: a regexp the certificate subject must match"},
+				&cli.StringFlag{Name: "issuer", Usage: "kernel caches, keyless: the OIDC issuer recorded in the certificate"},
+				&cli.StringFlag{Name: "issuer-regexp", Usage: "kernel caches, keyless: a regexp the issuer must match"},
+				&cli.StringFlag{Name: "trusted-root", Usage: "kernel caches, keyless: trusted_root.json or PEM CA bundle on the node"},
+				&cli.StringFlag{Name: "signature-policy", Value: api.PolicyRequired, Usage: "kernel caches: required (a signature the policy trusts) or off"},
 			},
 			Action: func(c *cli.Context) error {
 				if err := needArgs(c, 1, "one URI"); err != nil {
@@ -182,6 +191,23 @@ func commands() []*cli.Command {
 				req := api.PullRequest{
 					Name: c.String("name"), URI: c.Args().First(), Digest: c.String("digest"), Pin: c.Bool("pin"),
 					Include: c.StringSlice("include"), Exclude: c.StringSlice("exclude"),
+				}
+				sig, err := signatureFlags(c)
+				if err != nil {
+					return err
+				}
+				switch c.String("kind") {
+				case api.KindModel:
+					for _, u := range c.StringSlice("kernel-cache") {
+						req.KernelCaches = append(req.KernelCaches, api.KernelCacheRef{URI: u, Signature: sig})
+					}
+				case api.KindKernelCache:
+					if len(c.StringSlice("kernel-cache")) > 0 {
+						return usagef("pull: --kernel-cache belongs to a model; a kernel cache pull names its image as the URI")
+					}
+					req.Kind, req.Signature = api.KindKernelCache, sig
+				default:
+					return usagef("pull: --kind %q: use model or kernelcache", c.String("kind"))
 				}
 				if c.Bool("no-wait") {
 					a, err := client(c).Pull(c.Context, req, false, nil)
@@ -198,6 +224,40 @@ func commands() []*cli.Command {
 				}
 				return output(c, a, func(w io.Writer) {
 					fmt.Fprintf(w, "%s: Ready at %s (revision %s, %s)\n", a.Name, a.Path, short(a.Revision), api.FormatBytes(a.Bytes))
+				})
+			},
+		},
+		{
+			Name: "gpu", Usage: "this node's GPUs as the daemon sees them (NVML, or a simulated inventory)",
+			Action: func(c *cli.Context) error {
+				g, err := client(c).GPU(c.Context)
+				if err != nil {
+					return err
+				}
+				return output(c, g, func(w io.Writer) { printGPU(w, g) })
+			},
+		},
+		{
+			Name: "env", Usage: "the environment a framework needs for an artifact (paths, TRITON_CACHE_DIR, VLLM_CACHE_ROOT, …) as export lines", ArgsUsage: "NAME",
+			Description: "For a model: MODEL_PATH, HF_HUB_CACHE and HF_HUB_OFFLINE for hub models, and the cache directories of its\n" +
+				"Ready, compatible kernel caches. For a kernel cache: its cache directories. Use: eval \"$(modelctl env NAME)\"",
+			Action: func(c *cli.Context) error {
+				if err := needArgs(c, 1, "NAME"); err != nil {
+					return err
+				}
+				env, err := client(c).Env(c.Context, c.Args().First())
+				if err != nil {
+					return err
+				}
+				return output(c, env, func(w io.Writer) {
+					keys := make([]string, 0, len(env))
+					for k := range env {
+						keys = append(keys, k)
+					}
+					sort.Strings(keys)
+					for _, k := range keys {
+						fmt.Fprintf(w, "export %s=%s\n", k, shellQuote(env[k]))
+					}
 				})
 			},
 		},
@@ -295,10 +355,17 @@ func commands() []*cli.Command {
 				}
 				return output(c, u, func(w io.Writer) {
 					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "NAME\tSIZE\tUNIQUE\tSHARED")
+					fmt.Fprintln(tw, "NAME\tSIZE\tUNIQUE\tSHARED\tKERNEL CACHES")
 					sort.Slice(u.Artifacts, func(i, j int) bool { return u.Artifacts[i].Bytes > u.Artifacts[j].Bytes })
 					for _, a := range u.Artifacts {
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Name, api.FormatBytes(a.Bytes), api.FormatBytes(a.UniqueBytes), api.FormatBytes(a.SharedBytes))
+						kc := ""
+						switch {
+						case a.KernelCacheBytes > 0:
+							kc = "+" + api.FormatBytes(a.KernelCacheBytes)
+						case a.Serves != "":
+							kc = "(of " + a.Serves + ")"
+						}
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.Name, api.FormatBytes(a.Bytes), api.FormatBytes(a.UniqueBytes), api.FormatBytes(a.SharedBytes), kc)
 					}
 					tw.Flush()
 					fmt.Fprintf(w, "store %s in %d blobs at %s; filesystem %s free of %s\n", api.FormatBytes(u.StoreBytes), u.Blobs, u.Root, api.FormatBytes(u.FSFreeBytes), api.FormatBytes(u.FSCapacityBytes))

@@ -1,0 +1,317 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
+	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
+	"github.com/modelcache/modelcache/gpu"
+)
+
+// Reasons of a kernel cache that is not served.
+const (
+	ReasonIncompatible       = "Incompatible"
+	ReasonSignatureFailed    = "SignatureVerificationFailed"
+	maxKernelCacheManifest   = 64 << 20
+	kernelCacheRetryOnChange = "the node's GPUs or the desire must change for a new attempt"
+)
+
+// incompatibleError: a kernel cache none of this node's GPUs can run.
+type incompatibleError struct{ report gpu.Report }
+
+func (e *incompatibleError) Error() string {
+	return "incompatible with this node's GPUs: " + e.report.Reason
+}
+
+// signatureError: the image's signature is missing or not trusted.
+type signatureError struct{ err error }
+
+func (e *signatureError) Error() string { return e.err.Error() }
+func (e *signatureError) Unwrap() error { return e.err }
+
+// kernelCacheDirs are the cache directories of an MCV image and the
+// variable a framework reads each from.
+var kernelCacheDirs = []struct{ dir, env, manifest, sizeLabel, countLabel, summary string }{
+	{gpu.TritonCacheDir, "TRITON_CACHE_DIR", gpu.TritonManifestDir, gpu.LabelTritonCacheSize, gpu.LabelTritonEntryCount, gpu.LabelTritonSummary},
+	{gpu.VLLMCacheDir, "VLLM_CACHE_ROOT", gpu.VLLMManifestDir, gpu.LabelVLLMCacheSize, gpu.LabelVLLMEntryCount, gpu.LabelVLLMSummary},
+	{gpu.TorchInductorCacheDir, "TORCHINDUCTOR_CACHE_DIR", "", "", "", ""},
+}
+
+// expandKernelCaches adds the kernel cache desires a model desire lists;
+// they follow the model's state and pin. Called with d.mu held.
+func expandKernelCaches(out map[string]api.Desire, model api.Desire) {
+	for i, kc := range model.KernelCaches {
+		name := kc.Name
+		if name == "" {
+			name = fmt.Sprintf("%s.kc%d", model.Name, i)
+		}
+		if _, taken := out[name]; taken {
+			continue // an explicit desire of that name wins
+		}
+		out[name] = api.Desire{Name: name, URI: kc.URI, Kind: api.KindKernelCache, Signature: kc.Signature,
+			Serves: model.Name, State: model.State, Pin: model.Pin, Origin: model.Origin}
+	}
+}
+
+// kernelCacheBefore runs after the image is resolved and before any layer
+// is fetched: the signature first (nothing of an untrusted image is
+// downloaded), then the summary label against the GPUs (an image for other
+// GPUs is not downloaded either).
+func (d *Daemon) kernelCacheBefore(ctx context.Context, ds api.Desire, res *fetchers.Resolved) (*api.KernelCacheInfo, error) {
+	info := &api.KernelCacheInfo{Serves: ds.Serves}
+	if s, _ := fetchers.Scheme(ds.URI); s != "oci" {
+		return info, fetchers.Permanent(fmt.Errorf("%s: a kernel cache is an OCI image; write oci://<registry>/<repo>:<tag>", ds.URI))
+	}
+	digest := "sha256:" + res.Revision
+	chk, err := d.verifySignature(ctx, ds, digest)
+	info.Signature = chk
+	if err != nil {
+		return info, err
+	}
+	var ts []gpu.Target
+	for _, k := range kernelCacheDirs {
+		if s := res.Labels[k.summary]; k.summary != "" && s != "" {
+			t, err := gpu.ParseSummary(s)
+			if err != nil {
+				d.log.Warn("kernel cache summary label unreadable; deciding from the manifest after extraction", "artifact", ds.Name, "err", err)
+				return info, nil
+			}
+			ts = append(ts, t...)
+		}
+	}
+	if len(ts) > 0 {
+		if err := d.checkCompat(info, ts); err != nil {
+			return info, err
+		}
+	}
+	return info, nil
+}
+
+func (d *Daemon) checkCompat(info *api.KernelCacheInfo, ts []gpu.Target) error {
+	rep := gpu.Check(d.gpus, ts)
+	info.Compatibility = &rep
+	if rep.Compatible {
+		d.metrics.compatChecks.WithLabelValues("compatible").Inc()
+		return nil
+	}
+	d.metrics.compatChecks.WithLabelValues("incompatible").Inc()
+	return &incompatibleError{rep}
+}
+
+// verifySignature applies the desire's policy to the pinned digest.
+func (d *Daemon) verifySignature(ctx context.Context, ds api.Desire, digest string) (*api.SignatureCheck, error) {
+	p := ds.Signature
+	if p == nil {
+		p = &api.SignaturePolicy{}
+	}
+	chk := &api.SignatureCheck{Policy: p.Policy, Digest: digest, At: time.Now().UTC()}
+	if chk.Policy == "" {
+		chk.Policy = api.PolicyRequired
+	}
+	if chk.Policy == api.PolicyOff {
+		d.metrics.signatures.WithLabelValues("skipped").Inc()
+		return chk, nil
+	}
+	pol, err := signaturePolicy(*p)
+	if err == nil {
+		var r *ocifetcher.SignatureResult
+		if r, err = d.oci.VerifySignature(ctx, ds.URI, digest, pol); err == nil {
+			chk.Verified, chk.Format, chk.Signer = true, r.Format, r.Signer
+			d.metrics.signatures.WithLabelValues("verified").Inc()
+			return chk, nil
+		}
+	}
+	switch {
+	case errors.Is(err, ocifetcher.ErrUnsigned):
+		d.metrics.signatures.WithLabelValues("unsigned").Inc()
+	case errors.Is(err, ocifetcher.ErrBadSignature):
+		d.metrics.signatures.WithLabelValues("invalid").Inc()
+	default: // the registry could not be asked: retried like any fetch
+		d.metrics.signatures.WithLabelValues("error").Inc()
+		return chk, fmt.Errorf("signature of %s: %w", digest, err)
+	}
+	return chk, fetchers.Permanent(&signatureError{err})
+}
+
+// signaturePolicy turns the wire policy into the verifier's: keys given
+// as paths are read from the node.
+func signaturePolicy(p api.SignaturePolicy) (ocifetcher.SignaturePolicy, error) {
+	switch p.Policy {
+	case "", api.PolicyRequired, api.PolicyOff:
+	default:
+		return ocifetcher.SignaturePolicy{}, fmt.Errorf("%w: signature policy %q: use required or off", ocifetcher.ErrBadSignature, p.Policy)
+	}
+	out := ocifetcher.SignaturePolicy{Identity: p.Identity, IdentityRegexp: p.IdentityRegexp, Issuer: p.Issuer, IssuerRegexp: p.IssuerRegexp, TrustedRoot: p.TrustedRoot}
+	for _, k := range p.Keys {
+		if strings.Contains(k, "-----BEGIN") {
+			out.PublicKeys = append(out.PublicKeys, []byte(k))
+			continue
+		}
+		b, err := os.ReadFile(k)
+		if err != nil {
+			return out, fmt.Errorf("%w: public key: %v", ocifetcher.ErrBadSignature, err)
+		}
+		out.PublicKeys = append(out.PublicKeys, b)
+	}
+	return out, nil
+}
+
+// kernelCacheAfter checks the extracted tree before it is committed: it
+// must hold a cache directory, its manifest decides compatibility per GPU,
+// and its bytes must match what the image's labels promise.
+func (d *Daemon) kernelCacheAfter(info *api.KernelCacheInfo, res *fetchers.Resolved, m cachestore.Manifest, started time.Time) error {
+	var ts []gpu.Target
+	manifests := 0
+	for _, k := range kernelCacheDirs {
+		var bytes int64
+		found := false
+		for _, e := range m {
+			if strings.HasPrefix(e.Path, k.dir+"/") {
+				found = true
+				bytes += e.Size
+			}
+			if k.manifest != "" && e.Path == k.manifest+"/"+gpu.ManifestFile {
+				t, err := d.readKernelManifest(e)
+				if err != nil {
+					return fetchers.Permanent(fmt.Errorf("%s: %w", e.Path, err))
+				}
+				ts = append(ts, t...)
+				manifests++
+				if n := gpu.ParseSize(res.Labels[k.countLabel]); n >= 0 && int(n) != len(t) {
+					return fetchers.Permanent(fmt.Errorf("%s lists %d entries but the image label %s says %d", e.Path, len(t), k.countLabel, n))
+				}
+			}
+		}
+		if !found {
+			continue
+		}
+		info.Dirs = append(info.Dirs, k.dir)
+		info.CacheBytes += bytes
+		if want := gpu.ParseSize(res.Labels[k.sizeLabel]); k.sizeLabel != "" && want >= 0 && want != bytes {
+			return fetchers.Permanent(fmt.Errorf("extracted %d bytes under %s/ but the image label %s says %d: the image is inconsistent; rebuild it", bytes, k.dir, k.sizeLabel, want))
+		}
+	}
+	if len(info.Dirs) == 0 {
+		return fetchers.Permanent(fmt.Errorf("the image holds no %s/, %s/ or %s/ directory: not a kernel cache image (MCV layout)", gpu.TritonCacheDir, gpu.VLLMCacheDir, gpu.TorchInductorCacheDir))
+	}
+	info.Entries = len(ts)
+	info.ExtractSeconds = time.Since(started).Seconds()
+	if manifests > 0 {
+		return d.checkCompat(info, ts)
+	}
+	if info.Compatibility == nil {
+		return fetchers.Permanent(fmt.Errorf("the image has no %s/%s and no summary label: compatibility cannot be decided", gpu.TritonManifestDir, gpu.ManifestFile))
+	}
+	return nil
+}
+
+func (d *Daemon) readKernelManifest(e cachestore.Entry) ([]gpu.Target, error) {
+	if e.Size > maxKernelCacheManifest {
+		return nil, fmt.Errorf("manifest of %d bytes is larger than %d", e.Size, maxKernelCacheManifest)
+	}
+	f, err := d.store.OpenBlob(e.Digest)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxKernelCacheManifest))
+	if err != nil {
+		return nil, err
+	}
+	return gpu.ParseManifest(b)
+}
+
+// kernelCacheInfo reads what a version recorded of its checks.
+func kernelCacheInfo(v *cachestore.Version) *api.KernelCacheInfo {
+	if v == nil || v.Kind != cachestore.KindKernelCache || len(v.Annotations) == 0 {
+		return nil
+	}
+	var info api.KernelCacheInfo
+	if json.Unmarshal(v.Annotations, &info) != nil {
+		return nil
+	}
+	return &info
+}
+
+// env is what a framework needs to use an artifact: for a kernel cache the
+// cache directories; for a model its path, the HF cache view when it came
+// from a hub, and the directories of its Ready, compatible kernel caches.
+func (d *Daemon) env(name string) (map[string]string, error) {
+	a, err := d.store.Summary(name)
+	if err != nil {
+		return nil, err
+	}
+	cur := currentVersion(a)
+	if cur == nil {
+		return nil, fmt.Errorf("%s: %w: no Ready version yet (modelctl wait %s)", name, cachestore.ErrNotFound, name)
+	}
+	out := map[string]string{}
+	if cur.Kind == cachestore.KindKernelCache {
+		d.kernelEnv(name, out)
+		return out, nil
+	}
+	out["MODEL_PATH"] = filepath.Join(d.store.TreePath(cur.Kind, name, ""), "current")
+	if cur.HFRepo != "" {
+		out["HF_HUB_CACHE"] = filepath.Join(d.store.Root(), "hf")
+		out["HF_HUB_OFFLINE"] = "1"
+	}
+	d.mu.Lock()
+	var kcs []string
+	for n, ds := range d.desired() {
+		if ds.Kind == api.KindKernelCache && ds.Serves == name {
+			kcs = append(kcs, n)
+		}
+	}
+	d.mu.Unlock()
+	sort.Strings(kcs)
+	for _, n := range kcs {
+		d.kernelEnv(n, out)
+	}
+	return out, nil
+}
+
+// kernelEnv adds a Ready kernel cache's directories to out (the first
+// cache to set a variable keeps it).
+func (d *Daemon) kernelEnv(name string, out map[string]string) {
+	a, err := d.store.Summary(name)
+	if err != nil {
+		return
+	}
+	cur := currentVersion(a)
+	info := kernelCacheInfo(cur)
+	if info == nil {
+		return
+	}
+	base := filepath.Join(d.store.TreePath(cachestore.KindKernelCache, name, ""), "current")
+	for _, k := range kernelCacheDirs {
+		for _, dir := range info.Dirs {
+			if dir == k.dir {
+				if _, set := out[k.env]; !set {
+					out[k.env] = filepath.Join(base, dir)
+				}
+			}
+		}
+	}
+}
+
+// currentVersion is a's current Ready version, or nil.
+func currentVersion(a *cachestore.Artifact) *cachestore.Version {
+	for i := range a.Versions {
+		v := &a.Versions[i]
+		if v.Revision == a.Current && v.State == cachestore.StateReady {
+			return v
+		}
+	}
+	return nil
+}
