@@ -1,10 +1,10 @@
 package daemon
 
 import (
-	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"github.com/klauspost/compress/gzip"
 	"strings"
 
 	"context"
@@ -343,8 +343,26 @@ func (d *Daemon) unpack(ctx context.Context, f fetchers.Fetcher, scheme string, 
 			}
 			defer closeBody()
 			lower := func(p string) bool { _, ok := merged[p]; return ok }
+			// Members stream in order; each one's fsync and commit runs
+			// beside the next one's decompression (a few at a time). A later
+			// entry of the same path wins by its position, not by when its
+			// commit ends; links wait for every commit before them.
+			var (
+				cmu     sync.Mutex
+				pending sync.WaitGroup
+				cerr    error
+				sem     = make(chan struct{}, 4)
+				seq     = map[string]int{}
+				n       int
+			)
+			defer pending.Wait()
 			err = fetchers.Untar(body, fetchers.TarLimits{Subtree: fl.Archive.Subtree, Exists: lower}, func(e fetchers.TarEntry, r io.Reader) error {
+				n++
 				if e.Link != "" {
+					pending.Wait()
+					if cerr != nil {
+						return cerr
+					}
 					src, ok := layer[e.Link]
 					if !ok {
 						src, ok = merged[e.Link]
@@ -352,6 +370,7 @@ func (d *Daemon) unpack(ctx context.Context, f fetchers.Fetcher, scheme string, 
 					if !ok {
 						return fmt.Errorf("%w %q: link target %q was removed", fetchers.ErrHostileArchive, e.Path, e.Link)
 					}
+					seq[e.Path] = n
 					layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: src.Digest, Size: src.Size, Mode: src.Mode}
 					return nil
 				}
@@ -366,12 +385,27 @@ func (d *Daemon) unpack(ctx context.Context, f fetchers.Fetcher, scheme string, 
 					w.Abort()
 					return err
 				}
-				dg, err := w.Commit(ctx, e.Size, "")
-				if err != nil {
-					return err
-				}
-				layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: dg, Size: e.Size, Mode: e.Mode}
-				return nil
+				sem <- struct{}{}
+				pending.Add(1)
+				go func(e fetchers.TarEntry, idx int) {
+					defer pending.Done()
+					defer func() { <-sem }()
+					dg, err := w.Commit(ctx, e.Size, "")
+					cmu.Lock()
+					defer cmu.Unlock()
+					switch {
+					case err != nil:
+						if cerr == nil {
+							cerr = err
+						}
+					case seq[e.Path] <= idx:
+						seq[e.Path] = idx
+						layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: dg, Size: e.Size, Mode: e.Mode}
+					}
+				}(e, n)
+				cmu.Lock()
+				defer cmu.Unlock()
+				return cerr
 			}, func(p string, opaque bool) error {
 				// A whiteout hides p and what is under it in the lower layers;
 				// an opaque one hides everything under the directory p.
@@ -382,6 +416,10 @@ func (d *Daemon) unpack(ctx context.Context, f fetchers.Fetcher, scheme string, 
 				}
 				return nil
 			})
+			pending.Wait()
+			if err == nil {
+				err = cerr
+			}
 			if err != nil {
 				if errors.Is(err, fetchers.ErrHostileArchive) {
 					return fetchers.Permanent(fmt.Errorf("layer %s: %w", fl.Digest, err))

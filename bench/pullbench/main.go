@@ -57,6 +57,7 @@ var (
 	sizeMiB = flag.Int64("size-mib", envInt("BENCH_SIZE_MIB", 2048), "model size in MiB (four shards); env BENCH_SIZE_MIB")
 	runs    = flag.Int("runs", int(envInt("BENCH_RUNS", 3)), "alternating runs of each pull variant; env BENCH_RUNS")
 	nArts   = flag.Int("artifacts", int(envInt("BENCH_ARTIFACTS", 10000)), "artifacts in the index for the list/restart test")
+	only    = flag.String("only", os.Getenv("BENCH_ONLY"), "run one scenario: kernelcache (default: all); env BENCH_ONLY")
 	workDir = flag.String("dir", os.Getenv("BENCH_DIR"), "scratch directory (default: a temp dir on the same filesystem as /var/tmp)")
 )
 
@@ -89,6 +90,14 @@ func main() {
 		fmt.Println("note: cannot drop the page cache (not root): cold runs are warm on the server side")
 	}
 
+	switch *only {
+	case "":
+	case "kernelcache":
+		kernelCacheBench(dir, canDrop)
+		return
+	default:
+		must(fmt.Errorf("-only %q: the scenario that runs alone is kernelcache", *only))
+	}
 	src := filepath.Join(dir, "src")
 	files := makeModel(src, *sizeMiB<<20)
 	var total int64
@@ -155,6 +164,7 @@ func main() {
 	hfBench(dir, src, files, canDrop)
 	ociBench(dir, src, files, canDrop)
 	s3Bench(dir, src, files, canDrop)
+	kernelCacheBench(dir, canDrop)
 	materializeVsCp(dir, src, files)
 	listAndRestart(dir, *nArts)
 }

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/klauspost/compress/gzip"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/internal/testenv"
+)
+
+// kernelCacheBench pushes a signed Triton kernel cache image (MCV layout,
+// one tar+gzip layer; BENCH_KC_MIB, default 500 MiB of cubins) to
+// docker-registry and compares modelctl pull --kind kernelcache (signature
+// check, compatibility check, digest check, extraction, fsync, commit) with
+// crane export | tar -x (extraction only), both followed by sync.
+func kernelCacheBench(dir string, canDrop bool) {
+	reg, err1 := testenv.Tool("docker-registry")
+	crane, err2 := testenv.Tool("crane")
+	cosign, err3 := testenv.Tool("cosign")
+	if err1 != nil || err2 != nil || err3 != nil {
+		fmt.Println("kernel cache: docker-registry, crane or cosign missing; skipped (see .ci/run)")
+		return
+	}
+	mib := int64(500)
+	if s := os.Getenv("BENCH_KC_MIB"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		must(err)
+		mib = n
+	}
+	host, stop, err := testenv.StartRegistry(reg, dir)
+	must(err)
+	defer stop()
+
+	// 2.5 MiB cubins, pseudo-random (they do not compress, as real cubins
+	// barely do), a manifest of entries and the MCV labels.
+	var raw bytes.Buffer
+	tw := tar.NewWriter(&raw)
+	rng := rand.NewChaCha8([32]byte{7})
+	const per = 5 << 19
+	n := int(mib << 20 / per)
+	var total int64
+	buf := make([]byte, per)
+	var entries []map[string]any
+	for i := 0; i < n; i++ {
+		rng.Read(buf)
+		h := fmt.Sprintf("%064x", i)
+		must(tw.WriteHeader(&tar.Header{Name: "io.triton.cache/" + h + "/kernel.cubin", Typeflag: tar.TypeReg, Mode: 0o644, Size: per}))
+		tw.Write(buf)
+		total += per
+		entries = append(entries, map[string]any{"hash": h, "backend": "cuda", "arch": 90, "warp_size": 32, "ptx_version": 83})
+	}
+	man, _ := json.Marshal(map[string]any{"triton": entries})
+	tw.WriteHeader(&tar.Header{Name: "io.triton.manifest/manifest.json", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(man))})
+	tw.Write(man)
+	tw.Close()
+	var z bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&z, gzip.BestSpeed)
+	zw.Write(raw.Bytes())
+	zw.Close()
+	raw = bytes.Buffer{}
+	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), static.NewLayer(z.Bytes(), types.OCILayer))
+	must(err)
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	cf, _ := img.ConfigFile()
+	cf = cf.DeepCopy()
+	cf.Config.Labels = map[string]string{"cache.triton.image/entry-count": strconv.Itoa(n), "cache.triton.image/cache-size-bytes": strconv.FormatInt(total, 10),
+		"cache.triton.image/summary": `{"targets":[{"backend":"cuda","arch":"90","warp_size":32}]}`}
+	img, err = mutate.ConfigFile(img, cf)
+	must(err)
+	ref, err := name.ParseReference(host+"/bench/kernels:sm90", name.Insecure)
+	must(err)
+	must(remote.Write(ref, img))
+	dg, _ := img.Digest()
+	keys := filepath.Join(dir, "kckeys")
+	os.MkdirAll(keys, 0o755)
+	sign := func(args ...string) {
+		c := exec.Command(cosign, args...)
+		c.Dir = keys
+		c.Env = append(os.Environ(), "COSIGN_PASSWORD=", "HOME="+keys)
+		if out, err := c.CombinedOutput(); err != nil {
+			must(fmt.Errorf("cosign %v: %v %s", args, err, out))
+		}
+	}
+	sign("generate-key-pair")
+	sign("sign", "--yes", "--key", "cosign.key", "--tlog-upload=false", "--allow-http-registry", host+"/bench/kernels@"+dg.String())
+	inv := filepath.Join(dir, "kc-gpus.json")
+	os.WriteFile(inv, []byte(`{"cudaDriverVersion":"12.4","devices":[{"name":"NVIDIA H100","uuid":"GPU-b","computeCapability":"9.0"}]}`), 0o644)
+
+	timed := func(run func()) float64 {
+		coldPrep(canDrop)
+		t0 := time.Now()
+		run()
+		syscall.Sync()
+		return time.Since(t0).Seconds()
+	}
+	var mc, peer []float64
+	for i := 0; i < *runs; i++ {
+		daemonArgs = []string{"--gpu-inventory", inv, "--insecure-registry", host}
+		d := startDaemon(filepath.Join(dir, "kcroot"), filepath.Join(dir, "kc.sock"), true)
+		daemonArgs = nil
+		mc = append(mc, timed(func() {
+			d.ctl("pull", "--kind", "kernelcache", "--key", filepath.Join(keys, "cosign.pub"), "--name", "kc", "oci://"+host+"/bench/kernels:sm90")
+		}))
+		d.stop()
+		os.RemoveAll(filepath.Join(dir, "kcroot"))
+		out := filepath.Join(dir, "kcpeer")
+		os.MkdirAll(out, 0o755)
+		peer = append(peer, timed(func() {
+			c := exec.Command("sh", "-c", fmt.Sprintf("%s export --insecure %s/bench/kernels:sm90 - | tar -x -C %s", crane, host, out))
+			if b, err := c.CombinedOutput(); err != nil {
+				must(fmt.Errorf("crane export | tar -x: %v %s", err, b))
+			}
+		}))
+		os.RemoveAll(out)
+	}
+	fmt.Printf("kernel cache of %s (%d cubins, one tar+gzip layer) from docker-registry on loopback (seconds incl. sync, median of %d):\n", api.FormatBytes(total), n, *runs)
+	fmt.Printf("  modelctl pull --kind kernelcache (verify signature, check GPUs, sha256, extract, fsync, commit)  %.2f  %v\n", median(mc), secs(mc))
+	fmt.Printf("  crane export | tar -x (extract only)                                                        %.2f  %v  modelctl takes %.2fx its time\n", median(peer), secs(peer), median(ratios(mc, peer)))
+}
+
+func secs(xs []float64) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = fmt.Sprintf("%.2f", x)
+	}
+	return out
+}
