@@ -100,6 +100,16 @@ func TestKernelCachesSignedAndCompatible(t *testing.T) {
 		t.Fatalf("env of the model: %v %v", env, err)
 	}
 
+	// The same from a models.d file, the key named by its path on the node.
+	os.MkdirAll(cfg.ModelsDir, 0o755)
+	yml := "name: filemodel\nuri: " + fs.URL + "/m/config.json\nkernelCaches:\n  - name: filemodel-sm90\n    uri: oci://" + host + "/kernels/llama:sm90\n    signature: {keys: [" + pub + "]}\n"
+	if err := os.WriteFile(filepath.Join(cfg.ModelsDir, "filemodel.yaml"), []byte(yml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if a := h.waitPhase("filemodel-sm90", api.PhaseReady); a.KernelCache == nil || a.Revision != strings.TrimPrefix(dg90, "sha256:") {
+		t.Fatalf("kernel cache from models.d: %+v", a)
+	}
+
 	// Unsigned: refused before any layer is fetched.
 	unsigned := data(100<<10, 7)
 	ocitest.Push(t, host, "kernels/unsigned:v1", ocitest.SM90(map[string][]byte{"x/k.cubin": unsigned}).Image(t))
