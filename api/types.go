@@ -177,9 +177,19 @@ type Artifact struct {
 	// Metadata is what the model's files say (config.json, safetensors
 	// headers); only from Get.
 	Metadata *Metadata `json:"metadata,omitempty"`
+	// LastPull is how the last successful pull of this daemon went.
+	LastPull *PullStats `json:"lastPull,omitempty"`
 	// KernelCache is what was checked of a kernel cache: signature,
 	// compatibility per GPU, extraction.
 	KernelCache *KernelCacheInfo `json:"kernelCache,omitempty"`
+}
+
+// PullStats describes a finished pull.
+type PullStats struct {
+	Seconds        float64   `json:"seconds"`
+	BytesFetched   int64     `json:"bytesFetched"`
+	BytesPerSecond float64   `json:"bytesPerSecond"`
+	At             time.Time `json:"at"`
 }
 
 // Metadata of a model version.
@@ -283,23 +293,24 @@ type Usage struct {
 
 // Status is the daemon's state at a glance.
 type Status struct {
-	Version        string        `json:"version"`
-	Root           string        `json:"root"`
-	Socket         string        `json:"socket"`
-	ModelsDir      string        `json:"modelsDir"`
-	Started        time.Time     `json:"started"`
-	Phases         map[Phase]int `json:"phases"`
-	PullsInFlight  int           `json:"pullsInFlight"`
-	StoreBytes     int64         `json:"storeBytes"`
-	FSFreeBytes    int64         `json:"fsFreeBytes"`
-	ModelsDirError []string      `json:"modelsDirErrors,omitempty"`
-	ReservedBytes  int64         `json:"reservedBytes"`
-	DiskPressure   bool          `json:"diskPressure"`
-	QuotaBytes     int64         `json:"quotaBytes,omitempty"`
-	HighWatermark  int           `json:"highWatermarkPercent,omitempty"`
-	LowWatermark   int           `json:"lowWatermarkPercent,omitempty"`
-	LastEviction   *Eviction     `json:"lastEviction,omitempty"`
-	DirectIO       bool          `json:"directIO"`
+	Version         string        `json:"version"`
+	Root            string        `json:"root"`
+	Socket          string        `json:"socket"`
+	ModelsDir       string        `json:"modelsDir"`
+	Started         time.Time     `json:"started"`
+	Phases          map[Phase]int `json:"phases"`
+	PullsInFlight   int           `json:"pullsInFlight"`
+	StoreBytes      int64         `json:"storeBytes"`
+	FSFreeBytes     int64         `json:"fsFreeBytes"`
+	FSCapacityBytes int64         `json:"fsCapacityBytes"`
+	ModelsDirError  []string      `json:"modelsDirErrors,omitempty"`
+	ReservedBytes   int64         `json:"reservedBytes"`
+	DiskPressure    bool          `json:"diskPressure"`
+	QuotaBytes      int64         `json:"quotaBytes,omitempty"`
+	HighWatermark   int           `json:"highWatermarkPercent,omitempty"`
+	LowWatermark    int           `json:"lowWatermarkPercent,omitempty"`
+	LastEviction    *Eviction     `json:"lastEviction,omitempty"`
+	DirectIO        bool          `json:"directIO"`
 }
 
 // Eviction summarises the last eviction pass that removed something or

@@ -13,6 +13,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/k8ssync"
 )
 
 // Config is everything modelcached is told at start. Zero fields take the
@@ -38,6 +39,9 @@ type Config struct {
 	Capacity           capacity.Policy
 	CapacityInterval   time.Duration // how often the in-use scan and an eviction pass run
 	GPUInventory       string        // a JSON file describing a simulated node; "" = NVML
+	// Cluster, when set, syncs with Kubernetes (ModelCache objects become
+	// desires, this node's status is written); nil: standalone.
+	Cluster *k8ssync.Config
 	Logger             *slog.Logger  // nil = silent
 	Version            string        // reported by status and metrics
 	// Hook is called at the store's named commit points; for crash tests.

@@ -35,6 +35,7 @@ import (
 	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 	s3fetcher "github.com/modelcache/modelcache/fetchers/s3"
 	"github.com/modelcache/modelcache/gpu"
+	"github.com/modelcache/modelcache/k8ssync"
 )
 
 // Daemon is one modelcached. Create it with New, run it with Run.
@@ -49,19 +50,27 @@ type Daemon struct {
 	gid      int
 	backoff  fetchers.Backoff
 	oci      *ocifetcher.Fetcher
+	ociOpts  []ocifetcher.Option
 	gpus     gpu.Inventory
 
 	mu          sync.Mutex
 	apiDesires  map[string]api.Desire
 	fileDesires map[string]api.Desire
-	fileErrors  []string
-	arts        map[string]*artState
-	flights     map[string]*flight
-	changed     chan struct{} // closed and replaced on every state change
-	wake        chan struct{}
-	pullSem     chan struct{}
-	pulls       sync.WaitGroup
-	metricsAddr atomic.Value // string: where /metrics listens once Run serves
+	// clusterDesires come from ModelCache objects (k8ssync); creds are
+	// their sources' credentials from Secrets, in memory only; podHolders
+	// are running pods that mount artifacts.
+	clusterDesires map[string]api.Desire
+	creds          map[string]map[string]string
+	podHolders     map[string][]api.Holder
+	credFetchers   map[string]fetchers.Fetcher
+	fileErrors     []string
+	arts           map[string]*artState
+	flights        map[string]*flight
+	changed        chan struct{} // closed and replaced on every state change
+	wake           chan struct{}
+	pullSem        chan struct{}
+	pulls          sync.WaitGroup
+	metricsAddr    atomic.Value // string: where /metrics listens once Run serves
 
 	leases       map[string]map[string]*lease // name → holder → lease; under mu
 	capMu        sync.Mutex                   // admission and reservations
@@ -112,14 +121,16 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 			"http":  httpfetcher.New(httpfetcher.WithIdleTimeout(cfg.IdleTimeout), httpfetcher.WithUserAgent("modelcached/"+cfg.Version)),
 			"https": httpfetcher.New(httpfetcher.WithIdleTimeout(cfg.IdleTimeout), httpfetcher.WithUserAgent("modelcached/"+cfg.Version)),
 		},
-		backoff:     fetchers.DefaultBackoff,
-		apiDesires:  map[string]api.Desire{},
-		fileDesires: map[string]api.Desire{},
-		arts:        map[string]*artState{},
-		flights:     map[string]*flight{},
-		changed:     make(chan struct{}),
-		wake:        make(chan struct{}, 1),
-		pullSem:     make(chan struct{}, cfg.MaxConcurrentPulls),
+		backoff:        fetchers.DefaultBackoff,
+		apiDesires:     map[string]api.Desire{},
+		fileDesires:    map[string]api.Desire{},
+		clusterDesires: map[string]api.Desire{},
+		credFetchers:   map[string]fetchers.Fetcher{},
+		arts:           map[string]*artState{},
+		flights:        map[string]*flight{},
+		changed:        make(chan struct{}),
+		wake:           make(chan struct{}, 1),
+		pullSem:        make(chan struct{}, cfg.MaxConcurrentPulls),
 
 		leases:       map[string]map[string]*lease{},
 		reservations: map[*reservation]struct{}{},
@@ -153,6 +164,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		r, mir, _ := strings.Cut(m, "=")
 		ociOpts = append(ociOpts, ocifetcher.WithMirror(r, mir))
 	}
+	d.ociOpts = ociOpts
 	d.oci = ocifetcher.New(ociOpts...)
 	d.fetchers["oci"] = d.oci
 	if cfg.GPUInventory != "" {
@@ -177,6 +189,10 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		var ds api.Desire
 		if err := json.Unmarshal(b, &ds); err != nil {
 			log.Error("dropping an unreadable desire from the index", "artifact", name, "err", err)
+			continue
+		}
+		if n, ok := isClusterKey(name); ok {
+			d.clusterDesires[n] = ds
 			continue
 		}
 		d.apiDesires[name] = ds
@@ -229,6 +245,22 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go func() { defer bg.Done(); d.watchModelsDir(ctx) }()
 	go func() { defer bg.Done(); d.capacityLoop(ctx) }()
 	go func() { defer bg.Done(); d.reconcileLoop(ctx) }()
+	if d.cfg.Cluster != nil {
+		c := *d.cfg.Cluster
+		if c.Log == nil {
+			c.Log = d.log.With("component", "k8ssync")
+		}
+		syncer, err := k8ssync.New(c, d)
+		if err != nil {
+			cancel()
+			bg.Wait()
+			srv.Close()
+			return err
+		}
+		bg.Add(1)
+		go func() { defer bg.Done(); syncer.Run(ctx) }()
+		d.log.Info("syncing with the cluster", "node", c.NodeName, "local_pvs", c.LocalPVs)
+	}
 
 	d.log.Info("serving", "socket", d.cfg.Socket, "root", d.store.Root(), "version", d.cfg.Version)
 	if ok, err := daemon.SdNotify(false, daemon.SdNotifyReady); ok {

@@ -63,9 +63,15 @@ func (d *Daemon) reservedBoth() (outstanding, total int64) {
 
 // inUse merges live leases and the last /proc scan, by version key.
 func (d *Daemon) inUse() map[string][]capacity.Holder {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.inUseLocked()
+}
+
+// inUseLocked is inUse with d.mu held (d.mu before scanMu, never after).
+func (d *Daemon) inUseLocked() map[string][]capacity.Holder {
 	out := map[string][]capacity.Holder{}
 	now := time.Now()
-	d.mu.Lock()
 	for name, ls := range d.leases {
 		for holder, l := range ls {
 			if now.After(l.expires) {
@@ -77,7 +83,7 @@ func (d *Daemon) inUse() map[string][]capacity.Holder {
 			out[k] = append(out[k], capacity.Holder{Kind: "lease", ID: holder, Revision: l.rev, Expires: &exp})
 		}
 	}
-	d.mu.Unlock()
+	d.podUses(out)
 	d.scanMu.Lock()
 	for k, hs := range d.scanUses {
 		out[k] = append(out[k], hs...)

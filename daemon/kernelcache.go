@@ -68,13 +68,17 @@ func expandKernelCaches(out map[string]api.Desire, model api.Desire) {
 // is fetched: the signature first (nothing of an untrusted image is
 // downloaded), then the summary label against the GPUs (an image for other
 // GPUs is not downloaded either).
-func (d *Daemon) kernelCacheBefore(ctx context.Context, ds api.Desire, res *fetchers.Resolved) (*api.KernelCacheInfo, error) {
+func (d *Daemon) kernelCacheBefore(ctx context.Context, ds api.Desire, res *fetchers.Resolved, f fetchers.Fetcher) (*api.KernelCacheInfo, error) {
 	info := &api.KernelCacheInfo{Serves: ds.Serves}
 	if s, _ := fetchers.Scheme(ds.URI); s != "oci" {
 		return info, fetchers.Permanent(fmt.Errorf("%s: a kernel cache is an OCI image; write oci://<registry>/<repo>:<tag>", ds.URI))
 	}
 	digest := "sha256:" + res.Revision
-	chk, err := d.verifySignature(ctx, ds, digest)
+	of, ok := f.(*ocifetcher.Fetcher)
+	if !ok {
+		of = d.oci
+	}
+	chk, err := d.verifySignature(ctx, ds, digest, of)
 	info.Signature = chk
 	if err != nil {
 		return info, err
@@ -110,7 +114,7 @@ func (d *Daemon) checkCompat(info *api.KernelCacheInfo, ts []gpu.Target) error {
 }
 
 // verifySignature applies the desire's policy to the pinned digest.
-func (d *Daemon) verifySignature(ctx context.Context, ds api.Desire, digest string) (*api.SignatureCheck, error) {
+func (d *Daemon) verifySignature(ctx context.Context, ds api.Desire, digest string, of *ocifetcher.Fetcher) (*api.SignatureCheck, error) {
 	p := ds.Signature
 	if p == nil {
 		p = &api.SignaturePolicy{}
@@ -126,7 +130,7 @@ func (d *Daemon) verifySignature(ctx context.Context, ds api.Desire, digest stri
 	pol, err := signaturePolicy(*p)
 	if err == nil {
 		var r *ocifetcher.SignatureResult
-		if r, err = d.oci.VerifySignature(ctx, ds.URI, digest, pol); err == nil {
+		if r, err = of.VerifySignature(ctx, ds.URI, digest, pol); err == nil {
 			chk.Verified, chk.Format, chk.Signer = true, r.Format, r.Signer
 			d.metrics.signatures.WithLabelValues("verified").Inc()
 			return chk, nil

@@ -41,7 +41,7 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 		return ctx.Err()
 	}
 	d.setPhase(st, api.PhaseDownloading, "resolving "+ds.URI)
-	f, err := d.fetchers.For(ds.URI)
+	f, err := d.fetcherFor(ds)
 	if err != nil {
 		return err
 	}
@@ -61,7 +61,7 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 	}
 	var kc *api.KernelCacheInfo
 	if kernel {
-		kc, err = d.kernelCacheBefore(ctx, ds, res)
+		kc, err = d.kernelCacheBefore(ctx, ds, res, f)
 		d.mu.Lock()
 		st.kc = kc
 		d.mu.Unlock()

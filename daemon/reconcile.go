@@ -32,6 +32,7 @@ type artState struct {
 	lastErr   error                // outcome of the last finished pull
 	reason    string               // machine-readable cause of Failed or Incompatible
 	kc        *api.KernelCacheInfo // what the last kernel-cache pull checked
+	last      *api.PullStats       // the last successful pull
 	prog      *progress
 }
 
@@ -69,11 +70,15 @@ func fingerprint(ds api.Desire) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// desired merges the two sources; a file desire wins over an API one.
+// desired merges the sources: a file desire wins over a cluster one, which
+// wins over an API one.
 // Called with d.mu held.
 func (d *Daemon) desired() map[string]api.Desire {
-	out := make(map[string]api.Desire, len(d.apiDesires)+len(d.fileDesires))
+	out := make(map[string]api.Desire, len(d.apiDesires)+len(d.fileDesires)+len(d.clusterDesires))
 	for n, ds := range d.apiDesires {
+		out[n] = ds
+	}
+	for n, ds := range d.clusterDesires {
 		out[n] = ds
 	}
 	for n, ds := range d.fileDesires {
@@ -200,6 +205,18 @@ func (d *Daemon) evictAbsent(ctx context.Context, name string, st *artState) {
 		st.phase, st.message = api.PhasePending, "absent"
 		return
 	}
+	// What a lease, a process or a pod holds stays until they let go.
+	if hs := holdersOf(d.inUseLocked(), name); len(hs) > 0 {
+		msg := fmt.Sprintf("desired absent; kept while in use by %s %s", hs[0].Kind, hs[0].ID)
+		if len(hs) > 1 {
+			msg += fmt.Sprintf(" and %d more", len(hs)-1)
+		}
+		if st.message != msg {
+			st.message = msg
+			d.notify()
+		}
+		return
+	}
 	revs, err := d.store.Evict(ctx, name, "", false)
 	if err != nil {
 		msg := fmt.Sprintf("desired absent but not evicted: %v", err)
@@ -256,6 +273,13 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 	case err == nil:
 		st.phase, st.message, st.attempts, st.reason = api.PhaseReady, "", 0, ""
 		st.nextRetry = time.Time{}
+		if st.prog != nil {
+			el := time.Since(st.prog.started).Seconds()
+			st.last = &api.PullStats{Seconds: el, BytesFetched: st.prog.done.Load(), At: time.Now().UTC()}
+			if el > 0 {
+				st.last.BytesPerSecond = float64(st.last.BytesFetched) / el
+			}
+		}
 		d.metrics.pulls.WithLabelValues(scheme, "ok").Inc()
 		d.log.Info("pulled", "artifact", ds.Name, "uri", ds.URI)
 	case pctx.Err() != nil && ctx.Err() != nil:

@@ -217,9 +217,17 @@ func (d *Daemon) handleHealth(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) error {
-	list, err := d.list()
+	s, err := d.status()
 	if err != nil {
 		return err
+	}
+	return writeJSON(w, s)
+}
+
+func (d *Daemon) status() (*api.Status, error) {
+	list, err := d.list()
+	if err != nil {
+		return nil, err
 	}
 	s := api.Status{
 		Version: d.cfg.Version, Root: d.store.Root(), Socket: d.cfg.Socket, ModelsDir: d.cfg.ModelsDir,
@@ -248,7 +256,8 @@ func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) error {
 		}
 		s.LastEviction = ev
 	}
-	return writeJSON(w, s)
+	s.FSCapacityBytes, _, _ = d.store.FSStat()
+	return &s, nil
 }
 
 func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) error {
@@ -407,6 +416,7 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 			}
 		}
 		out.Attempts = st.attempts
+		out.LastPull = st.last
 		if !st.nextRetry.IsZero() && st.phase == api.PhaseFailed {
 			t := st.nextRetry
 			out.NextRetry = &t

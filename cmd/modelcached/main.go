@@ -12,11 +12,15 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/urfave/cli/v2"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/modelcache/modelcache/daemon"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/k8ssync"
 )
 
 // version is stamped at build time: -ldflags "-X main.version=…".
@@ -55,6 +59,15 @@ func main() {
 			&cli.StringSliceFlag{Name: "insecure-registry", Usage: "an OCI registry (host:port) to reach over plain HTTP (repeatable; for local registries)"},
 			&cli.StringSliceFlag{Name: "registry-mirror", Usage: "registry=mirror: pull from the mirror first, the registry when it fails (repeatable; digests are verified either way)"},
 			&cli.StringFlag{Name: "gpu-inventory", Usage: "JSON file describing a simulated node's GPUs (tests; nodes where NVML is unavailable); shown as simulated everywhere", EnvVars: []string{"MODELCACHED_GPU_INVENTORY"}},
+			&cli.StringFlag{Name: "cluster", Value: "auto", Usage: "sync with Kubernetes: auto (when a node name and a kubeconfig or in-cluster config exist), on, off"},
+			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file; default in-cluster config", EnvVars: []string{"KUBECONFIG"}},
+			&cli.StringFlag{Name: "node-name", Usage: "this node's name (from the downward API: spec.nodeName)", EnvVars: []string{"NODE_NAME"}},
+			&cli.StringFlag{Name: "lease-namespace", Value: "modelcache-system", Usage: "namespace of the Lease that elects the status aggregator", EnvVars: []string{"POD_NAMESPACE"}},
+			&cli.BoolFlag{Name: "local-pvs", Usage: "make a read-only local PersistentVolume for each Ready model of a ModelCache"},
+			&cli.StringFlag{Name: "pv-storage-class", Value: "modelcache-local", Usage: "storage class of those PVs"},
+			&cli.Float64Flag{Name: "pv-qps", Value: 1, Usage: "PV creations and deletions per second (token bucket)"},
+			&cli.IntFlag{Name: "pv-burst", Value: 5, Usage: "burst of that bucket"},
+			&cli.DurationFlag{Name: "status-interval", Value: 2 * time.Second, Usage: "least time between two writes of this node's ModelCacheNode status"},
 			&cli.DurationFlag{Name: "idle-timeout", Value: def.IdleTimeout, Usage: "a download that delivers nothing this long is resumed on a new request"},
 		},
 		Action: run,
@@ -129,6 +142,9 @@ func run(c *cli.Context) error {
 	cfg.InsecureRegistries = c.StringSlice("insecure-registry")
 	cfg.RegistryMirrors = c.StringSlice("registry-mirror")
 	cfg.GPUInventory = c.String("gpu-inventory")
+	if cfg.Cluster, err = clusterConfig(c); err != nil {
+		return err
+	}
 	cfg.Logger = logger
 	cfg.Version = version
 	cfg.Hook = faultHook(logger)
@@ -184,4 +200,37 @@ func faultHook(log *slog.Logger) func(string) {
 			select {}
 		}
 	}
+}
+
+// clusterConfig decides whether to sync with Kubernetes and how.
+func clusterConfig(c *cli.Context) (*k8ssync.Config, error) {
+	mode, node, kubeconfig := c.String("cluster"), c.String("node-name"), c.String("kubeconfig")
+	inCluster := os.Getenv("KUBERNETES_SERVICE_HOST") != ""
+	switch mode {
+	case "off":
+		return nil, nil
+	case "auto":
+		if node == "" || (kubeconfig == "" && !inCluster) {
+			return nil, nil
+		}
+	case "on":
+		if node == "" {
+			return nil, errors.New("--cluster on: no node name; set NODE_NAME from the downward API (fieldRef spec.nodeName) or --node-name")
+		}
+	default:
+		return nil, fmt.Errorf("--cluster %q: want auto, on or off", mode)
+	}
+	var rc *rest.Config
+	var err error
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--cluster: %w (give --kubeconfig, or run in a pod with a service account)", err)
+	}
+	return &k8ssync.Config{NodeName: node, Kube: rc, Namespace: c.String("lease-namespace"), LocalPVs: c.Bool("local-pvs"),
+		StorageClass: c.String("pv-storage-class"), PVQPS: float32(c.Float64("pv-qps")), PVBurst: c.Int("pv-burst"),
+		StatusInterval: c.Duration("status-interval"), Aggregate: true}, nil
 }

@@ -13,6 +13,8 @@ package oci
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -270,4 +272,48 @@ func explain(ref name.Reference, err error) error {
 		}
 	}
 	return fmt.Errorf("%s: %w", ref, err)
+}
+
+// WithKeychain sets where registry credentials come from; default the
+// docker config and credential helpers (authn.DefaultKeychain).
+func WithKeychain(k authn.Keychain) Option { return func(f *Fetcher) { f.keychain = k } }
+
+// DockerConfigKeychain reads a .dockerconfigjson (a Kubernetes pull
+// secret's content) into a keychain; registries it does not name are
+// anonymous.
+func DockerConfigKeychain(b []byte) (authn.Keychain, error) {
+	var cfg struct {
+		Auths map[string]struct {
+			Auth     string `json:"auth"`
+			Username string `json:"username"`
+			Password string `json:"password"`
+		} `json:"auths"`
+	}
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return nil, fmt.Errorf(".dockerconfigjson: %w", err)
+	}
+	k := staticKeychain{}
+	for host, a := range cfg.Auths {
+		user, pass := a.Username, a.Password
+		if a.Auth != "" {
+			raw, err := base64.StdEncoding.DecodeString(a.Auth)
+			if err != nil {
+				return nil, fmt.Errorf(".dockerconfigjson: auth of %s: %w", host, err)
+			}
+			user, pass, _ = strings.Cut(string(raw), ":")
+		}
+		host = strings.TrimPrefix(strings.TrimPrefix(host, "https://"), "http://")
+		host, _, _ = strings.Cut(host, "/")
+		k[host] = authn.FromConfig(authn.AuthConfig{Username: user, Password: pass})
+	}
+	return k, nil
+}
+
+type staticKeychain map[string]authn.Authenticator
+
+func (k staticKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) {
+	if a, ok := k[r.RegistryStr()]; ok {
+		return a, nil
+	}
+	return authn.Anonymous, nil
 }

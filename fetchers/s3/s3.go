@@ -29,6 +29,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
@@ -45,6 +46,14 @@ type Fetcher struct {
 	once   sync.Once
 	client *s3.Client
 	err    error
+	static aws.CredentialsProvider // from WithStaticCredentials; nil: the SDK's chain
+}
+
+// WithStaticCredentials makes f use these keys (e.g. from a Kubernetes
+// Secret) instead of the SDK's credential chain. Call before first use.
+func (f *Fetcher) WithStaticCredentials(id, secret, session string) *Fetcher {
+	f.static = credentials.NewStaticCredentialsProvider(id, secret, session)
+	return f
 }
 
 // New returns an S3 fetcher that fetches objects of at least 4 chunks with
@@ -66,6 +75,9 @@ func (f *Fetcher) s3(ctx context.Context) (*s3.Client, error) {
 		}
 		if cfg.Region == "" {
 			cfg.Region = "us-east-1"
+		}
+		if f.static != nil {
+			cfg.Credentials = f.static
 		}
 		pathStyle := os.Getenv("AWS_S3_FORCE_PATH_STYLE") == "true"
 		if ep := os.Getenv("AWS_ENDPOINT_URL_S3") + os.Getenv("AWS_ENDPOINT_URL"); ep != "" && os.Getenv("AWS_S3_FORCE_PATH_STYLE") != "false" {

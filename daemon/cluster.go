@@ -1,0 +1,178 @@
+package daemon
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/fetchers"
+	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
+	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
+	s3fetcher "github.com/modelcache/modelcache/fetchers/s3"
+)
+
+// clusterKey prefixes the index keys of desires from the cluster; a colon
+// is never part of an artifact name, so they cannot meet API desires.
+const clusterKey = "cluster:"
+
+// The daemon as k8ssync sees it (k8ssync.Node).
+
+// SetClusterDesires replaces the desires that come from ModelCache objects
+// and persists them, so a restart without the API server still knows
+// them. Credentials stay in memory only. A file or API desire of the same
+// name wins.
+func (d *Daemon) SetClusterDesires(want map[string]api.Desire, creds map[string]map[string]string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.creds = creds
+	if reflect.DeepEqual(want, d.clusterDesires) {
+		return nil
+	}
+	for name, ds := range want {
+		if old, ok := d.clusterDesires[name]; ok && reflect.DeepEqual(old, ds) {
+			continue
+		}
+		if _, err := d.validateDesire(ds); err != nil {
+			return fmt.Errorf("desire %s from the cluster: %w", name, err)
+		}
+		raw, _ := json.Marshal(ds)
+		if err := d.store.PutDesire(clusterKey+name, raw); err != nil {
+			return err
+		}
+	}
+	for name := range d.clusterDesires {
+		if _, ok := want[name]; !ok {
+			if err := d.store.DeleteDesire(clusterKey + name); err != nil {
+				return err
+			}
+		}
+	}
+	d.clusterDesires = want
+	d.notify()
+	d.kick()
+	return nil
+}
+
+// Artifacts is the list view (phases, revisions, bytes, holders, the last
+// pull's speed).
+func (d *Daemon) Artifacts() ([]api.Artifact, error) { return d.list() }
+
+// StatusNow is the daemon's status.
+func (d *Daemon) StatusNow() (*api.Status, error) { return d.status() }
+
+// GPUs is the node's inventory.
+func (d *Daemon) GPUs() api.GPUInventory { return d.gpus }
+
+// Root is the store root.
+func (d *Daemon) Root() string { return d.store.Root() }
+
+// Changed returns a channel closed at the next change of any artifact.
+func (d *Daemon) Changed() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.changed
+}
+
+// SetPodHolders records which artifacts running pods use (from the
+// cluster): name → holders. They count as in use like leases.
+func (d *Daemon) SetPodHolders(h map[string][]api.Holder) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if reflect.DeepEqual(h, d.podHolders) {
+		return
+	}
+	d.podHolders = h
+	d.notify()
+	d.kick() // an absent artifact a pod let go of may go now
+}
+
+// podUses adds pod holders to an in-use map (name@rev keys); a pod holds
+// the version that is current (what its mount resolves to). Called with
+// d.mu held.
+func (d *Daemon) podUses(out map[string][]capacity.Holder) {
+	for name, hs := range d.podHolders {
+		a, err := d.store.Summary(name)
+		if err != nil || a.Current == "" {
+			continue
+		}
+		for _, h := range hs {
+			k := capacity.Key(name, a.Current)
+			out[k] = append(out[k], capacity.Holder{Kind: h.Kind, ID: h.ID, Revision: a.Current})
+		}
+	}
+}
+
+// credentialsFor returns the in-memory credentials of a cluster desire.
+func (d *Daemon) credentialsFor(name string) map[string]string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c, ok := d.creds[name]; ok {
+		return c
+	}
+	// A kernel cache listed by a ModelCache uses the model's credentials.
+	if ds, ok := d.desired()[name]; ok && ds.Serves != "" {
+		return d.creds[ds.Serves]
+	}
+	return nil
+}
+
+func isClusterKey(k string) (string, bool) { return strings.CutPrefix(k, clusterKey) }
+
+// fetcherFor returns the fetcher of a desire: the shared one, or one
+// made with the desire's credentials from a Secret (HF_TOKEN;
+// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN;
+// .dockerconfigjson), kept while the credentials stay the same.
+func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
+	creds := d.credentialsFor(ds.Name)
+	scheme, err := fetchers.Scheme(ds.URI)
+	if err != nil || len(creds) == 0 {
+		return d.fetchers.For(ds.URI)
+	}
+	b, _ := json.Marshal(creds)
+	sum := sha256.Sum256(append([]byte(scheme+"\x00"), b...))
+	key := hex.EncodeToString(sum[:])
+	d.mu.Lock()
+	f, ok := d.credFetchers[key]
+	d.mu.Unlock()
+	if ok {
+		return f, nil
+	}
+	switch scheme {
+	case "hf":
+		tok := creds["HF_TOKEN"]
+		if tok == "" {
+			return d.fetchers.For(ds.URI)
+		}
+		hub, err := hffetcher.New(hffetcher.WithToken(tok), hffetcher.WithIdleTimeout(d.cfg.IdleTimeout), hffetcher.WithConnections(max(d.cfg.RangeConnections, 1)))
+		if err != nil {
+			return nil, err
+		}
+		f = hub
+	case "s3":
+		if creds["AWS_ACCESS_KEY_ID"] == "" {
+			return d.fetchers.For(ds.URI)
+		}
+		f = s3fetcher.New(max(d.cfg.RangeConnections, 1), 8<<20).WithStaticCredentials(creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], creds["AWS_SESSION_TOKEN"])
+	case "oci":
+		cfg := creds[".dockerconfigjson"]
+		if cfg == "" {
+			return d.fetchers.For(ds.URI)
+		}
+		kc, err := ocifetcher.DockerConfigKeychain([]byte(cfg))
+		if err != nil {
+			return nil, fetchers.Permanent(fmt.Errorf("credentials of %s: %w", ds.Name, err))
+		}
+		f = ocifetcher.New(append(d.ociOpts, ocifetcher.WithKeychain(kc))...)
+	default:
+		return d.fetchers.For(ds.URI)
+	}
+	d.mu.Lock()
+	d.credFetchers[key] = f
+	d.mu.Unlock()
+	return f, nil
+}

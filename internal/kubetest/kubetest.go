@@ -1,0 +1,170 @@
+// Package kubetest starts a real kube-apiserver and etcd for the tests,
+// through controller-runtime's envtest, from binaries built by
+// test/k8s/build-control-plane.sh (KUBEBUILDER_ASSETS, or
+// $(go env GOPATH)/k8s-control-plane). It never downloads anything.
+package kubetest
+
+import (
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/modelcache/modelcache/internal/testenv"
+)
+
+// Cluster is a running API server with the CRDs of deploy/crds.
+type Cluster struct {
+	Env    *envtest.Environment
+	Config *rest.Config
+}
+
+// Assets is the directory with kube-apiserver and etcd, or "".
+func Assets() string {
+	dirs := []string{os.Getenv("KUBEBUILDER_ASSETS")}
+	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
+		dirs = append(dirs, filepath.Join(strings.TrimSpace(string(out)), "k8s-control-plane"))
+	}
+	dirs = append(dirs, "/usr/local/kubebuilder/bin")
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(d, "kube-apiserver")); err != nil {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(d, "etcd")); err == nil {
+			return d
+		}
+	}
+	return ""
+}
+
+// Start starts the control plane with the CRDs installed and stops it at
+// cleanup. Without the binaries it fails under CI=true and skips elsewhere.
+func Start(t testing.TB) *Cluster {
+	t.Helper()
+	dir := Assets()
+	if dir == "" {
+		testenv.Missing(t, "kube-apiserver and etcd", "run test/k8s/build-control-plane.sh, as .ci/run does")
+	}
+	_, file, _, _ := runtime.Caller(0)
+	crds := filepath.Join(filepath.Dir(file), "..", "..", "deploy", "crds")
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: dir,
+		CRDDirectoryPaths:     []string{crds},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("envtest: %v", err)
+	}
+	t.Cleanup(func() { env.Stop() })
+	return &Cluster{Env: env, Config: cfg}
+}
+
+// Proxy is a TCP forwarder in front of the API server: the clients of a
+// test talk through it, and Down cuts them off (open connections dropped,
+// new ones refused) as a dead or unreachable API server would; Up brings
+// it back on the same address.
+type Proxy struct {
+	target string
+	addr   string
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]bool
+}
+
+// Proxy starts a forwarder and returns a rest.Config that uses it.
+func (c *Cluster) Proxy(t testing.TB) (*Proxy, *rest.Config) {
+	t.Helper()
+	u, err := url.Parse(c.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Proxy{target: u.Host, conns: map[net.Conn]bool{}}
+	if err := p.Up(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Down)
+	cfg := rest.CopyConfig(c.Config)
+	cfg.Host = "https://" + p.addr
+	cfg.TLSClientConfig.ServerName = u.Hostname()
+	return p, cfg
+}
+
+// Up listens (again) on the proxy's address.
+func (p *Proxy) Up() error {
+	addr := p.addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	var ln net.Listener
+	var err error
+	for i := 0; i < 50; i++ { // the old socket may linger a moment
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.ln, p.addr = ln, ln.Addr().String()
+	p.mu.Unlock()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go p.forward(c)
+		}
+	}()
+	return nil
+}
+
+func (p *Proxy) forward(c net.Conn) {
+	up, err := net.Dial("tcp", p.target)
+	if err != nil {
+		c.Close()
+		return
+	}
+	p.mu.Lock()
+	p.conns[c], p.conns[up] = true, true
+	p.mu.Unlock()
+	done := make(chan struct{}, 2)
+	go func() { io.Copy(up, c); done <- struct{}{} }()
+	go func() { io.Copy(c, up); done <- struct{}{} }()
+	<-done
+	c.Close()
+	up.Close()
+	p.mu.Lock()
+	delete(p.conns, c)
+	delete(p.conns, up)
+	p.mu.Unlock()
+}
+
+// Down stops listening and drops every open connection.
+func (p *Proxy) Down() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+}

@@ -1,0 +1,184 @@
+package k8ssync
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"reflect"
+	"strconv"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+func sha(s string) [32]byte { return sha256.Sum256([]byte(s)) }
+
+func resourceBytes(n int64) *resource.Quantity {
+	return resource.NewQuantity(max(n, 1), resource.BinarySI)
+}
+
+// aggregate runs for election of the one daemon that writes ModelCache
+// status counts (a coordination.k8s.io Lease in Namespace); the leader
+// watches every ModelCacheNode and writes a ModelCache's status only when
+// its counts change. One writer per cluster, not one per node: no write
+// storms, no conflicts between nodes.
+func (s *Syncer) aggregate(ctx context.Context) {
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Name: leaseName, Namespace: s.cfg.Namespace},
+		Client:     s.kc.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: s.cfg.NodeName},
+	}
+	for ctx.Err() == nil {
+		leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+			Lock: lock, ReleaseOnCancel: true,
+			LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: func(ctx context.Context) {
+					s.log.Info("k8s sync: aggregating ModelCache status", "node", s.cfg.NodeName)
+					s.lead(ctx)
+				},
+				OnStoppedLeading: func() {},
+			},
+		})
+	}
+}
+
+func (s *Syncer) lead(ctx context.Context) {
+	df := dynamicinformer.NewDynamicSharedInformerFactory(s.dyn, 10*time.Minute)
+	mcn := df.ForResource(ModelCacheNodeGVR).Informer()
+	kick := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	h := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { poke() }, UpdateFunc: func(any, any) { poke() }, DeleteFunc: func(any) { poke() }}
+	mcn.AddEventHandler(h)
+	s.mcInf.AddEventHandler(h)
+	df.Start(ctx.Done())
+	written := map[string]ModelCacheStatus{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-kick:
+		case <-time.After(time.Minute):
+		}
+		if !mcn.HasSynced() {
+			continue
+		}
+		time.Sleep(200 * time.Millisecond) // merge bursts
+		nodes := []ModelCacheNodeStatus{}
+		for _, o := range mcn.GetStore().List() {
+			u, ok := o.(*unstructured.Unstructured)
+			if !ok {
+				continue
+			}
+			var n ModelCacheNode
+			if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &n) == nil {
+				nodes = append(nodes, n.Status)
+			}
+		}
+		for _, mc := range s.modelCaches() {
+			st := Aggregate(mc, nodes)
+			if old, ok := written[mc.Name]; ok && reflect.DeepEqual(old, st) {
+				continue
+			}
+			if reflect.DeepEqual(stripTimes(mc.Status), stripTimes(st)) {
+				written[mc.Name] = st
+				continue
+			}
+			if err := s.writeMCStatus(ctx, mc, st); err != nil {
+				s.log.Warn("k8s sync: ModelCache status", "modelcache", mc.Name, "err", err)
+				go func() { time.Sleep(2 * time.Second); poke() }()
+				continue
+			}
+			written[mc.Name] = st
+		}
+	}
+}
+
+// Aggregate counts the nodes' phases of mc's main artifact.
+func Aggregate(mc *ModelCache, nodes []ModelCacheNodeStatus) ModelCacheStatus {
+	st := ModelCacheStatus{ObservedGeneration: mc.Generation}
+	revs := map[string]int{}
+	for _, n := range nodes {
+		for _, a := range n.Artifacts {
+			if a.Name != mc.Name || a.ModelCache != mc.Name {
+				continue
+			}
+			st.Nodes.Total++
+			switch api.Phase(a.Phase) {
+			case api.PhaseReady:
+				st.Nodes.Ready++
+				revs[a.Revision]++
+			case api.PhaseDownloading:
+				st.Nodes.Downloading++
+			case api.PhaseFailed:
+				st.Nodes.Failed++
+			case api.PhaseIncompatible:
+				st.Nodes.Incompatible++
+			default:
+				st.Nodes.Pending++
+			}
+		}
+	}
+	best := 0
+	for r, n := range revs {
+		if n > best || (n == best && r < st.Revision) {
+			st.Revision, best = r, n
+		}
+	}
+	st.Nodes.ReadyText = strconv.Itoa(st.Nodes.Ready) + "/" + strconv.Itoa(st.Nodes.Total)
+	ready := metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NotReadyEverywhere",
+		Message: st.Nodes.ReadyText + " selected nodes hold it", ObservedGeneration: mc.Generation}
+	if st.Nodes.Total > 0 && st.Nodes.Ready == st.Nodes.Total {
+		ready.Status, ready.Reason = metav1.ConditionTrue, "ReadyOnAllNodes"
+	}
+	if mc.Spec.State == StateAbsent {
+		ready.Reason, ready.Message = "Absent", "state Absent: evicted from the selected nodes"
+	}
+	degraded := metav1.Condition{Type: "Degraded", Status: metav1.ConditionFalse, Reason: "NoFailures", ObservedGeneration: mc.Generation}
+	if st.Nodes.Failed > 0 {
+		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, "PullFailed", strconv.Itoa(st.Nodes.Failed)+" nodes failed to pull it"
+	}
+	conds := append([]metav1.Condition(nil), mc.Status.Conditions...)
+	meta.SetStatusCondition(&conds, ready)
+	meta.SetStatusCondition(&conds, degraded)
+	st.Conditions = conds
+	return st
+}
+
+func stripTimes(st ModelCacheStatus) ModelCacheStatus {
+	st.Conditions = append([]metav1.Condition(nil), st.Conditions...)
+	for i := range st.Conditions {
+		st.Conditions[i].LastTransitionTime = metav1.Time{}
+	}
+	return st
+}
+
+func (s *Syncer) writeMCStatus(ctx context.Context, mc *ModelCache, st ModelCacheStatus) error {
+	raw, _ := json.Marshal(st)
+	var status map[string]any
+	json.Unmarshal(raw, &status)
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": Group + "/" + Version, "kind": "ModelCache",
+		"metadata": map[string]any{"name": mc.Name, "resourceVersion": mc.ResourceVersion},
+		"status":   status,
+	}}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := s.dyn.Resource(ModelCacheGVR).UpdateStatus(ctx, u, metav1.UpdateOptions{FieldManager: managerName})
+	return err // a conflict: the informer brings the newer object and the next pass retries
+}

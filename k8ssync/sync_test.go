@@ -1,0 +1,372 @@
+package k8ssync_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore/storetest"
+	"github.com/modelcache/modelcache/daemon"
+	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
+	"github.com/modelcache/modelcache/internal/kubetest"
+	"github.com/modelcache/modelcache/k8ssync"
+)
+
+type node struct {
+	name   string
+	d      *daemon.Daemon
+	c      *api.Client
+	root   string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startNode(t *testing.T, kcfg *rest.Config, name string, gpus string, localPVs bool) *node {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := daemon.DefaultConfig()
+	cfg.Root, cfg.Socket, cfg.MetricsAddr = filepath.Join(dir, "root"), filepath.Join(dir, "s.sock"), ""
+	cfg.ModelsDir, cfg.SocketGroup = filepath.Join(dir, "models.d"), ""
+	cfg.RetryInitial, cfg.RetryMax = 50*time.Millisecond, 200*time.Millisecond
+	cfg.CapacityInterval = 200 * time.Millisecond
+	inv := filepath.Join(dir, "gpus.json")
+	os.WriteFile(inv, []byte(gpus), 0o644)
+	cfg.GPUInventory = inv
+	cfg.Cluster = &k8ssync.Config{NodeName: name, Kube: kcfg, Namespace: "modelcache-system", StatusInterval: 200 * time.Millisecond,
+		LocalPVs: localPVs, PVQPS: 1, PVBurst: 1, Aggregate: true}
+	d, err := daemon.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &node{name: name, d: d, c: &api.Client{Socket: cfg.Socket}, root: cfg.Root, cancel: cancel, done: make(chan error, 1)}
+	go func() { n.done <- d.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-n.done })
+	return n
+}
+
+func eventually(t *testing.T, what string, timeout time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func phaseOf(n *node, name string) api.Phase {
+	a, err := n.c.Get(context.Background(), name)
+	if err != nil {
+		return ""
+	}
+	return a.Phase
+}
+
+func mc(name string, spec map[string]any) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "modelcache.io/v1alpha1", "kind": "ModelCache",
+		"metadata": map[string]any{"name": name}, "spec": spec,
+	}}
+}
+
+func getMC(t *testing.T, dyn dynamic.Interface, name string) *k8ssync.ModelCache {
+	u, err := dyn.Resource(k8ssync.ModelCacheGVR).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		return nil
+	}
+	var m k8ssync.ModelCache
+	runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &m)
+	return &m
+}
+
+func nodeStatus(dyn dynamic.Interface, name string) (*k8ssync.ModelCacheNode, error) {
+	u, err := dyn.Resource(k8ssync.ModelCacheNodeGVR).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var m k8ssync.ModelCacheNode
+	return &m, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &m)
+}
+
+func artifactOn(n *k8ssync.ModelCacheNode, name string) *k8ssync.ArtifactStatus {
+	for i := range n.Status.Artifacts {
+		if n.Status.Artifacts[i].Name == name {
+			return &n.Status.Artifacts[i]
+		}
+	}
+	return nil
+}
+
+// TestClusterSync runs two daemons as two nodes against a real
+// kube-apiserver and etcd.
+func TestClusterSync(t *testing.T) {
+	cl := kubetest.Start(t)
+	ctx := context.Background()
+	kc := kubernetes.NewForConfigOrDie(cl.Config)
+	dyn := dynamic.NewForConfigOrDie(cl.Config)
+	kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "modelcache-system"}}, metav1.CreateOptions{})
+	for name, gpu := range map[string]string{"node-a": "h100", "node-b": "a100"} {
+		if _, err := kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"gpu": gpu}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A file server whose "slow" file trickles, for the API-server-down case.
+	files := map[string][]byte{"/w.bin": storetest.Data(1<<20, 1), "/h100.bin": storetest.Data(300<<10, 2), "/slow.bin": storetest.Data(2<<20, 3)}
+	var slowGate atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, ok := files[r.URL.Path]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		if r.URL.Path == "/slow.bin" {
+			for !slowGate.Load() && r.Context().Err() == nil {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(b))
+	}))
+	defer srv.Close()
+	// A private hub repo: only with the token from the Secret.
+	hub := hubtest.New()
+	defer hub.Close()
+	hub.Token = "hf_secret_token"
+	hub.Commit("org/private", map[string][]byte{"config.json": []byte(`{"model_type":"x"}`), "w.safetensors": storetest.Data(200<<10, 4)}, "main")
+	t.Setenv("HF_ENDPOINT", hub.URL())
+	t.Setenv("HF_TOKEN", "")
+
+	// The daemons reach the API server through a proxy the test can cut.
+	proxy, pcfg := cl.Proxy(t)
+	a := startNode(t, pcfg, "node-a", `{"cudaDriverVersion":"12.4","devices":[{"name":"NVIDIA H100","uuid":"GPU-a","computeCapability":"9.0"}]}`, true)
+	b := startNode(t, pcfg, "node-b", `{"cudaDriverVersion":"12.2","devices":[{"name":"NVIDIA A100","uuid":"GPU-b","computeCapability":"8.0"}]}`, true)
+
+	// Selected by every node; the aggregated count follows.
+	t0 := time.Now()
+	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("both", map[string]any{"source": srv.URL + "/w.bin"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "both Ready on two nodes in the aggregated status", 30*time.Second, func() error {
+		m := getMC(t, dyn, "both")
+		if m == nil || m.Status.Nodes.Ready != 2 || m.Status.Nodes.Total != 2 || m.Status.Nodes.ReadyText != "2/2" {
+			return fmt.Errorf("status %+v", m)
+		}
+		return nil
+	})
+	t.Logf("ModelCache created → aggregated Ready 2/2 in %.2fs", time.Since(t0).Seconds())
+	if phaseOf(a, "both") != api.PhaseReady || phaseOf(b, "both") != api.PhaseReady {
+		t.Fatal("both must be Ready on both nodes")
+	}
+
+	// Selected by labels: only the H100 node.
+	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("h100only", map[string]any{"source": srv.URL + "/h100.bin",
+		"nodeSelector": map[string]any{"matchLabels": map[string]any{"gpu": "h100"}}}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "h100only on node-a only", 30*time.Second, func() error {
+		m := getMC(t, dyn, "h100only")
+		if m == nil || m.Status.Nodes.Ready != 1 || m.Status.Nodes.Total != 1 {
+			return fmt.Errorf("status %+v", m)
+		}
+		return nil
+	})
+	if phaseOf(b, "h100only") != "" {
+		t.Fatalf("node-b must not hold h100only: %s", phaseOf(b, "h100only"))
+	}
+
+	// Admission rejects a bad spec.
+	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("bad", map[string]any{"source": "ftp://x/y", "state": "Maybe"}), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "source") {
+		t.Fatalf("a bad ModelCache must be rejected at admission: %v", err)
+	}
+
+	// A private source with credentials from a Secret.
+	kc.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "hf"}, StringData: map[string]string{"HF_TOKEN": "hf_secret_token"}}, metav1.CreateOptions{})
+	dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("private", map[string]any{"source": "hf://org/private",
+		"secretRef": map[string]any{"namespace": "default", "name": "hf"}, "nodeSelector": map[string]any{"matchLabels": map[string]any{"gpu": "a100"}}}), metav1.CreateOptions{})
+	eventually(t, "the private repo Ready on node-b with the Secret's token", 30*time.Second, func() error {
+		if p := phaseOf(b, "private"); p != api.PhaseReady {
+			a, _ := b.c.Get(ctx, "private")
+			return fmt.Errorf("phase %s %+v", p, a)
+		}
+		return nil
+	})
+
+	// Node status: GPUs, capacity, per-artifact phase, bytes, download speed.
+	eventually(t, "node-a's ModelCacheNode", 20*time.Second, func() error {
+		n, err := nodeStatus(dyn, "node-a")
+		if err != nil {
+			return err
+		}
+		as := artifactOn(n, "both")
+		if len(n.Status.GPUs) != 1 || n.Status.GPUs[0].UUID != "GPU-a" || n.Status.CapacityBytes <= 0 || as == nil ||
+			as.Phase != "Ready" || as.Bytes != 1<<20 || as.ModelCache != "both" || as.DownloadSeconds <= 0 {
+			return fmt.Errorf("%+v", n.Status)
+		}
+		return nil
+	})
+
+	// Events on the ModelCache for the transitions.
+	eventually(t, "Downloaded events", 20*time.Second, func() error {
+		evs, err := kc.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=both,reason=Downloaded"})
+		if err != nil || len(evs.Items) < 2 {
+			return fmt.Errorf("%d events: %v", len(evs.Items), err)
+		}
+		return nil
+	})
+
+	// Local PVs for Ready models of ModelCaches, one per node and model.
+	eventually(t, "local PVs", 30*time.Second, func() error {
+		pvs, err := kc.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		names := map[string]bool{}
+		for _, pv := range pvs.Items {
+			names[pv.Name] = true
+			if pv.Spec.Local == nil || !strings.HasPrefix(pv.Spec.Local.Path, "/") || pv.Spec.AccessModes[0] != corev1.ReadOnlyMany {
+				return fmt.Errorf("PV %s: %+v", pv.Name, pv.Spec)
+			}
+		}
+		for _, want := range []string{k8ssync.PVName("node-a", "both"), k8ssync.PVName("node-b", "both"), k8ssync.PVName("node-a", "h100only"), k8ssync.PVName("node-b", "private")} {
+			if !names[want] {
+				return fmt.Errorf("missing %s in %v", want, names)
+			}
+		}
+		return nil
+	})
+	// Created through a token bucket of 1/s, burst 1: node-a's two PVs
+	// are at least a second apart.
+	pa, _ := kc.CoreV1().PersistentVolumes().Get(ctx, k8ssync.PVName("node-a", "both"), metav1.GetOptions{})
+	pb, _ := kc.CoreV1().PersistentVolumes().Get(ctx, k8ssync.PVName("node-a", "h100only"), metav1.GetOptions{})
+	if d := pb.CreationTimestamp.Sub(pa.CreationTimestamp.Time); d < 0 {
+		d = -d
+		if d < time.Second {
+			t.Errorf("PVs of one node created %v apart; the bucket allows one a second", d)
+		}
+	} else if d < time.Second {
+		t.Errorf("PVs of one node created %v apart; the bucket allows one a second", d)
+	}
+
+	// A running pod on node-a mounts "both" by hostPath: Absent evicts it
+	// from node-b, not from node-a, until the pod goes.
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "vllm", Namespace: "default"}, Spec: corev1.PodSpec{
+		NodeName:   "node-a",
+		Containers: []corev1.Container{{Name: "vllm", Image: "vllm"}},
+		Volumes:    []corev1.Volume{{Name: "m", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: filepath.Join(a.root, "models", "both", "current")}}}},
+	}}
+	if _, err := kc.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the pod holds both on node-a", 20*time.Second, func() error {
+		x, err := a.c.Get(ctx, "both")
+		if err != nil || len(x.InUse) == 0 || x.InUse[0].Kind != "pod" {
+			return fmt.Errorf("%+v %v", x, err)
+		}
+		return nil
+	})
+	u, _ := dyn.Resource(k8ssync.ModelCacheGVR).Get(ctx, "both", metav1.GetOptions{})
+	unstructured.SetNestedField(u.Object, "Absent", "spec", "state")
+	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "both evicted from node-b", 20*time.Second, func() error {
+		if _, err := os.Stat(filepath.Join(b.root, "models", "both")); !os.IsNotExist(err) {
+			return fmt.Errorf("still on disk: %v", err)
+		}
+		return nil
+	})
+	time.Sleep(500 * time.Millisecond)
+	if _, err := os.Stat(filepath.Join(a.root, "models", "both", "current")); err != nil {
+		t.Fatalf("a model a running pod mounts was evicted: %v", err)
+	}
+	kc.CoreV1().Pods("default").Delete(ctx, "vllm", metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	eventually(t, "both evicted from node-a once the pod is gone", 20*time.Second, func() error {
+		if _, err := os.Stat(filepath.Join(a.root, "models", "both")); !os.IsNotExist(err) {
+			return fmt.Errorf("still on disk: %v", err)
+		}
+		return nil
+	})
+	// (envtest runs no controller manager, so the pv-protection finalizer
+	// stays: a deleted PV shows as terminating.)
+	eventually(t, "the PVs of evicted models deleted", 30*time.Second, func() error {
+		for _, n := range []string{"node-a", "node-b"} {
+			pv, err := kc.CoreV1().PersistentVolumes().Get(ctx, k8ssync.PVName(n, "both"), metav1.GetOptions{})
+			if err == nil && pv.DeletionTimestamp == nil {
+				return fmt.Errorf("PV of %s/both still there", n)
+			}
+		}
+		return nil
+	})
+	eventually(t, "Evicted events", 20*time.Second, func() error {
+		evs, err := kc.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=both,reason=Evicted"})
+		if err != nil || len(evs.Items) < 1 {
+			return fmt.Errorf("no Evicted event: %v", err)
+		}
+		return nil
+	})
+
+	// The API server goes away mid-pull (every connection to it dropped,
+	// new ones refused): the pull finishes, the node keeps serving, and the
+	// status catches up when it returns.
+	dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("late", map[string]any{"source": srv.URL + "/slow.bin", "nodeSelector": map[string]any{"matchLabels": map[string]any{"gpu": "a100"}}}), metav1.CreateOptions{})
+	eventually(t, "late Downloading on node-b", 20*time.Second, func() error {
+		if p := phaseOf(b, "late"); p != api.PhaseDownloading {
+			return fmt.Errorf("phase %q", p)
+		}
+		return nil
+	})
+	proxy.Down()
+	slowGate.Store(true)
+	eventually(t, "late Ready on node-b while the API server is down", 20*time.Second, func() error {
+		if p := phaseOf(b, "late"); p != api.PhaseReady {
+			return fmt.Errorf("phase %q", p)
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // the loops try and back off meanwhile
+	if err := proxy.Up(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "node-b's status catches up", 60*time.Second, func() error {
+		n, err := nodeStatus(dyn, "node-b")
+		if err != nil {
+			return err
+		}
+		if as := artifactOn(n, "late"); as == nil || as.Phase != "Ready" {
+			return fmt.Errorf("%+v", as)
+		}
+		return nil
+	})
+	eventually(t, "the aggregated count of late catches up", 60*time.Second, func() error {
+		m := getMC(t, dyn, "late")
+		if m == nil || m.Status.Nodes.ReadyText != "1/1" {
+			raw, _ := json.Marshal(m)
+			return fmt.Errorf("%s", raw)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,139 @@
+package k8ssync
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// Group and version of the CRDs (deploy/crds/).
+const (
+	Group   = "modelcache.io"
+	Version = "v1alpha1"
+)
+
+// Resources of the CRDs, both cluster-scoped.
+var (
+	ModelCacheGVR     = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "modelcaches"}
+	ModelCacheNodeGVR = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "modelcachenodes"}
+)
+
+// ModelCache declares an artifact that the selected nodes must hold (or
+// must not: state Absent).
+type ModelCache struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              ModelCacheSpec   `json:"spec"`
+	Status            ModelCacheStatus `json:"status,omitempty"`
+}
+
+// ModelCacheSpec is the desired state.
+type ModelCacheSpec struct {
+	// Source URI: hf://, s3://, oci://, http(s)://, file://.
+	Source  string   `json:"source"`
+	Include []string `json:"include,omitempty"`
+	Exclude []string `json:"exclude,omitempty"`
+	// Digest is the expected manifest digest (sha256:…).
+	Digest string `json:"digest,omitempty"`
+	// SecretRef names a Secret with the source's credentials: HF_TOKEN,
+	// AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY(/AWS_SESSION_TOKEN), or
+	// .dockerconfigjson.
+	SecretRef *SecretRef `json:"secretRef,omitempty"`
+	// NodeSelector selects nodes by their labels; empty selects every node.
+	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+	// State is Present (default) or Absent (evicted from every node).
+	State string `json:"state,omitempty"`
+	Pin   bool   `json:"pin,omitempty"`
+	// KernelCaches are kernel cache images for the model, one per GPU
+	// architecture; each node takes the ones its GPUs run.
+	KernelCaches []KernelCacheSpec `json:"kernelCaches,omitempty"`
+	// Versions keeps further revisions present besides the main one
+	// (e.g. during a rollout), each as its own artifact <name>-<suffix>.
+	Versions []VersionSpec `json:"versions,omitempty"`
+}
+
+// SecretRef points at a Secret.
+type SecretRef struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+}
+
+// KernelCacheSpec is one kernel cache image and its signature policy.
+type KernelCacheSpec struct {
+	Name      string               `json:"name,omitempty"`
+	Image     string               `json:"image"`
+	Signature *api.SignaturePolicy `json:"signature,omitempty"`
+}
+
+// VersionSpec is one more revision to keep present.
+type VersionSpec struct {
+	// Suffix names the artifact <ModelCache name>-<suffix>.
+	Suffix string `json:"suffix"`
+	Source string `json:"source"`
+	Digest string `json:"digest,omitempty"`
+}
+
+// States of a ModelCache.
+const (
+	StatePresent = "Present"
+	StateAbsent  = "Absent"
+)
+
+// ModelCacheStatus is aggregated over the nodes by the elected daemon.
+type ModelCacheStatus struct {
+	ObservedGeneration int64              `json:"observedGeneration,omitempty"`
+	Revision           string             `json:"revision,omitempty"`
+	Nodes              NodeCounts         `json:"nodes"`
+	Conditions         []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// NodeCounts counts the selected nodes by phase.
+type NodeCounts struct {
+	Ready        int `json:"ready"`
+	Downloading  int `json:"downloading"`
+	Pending      int `json:"pending"`
+	Failed       int `json:"failed"`
+	Incompatible int `json:"incompatible"`
+	Total        int `json:"total"`
+	// ReadyText is "ready/total" for the printer column.
+	ReadyText string `json:"readyText,omitempty"`
+}
+
+// ModelCacheNode is one node's report, named after the node.
+type ModelCacheNode struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Status            ModelCacheNodeStatus `json:"status,omitempty"`
+}
+
+// ModelCacheNodeStatus is what the node has.
+type ModelCacheNodeStatus struct {
+	GPUs          []api.GPUDevice  `json:"gpus,omitempty"`
+	GPUSource     string           `json:"gpuSource,omitempty"`
+	CapacityBytes int64            `json:"capacityBytes"`
+	UsedBytes     int64            `json:"usedBytes"`
+	ReservedBytes int64            `json:"reservedBytes"`
+	FreeBytes     int64            `json:"freeBytes"`
+	Artifacts     []ArtifactStatus `json:"artifacts,omitempty"`
+	// Heartbeat is when the daemon last wrote (at most every few minutes
+	// when nothing changes).
+	Heartbeat metav1.Time `json:"heartbeat"`
+}
+
+// ArtifactStatus is one artifact on the node.
+type ArtifactStatus struct {
+	Name            string   `json:"name"`
+	ModelCache      string   `json:"modelCache,omitempty"`
+	Kind            string   `json:"kind,omitempty"`
+	Phase           string   `json:"phase"`
+	Revision        string   `json:"revision,omitempty"`
+	Digest          string   `json:"digest,omitempty"`
+	Bytes           int64    `json:"bytes"`
+	LastUsed        string   `json:"lastUsed,omitempty"`
+	InUseBy         []string `json:"inUseBy,omitempty"`
+	DownloadSeconds float64  `json:"downloadSeconds,omitempty"`
+	BytesPerSecond  float64  `json:"bytesPerSecond,omitempty"`
+	Message         string   `json:"message,omitempty"`
+	Reason          string   `json:"reason,omitempty"`
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Builds kube-apiserver v1.34.4 and etcd v3.6.4 from the Go module proxy
+# (no release downloads: this machine reaches only the proxy) into DEST
+# (default $(go env GOPATH)/k8s-control-plane), where the Kubernetes tests
+# find them through KUBEBUILDER_ASSETS. About 3.5 minutes cold on 2 cores;
+# nothing to do when both binaries are there.
+set -euo pipefail
+K8S=v1.34.4
+DEST=${1:-"$(go env GOPATH)/k8s-control-plane"}
+if [ -x "$DEST/kube-apiserver" ] && [ -x "$DEST/etcd" ]; then
+  exit 0
+fi
+mkdir -p "$DEST"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+go mod init k8sbuild >/dev/null 2>&1
+go mod download -json "k8s.io/kubernetes@$K8S" >/dev/null
+gomod="$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/$K8S.mod"
+# kubernetes requires its staging modules at v0.0.0 and replaces them with
+# ./staging/…; outside its tree each must point at its published v0.x.
+staging=$(grep -oE '^\s*k8s\.io/[A-Za-z0-9._-]+ => \./staging' "$gomod" | awk '{print $1}')
+args=()
+for m in $staging; do
+  args+=("-replace=$m=$m@v0${K8S#v1}")
+done
+go mod edit -require="k8s.io/kubernetes@$K8S" "${args[@]}"
+etcd=$(grep -E '^\s*go\.etcd\.io/etcd/server/v3 ' "$gomod" | awk '{print $2}')
+cat > etcd.go <<'GO'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+go get "go.etcd.io/etcd/server/v3@$etcd" "k8s.io/kubernetes/cmd/kube-apiserver@$K8S"
+go build -o "$DEST/etcd" .
+go build -ldflags "-X k8s.io/component-base/version.gitVersion=$K8S -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34" \
+  -o "$DEST/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
+"$DEST/kube-apiserver" --version
+"$DEST/etcd" --version | head -1
