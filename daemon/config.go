@@ -42,8 +42,8 @@ type Config struct {
 	// Cluster, when set, syncs with Kubernetes (ModelCache objects become
 	// desires, this node's status is written); nil: standalone.
 	Cluster *k8ssync.Config
-	Logger             *slog.Logger  // nil = silent
-	Version            string        // reported by status and metrics
+	Logger  *slog.Logger // nil = silent
+	Version string       // reported by status and metrics
 	// Hook is called at the store's named commit points; for crash tests.
 	Hook func(point string)
 }

@@ -49,7 +49,7 @@ func TestCRDSchemasMatchGoTypes(t *testing.T) {
 }
 
 type oschema struct {
-	Type       string            `json:"type"`
+	Type       string             `json:"type"`
 	Properties map[string]oschema `json:"properties"`
 	Items      *oschema           `json:"items"`
 }
