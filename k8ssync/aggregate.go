@@ -41,7 +41,10 @@ func (s *Syncer) aggregate(ctx context.Context) {
 	for ctx.Err() == nil {
 		leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
 			Lock: lock, ReleaseOnCancel: true,
-			LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+			// Every node is a candidate, so candidates poll slowly: a node
+			// asks for the Lease every 15 s (4 requests a minute), and a
+			// dead leader is replaced within a minute.
+			LeaseDuration: 60 * time.Second, RenewDeadline: 45 * time.Second, RetryPeriod: 15 * time.Second,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {
 					s.log.Info("k8s sync: aggregating ModelCache status", "node", s.cfg.NodeName)

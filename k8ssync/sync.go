@@ -106,6 +106,7 @@ type Syncer struct {
 	secretCache map[string]secretEntry
 	writeErrs   int
 	timer       bool // a later poke is pending
+	created     bool // this node's ModelCacheNode exists
 }
 
 type secretEntry struct {
@@ -599,10 +600,25 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 	defer cancel()
 	opts := metav1.ApplyOptions{FieldManager: managerName, Force: true}
 	res := s.dyn.Resource(ModelCacheNodeGVR)
-	_, err := res.Apply(ctx, s.cfg.NodeName, &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": obj["metadata"]}}, opts)
+	var err error
+	s.mu.Lock()
+	exists := s.created
+	s.mu.Unlock()
+	if !exists { // the object once; then only its status
+		_, err = res.Apply(ctx, s.cfg.NodeName, &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": obj["metadata"]}}, opts)
+	}
 	if err == nil {
 		_, err = res.ApplyStatus(ctx, s.cfg.NodeName, u, opts)
+	}
+	if apierrors.IsNotFound(err) {
+		s.mu.Lock()
+		s.created = false // deleted meanwhile: make it again next time
+		s.mu.Unlock()
+	} else if err == nil {
+		s.mu.Lock()
+		s.created = true
+		s.mu.Unlock()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
