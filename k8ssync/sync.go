@@ -82,6 +82,8 @@ const (
 	originPrefix = "k8s:"
 )
 
+var klogOnce sync.Once
+
 // Syncer is one node's loop.
 type Syncer struct {
 	cfg  Config
@@ -137,8 +139,9 @@ func New(cfg Config, node Node) (*Syncer, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	// client-go logs through klog; send it to the daemon's log.
-	klog.SetSlogLogger(cfg.Log.With("lib", "client-go"))
+	// client-go logs through klog, a global: send it to the first loop's
+	// log, once (klog's setter must not race its readers).
+	klogOnce.Do(func() { klog.SetSlogLogger(cfg.Log.With("lib", "client-go")) })
 	kcfg := rest.CopyConfig(cfg.Kube)
 	kcfg.UserAgent = "modelcached/" + cfg.NodeName
 	kc, err := kubernetes.NewForConfig(kcfg)

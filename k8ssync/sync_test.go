@@ -198,6 +198,18 @@ func TestClusterSync(t *testing.T) {
 		t.Fatalf("node-b must not hold h100only: %s", phaseOf(b, "h100only"))
 	}
 
+	// kubectl get modelcaches: the printer columns.
+	table, err := kc.Discovery().RESTClient().Get().AbsPath("/apis/modelcache.io/v1alpha1/modelcaches").
+		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"name":"Source"`, `"name":"Revision"`, `"name":"Ready"`, `"name":"Age"`, `"2/2"`, srv.URL + "/w.bin"} {
+		if !strings.Contains(string(table), want) {
+			t.Errorf("kubectl get modelcaches lacks %s: %s", want, table)
+		}
+	}
+
 	// Admission rejects a bad spec.
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("bad", map[string]any{"source": "ftp://x/y", "state": "Maybe"}), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "source") {
 		t.Fatalf("a bad ModelCache must be rejected at admission: %v", err)
