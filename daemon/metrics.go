@@ -65,6 +65,25 @@ func newMetrics(d *Daemon) *metrics {
 			Name: "modelcache_kernelcache_compat_checks_total", Help: "Kernel cache compatibility checks against this node's GPUs, by result (compatible, incompatible).",
 		}, []string{"result"}),
 	}
+	// Every known label value starts at zero, so rates and alerts see the
+	// series before the first event.
+	for _, sc := range []string{"file", "http", "https", "hf", "s3", "oci"} {
+		m.fetchedBytes.WithLabelValues(sc)
+		m.fetchErrors.WithLabelValues(sc)
+		m.fetchDuration.WithLabelValues(sc)
+		for _, r := range []string{"ok", "failed", "incompatible"} {
+			m.pulls.WithLabelValues(sc, r)
+		}
+	}
+	for _, r := range []string{"ok", "mismatch", "corrupt", "missing"} {
+		m.verifications.WithLabelValues(r)
+	}
+	for _, r := range []string{"space", "age", "absent", "manual"} {
+		m.evictions.WithLabelValues(r)
+	}
+	for _, r := range []string{"admitted", "evicted_first", "rejected"} {
+		m.admissions.WithLabelValues(r)
+	}
 	for _, r := range []string{"verified", "unsigned", "invalid", "error", "skipped"} {
 		m.signatures.WithLabelValues(r)
 	}
