@@ -5,11 +5,14 @@ LDFLAGS  := -s -w -X main.version=$(VERSION)
 ROOT     ?= ./.modelcache
 BIN      := bin
 
-.PHONY: build run test test-short bench fmt vet clean
+.PHONY: build run test test-short bench fmt vet clean deb
+
+# Debian's versions must start with a digit: 0.1.0~git<commit> unless tagged.
+DEB_VERSION ?= $(shell v=$$(git describe --tags --exact-match 2>/dev/null | sed 's/^v//'); [ -n "$$v" ] && echo $$v || echo 0.1.0~git$$(git rev-parse --short HEAD 2>/dev/null || echo 0))
 
 build:
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/modelcached ./cmd/modelcached
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/modelctl ./cmd/modelctl
+	$(GO) build -trimpath -buildmode=pie -ldflags '$(LDFLAGS)' -o $(BIN)/modelcached ./cmd/modelcached
+	$(GO) build -trimpath -buildmode=pie -ldflags '$(LDFLAGS)' -o $(BIN)/modelctl ./cmd/modelctl
 
 # The daemon on an embedded default: a local root, no cluster, no root privileges needed.
 run: build
@@ -31,6 +34,11 @@ vet:
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./cachestore/ ./daemon/capacity/
 	$(GO) run ./bench/pullbench -bin $(BIN)
+
+# The .deb (dpkg-deb; see packaging/deb/): binaries, units, sysusers and
+# tmpfiles, a default config, an empty models.d, completions, man pages.
+deb: build
+	packaging/deb/build.sh $(BIN) $(DEB_VERSION) $(BIN)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

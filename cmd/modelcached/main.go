@@ -72,6 +72,15 @@ func main() {
 		},
 		Action: run,
 	}
+	if len(os.Args) == 2 && os.Args[1] == "--print-man" { // for packaging
+		m, err := app.ToMan()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Print(m)
+		return
+	}
 	if err := app.Run(os.Args); err != nil {
 		fmt.Fprintln(os.Stderr, "modelcached:", err)
 		os.Exit(1)

@@ -86,6 +86,9 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Metadata:  map[string]any{},
+		// modelctl --generate-bash-completion lists what may follow; the
+		// shell scripts in packaging/deb/completions call it.
+		EnableBashCompletion: true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "socket", Value: api.DefaultSocket, EnvVars: []string{"MODELCACHE_SOCKET"}, Usage: "the daemon's unix socket"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table, json or yaml"},
@@ -225,6 +228,17 @@ func commands() []*cli.Command {
 				return output(c, a, func(w io.Writer) {
 					fmt.Fprintf(w, "%s: Ready at %s (revision %s, %s)\n", a.Name, a.Path, short(a.Revision), api.FormatBytes(a.Bytes))
 				})
+			},
+		},
+		{
+			Name: "man", Hidden: true, Usage: "print the manual page (roff), for packaging",
+			Action: func(c *cli.Context) error {
+				m, err := c.App.ToManWithSection(1)
+				if err != nil {
+					return err
+				}
+				fmt.Fprint(c.App.Writer, m)
+				return nil
 			},
 		},
 		{
