@@ -1,0 +1,137 @@
+package deploy
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+
+	"github.com/modelcache/modelcache/internal/kubetest"
+)
+
+// A stand-in PodMonitor CRD: the Prometheus Operator's, reduced to what
+// lets the API server take the monitoring bundle.
+var podMonitorCRD = map[string]any{
+	"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+	"metadata": map[string]any{"name": "podmonitors.monitoring.coreos.com"},
+	"spec": map[string]any{
+		"group": "monitoring.coreos.com", "scope": "Namespaced",
+		"names": map[string]any{"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor", "listKind": "PodMonitorList"},
+		"versions": []any{map[string]any{"name": "v1", "served": true, "storage": true,
+			"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}},
+	},
+}
+
+// This package links kustomize, which links Go's plugin package, which
+// makes the binary bind every symbol at load: NVML's lazily resolved
+// symbols (the daemon) must stay out of it.
+
+// TestDeployBundleServerSideDryRun builds deploy/daemonset (and its
+// monitoring and examples) with kustomize and applies every object with
+// server-side apply in dry-run mode against the real API server of the
+// Kubernetes tests: schemas, RBAC, the DaemonSet and the examples must be
+// what that server accepts.
+func TestDeployBundleServerSideDryRun(t *testing.T) {
+	cl := kubetest.Start(t)
+	ctx := context.Background()
+	kc := kubernetes.NewForConfigOrDie(cl.Config)
+	dyn := dynamic.NewForConfigOrDie(cl.Config)
+	// Dry runs of namespaced objects need their namespace to exist.
+	kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "modelcache-system"}}, metav1.CreateOptions{})
+	crds := dyn.Resource(apiextensionsGVR)
+	if _, err := crds.Create(ctx, &unstructured.Unstructured{Object: podMonitorCRD}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	var objs []*unstructured.Unstructured
+	kinds := map[string]int{}
+	for _, dir := range []string{"daemonset", "daemonset/monitoring", "daemonset/examples"} {
+		res, err := k.Run(filesys.MakeFsOnDisk(), filepath.Join("..", "..", "deploy", dir))
+		if err != nil {
+			t.Fatalf("kustomize build deploy/%s: %v", dir, err)
+		}
+		for _, r := range res.Resources() {
+			m, err := r.Map()
+			if err != nil {
+				t.Fatal(err)
+			}
+			u := &unstructured.Unstructured{Object: m}
+			objs = append(objs, u)
+			kinds[u.GetKind()]++
+		}
+	}
+	for _, want := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "CustomResourceDefinition", "DaemonSet", "StorageClass", "PodMonitor", "ModelCache", "Pod", "PersistentVolumeClaim"} {
+		if kinds[want] == 0 {
+			t.Errorf("the bundle has no %s: %v", want, kinds)
+		}
+	}
+	// The PodMonitor CRD must be known to discovery before mapping.
+	var mapper *restmapper.DeferredDiscoveryRESTMapper
+	for i := 0; ; i++ {
+		mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(cl.Config)))
+		if _, err := mapper.RESTMapping(podMonitorGK, "v1"); err == nil || i > 50 {
+			break
+		}
+		waitABit()
+	}
+	for _, u := range objs {
+		gvk := u.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Errorf("%s %s: %v", gvk.Kind, u.GetName(), err)
+			continue
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if m.Scope.Name() == "namespace" {
+			ns := u.GetNamespace()
+			if ns == "" {
+				t.Errorf("%s %s has no namespace", gvk.Kind, u.GetName())
+				continue
+			}
+			ri = dyn.Resource(m.Resource).Namespace(ns)
+		}
+		_, err = ri.Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: "deploy-test", Force: true, DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			t.Errorf("server-side dry-run of %s %s/%s: %v", gvk.Kind, u.GetNamespace(), u.GetName(), err)
+		}
+	}
+	// The DaemonSet runs the daemon the way k8ssync expects.
+	for _, u := range objs {
+		if u.GetKind() != "DaemonSet" {
+			continue
+		}
+		v, _, _ := unstructured.NestedFieldNoCopy(u.Object, "spec", "template", "spec", "containers")
+		c := v.([]any)[0].(map[string]any)
+		img, _ := c["image"].(string)
+		if !strings.HasPrefix(img, "ghcr.io/modelcache/modelcached") {
+			t.Errorf("image %q: the kustomization's images entry did not apply", img)
+		}
+		env, _ := c["env"].([]any)
+		found := false
+		for _, e := range env {
+			if e.(map[string]any)["name"] == "NODE_NAME" {
+				found = true
+			}
+		}
+		if !found {
+			t.Error("the DaemonSet does not set NODE_NAME from the downward API")
+		}
+	}
+}
+
+var (
+	apiextensionsGVR = schemaGVR("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+	podMonitorGK     = schemaGK("monitoring.coreos.com", "PodMonitor")
+)
