@@ -165,8 +165,11 @@ func commands() []*cli.Command {
 		},
 		{
 			Name: "pull", Usage: "fetch an artifact into the cache and keep it desired", ArgsUsage: "URI",
-			Description: "URI is file:///abs/path (a file or a directory tree) or http(s)://host/path[#sha256=<hex>].\n" +
-				"The desire is persisted: the daemon keeps the artifact present and retries failures until 'modelctl evict'.",
+			Description: "URI is hf://org/repo[@revision], s3://bucket/prefix, oci://registry/repo:tag|@sha256:<hex>,\n" +
+				"http(s)://host/path[#sha256=<hex>] or file:///abs/path (a file or a directory tree).\n" +
+				"The desire is persisted: the daemon keeps the artifact present and retries failures until 'modelctl evict'.\n" +
+				"Kernel caches (oci:// images in GKM's MCV layout) must be signed: --key cosign.pub, or keyless\n" +
+				"--identity/--issuer/--trusted-root; see docs/operator.md (GPUs and kernel caches).",
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "name", Usage: "artifact name (letters, digits, '.', '_', '-')"},
 				&cli.BoolFlag{Name: "pin", Usage: "never evict it by policy"},
