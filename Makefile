@@ -5,7 +5,7 @@ LDFLAGS  := -s -w -X main.version=$(VERSION)
 ROOT     ?= ./.modelcache
 BIN      := bin
 
-.PHONY: build run test test-short bench fmt vet clean deb
+.PHONY: build run test test-short bench fmt vet clean deb fuzz
 
 # Debian's versions must start with a digit: 0.1.0~git<commit> unless tagged.
 DEB_VERSION ?= $(shell v=$$(git describe --tags --exact-match 2>/dev/null | sed 's/^v//'); [ -n "$$v" ] && echo $$v || echo 0.1.0~git$$(git rev-parse --short HEAD 2>/dev/null || echo 0))
@@ -19,9 +19,23 @@ run: build
 	$(BIN)/modelcached --root $(ROOT) --socket $(ROOT)/modelcached.sock \
 		--metrics-addr 127.0.0.1:9477 --models-dir $(ROOT)/models.d --socket-group ""
 
-# Every test, the race detector on, vet first.
+# Every test, the race detector on, vet first; then each fuzz target for
+# a few seconds beyond its seed corpus (make fuzz runs them longer).
 test: vet
 	$(GO) test -race -count=1 -timeout 20m ./...
+	$(MAKE) --no-print-directory fuzz FUZZTIME=3s
+
+# Fuzz targets (package:Target); seeds are in the tests and testdata/fuzz.
+FUZZ_TARGETS := cachestore:FuzzValidatePath cachestore:FuzzValidateName fetchers:FuzzUntar \
+	fetchers/hf:FuzzParseURI gpu:FuzzParseManifest daemon:FuzzPullRequest
+FUZZTIME ?= 2m
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t#*:}; \
+		echo "fuzz $$pkg $$name ($(FUZZTIME))"; \
+		$(GO) test ./$$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) >/dev/null || \
+			{ $(GO) test ./$$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime 1x; exit 1; }; \
+	done
 
 test-short:
 	$(GO) test -count=1 -short ./...

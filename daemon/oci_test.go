@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -85,10 +86,11 @@ func push(t *testing.T, host, repo string, img v1.Image) string {
 }
 
 func TestOCIArtifactsModelcarAndHostileLayers(t *testing.T) {
-	var corrupt string // a blob digest whose bytes the registry will flip
+	var corrupt atomic.Value // a blob digest whose bytes the registry will flip; retries of earlier pulls read it concurrently
+	corrupt.Store("")
 	reg := registry.New()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if corrupt != "" && r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/blobs/"+corrupt) {
+		if c := corrupt.Load().(string); c != "" && r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/blobs/"+c) {
 			rec := httptest.NewRecorder()
 			reg.ServeHTTP(rec, r)
 			b := rec.Body.Bytes()
@@ -176,7 +178,7 @@ func TestOCIArtifactsModelcarAndHostileLayers(t *testing.T) {
 	l := tarLayer(t, false, tarFile{name: "models/w.bin", body: data(100000, 81)})
 	ld, _ := l.Digest()
 	push(t, host, "models/flip:1", modelcar(t, l))
-	corrupt = ld.String()
+	corrupt.Store(ld.String())
 	_, err = h.pull(api.PullRequest{Name: "flip", URI: "oci://" + host + "/models/flip:1"})
 	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "digest mismatch") {
 		t.Fatalf("corrupted layer: %v", err)

@@ -1,0 +1,61 @@
+package daemon
+
+import (
+	"bytes"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
+)
+
+// FuzzPullRequest: the socket API's pull body goes through decode and
+// validateDesire without a panic, and a desire they accept has a valid
+// name, a known scheme, a known kind and clean kernel cache parts.
+func FuzzPullRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"name":"m","uri":"hf://org/repo"}`,
+		`{"name":"m","uri":"oci://r/x:1","kind":"kernelcache","signature":{"keys":["-----BEGIN PUBLIC KEY-----"]}}`,
+		`{"name":"m","uri":"file:///x","kernelCaches":[{"uri":"oci://r/k:sm90"}]}`,
+		`{"name":"../x","uri":"file:///x"}`, `{"name":"m","uri":"ftp://x"}`, `{"name":"m","uri":"s3://b/p","include":["[" ]}`,
+		`{"name":"m","uri":"oci://r/x","kind":"kernelcache","signature":{"keys":["/etc/shadow"]}}`, `{"unknown":1}`, `[]`, ``,
+	} {
+		f.Add([]byte(s))
+	}
+	d := &Daemon{fetchers: fetchers.Registry{"file": nil, "http": nil, "https": nil, "hf": nil, "s3": nil, "oci": nil}}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r := httptest.NewRequest("POST", "/v1/pull", bytes.NewReader(body))
+		var req api.PullRequest
+		if decode(r, &req) != nil {
+			return
+		}
+		req.Origin = "api"
+		ds, err := d.validateDesire(req)
+		if err != nil {
+			return
+		}
+		if cachestore.ValidateName(ds.Name) != nil {
+			t.Fatalf("accepted the name %q", ds.Name)
+		}
+		if s, err := fetchers.Scheme(ds.URI); err != nil || s == "" {
+			t.Fatalf("accepted the source %q", ds.URI)
+		}
+		if ds.Kind != "" && ds.Kind != api.KindModel && ds.Kind != api.KindKernelCache {
+			t.Fatalf("accepted the kind %q", ds.Kind)
+		}
+		for _, kc := range ds.KernelCaches {
+			if !strings.HasPrefix(kc.URI, "oci://") {
+				t.Fatalf("accepted the kernel cache %q", kc.URI)
+			}
+			if kc.Signature != nil {
+				for _, k := range kc.Signature.Keys {
+					if !strings.Contains(k, "-----BEGIN") {
+						t.Fatalf("accepted a key path over the socket: %q", k)
+					}
+				}
+			}
+		}
+	})
+}
