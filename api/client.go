@@ -236,6 +236,12 @@ func (c *Client) Verify(ctx context.Context, names ...string) (*VerifyResult, er
 	return &r, c.call(ctx, "POST", "/v1/verify", VerifyRequest{Names: names}, &r)
 }
 
+// Fsck checks that the index, the blobs and the trees agree.
+func (c *Client) Fsck(ctx context.Context) (*VerifyResult, error) {
+	var r VerifyResult
+	return &r, c.call(ctx, "POST", "/v1/verify", VerifyRequest{Fsck: true}, &r)
+}
+
 // GC removes blobs that no artifact version references; with dryRun it
 // only reports what it would remove.
 func (c *Client) GC(ctx context.Context, dryRun bool) (*GCResult, error) {

@@ -257,6 +257,8 @@ type GCResult struct {
 // VerifyRequest names the artifacts to verify; empty means every blob.
 type VerifyRequest struct {
 	Names []string `json:"names,omitempty"`
+	// Fsck checks that index, blobs and trees agree instead of rehashing.
+	Fsck bool `json:"fsck,omitempty"`
 }
 
 // VerifyResult is what a verification found and did.
@@ -267,6 +269,9 @@ type VerifyResult struct {
 	Missing      []string `json:"missing,omitempty"`
 	Refetching   []string `json:"refetching,omitempty"` // name@rev queued for re-fetch
 	Quarantined  []string `json:"quarantined,omitempty"`
+	// Problems are what an fsck found (index, blobs and trees disagree).
+	Problems []string `json:"problems,omitempty"`
+	Fsck     bool     `json:"fsck,omitempty"`
 }
 
 // ArtifactUsage is one artifact's share of the store.

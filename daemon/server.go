@@ -793,6 +793,13 @@ func (d *Daemon) handleVerify(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
+	if req.Fsck {
+		probs, err := d.store.Fsck()
+		if err != nil {
+			return err
+		}
+		return writeJSON(w, api.VerifyResult{Fsck: true, Problems: probs})
+	}
 	rep, err := d.store.Verify(r.Context(), req.Names, nil)
 	if err != nil {
 		return err

@@ -317,7 +317,26 @@ func commands() []*cli.Command {
 		},
 		{
 			Name: "verify", Usage: "re-hash blobs (of NAMEs, or all); corrupt ones are quarantined and re-fetched", ArgsUsage: "[NAME...]",
+			Flags: []cli.Flag{&cli.BoolFlag{Name: "fsck", Usage: "instead: check that index, blobs and trees agree (no rehash; exit 1 on any problem)"}},
 			Action: func(c *cli.Context) error {
+				if c.Bool("fsck") {
+					r, err := client(c).Fsck(c.Context)
+					if err != nil {
+						return err
+					}
+					if err := output(c, r, func(w io.Writer) {
+						fmt.Fprintf(w, "fsck: %d problems\n", len(r.Problems))
+						for _, p := range r.Problems {
+							fmt.Fprintf(w, "  %s\n", p)
+						}
+					}); err != nil {
+						return err
+					}
+					if len(r.Problems) > 0 {
+						return cli.Exit("", exitFailure)
+					}
+					return nil
+				}
 				r, err := client(c).Verify(c.Context, c.Args().Slice()...)
 				if err != nil {
 					return err
