@@ -158,3 +158,5 @@ func TestTwentyNodes(t *testing.T) {
 		t.Errorf("%.0f requests per node per hour at steady state: the loop polls", perHour)
 	}
 }
+
+func errorf(f string, a ...any) error { return fmt.Errorf(f, a...) }
