@@ -26,8 +26,8 @@ test: vet
 	$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 
 # Fuzz targets (package:Target); seeds are in the tests and testdata/fuzz.
-FUZZ_TARGETS := cachestore:FuzzValidatePath cachestore:FuzzValidateName fetchers:FuzzUntar \
-	fetchers/hf:FuzzParseURI gpu:FuzzParseManifest daemon:FuzzPullRequest
+FUZZ_TARGETS := cachestore:FuzzValidatePath cachestore:FuzzValidateName cachestore:FuzzIndexRecords fetchers:FuzzUntar \
+	fetchers/hf:FuzzParseURI fetchers/hf:FuzzTreeJSON gpu:FuzzParseManifest daemon:FuzzPullRequest
 FUZZTIME ?= 2m
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -1,11 +1,15 @@
 package hf_test
 
 import (
+	"context"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/modelcache/modelcache/fetchers"
 	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
+	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
 	"github.com/modelcache/modelcache/fetchers/oci"
 	"github.com/modelcache/modelcache/fetchers/s3"
 )
@@ -32,5 +36,45 @@ func FuzzParseURI(f *testing.F) {
 			}
 		}
 		o.ParseURI(uri)
+	})
+}
+
+// FuzzTreeJSON: whatever the hub's tree listing says, Resolve answers
+// with files or an error, never a panic, and names only files whose sizes
+// are not negative.
+func FuzzTreeJSON(f *testing.F) {
+	f.Add([]byte(`[{"type":"file","path":"config.json","size":2,"oid":"` + strings.Repeat("a", 40) + `"}]`))
+	f.Add([]byte(`[{"type":"file","path":"w.safetensors","size":10,"lfs":{"oid":"` + strings.Repeat("b", 64) + `","size":10}}]`))
+	f.Add([]byte(`[{"type":"file","path":"../../x","size":-5}]`))
+	f.Add([]byte(`[{"type":"directory","path":"d"},{"type":"file"}]`))
+	f.Add([]byte(`{"error":"x"}`))
+	hub := hubtest.New()
+	defer hub.Close()
+	hub.Commit("org/m", map[string][]byte{"config.json": []byte("{}")}, "main")
+	var page atomic.Value
+	page.Store([]byte("[]"))
+	hub.Hook = func(w http.ResponseWriter, r *http.Request) bool {
+		if !strings.Contains(r.URL.Path, "/tree/") {
+			return false
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(page.Load().([]byte))
+		return true
+	}
+	fe, err := hffetcher.New(hffetcher.WithEndpoint(hub.URL()), hffetcher.WithToken(""))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		page.Store(body)
+		res, err := fe.Resolve(context.Background(), fetchers.Source{URI: "hf://org/m"})
+		if err != nil {
+			return
+		}
+		for _, fl := range res.Files {
+			if fl.Size < -1 {
+				t.Fatalf("a file of size %d from %q", fl.Size, body)
+			}
+		}
 	})
 }
