@@ -132,6 +132,7 @@ func kernelCacheBench(dir string, canDrop bool) {
 	}
 	fmt.Printf("kernel cache of %s (%d cubins, one tar+gzip layer) from docker-registry on loopback (seconds incl. sync, median of %d):\n", api.FormatBytes(total), n, *runs)
 	fmt.Printf("  modelctl pull --kind kernelcache (verify signature, check GPUs, sha256, extract, fsync, commit)  %.2f  %v\n", median(mc), secs(mc))
+	addRow(fmt.Sprintf("signed kernel cache of %s: pull+verify+extract", api.FormatBytes(total)), fmt.Sprintf("%.2f s", median(mc)), fmt.Sprintf("crane export | tar -x %.2f s", median(peer)), fmt.Sprintf("%.2fx time", median(ratios(mc, peer))))
 	fmt.Printf("  crane export | tar -x (extract only)                                                        %.2f  %v  modelctl takes %.2fx its time\n", median(peer), secs(peer), median(ratios(mc, peer)))
 }
 
