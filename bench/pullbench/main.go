@@ -37,6 +37,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/feature/s3/manager"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/modelcache/modelcache/api"
@@ -96,8 +97,13 @@ func main() {
 		kernelCacheBench(dir, canDrop)
 		printTable()
 		return
+	case "s3":
+		src := filepath.Join(dir, "src")
+		s3Bench(dir, src, makeModel(src, *sizeMiB<<20), canDrop)
+		printTable()
+		return
 	default:
-		must(fmt.Errorf("-only %q: the scenario that runs alone is kernelcache", *only))
+		must(fmt.Errorf("-only %q: the scenarios that run alone are kernelcache and s3", *only))
 	}
 	src := filepath.Join(dir, "src")
 	files := makeModel(src, *sizeMiB<<20)
@@ -675,6 +681,17 @@ func s3Bench(dir, src string, files []file, canDrop bool) {
 					args = append(args, "-o", filepath.Join(out, files[i].name), u)
 				}
 				must(exec.Command("curl", args...).Run())
+			},
+			// The AWS SDK's own downloader (parallel ranged GETs), no verification.
+			"aws-sdk s3 manager": func(out string) {
+				dl := manager.NewDownloader(c)
+				for _, f := range files {
+					fh, err := os.Create(filepath.Join(out, f.name))
+					must(err)
+					_, err = dl.Download(ctx, fh, &s3.GetObjectInput{Bucket: aws.String("models"), Key: aws.String("m/" + f.name)})
+					fh.Close()
+					must(err)
+				}
 			},
 		})
 }
