@@ -177,6 +177,9 @@ type Artifact struct {
 	// Metadata is what the model's files say (config.json, safetensors
 	// headers); only from Get.
 	Metadata *Metadata `json:"metadata,omitempty"`
+	// LastUsed is when the current version was last used (read by a
+	// process, leased, pulled).
+	LastUsed *time.Time `json:"lastUsed,omitempty"`
 	// LastPull is how the last successful pull of this daemon went.
 	LastPull *PullStats `json:"lastPull,omitempty"`
 	// KernelCache is what was checked of a kernel cache: signature,

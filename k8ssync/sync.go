@@ -563,6 +563,9 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 		if a.LastPull != nil {
 			as.DownloadSeconds, as.BytesPerSecond = round(a.LastPull.Seconds), round(a.LastPull.BytesPerSecond)
 		}
+		if a.LastUsed != nil {
+			as.LastUsed = a.LastUsed.UTC().Truncate(time.Minute).Format(time.RFC3339) // minutes: no status churn on every read
+		}
 		st.Artifacts = append(st.Artifacts, as)
 	}
 	// A selected ModelCache is listed even before anything is known of it,

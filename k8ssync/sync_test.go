@@ -235,7 +235,7 @@ func TestClusterSync(t *testing.T) {
 		}
 		as := artifactOn(n, "both")
 		if len(n.Status.GPUs) != 1 || n.Status.GPUs[0].UUID != "GPU-a" || n.Status.CapacityBytes <= 0 || as == nil ||
-			as.Phase != "Ready" || as.Bytes != 1<<20 || as.ModelCache != "both" || as.DownloadSeconds <= 0 {
+			as.Phase != "Ready" || as.Bytes != 1<<20 || as.ModelCache != "both" || as.DownloadSeconds <= 0 || as.LastUsed == "" {
 			return fmt.Errorf("%+v", n.Status)
 		}
 		return nil
