@@ -13,7 +13,6 @@ import (
 	"github.com/modelcache/modelcache/fetchers"
 	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
 	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
-	s3fetcher "github.com/modelcache/modelcache/fetchers/s3"
 )
 
 // clusterKey prefixes the index keys of desires from the cluster; a colon
@@ -148,7 +147,7 @@ func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
 		if tok == "" {
 			return d.fetchers.For(ds.URI)
 		}
-		hub, err := hffetcher.New(hffetcher.WithToken(tok), hffetcher.WithIdleTimeout(d.cfg.IdleTimeout), hffetcher.WithConnections(max(d.cfg.RangeConnections, 1)))
+		hub, err := d.newHub(hffetcher.WithToken(tok))
 		if err != nil {
 			return nil, err
 		}
@@ -157,7 +156,7 @@ func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
 		if creds["AWS_ACCESS_KEY_ID"] == "" {
 			return d.fetchers.For(ds.URI)
 		}
-		f = s3fetcher.New(max(d.cfg.RangeConnections, 1), 8<<20).WithStaticCredentials(creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], creds["AWS_SESSION_TOKEN"])
+		f = d.newS3().WithStaticCredentials(creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], creds["AWS_SESSION_TOKEN"])
 	case "oci":
 		cfg := creds[".dockerconfigjson"]
 		if cfg == "" {

@@ -152,13 +152,13 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		},
 		Evicted: func(v capacity.Victim) { d.metrics.evictions.WithLabelValues(v.Reason).Inc() },
 	}
-	hub, err := hffetcher.New(hffetcher.WithIdleTimeout(cfg.IdleTimeout), hffetcher.WithConnections(max(cfg.RangeConnections, 1)))
+	hub, err := d.newHub()
 	if err != nil {
 		st.Close()
 		return nil, err
 	}
 	d.fetchers["hf"] = hub
-	d.fetchers["s3"] = s3fetcher.New(max(cfg.RangeConnections, 1), 8<<20)
+	d.fetchers["s3"] = d.newS3()
 	ociOpts := []ocifetcher.Option{ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...)}
 	for _, m := range cfg.RegistryMirrors {
 		r, mir, _ := strings.Cut(m, "=")
@@ -371,4 +371,15 @@ func (d *Daemon) listen() (net.Listener, error) {
 		}
 	}
 	return ln, nil
+}
+
+// newHub and newS3 make the hub and S3 fetchers with the daemon's
+// settings; extra options add credentials (fetcherFor).
+func (d *Daemon) newHub(extra ...hffetcher.Option) (*hffetcher.Fetcher, error) {
+	opts := append([]hffetcher.Option{hffetcher.WithIdleTimeout(d.cfg.IdleTimeout), hffetcher.WithConnections(max(d.cfg.RangeConnections, 1))}, extra...)
+	return hffetcher.New(opts...)
+}
+
+func (d *Daemon) newS3() *s3fetcher.Fetcher {
+	return s3fetcher.New(max(d.cfg.RangeConnections, 1), 8<<20)
 }

@@ -246,7 +246,8 @@ func (s *Syncer) Run(ctx context.Context) error {
 // pass does one round: desires, pods, status, events, PVs.
 func (s *Syncer) pass(ctx context.Context) {
 	node, _ := s.thisNode()
-	want, creds, owners := s.desires(ctx, node)
+	mcs := s.modelCaches()
+	want, creds, owners := s.desires(ctx, node, mcs)
 	if err := s.node.SetClusterDesires(want, creds); err != nil {
 		s.log.Warn("k8s sync: desires", "err", err)
 	}
@@ -259,7 +260,7 @@ func (s *Syncer) pass(ctx context.Context) {
 		s.log.Warn("k8s sync: list artifacts", "err", err)
 		return
 	}
-	s.events(arts, owners)
+	s.events(arts, owners, mcs)
 	s.writeStatus(ctx, arts, owners, want)
 	if s.cfg.LocalPVs {
 		s.syncPVs(ctx, arts, owners)
@@ -308,7 +309,7 @@ func Selected(mc *ModelCache, nodeLabels map[string]string) (bool, error) {
 
 // desires turns the selected ModelCaches into desires; owners maps every
 // artifact name (with kernel caches and extra versions) to its ModelCache.
-func (s *Syncer) desires(ctx context.Context, node *corev1.Node) (map[string]api.Desire, map[string]map[string]string, map[string]string) {
+func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCache) (map[string]api.Desire, map[string]map[string]string, map[string]string) {
 	want := map[string]api.Desire{}
 	creds := map[string]map[string]string{}
 	owners := map[string]string{}
@@ -316,7 +317,7 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node) (map[string]api
 	if node != nil {
 		nodeLabels = node.Labels
 	}
-	for _, mc := range s.modelCaches() {
+	for _, mc := range all {
 		ok, err := Selected(mc, nodeLabels)
 		if err != nil {
 			s.log.Warn("k8s sync: bad nodeSelector", "modelcache", mc.Name, "err", err)
@@ -397,6 +398,14 @@ func (s *Syncer) secret(ctx context.Context, ns, name string) (map[string]string
 func (s *Syncer) podHolders() map[string][]api.Holder {
 	out := map[string][]api.Holder{}
 	root := strings.TrimRight(s.node.Root(), "/")
+	var names []string // every artifact, listed once and only for a pod that mounts a whole directory
+	listed := false
+	all := func() []string {
+		if !listed {
+			names, listed = s.allNames(), true
+		}
+		return names
+	}
 	for _, o := range s.podInf.GetStore().List() {
 		p, ok := o.(*corev1.Pod)
 		if !ok || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
@@ -414,7 +423,7 @@ func (s *Syncer) podHolders() map[string][]api.Holder {
 		for _, v := range p.Spec.Volumes {
 			switch {
 			case v.HostPath != nil:
-				for _, n := range artifactsUnder(root, v.HostPath.Path, s.allNames()) {
+				for _, n := range artifactsUnder(root, v.HostPath.Path, all) {
 					add(n)
 				}
 			case v.PersistentVolumeClaim != nil:
@@ -443,7 +452,7 @@ func (s *Syncer) allNames() []string {
 // artifactsUnder maps a hostPath to the artifacts it exposes: a path in
 // models/<name> or kernels/<name> holds that one; the root, models/ or
 // kernels/ hold all of theirs.
-func artifactsUnder(root, p string, names []string) []string {
+func artifactsUnder(root, p string, names func() []string) []string {
 	p = strings.TrimRight(p, "/")
 	rel, ok := strings.CutPrefix(p, root)
 	if !ok || (rel != "" && !strings.HasPrefix(rel, "/")) {
@@ -452,7 +461,7 @@ func artifactsUnder(root, p string, names []string) []string {
 	parts := strings.Split(strings.TrimPrefix(rel, "/"), "/")
 	switch {
 	case rel == "" || ((parts[0] == "models" || parts[0] == "kernels") && len(parts) == 1):
-		return names
+		return names()
 	case (parts[0] == "models" || parts[0] == "kernels") && len(parts) >= 2:
 		return []string{parts[1]}
 	}
@@ -485,7 +494,7 @@ const (
 
 // events emits an Event on the ModelCache for each transition of one of
 // its artifacts on this node. The recorder's correlator merges repeats.
-func (s *Syncer) events(arts []api.Artifact, owners map[string]string) {
+func (s *Syncer) events(arts []api.Artifact, owners map[string]string, all []*ModelCache) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := map[string]string{}
@@ -497,7 +506,7 @@ func (s *Syncer) events(arts []api.Artifact, owners map[string]string) {
 		}
 	}
 	mcs := map[string]*ModelCache{}
-	for _, mc := range s.modelCaches() {
+	for _, mc := range all {
 		mcs[mc.Name] = mc
 	}
 	emit := func(name, typ, reason, msg string) {
@@ -581,7 +590,7 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 	same := string(body) == string(s.lastStatus)
 	due := time.Since(s.lastWrite) >= s.cfg.StatusInterval
 	heartbeat := time.Since(s.lastWrite) >= s.cfg.Heartbeat
-	backoff := time.Duration(min(s.writeErrs, 6)) * s.cfg.StatusInterval * time.Duration(1<<min(s.writeErrs, 6))
+	backoff := s.cfg.StatusInterval << min(s.writeErrs, 6) // 2s, 4s, … 128s while writes fail
 	if s.writeErrs > 0 && time.Since(s.lastWrite) < backoff {
 		due = false
 	}

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"archive/tar"
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -14,14 +11,10 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/static"
-	"github.com/google/go-containerregistry/pkg/v1/types"
-	"github.com/klauspost/compress/gzip"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers/oci/ocitest"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
 
@@ -49,41 +42,23 @@ func kernelCacheBench(dir string, canDrop bool) {
 	defer stop()
 
 	// 2.5 MiB cubins, pseudo-random (they do not compress, as real cubins
-	// barely do), a manifest of entries and the MCV labels.
-	var raw bytes.Buffer
-	tw := tar.NewWriter(&raw)
+	// barely do), in the MCV layout the tests use (ocitest).
 	rng := rand.NewChaCha8([32]byte{7})
 	const per = 5 << 19
 	n := int(mib << 20 / per)
 	var total int64
-	buf := make([]byte, per)
-	var entries []map[string]any
+	kc := ocitest.KernelCache{Files: map[string][]byte{}}
 	for i := 0; i < n; i++ {
+		buf := make([]byte, per)
 		rng.Read(buf)
 		h := fmt.Sprintf("%064x", i)
-		must(tw.WriteHeader(&tar.Header{Name: "io.triton.cache/" + h + "/kernel.cubin", Typeflag: tar.TypeReg, Mode: 0o644, Size: per}))
-		tw.Write(buf)
+		kc.Files[h+"/kernel.cubin"] = buf
 		total += per
-		entries = append(entries, map[string]any{"hash": h, "backend": "cuda", "arch": 90, "warp_size": 32, "ptx_version": 83})
+		kc.Entries = append(kc.Entries, ocitest.Entry{Hash: h, Backend: "cuda", Arch: 90, WarpSize: 32, PTXVersion: 83})
 	}
-	man, _ := json.Marshal(map[string]any{"triton": entries})
-	tw.WriteHeader(&tar.Header{Name: "io.triton.manifest/manifest.json", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(man))})
-	tw.Write(man)
-	tw.Close()
-	var z bytes.Buffer
-	zw, _ := gzip.NewWriterLevel(&z, gzip.BestSpeed)
-	zw.Write(raw.Bytes())
-	zw.Close()
-	raw = bytes.Buffer{}
-	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), static.NewLayer(z.Bytes(), types.OCILayer))
+	img, err := kc.Build()
 	must(err)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	cf, _ := img.ConfigFile()
-	cf = cf.DeepCopy()
-	cf.Config.Labels = map[string]string{"cache.triton.image/entry-count": strconv.Itoa(n), "cache.triton.image/cache-size-bytes": strconv.FormatInt(total, 10),
-		"cache.triton.image/summary": `{"targets":[{"backend":"cuda","arch":"90","warp_size":32}]}`}
-	img, err = mutate.ConfigFile(img, cf)
-	must(err)
+	kc = ocitest.KernelCache{}
 	ref, err := name.ParseReference(host+"/bench/kernels:sm90", name.Insecure)
 	must(err)
 	must(remote.Write(ref, img))

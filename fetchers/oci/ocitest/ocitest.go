@@ -7,7 +7,6 @@ package ocitest
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -24,6 +23,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/klauspost/compress/gzip"
 
 	"github.com/modelcache/modelcache/internal/testenv"
 )
@@ -52,9 +52,19 @@ type KernelCache struct {
 	NoSummary bool
 }
 
-// Image builds the image: one tar+gzip layer, labels in the config.
+// Image builds the image for a test (Build, failing the test on error).
 func (k KernelCache) Image(t testing.TB) v1.Image {
 	t.Helper()
+	img, err := k.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// Build makes the image: one tar+gzip layer (fastest compression: cubins
+// barely compress), labels in the config. The benchmark uses it too.
+func (k KernelCache) Build() (v1.Image, error) {
 	var raw bytes.Buffer
 	tw := tar.NewWriter(&raw)
 	var size int64
@@ -80,12 +90,13 @@ func (k KernelCache) Image(t testing.TB) v1.Image {
 	}
 	tw.Close()
 	var z bytes.Buffer
-	zw := gzip.NewWriter(&z)
+	zw, _ := gzip.NewWriterLevel(&z, gzip.BestSpeed)
 	zw.Write(raw.Bytes())
 	zw.Close()
+	raw = bytes.Buffer{}
 	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), static.NewLayer(z.Bytes(), types.OCILayer))
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	cf, _ := img.ConfigFile()
@@ -115,11 +126,7 @@ func (k KernelCache) Image(t testing.TB) v1.Image {
 		s, _ := json.Marshal(map[string]any{"targets": ts})
 		cf.Config.Labels["cache.triton.image/summary"] = string(s)
 	}
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return img
+	return mutate.ConfigFile(img, cf)
 }
 
 // SM90 and SM80 are kernel caches for Hopper and Ampere GPUs.
