@@ -53,8 +53,23 @@ type Desire struct {
 	// KernelCaches lists a model's kernel cache images, typically one per
 	// GPU architecture; each node takes the ones its GPUs can run.
 	KernelCaches []KernelCacheRef `json:"kernelCaches,omitempty"`
-	// Serves names the model a kernel cache desire came from.
+	// Serves names the model a kernel cache desire came from. Set only
+	// by the daemon when it expands a model's KernelCaches: never from
+	// the socket (PullRequest has no such field).
 	Serves string `json:"serves,omitempty"`
+	// Requester is who asked for the desire over the socket: a file://
+	// source is read with its uid and groups, so a pull reads only what
+	// the requester could read. Nil for desires from the node's own
+	// configuration (models.d, the cluster), read as the daemon.
+	Requester *Requester `json:"requester,omitempty"`
+}
+
+// Requester is the identity of a socket peer (SO_PEERCRED and the
+// supplementary groups of its process).
+type Requester struct {
+	UID    uint32   `json:"uid"`
+	GID    uint32   `json:"gid"`
+	Groups []uint32 `json:"groups,omitempty"`
 }
 
 // KernelCacheRef is one kernel cache image of a model desire.
@@ -69,12 +84,15 @@ type KernelCacheRef struct {
 type SignaturePolicy struct {
 	// Policy is required (the default) or off.
 	Policy string `json:"policy,omitempty"`
-	// Keys: PEM public keys (cosign.pub), inline or as paths on the node;
-	// any one of them may sign.
+	// Keys: PEM public keys (cosign.pub); any one of them may sign. Over
+	// the socket they are PEM text (modelctl pull --key FILE reads the
+	// file); only a models.d file or a ModelCache may name a path on the
+	// node.
 	Keys []string `json:"keys,omitempty"`
 	// Keyless: the certificate's subject and OIDC issuer (exact or
-	// regexp), checked against TrustedRoot, a path on the node to a
-	// sigstore trusted_root.json or a PEM CA bundle.
+	// regexp), checked against TrustedRoot: a sigstore trusted_root.json
+	// or a PEM CA bundle, as text over the socket (modelctl reads
+	// --trusted-root FILE), or a path on the node in a models.d file.
 	Identity       string `json:"identity,omitempty"`
 	IdentityRegexp string `json:"identityRegexp,omitempty"`
 	Issuer         string `json:"issuer,omitempty"`
@@ -238,8 +256,33 @@ type Event struct {
 	Done     bool      `json:"done,omitempty"`
 }
 
-// PullRequest asks for an artifact; it becomes a persisted desire.
-type PullRequest = Desire
+// PullRequest asks for an artifact over the socket; the daemon turns it
+// into a persisted desire. It holds only what a socket client may set:
+// where a desire comes from (Origin), which model a kernel cache serves
+// (Serves) and who asked (Requester) are the daemon's to fill, and no
+// field names a path on the node that the daemon would open (keys and
+// trusted roots travel as their content). Unknown fields are refused.
+type PullRequest struct {
+	Name    string   `json:"name"`
+	URI     string   `json:"uri"`
+	Digest  string   `json:"digest,omitempty"`
+	Pin     bool     `json:"pin,omitempty"`
+	State   string   `json:"state,omitempty"`
+	Include []string `json:"include,omitempty"`
+	Exclude []string `json:"exclude,omitempty"`
+	Kind    string   `json:"kind,omitempty"`
+	// Signature: a kernel cache's policy; it may tighten the node's
+	// policy, never loosen it.
+	Signature    *SignaturePolicy `json:"signature,omitempty"`
+	KernelCaches []KernelCacheRef `json:"kernelCaches,omitempty"`
+}
+
+// Desire is the desire the request asks for, before the daemon fills in
+// its origin and requester.
+func (r PullRequest) Desire() Desire {
+	return Desire{Name: r.Name, URI: r.URI, Digest: r.Digest, Pin: r.Pin, State: r.State, Include: r.Include,
+		Exclude: r.Exclude, Kind: r.Kind, Signature: r.Signature, KernelCaches: r.KernelCaches}
+}
 
 // EvictResult lists what an evict removed.
 type EvictResult struct {

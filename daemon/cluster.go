@@ -113,9 +113,14 @@ func (d *Daemon) credentialsFor(name string) map[string]string {
 	if c, ok := d.creds[name]; ok {
 		return c
 	}
-	// A kernel cache listed by a ModelCache uses the model's credentials.
-	if ds, ok := d.desired()[name]; ok && ds.Serves != "" {
-		return d.creds[ds.Serves]
+	// A kernel cache that a ModelCache lists uses the model's credentials:
+	// only one the daemon expanded from that model's own desire, for the
+	// URI the model names. Nothing from the socket can claim them.
+	want := d.desired()
+	if ds, ok := want[name]; ok && ds.Serves != "" {
+		if model, ok := want[ds.Serves]; ok && model.Origin == ds.Origin && listsKernelCache(model, name, ds.URI) {
+			return d.creds[ds.Serves]
+		}
 	}
 	return nil
 }

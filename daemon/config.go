@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -39,6 +40,16 @@ type Config struct {
 	Capacity           capacity.Policy
 	CapacityInterval   time.Duration // how often the in-use scan and an eviction pass run
 	GPUInventory       string        // a JSON file describing a simulated node; "" = NVML
+	// FileRoots, when set, are the only directories file:// sources may
+	// come from, whoever asks (root, models.d and the cluster included).
+	// Empty: any path the requester may read (a socket peer reads only
+	// what its own uid and groups may read, whatever the daemon may).
+	FileRoots []string
+	// KernelCacheSignaturePolicy is the node's policy for kernel cache
+	// signatures, required (the default) or off: the default of every
+	// desire and the floor of socket requests, which may tighten it but
+	// never turn it off.
+	KernelCacheSignaturePolicy string
 	// Cluster, when set, syncs with Kubernetes (ModelCache objects become
 	// desires, this node's status is written); nil: standalone.
 	Cluster *k8ssync.Config
@@ -67,6 +78,8 @@ func DefaultConfig() Config {
 		Capacity:           capacity.DefaultPolicy(),
 		CapacityInterval:   10 * time.Second,
 		Version:            "dev",
+
+		KernelCacheSignaturePolicy: api.PolicyRequired,
 	}
 }
 
@@ -107,6 +120,16 @@ func (c *Config) Validate() error {
 	for _, m := range c.RegistryMirrors {
 		if r, mir, ok := strings.Cut(m, "="); !ok || r == "" || mir == "" {
 			errs = append(errs, fmt.Errorf("--registry-mirror %q: want registry=mirror, e.g. docker.io=mirror.local:5000", m))
+		}
+	}
+	switch c.KernelCacheSignaturePolicy {
+	case "", api.PolicyRequired, api.PolicyOff:
+	default:
+		errs = append(errs, fmt.Errorf("--kernel-cache-signature-policy %q: use required or off", c.KernelCacheSignaturePolicy))
+	}
+	for _, r := range c.FileRoots {
+		if !filepath.IsAbs(r) || filepath.Clean(r) != r {
+			errs = append(errs, fmt.Errorf("--file-roots %q: want a clean absolute directory, e.g. /srv/models", r))
 		}
 	}
 	if c.BandwidthLimit < 0 {

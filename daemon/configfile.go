@@ -20,6 +20,8 @@ import (
 //	keepRevisions: 0             # old revisions kept once unused
 //	maxConcurrentPulls: 2
 //	bandwidthLimit: 100M         # bytes per second over all pulls
+//	fileRoots: [/srv/models]     # the only directories file:// may read
+//	kernelCacheSignaturePolicy: required   # or off; the floor of socket pulls
 type FileConfig struct {
 	Quota              string `json:"quota,omitempty"`
 	HighPercent        *int   `json:"highWatermarkPercent,omitempty"`
@@ -28,6 +30,9 @@ type FileConfig struct {
 	KeepRevisions      *int   `json:"keepRevisions,omitempty"`
 	MaxConcurrentPulls *int   `json:"maxConcurrentPulls,omitempty"`
 	BandwidthLimit     string `json:"bandwidthLimit,omitempty"`
+
+	FileRoots                  []string `json:"fileRoots,omitempty"`
+	KernelCacheSignaturePolicy string   `json:"kernelCacheSignaturePolicy,omitempty"`
 }
 
 // LoadConfigFile applies the file at path to cfg. Unknown keys and bad
@@ -61,6 +66,12 @@ func LoadConfigFile(path string, cfg *Config) error {
 			return fmt.Errorf("--config %s: minAge %q: want a duration such as 2m", path, fc.MinAge)
 		}
 		cfg.Capacity.MinAge = d
+	}
+	if fc.FileRoots != nil {
+		cfg.FileRoots = fc.FileRoots
+	}
+	if fc.KernelCacheSignaturePolicy != "" {
+		cfg.KernelCacheSignaturePolicy = fc.KernelCacheSignaturePolicy
 	}
 	set := func(dst *int, v *int) {
 		if v != nil {

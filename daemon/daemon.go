@@ -117,7 +117,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	d := &Daemon{
 		cfg: cfg, log: log, store: st, started: time.Now(), gid: gid,
 		fetchers: fetchers.Registry{
-			"file":  filefetcher.New(),
+			"file":  filefetcher.New(filefetcher.WithRoots(cfg.FileRoots...)),
 			"http":  httpfetcher.New(httpfetcher.WithIdleTimeout(cfg.IdleTimeout), httpfetcher.WithUserAgent("modelcached/"+cfg.Version)),
 			"https": httpfetcher.New(httpfetcher.WithIdleTimeout(cfg.IdleTimeout), httpfetcher.WithUserAgent("modelcached/"+cfg.Version)),
 		},
@@ -195,7 +195,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 			d.clusterDesires[n] = ds
 			continue
 		}
-		d.apiDesires[name] = ds
+		d.apiDesires[name] = trustSocketDesire(ds, log)
 	}
 	d.loadModelsDir()
 	return d, nil

@@ -9,6 +9,7 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/fetchers"
+	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 )
 
 // FuzzPullRequest: the socket API's pull body goes through decode and
@@ -21,18 +22,24 @@ func FuzzPullRequest(f *testing.F) {
 		`{"name":"m","uri":"file:///x","kernelCaches":[{"uri":"oci://r/k:sm90"}]}`,
 		`{"name":"../x","uri":"file:///x"}`, `{"name":"m","uri":"ftp://x"}`, `{"name":"m","uri":"s3://b/p","include":["[" ]}`,
 		`{"name":"m","uri":"oci://r/x","kind":"kernelcache","signature":{"keys":["/etc/shadow"]}}`, `{"unknown":1}`, `[]`, ``,
+		`{"name":"m","uri":"oci://r/x","kind":"kernelcache","serves":"llama","signature":{"policy":"off"}}`,
+		`{"name":"m","uri":"oci://r/x","kind":"kernelcache","signature":{"policy":"off"}}`,
+		`{"name":"m","uri":"oci://r/x","kind":"kernelcache","signature":{"identity":"a","issuer":"b","trustedRoot":"/dev/zero"}}`,
+		`{"name":"m","uri":"oci://r/x","kind":"kernelcache","signature":{"identity":"a","issuer":"b","trustedRoot":"{}"}}`,
+		`{"name":"m","uri":"file:///x","origin":"file:/etc/x","requester":{"uid":0}}`,
 	} {
 		f.Add([]byte(s))
 	}
-	d := &Daemon{fetchers: fetchers.Registry{"file": nil, "http": nil, "https": nil, "hf": nil, "s3": nil, "oci": nil}}
+	d := &Daemon{cfg: Config{KernelCacheSignaturePolicy: api.PolicyRequired}, fetchers: fetchers.Registry{"file": nil, "http": nil, "https": nil, "hf": nil, "s3": nil, "oci": nil}}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r := httptest.NewRequest("POST", "/v1/pull", bytes.NewReader(body))
 		var req api.PullRequest
 		if decode(r, &req) != nil {
 			return
 		}
-		req.Origin = "api"
-		ds, err := d.validateDesire(req)
+		ds := req.Desire()
+		ds.Origin = originAPI
+		ds, err := d.validateDesire(ds)
 		if err != nil {
 			return
 		}
@@ -49,13 +56,30 @@ func FuzzPullRequest(f *testing.F) {
 			if !strings.HasPrefix(kc.URI, "oci://") {
 				t.Fatalf("accepted the kernel cache %q", kc.URI)
 			}
-			if kc.Signature != nil {
-				for _, k := range kc.Signature.Keys {
-					if !strings.Contains(k, "-----BEGIN") {
-						t.Fatalf("accepted a key path over the socket: %q", k)
-					}
-				}
-			}
+			checkPolicy(t, kc.Signature)
+		}
+		checkPolicy(t, ds.Signature)
+		if ds.Serves != "" || ds.Origin != originAPI {
+			t.Fatalf("a socket request set serves %q or origin %q", ds.Serves, ds.Origin)
 		}
 	})
+}
+
+// checkPolicy: what the socket accepted names no path of the node and does
+// not go below the node's signature floor (required here).
+func checkPolicy(t *testing.T, p *api.SignaturePolicy) {
+	if p == nil {
+		return
+	}
+	for _, k := range p.Keys {
+		if !strings.Contains(k, "-----BEGIN") {
+			t.Fatalf("accepted a key path over the socket: %q", k)
+		}
+	}
+	if p.TrustedRoot != "" && !ocifetcher.IsInlineTrustedRoot(p.TrustedRoot) {
+		t.Fatalf("accepted a trusted-root path over the socket: %q", p.TrustedRoot)
+	}
+	if p.Policy == api.PolicyOff {
+		t.Fatal("accepted policy off below the node's floor")
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -56,8 +55,8 @@ func expandKernelCaches(out map[string]api.Desire, model api.Desire) {
 		if name == "" {
 			name = fmt.Sprintf("%s.kc%d", model.Name, i)
 		}
-		if _, taken := out[name]; taken {
-			continue // an explicit desire of that name wins
+		if prev, taken := out[name]; taken && (model.Origin == originAPI || prev.Origin != originAPI) {
+			continue // an explicit desire of that name wins, unless a socket pull took a declared model's name
 		}
 		out[name] = api.Desire{Name: name, URI: kc.URI, Kind: api.KindKernelCache, Signature: kc.Signature,
 			Serves: model.Name, State: model.State, Pin: model.Pin, Origin: model.Origin}
@@ -119,10 +118,7 @@ func (d *Daemon) verifySignature(ctx context.Context, ds api.Desire, digest stri
 	if p == nil {
 		p = &api.SignaturePolicy{}
 	}
-	chk := &api.SignatureCheck{Policy: p.Policy, Digest: digest, At: time.Now().UTC()}
-	if chk.Policy == "" {
-		chk.Policy = api.PolicyRequired
-	}
+	chk := &api.SignatureCheck{Policy: d.effectivePolicy(ds, p.Policy), Digest: digest, At: time.Now().UTC()}
 	if chk.Policy == api.PolicyOff {
 		d.metrics.signatures.WithLabelValues("skipped").Inc()
 		return chk, nil
@@ -148,8 +144,29 @@ func (d *Daemon) verifySignature(ctx context.Context, ds api.Desire, digest stri
 	return chk, fetchers.Permanent(&signatureError{err})
 }
 
+// effectivePolicy is the policy a kernel cache desire is checked under.
+// The node's policy (--kernel-cache-signature-policy) is the default and,
+// for a desire from the socket, the floor: a pull may ask for required
+// where the node says off, never for off where the node says required
+// (validateDesire refuses that; a desire persisted before the floor
+// existed is raised here). models.d and the cluster are the node's
+// configuration and set their own.
+func (d *Daemon) effectivePolicy(ds api.Desire, asked string) string {
+	floor := d.cfg.KernelCacheSignaturePolicy
+	if floor == "" {
+		floor = api.PolicyRequired
+	}
+	switch {
+	case asked == "":
+		return floor
+	case asked == api.PolicyOff && ds.Origin == originAPI:
+		return floor
+	}
+	return asked
+}
+
 // signaturePolicy turns the wire policy into the verifier's: keys given
-// as paths are read from the node.
+// as paths (models.d only) are read from the node, bounded.
 func signaturePolicy(p api.SignaturePolicy) (ocifetcher.SignaturePolicy, error) {
 	switch p.Policy {
 	case "", api.PolicyRequired, api.PolicyOff:
@@ -162,7 +179,7 @@ func signaturePolicy(p api.SignaturePolicy) (ocifetcher.SignaturePolicy, error) 
 			out.PublicKeys = append(out.PublicKeys, []byte(k))
 			continue
 		}
-		b, err := os.ReadFile(k)
+		b, err := fetchers.ReadConfigFile(k, ocifetcher.MaxTrustedRoot)
 		if err != nil {
 			return out, fmt.Errorf("%w: public key: %v", ocifetcher.ErrBadSignature, err)
 		}

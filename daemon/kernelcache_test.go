@@ -228,6 +228,7 @@ func TestKernelCacheOnNodeWithoutGPU(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.InsecureRegistries = []string{host}
 	cfg.GPUInventory = inventoryFile(t, `{"devices":[]}`)
+	cfg.KernelCacheSignaturePolicy = api.PolicyOff // a node that lets pulls skip signatures
 	h := start(t, cfg)
 	_, err := h.pull(api.PullRequest{Name: "x", Kind: api.KindKernelCache, URI: "oci://" + host + "/kernels/x:v1", Signature: &api.SignaturePolicy{Policy: api.PolicyOff}})
 	if err == nil || !strings.Contains(err.Error(), "not for this node") || !strings.Contains(err.Error(), "no GPU") {

@@ -47,7 +47,7 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 	}
 	scheme, _ := fetchers.Scheme(ds.URI)
 	kernel := ds.Kind == api.KindKernelCache
-	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: kernel}
+	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: kernel, As: identity(ds.Requester)}
 	var res *fetchers.Resolved
 	err = d.backoff.Do(ctx, func(int) error {
 		var err error

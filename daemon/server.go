@@ -22,6 +22,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
+	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 )
 
 type credKey struct{}
@@ -64,26 +65,53 @@ func (d *Daemon) mayMutate(r *http.Request) bool {
 	return inGroups(int(cred.Pid), d.gid)
 }
 
-// inGroups reads the supplementary groups of pid from /proc.
+// inGroups reports whether gid is a supplementary group of pid.
 func inGroups(pid, gid int) bool {
+	for _, g := range groupsOf(pid) {
+		if int(g) == gid {
+			return true
+		}
+	}
+	return false
+}
+
+// groupsOf reads the supplementary groups of pid from /proc.
+func groupsOf(pid int) []uint32 {
 	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
-		return false
+		return nil
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if rest, ok := strings.CutPrefix(sc.Text(), "Groups:"); ok {
+			var out []uint32
 			for _, g := range strings.Fields(rest) {
-				if n, err := strconv.Atoi(g); err == nil && n == gid {
-					return true
+				if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+					out = append(out, uint32(n))
 				}
 			}
-			return false
+			return out
 		}
 	}
-	return false
+	return nil
 }
+
+// requester is the identity of the request's peer: its uid, gid and
+// supplementary groups. A peer without credentials (never on a unix
+// socket) is nobody.
+func requester(r *http.Request) *api.Requester {
+	cred, _ := r.Context().Value(credKey{}).(*unix.Ucred)
+	if cred == nil {
+		return &api.Requester{UID: nobody, GID: nobody}
+	}
+	return &api.Requester{UID: cred.Uid, GID: cred.Gid, Groups: groupsOf(int(cred.Pid))}
+}
+
+// nobody is the identity of a desire whose requester is unknown (one
+// persisted before requesters were recorded): it reads only what every
+// local user may read.
+const nobody = 65534
 
 type handler func(w http.ResponseWriter, r *http.Request) error
 
@@ -172,6 +200,8 @@ func toAPIError(err error) *api.Error {
 		return e
 	case errors.Is(err, cachestore.ErrNotFound), errors.Is(err, fetchers.ErrNotFound):
 		return api.Errorf(api.CodeNotFound, "%v", err)
+	case errors.Is(err, fetchers.ErrUnauthorized):
+		return api.Errorf(api.CodeForbidden, "%v", err)
 	case errors.Is(err, cachestore.ErrPinned):
 		return api.Errorf(api.CodePinned, "%v", err)
 	case errors.Is(err, cachestore.ErrDigestMismatch):
@@ -447,9 +477,13 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	req.Origin = "api"
-	ds, err := d.validateDesire(req)
+	ds := req.Desire()
+	ds.Origin, ds.Requester = originAPI, requester(r)
+	ds, err := d.validateDesire(ds)
 	if err != nil {
+		return err
+	}
+	if err := d.checkSourceAccess(r.Context(), ds); err != nil {
 		return err
 	}
 	raw, _ := json.Marshal(ds)
@@ -457,6 +491,10 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	if fd, ok := d.fileDesires[ds.Name]; ok {
 		d.mu.Unlock()
 		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; edit that file instead of pulling it by hand", ds.Name, strings.TrimPrefix(fd.Origin, "file:"))
+	}
+	if w, ok := d.desired()[ds.Name]; ok && w.Serves != "" && w.Origin != originAPI {
+		d.mu.Unlock()
+		return api.Errorf(api.CodeConflict, "artifact %s is the kernel cache of %s, declared in %s; pull under another name", ds.Name, w.Serves, w.Origin)
 	}
 	if err := d.store.PutDesire(ds.Name, raw); err != nil {
 		d.mu.Unlock()
@@ -525,17 +563,20 @@ func (d *Daemon) validateDesire(ds api.Desire) (api.Desire, error) {
 			return ds, api.Errorf(api.CodeInvalid, "artifact %s: %v", ds.Name, err)
 		}
 	}
-	return ds, validateKernelCaches(ds)
+	return ds, validateKernelCaches(ds, d.cfg.KernelCacheSignaturePolicy)
 }
 
 // validateKernelCaches checks the kernel cache parts of a desire: the kind,
-// oci:// sources, names, and signature policies. Keys over the socket must
-// be PEM (modelctl reads --key files), so no client makes the daemon open
-// a path of its choosing; a models.d file may name key paths on the node.
-func validateKernelCaches(ds api.Desire) error {
+// oci:// sources, names, and signature policies. Over the socket keys and
+// trusted roots must be their content (modelctl reads --key and
+// --trusted-root files), so no client makes the daemon open a path of its
+// choosing, and a policy may not go below the node's floor; a models.d
+// file or a ModelCache is the node's configuration and may do both.
+func validateKernelCaches(ds api.Desire, floor string) error {
 	bad := func(f string, a ...any) error {
 		return api.Errorf(api.CodeInvalid, "artifact %s: %s", ds.Name, fmt.Sprintf(f, a...))
 	}
+	fromSocket := ds.Origin == originAPI
 	checkPolicy := func(what string, p *api.SignaturePolicy) error {
 		if p == nil {
 			return nil
@@ -543,13 +584,21 @@ func validateKernelCaches(ds api.Desire) error {
 		if p.Policy != "" && p.Policy != api.PolicyRequired && p.Policy != api.PolicyOff {
 			return bad("%s: signature policy %q: use required or off", what, p.Policy)
 		}
+		if fromSocket && p.Policy == api.PolicyOff && floor != api.PolicyOff {
+			return api.Errorf(api.CodeForbidden, "artifact %s: %s: this node requires signed kernel caches "+
+				"(modelcached --kernel-cache-signature-policy=%s) and a pull may tighten that, never turn it off; "+
+				"sign the image (cosign sign --key cosign.key IMAGE) and pull with --key cosign.pub, or declare it in models.d", ds.Name, what, api.PolicyRequired)
+		}
 		for _, k := range p.Keys {
-			if ds.Origin == "api" && !strings.Contains(k, "-----BEGIN") {
+			if fromSocket && !strings.Contains(k, "-----BEGIN") {
 				return bad("%s: a key over the socket must be PEM text (modelctl pull --key FILE sends it so)", what)
 			}
 		}
+		if fromSocket && p.TrustedRoot != "" && !ocifetcher.IsInlineTrustedRoot(p.TrustedRoot) {
+			return bad("%s: a trusted root over the socket must be its content, a trusted_root.json or PEM CA bundle (modelctl pull --trusted-root FILE sends it so)", what)
+		}
 		if (p.Identity != "" || p.IdentityRegexp != "") && p.TrustedRoot == "" {
-			return bad("%s: keyless verification needs trustedRoot (a trusted_root.json or PEM CA bundle on the node)", what)
+			return bad("%s: keyless verification needs trustedRoot (a trusted_root.json or PEM CA bundle)", what)
 		}
 		return nil
 	}

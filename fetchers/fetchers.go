@@ -35,6 +35,17 @@ type Source struct {
 	// layer is taken whole (not only a /models subtree) and the image
 	// labels come back in Resolved.Labels.
 	KernelCache bool
+	// As is who asked for the source: a local source (file://) is read
+	// with this uid and these groups, so a pull reads only what they
+	// could. Nil: the daemon's own configuration, read as the daemon.
+	As *Identity
+}
+
+// Identity is a local user: a uid, its primary gid and its groups.
+type Identity struct {
+	UID    uint32
+	GID    uint32
+	Groups []uint32
 }
 
 // File is one file of a resolved source.

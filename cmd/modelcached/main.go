@@ -59,6 +59,8 @@ func main() {
 			&cli.StringSliceFlag{Name: "insecure-registry", Usage: "an OCI registry (host:port) to reach over plain HTTP (repeatable; for local registries)"},
 			&cli.StringSliceFlag{Name: "registry-mirror", Usage: "registry=mirror: pull from the mirror first, the registry when it fails (repeatable; digests are verified either way)"},
 			&cli.StringFlag{Name: "gpu-inventory", Usage: "JSON file describing a simulated node's GPUs (tests; nodes where NVML is unavailable); shown as simulated everywhere", EnvVars: []string{"MODELCACHED_GPU_INVENTORY"}},
+			&cli.StringSliceFlag{Name: "file-roots", Usage: "the only directories file:// sources may come from, whoever asks (repeatable or comma-separated); default: any path the requester may read (a socket peer reads only what its own uid and groups may)"},
+			&cli.StringFlag{Name: "kernel-cache-signature-policy", Value: def.KernelCacheSignaturePolicy, Usage: "required or off: kernel caches must be signed; socket pulls may tighten this, never turn it off"},
 			&cli.StringFlag{Name: "cluster", Value: "auto", Usage: "sync with Kubernetes: auto (when a node name and a kubeconfig or in-cluster config exist), on, off"},
 			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file; default in-cluster config", EnvVars: []string{"KUBECONFIG"}},
 			&cli.StringFlag{Name: "node-name", Usage: "this node's name (from the downward API: spec.nodeName)", EnvVars: []string{"NODE_NAME"}},
@@ -133,6 +135,19 @@ func run(c *cli.Context) error {
 	}
 	if flag("bandwidth-limit") {
 		cfg.BandwidthLimit = c.Int64("bandwidth-limit")
+	}
+	if flag("kernel-cache-signature-policy") {
+		cfg.KernelCacheSignaturePolicy = c.String("kernel-cache-signature-policy")
+	}
+	if c.IsSet("file-roots") {
+		cfg.FileRoots = nil
+		for _, r := range c.StringSlice("file-roots") {
+			for _, x := range strings.Split(r, ",") {
+				if x = strings.TrimSpace(x); x != "" {
+					cfg.FileRoots = append(cfg.FileRoots, x)
+				}
+			}
+		}
 	}
 	cfg.CapacityInterval = c.Duration("capacity-interval")
 	cfg.Root = c.String("root")

@@ -17,9 +17,17 @@ import (
 // path a client names.
 func signatureFlags(c *cli.Context) (*api.SignaturePolicy, error) {
 	p := &api.SignaturePolicy{Policy: c.String("signature-policy"), Identity: c.String("identity"), IdentityRegexp: c.String("identity-regexp"),
-		Issuer: c.String("issuer"), IssuerRegexp: c.String("issuer-regexp"), TrustedRoot: c.String("trusted-root")}
+		Issuer: c.String("issuer"), IssuerRegexp: c.String("issuer-regexp")}
 	if p.Policy != api.PolicyRequired && p.Policy != api.PolicyOff {
 		return nil, usagef("pull: --signature-policy %q: use required or off", p.Policy)
+	}
+	if tr := c.String("trusted-root"); tr != "" {
+		// The daemon takes no paths from the socket: send the content.
+		b, err := os.ReadFile(tr)
+		if err != nil {
+			return nil, usagef("pull: --trusted-root: %v", err)
+		}
+		p.TrustedRoot = string(b)
 	}
 	for _, k := range c.StringSlice("key") {
 		b, err := os.ReadFile(k)

@@ -184,7 +184,7 @@ func commands() []*cli.Command {
 				&cli.StringFlag{Name: "identity-regexp", Usage: "kernel caches, keyless: a regexp the certificate subject must match"},
 				&cli.StringFlag{Name: "issuer", Usage: "kernel caches, keyless: the OIDC issuer recorded in the certificate"},
 				&cli.StringFlag{Name: "issuer-regexp", Usage: "kernel caches, keyless: a regexp the issuer must match"},
-				&cli.StringFlag{Name: "trusted-root", Usage: "kernel caches, keyless: trusted_root.json or PEM CA bundle on the node"},
+				&cli.StringFlag{Name: "trusted-root", Usage: "kernel caches, keyless: a trusted_root.json or PEM CA bundle file (modelctl sends its content)"},
 				&cli.StringFlag{Name: "signature-policy", Value: api.PolicyRequired, Usage: "kernel caches: required (a signature the policy trusts) or off"},
 			},
 			Action: func(c *cli.Context) error {

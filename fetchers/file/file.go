@@ -1,8 +1,25 @@
 // Package file fetches from file:///abs/path: one file, or a directory
 // tree on a local or network filesystem (a model already on NFS or a PVC
-// is used without a download). Every open goes through an os.Root at the
-// source directory, so a symlink that leads outside the tree is refused
-// at resolve and again at open, whatever changed in between.
+// is used without a download).
+//
+// The daemon is root and what it commits is world-readable, so a file://
+// pull is a privilege boundary. Three rules hold it:
+//
+//   - Every open happens with the requester's credentials (Source.As): a
+//     socket peer reads only what its own uid and groups may read, by the
+//     kernel's own checks (modes, ACLs, LSMs), however much the daemon may.
+//   - The source path crosses no symlink (openat2 RESOLVE_NO_SYMLINKS), and
+//     the tree is walked and opened relative to one directory handle
+//     (RESOLVE_BENEATH): a symlink inside the tree that leads out of it is
+//     refused by the kernel, not by a check that a swap can race. Each Open
+//     re-opens the source directory and requires the device and inode that
+//     Resolve listed, and the file's own, so a directory or a file swapped
+//     during the pull fails it with nothing committed.
+//   - Only regular files are opened, with O_NONBLOCK: a FIFO, a socket or a
+//     device is refused by name instead of blocking or streaming forever.
+//
+// With roots configured (WithRoots) file:// reads only under them, whoever
+// asks.
 package file
 
 import (
@@ -15,16 +32,41 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/modelcache/modelcache/fetchers"
 )
 
-// Fetcher implements fetchers.Fetcher for file:// URIs. The zero value works.
-type Fetcher struct{}
+// Fetcher implements fetchers.Fetcher for file:// URIs. The zero value
+// reads any path the requester may read.
+type Fetcher struct {
+	roots []string
+}
+
+// Option configures a Fetcher.
+type Option func(*Fetcher)
+
+// WithRoots limits file:// to paths under these absolute directories,
+// whoever asks (default: none, any path the requester may read).
+func WithRoots(roots ...string) Option {
+	return func(f *Fetcher) {
+		for _, r := range roots {
+			f.roots = append(f.roots, filepath.Clean(r))
+		}
+	}
+}
 
 // New returns a file fetcher.
-func New() *Fetcher { return &Fetcher{} }
+func New(opts ...Option) *Fetcher {
+	f := &Fetcher{}
+	for _, o := range opts {
+		o(f)
+	}
+	return f
+}
 
 // ParseURI returns the absolute local path of a file:// URI.
 func ParseURI(uri string) (string, error) {
@@ -50,76 +92,181 @@ func ParseURI(uri string) (string, error) {
 	return filepath.Clean(p), nil
 }
 
-// locator is dir + "\x00" + relative path.
-func locator(dir, rel string) string { return dir + "\x00" + rel }
-
-func splitLocator(l string) (string, string, error) {
-	dir, rel, ok := strings.Cut(l, "\x00")
-	if !ok {
-		return "", "", fmt.Errorf("file: bad locator %q", l)
+// CheckRoots refuses a path outside the configured roots.
+func (f *Fetcher) CheckRoots(uri string) error {
+	p, err := ParseURI(uri)
+	if err != nil {
+		return err
 	}
-	return dir, rel, nil
+	return f.checkRoots(uri, p)
 }
 
-// Resolve lists the file or the tree. The revision is left empty: the
-// store names it by the manifest digest, so changed content is a new revision.
+func (f *Fetcher) checkRoots(uri, p string) error {
+	if len(f.roots) == 0 {
+		return nil
+	}
+	for _, r := range f.roots {
+		if p == r || strings.HasPrefix(p, r+"/") || r == "/" {
+			return nil
+		}
+	}
+	return fmt.Errorf("source %q: %w: %s is outside the directories file:// may read on this node (%s); copy the model under one of them or ask the node's admin to add its directory to --file-roots",
+		uri, fetchers.ErrUnauthorized, p, strings.Join(f.roots, ", "))
+}
+
+// loc is what Resolve tells Open about a file: the directory it is opened
+// beneath, its path there, the identities Open must find again, and who
+// reads it. Encoded in File.Locator.
+type loc struct {
+	dir, rel string
+	dirID    fileID
+	fileID   fileID
+	as       *fetchers.Identity
+}
+
+type fileID struct{ dev, ino uint64 }
+
+func idOf(st *unix.Stat_t) fileID { return fileID{uint64(st.Dev), st.Ino} }
+
+func (l loc) String() string {
+	as := "-"
+	if l.as != nil {
+		gs := make([]string, len(l.as.Groups))
+		for i, g := range l.as.Groups {
+			gs[i] = strconv.FormatUint(uint64(g), 10)
+		}
+		as = fmt.Sprintf("%d:%d:%s", l.as.UID, l.as.GID, strings.Join(gs, ","))
+	}
+	return strings.Join([]string{l.dir, l.rel, fmt.Sprintf("%d:%d", l.dirID.dev, l.dirID.ino), fmt.Sprintf("%d:%d", l.fileID.dev, l.fileID.ino), as}, "\x00")
+}
+
+func parseLoc(s string) (loc, error) {
+	parts := strings.Split(s, "\x00")
+	bad := fmt.Errorf("file: bad locator %q", s)
+	if len(parts) != 5 {
+		return loc{}, bad
+	}
+	l := loc{dir: parts[0], rel: parts[1]}
+	for i, dst := range []*fileID{&l.dirID, &l.fileID} {
+		if _, err := fmt.Sscanf(parts[2+i], "%d:%d", &dst.dev, &dst.ino); err != nil {
+			return loc{}, bad
+		}
+	}
+	if parts[4] != "-" {
+		f := strings.SplitN(parts[4], ":", 3)
+		if len(f) != 3 {
+			return loc{}, bad
+		}
+		uid, err1 := strconv.ParseUint(f[0], 10, 32)
+		gid, err2 := strconv.ParseUint(f[1], 10, 32)
+		if err1 != nil || err2 != nil {
+			return loc{}, bad
+		}
+		l.as = &fetchers.Identity{UID: uint32(uid), GID: uint32(gid)}
+		for _, g := range strings.Split(f[2], ",") {
+			if g == "" {
+				continue
+			}
+			n, err := strconv.ParseUint(g, 10, 32)
+			if err != nil {
+				return loc{}, bad
+			}
+			l.as.Groups = append(l.as.Groups, uint32(n))
+		}
+	}
+	return l, nil
+}
+
+// openDir opens the directory at the absolute path p, crossing no symlink.
+func openDir(p string) (int, error) {
+	return openat2(unix.AT_FDCWD, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, unix.RESOLVE_NO_SYMLINKS|unix.RESOLVE_NO_MAGICLINKS)
+}
+
+// openBeneath opens rel under dirfd, never leaving it (in-tree symlinks
+// are followed, a symlink leading out fails with EXDEV), without blocking
+// on a FIFO or taking a terminal.
+func openBeneath(dirfd int, rel string, flags int) (int, error) {
+	return openat2(dirfd, rel, flags|unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, unix.RESOLVE_BENEATH|unix.RESOLVE_NO_MAGICLINKS)
+}
+
+func openat2(dirfd int, p string, flags int, resolve uint64) (int, error) {
+	for {
+		fd, err := unix.Openat2(dirfd, p, &unix.OpenHow{Flags: uint64(flags), Resolve: resolve})
+		if err == unix.EINTR || err == unix.EAGAIN { // EAGAIN: a rename raced the lookup
+			continue
+		}
+		return fd, err
+	}
+}
+
+// Resolve lists the file or the tree, reading as the requester. The
+// revision is left empty: the store names it by the manifest digest, so
+// changed content is a new revision.
 func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.Resolved, error) {
 	p, err := ParseURI(src.URI)
 	if err != nil {
 		return nil, fetchers.Permanent(err)
 	}
-	fi, err := os.Stat(p)
-	if err != nil {
-		return nil, fetchers.Permanent(explain(src.URI, p, err))
+	if err := f.checkRoots(src.URI, p); err != nil {
+		return nil, fetchers.Permanent(err)
 	}
 	res := &fetchers.Resolved{URI: src.URI}
-	switch {
-	case fi.Mode().IsRegular():
-		dir, base := filepath.Split(p)
-		res.Files = []fetchers.File{{Path: base, Size: fi.Size(), Mode: uint32(fi.Mode().Perm()), Locator: locator(dir, base)}}
-		return res, nil
-	case !fi.IsDir():
-		return nil, fetchers.Permanent(fmt.Errorf("source %q: %w: %s is a %s, not a regular file or directory", src.URI, fetchers.ErrBadSource, p, fi.Mode().Type()))
-	}
-	root, err := os.OpenRoot(p)
-	if err != nil {
-		return nil, fetchers.Permanent(explain(src.URI, p, err))
-	}
-	defer root.Close()
-	err = fs.WalkDir(root.FS(), ".", func(rel string, d fs.DirEntry, err error) error {
+	err = asIdentity(src.As, func() error {
+		parent, base := filepath.Split(p)
+		if base == "" { // the filesystem root
+			parent, base = "/", "."
+		}
+		pfd, err := openDir(filepath.Clean(parent))
 		if err != nil {
-			return explain(src.URI, filepath.Join(p, rel), err)
+			return explain(src.URI, parent, err)
 		}
-		if cerr := ctx.Err(); cerr != nil {
-			return cerr
+		defer unix.Close(pfd)
+		var st unix.Stat_t
+		if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return explain(src.URI, p, err)
 		}
-		if rel == "." || d.IsDir() {
-			return nil
-		}
-		full := filepath.Join(p, rel)
-		info, err := d.Info()
-		if err != nil {
-			return explain(src.URI, full, err)
-		}
-		if info.Mode()&fs.ModeSymlink != 0 {
-			// Follow it only inside the tree: os.Root refuses an escape.
-			target, _ := os.Readlink(full)
-			info, err = root.Stat(rel)
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFREG:
+			var pst unix.Stat_t
+			if err := unix.Fstat(pfd, &pst); err != nil {
+				return explain(src.URI, parent, err)
+			}
+			// Opening proves the requester may read it.
+			fd, err := openBeneath(pfd, base, unix.O_NOFOLLOW)
 			if err != nil {
-				if strings.Contains(err.Error(), "escapes") || strings.Contains(err.Error(), "path escapes") {
-					return fmt.Errorf("source %q: %w: symlink %s points outside the source tree (to %s); copy the file into the tree or point the source at a directory that contains it", src.URI, fetchers.ErrBadSource, rel, target)
-				}
-				return explain(src.URI, full, err)
+				return explain(src.URI, p, err)
 			}
-			if info.IsDir() {
-				return fmt.Errorf("source %q: %w: symlink %s points to a directory (%s); directory symlinks are not followed", src.URI, fetchers.ErrBadSource, rel, target)
+			defer unix.Close(fd)
+			if err := unix.Fstat(fd, &st); err != nil {
+				return explain(src.URI, p, err)
 			}
+			if st.Mode&unix.S_IFMT != unix.S_IFREG {
+				return fmt.Errorf("source %q: %w: %s changed while it was listed", src.URI, fetchers.ErrBadSource, p)
+			}
+			l := loc{dir: filepath.Clean(parent), rel: base, dirID: idOf(&pst), fileID: idOf(&st), as: src.As}
+			res.Files = []fetchers.File{{Path: base, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String()}}
+			return nil
+		case unix.S_IFDIR:
+		case unix.S_IFLNK:
+			target, _ := os.Readlink(p)
+			return fmt.Errorf("source %q: %w: %s is a symlink (to %s); give the real path (realpath %s)", src.URI, fetchers.ErrBadSource, p, target, p)
+		default:
+			return fmt.Errorf("source %q: %w: %s is a %s, not a regular file or directory", src.URI, fetchers.ErrBadSource, p, fetchers.TypeName(fs.FileMode(0)|modeType(st.Mode)))
 		}
-		if !info.Mode().IsRegular() {
-			return fmt.Errorf("source %q: %w: %s is a %s, not a regular file", src.URI, fetchers.ErrBadSource, rel, info.Mode().Type())
+		rfd, err := openDir(p)
+		if err != nil {
+			return explain(src.URI, p, err)
 		}
-		slash := filepath.ToSlash(rel)
-		res.Files = append(res.Files, fetchers.File{Path: slash, Size: info.Size(), Mode: uint32(info.Mode().Perm()), Locator: locator(p, slash)})
+		defer unix.Close(rfd)
+		var rst unix.Stat_t
+		if err := unix.Fstat(rfd, &rst); err != nil {
+			return explain(src.URI, p, err)
+		}
+		w := walker{ctx: ctx, uri: src.URI, root: p, rootfd: rfd, rootID: idOf(&rst), as: src.As}
+		if err := w.walk(rfd, ""); err != nil {
+			return err
+		}
+		res.Files = w.files
 		return nil
 	})
 	if err != nil {
@@ -131,25 +278,126 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 	return res, nil
 }
 
-// Open opens the file through an os.Root at its source directory and
-// seeks to offset.
+// walker lists a tree through directory handles beneath its root.
+type walker struct {
+	ctx    context.Context
+	uri    string
+	root   string
+	rootfd int
+	rootID fileID
+	as     *fetchers.Identity
+	files  []fetchers.File
+}
+
+func (w *walker) walk(dirfd int, rel string) error {
+	if err := w.ctx.Err(); err != nil {
+		return err
+	}
+	// ReadDir on a duplicate: the os.File owns and closes it.
+	dup, err := unix.Dup(dirfd)
+	if err != nil {
+		return err
+	}
+	d := os.NewFile(uintptr(dup), filepath.Join(w.root, rel))
+	ents, err := d.ReadDir(-1)
+	d.Close()
+	if err != nil {
+		return explain(w.uri, filepath.Join(w.root, rel), err)
+	}
+	for _, e := range ents {
+		name := e.Name()
+		crel := path.Join(rel, name)
+		full := filepath.Join(w.root, crel)
+		var st unix.Stat_t
+		if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return explain(w.uri, full, err)
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			fd, err := openBeneath(dirfd, name, unix.O_DIRECTORY|unix.O_NOFOLLOW)
+			if err != nil {
+				return explain(w.uri, full, err)
+			}
+			err = w.walk(fd, crel)
+			unix.Close(fd)
+			if err != nil {
+				return err
+			}
+			continue
+		case unix.S_IFLNK:
+			// Follow it only inside the tree: the kernel refuses an escape.
+			target, _ := os.Readlink(full)
+			fd, err := openat2(w.rootfd, crel, unix.O_PATH|unix.O_CLOEXEC, unix.RESOLVE_BENEATH|unix.RESOLVE_NO_MAGICLINKS)
+			if errors.Is(err, unix.EXDEV) {
+				return fmt.Errorf("source %q: %w: symlink %s points outside the source tree (to %s); copy the file into the tree or point the source at a directory that contains it", w.uri, fetchers.ErrBadSource, crel, target)
+			}
+			if err != nil {
+				return explain(w.uri, full, err)
+			}
+			err = unix.Fstat(fd, &st)
+			unix.Close(fd)
+			if err != nil {
+				return explain(w.uri, full, err)
+			}
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				return fmt.Errorf("source %q: %w: symlink %s points to a directory (%s); directory symlinks are not followed", w.uri, fetchers.ErrBadSource, crel, target)
+			}
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return fmt.Errorf("source %q: %w: %s is a %s, not a regular file; remove it from the tree or exclude it (--exclude)", w.uri, fetchers.ErrBadSource, crel, fetchers.TypeName(modeType(st.Mode)))
+		}
+		l := loc{dir: w.root, rel: crel, dirID: w.rootID, fileID: idOf(&st), as: w.as}
+		w.files = append(w.files, fetchers.File{Path: crel, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String()})
+	}
+	return nil
+}
+
+// Open re-opens the source directory as the requester, checks that it is
+// still the one Resolve listed, opens the file beneath it (a regular file,
+// the same one) and seeks to offset.
 func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (io.ReadCloser, error) {
-	dir, rel, err := splitLocator(file.Locator)
+	l, err := parseLoc(file.Locator)
 	if err != nil {
 		return nil, fetchers.Permanent(err)
 	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return nil, fetchers.Permanent(explain("file://"+dir, dir, err))
+	uri := "file://" + filepath.Join(l.dir, l.rel)
+	if err := f.checkRoots(uri, l.dir); err != nil {
+		return nil, fetchers.Permanent(err)
 	}
-	defer root.Close()
-	fh, err := root.Open(path.Clean(rel))
+	var fh *os.File
+	err = asIdentity(l.as, func() error {
+		dfd, err := openDir(l.dir)
+		if err != nil {
+			return explain(uri, l.dir, err)
+		}
+		defer unix.Close(dfd)
+		var st unix.Stat_t
+		if err := unix.Fstat(dfd, &st); err != nil {
+			return err
+		}
+		if idOf(&st) != l.dirID {
+			return fmt.Errorf("source %q: %w: the directory %s was replaced during the pull (it is not the one listed when the pull began); nothing was committed, pull again once it stays put", uri, fetchers.ErrBadSource, l.dir)
+		}
+		fd, err := openBeneath(dfd, l.rel, 0)
+		if errors.Is(err, unix.EXDEV) {
+			return fmt.Errorf("source %q: %w: %s now leads outside the source tree; nothing was committed", uri, fetchers.ErrBadSource, l.rel)
+		}
+		if err != nil {
+			return explain(uri, filepath.Join(l.dir, l.rel), err)
+		}
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG || idOf(&st) != l.fileID {
+			unix.Close(fd)
+			return fmt.Errorf("source %q: %w: %s was replaced during the pull (it is not the file listed when the pull began); nothing was committed, pull again once it stays put", uri, fetchers.ErrBadSource, filepath.Join(l.dir, l.rel))
+		}
+		fh = os.NewFile(uintptr(fd), filepath.Join(l.dir, l.rel))
+		return nil
+	})
 	if err != nil {
-		return nil, fetchers.Permanent(explain("file://"+dir, filepath.Join(dir, rel), err))
-	}
-	if fi, err := fh.Stat(); err != nil || !fi.Mode().IsRegular() {
-		fh.Close()
-		return nil, fetchers.Permanent(fmt.Errorf("%s: %w: no longer a regular file", filepath.Join(dir, rel), fetchers.ErrBadSource))
+		return nil, fetchers.Permanent(err)
 	}
 	if offset > 0 {
 		if _, err := fh.Seek(offset, io.SeekStart); err != nil {
@@ -160,14 +408,40 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 	return fh, nil
 }
 
+// modeType turns a stat mode's type bits into an fs.FileMode type.
+func modeType(m uint32) fs.FileMode {
+	switch m & unix.S_IFMT {
+	case unix.S_IFDIR:
+		return fs.ModeDir
+	case unix.S_IFIFO:
+		return fs.ModeNamedPipe
+	case unix.S_IFSOCK:
+		return fs.ModeSocket
+	case unix.S_IFCHR:
+		return fs.ModeDevice | fs.ModeCharDevice
+	case unix.S_IFBLK:
+		return fs.ModeDevice
+	case unix.S_IFLNK:
+		return fs.ModeSymlink
+	}
+	return fs.ModeIrregular
+}
+
 func explain(uri, p string, err error) error {
+	var ie *identityError
 	switch {
+	case errors.As(err, &ie):
+		return err
 	case errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("source %q: %w: %s does not exist (is the filesystem mounted on this node?)", uri, fetchers.ErrNotFound, p)
 	case errors.Is(err, fs.ErrPermission):
-		return fmt.Errorf("source %q: %w: %s is not readable by the daemon; grant read access to the modelcache user", uri, fetchers.ErrUnauthorized, p)
-	case strings.Contains(err.Error(), "escapes"):
+		return fmt.Errorf("source %q: %w: %s is not readable by the user who asked for it; a file:// pull reads only what its requester may read", uri, fetchers.ErrUnauthorized, p)
+	case errors.Is(err, unix.ELOOP):
+		return fmt.Errorf("source %q: %w: the path %s crosses a symlink; give the real path (realpath %s)", uri, fetchers.ErrBadSource, p, p)
+	case errors.Is(err, unix.EXDEV):
 		return fmt.Errorf("source %q: %w: %s leads outside the source tree", uri, fetchers.ErrBadSource, p)
+	case errors.Is(err, unix.ENOSYS):
+		return fmt.Errorf("source %q: file:// needs openat2 (Linux 5.6 or newer): %w", uri, err)
 	}
 	return fmt.Errorf("source %q: %s: %w", uri, p, err)
 }

@@ -12,12 +12,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/modelcache/modelcache/fetchers"
 	"github.com/sigstore/cosign/v2/pkg/cosign"
 	ociremote "github.com/sigstore/cosign/v2/pkg/oci/remote"
 	"github.com/sigstore/sigstore-go/pkg/bundle"
@@ -266,20 +266,36 @@ func loadKeys(pems [][]byte) ([]namedKey, error) {
 	return out, nil
 }
 
+// MaxTrustedRoot bounds a trusted root or key read from the node.
+const MaxTrustedRoot = 4 << 20
+
+// IsInlineTrustedRoot reports whether s is a trusted root's content (a
+// trusted_root.json or a PEM bundle) rather than a path.
+func IsInlineTrustedRoot(s string) bool {
+	t := strings.TrimSpace(s)
+	return strings.HasPrefix(t, "{") || strings.HasPrefix(t, "-----BEGIN")
+}
+
 // loadTrustedRoot reads a sigstore trusted_root.json or a PEM bundle (the
-// root CA first or alone; the others are intermediates).
+// root CA first or alone; the others are intermediates), given as its
+// content or as a path on the node (a regular file, bounded).
 func loadTrustedRoot(path string) (*root.FulcioCertificateAuthority, error) {
 	if path == "" {
 		return nil, fmt.Errorf("%w: a keyless policy needs a trusted root (a trusted_root.json or a PEM CA bundle) on this node", ErrBadSignature)
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("%w: trusted root: %v", ErrBadSignature, err)
+	var b []byte
+	if IsInlineTrustedRoot(path) {
+		b, path = []byte(path), "(inline)"
+	} else {
+		var err error
+		if b, err = fetchers.ReadConfigFile(path, MaxTrustedRoot); err != nil {
+			return nil, fmt.Errorf("%w: trusted root: %v", ErrBadSignature, err)
+		}
 	}
 	if bytes.HasPrefix(bytes.TrimSpace(b), []byte("{")) {
 		tr, err := root.NewTrustedRootFromJSON(b)
 		if err != nil {
-			return nil, fmt.Errorf("%w: trusted root %s: %v", ErrBadSignature, path, err)
+			return nil, fmt.Errorf("%w: trusted root %s is not a valid sigstore trusted_root.json (%s)", ErrBadSignature, path, jsonErrorKind(err))
 		}
 		for _, c := range tr.FulcioCertificateAuthorities() {
 			if fca, ok := c.(*root.FulcioCertificateAuthority); ok {
@@ -328,4 +344,19 @@ func identityName(p SignaturePolicy) string {
 		iss = "~" + p.IssuerRegexp
 	}
 	return fmt.Sprintf("%s (issuer %s)", id, iss)
+}
+
+// jsonErrorKind says what was wrong with a JSON document without quoting
+// it: a trusted root read from a root-only file must not leak through the
+// error text.
+func jsonErrorKind(err error) string {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return fmt.Sprintf("syntax error at byte %d", se.Offset)
+	case errors.As(err, &te):
+		return fmt.Sprintf("field %s has the wrong type", te.Field)
+	}
+	return "not the trusted root schema"
 }

@@ -1,0 +1,226 @@
+package file
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/internal/testenv"
+)
+
+var nobody = &fetchers.Identity{UID: 65534, GID: 65534}
+
+// requireRoot: the identity tests switch credentials, which needs root
+// (CI runs as root).
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (to read as another uid)", "run the tests as root, as CI does")
+	}
+}
+
+// openTree makes dir and its parents up to the test's temp root
+// traversable by everyone (t.TempDir is 0700).
+func openTree(t *testing.T, dir string) {
+	t.Helper()
+	for d := dir; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+}
+
+func readAll(t *testing.T, f *Fetcher, src fetchers.Source) (map[string]string, error) {
+	t.Helper()
+	res, err := f.Resolve(context.Background(), src)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, fl := range res.Files {
+		rc, err := f.Open(context.Background(), fl, 0)
+		if err != nil {
+			return out, err
+		}
+		b, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			return out, err
+		}
+		out[fl.Path] = string(b)
+	}
+	return out, nil
+}
+
+// TestReadsAsRequester: a requester reads only what its uid and groups
+// may: /etc/shadow and another user's 0600 file are refused to nobody, a
+// world-readable file is not, and root (the daemon's own configuration)
+// still reads the private one.
+func TestReadsAsRequester(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	openTree(t, dir)
+	write(t, filepath.Join(dir, "public/w.bin"), "public weights")
+	write(t, filepath.Join(dir, "private/w.bin"), "someone's weights")
+	os.Chmod(filepath.Join(dir, "private/w.bin"), 0o600)
+	write(t, filepath.Join(dir, "closed/w.bin"), "behind a closed directory")
+	os.Chmod(filepath.Join(dir, "closed"), 0o700)
+	f := New()
+
+	if got, err := readAll(t, f, fetchers.Source{URI: "file://" + dir + "/public", As: nobody}); err != nil || got["w.bin"] != "public weights" {
+		t.Fatalf("world-readable file as nobody: %v %v", got, err)
+	}
+	for _, uri := range []string{"file:///etc/shadow", "file://" + dir + "/private/w.bin", "file://" + dir + "/private", "file://" + dir + "/closed", "file://" + dir + "/closed/w.bin"} {
+		got, err := readAll(t, f, fetchers.Source{URI: uri, As: nobody})
+		if err == nil || !errors.Is(err, fetchers.ErrUnauthorized) || !fetchers.IsPermanent(err) {
+			t.Errorf("%s as nobody: read %q, err %v; want a permanent access denied", uri, got, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "requester") {
+			t.Errorf("%s: %v; want the message to say the requester may not read it", uri, err)
+		}
+	}
+	// A group the requester is in opens a group-readable file.
+	os.Chown(filepath.Join(dir, "private/w.bin"), 0, 4242)
+	os.Chmod(filepath.Join(dir, "private/w.bin"), 0o640)
+	member := &fetchers.Identity{UID: 65534, GID: 65534, Groups: []uint32{4242}}
+	if got, err := readAll(t, f, fetchers.Source{URI: "file://" + dir + "/private/w.bin", As: member}); err != nil || got["w.bin"] != "someone's weights" {
+		t.Fatalf("group-readable file as a member: %v %v", got, err)
+	}
+	if _, err := readAll(t, f, fetchers.Source{URI: "file://" + dir + "/private/w.bin", As: nobody}); !errors.Is(err, fetchers.ErrUnauthorized) {
+		t.Fatalf("group-readable file as a non-member: %v", err)
+	}
+	if got, err := readAll(t, f, fetchers.Source{URI: "file://" + dir + "/private/w.bin"}); err != nil || got["w.bin"] != "someone's weights" {
+		t.Fatalf("the daemon's own desire: %v %v", got, err)
+	}
+}
+
+// TestRoots: with roots configured nothing outside them is read, whoever asks.
+func TestRoots(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "in/w.bin"), "in")
+	write(t, filepath.Join(dir, "inner/w.bin"), "a sibling whose name starts like the root")
+	f := New(WithRoots(filepath.Join(dir, "in")))
+	if _, err := readAll(t, f, fetchers.Source{URI: "file://" + dir + "/in"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/etc/hostname", dir + "/inner", dir} {
+		if _, err := f.Resolve(context.Background(), fetchers.Source{URI: "file://" + p}); !errors.Is(err, fetchers.ErrUnauthorized) || !strings.Contains(err.Error(), "--file-roots") {
+			t.Errorf("%s outside the roots: %v", p, err)
+		}
+	}
+}
+
+// TestSymlinkInSourcePath: the source path itself crosses no symlink, so
+// a directory a user owns cannot be turned into a link to /etc.
+func TestSymlinkInSourcePath(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "real/w.bin"), "x")
+	os.Symlink(filepath.Join(dir, "real"), filepath.Join(dir, "link"))
+	os.Symlink("/etc", filepath.Join(dir, "etc"))
+	for _, uri := range []string{"file://" + dir + "/link", "file://" + dir + "/link/w.bin", "file://" + dir + "/etc/hostname", "file://" + dir + "/etc"} {
+		_, err := New().Resolve(context.Background(), fetchers.Source{URI: uri})
+		if !errors.Is(err, fetchers.ErrBadSource) || !strings.Contains(err.Error(), "real path") {
+			t.Errorf("%s: %v; want a refusal naming the real path", uri, err)
+		}
+	}
+}
+
+// TestFIFONeverBlocks: a FIFO listed in a tree is refused by name, and one
+// swapped in for a listed file after Resolve is refused at Open without
+// blocking.
+func TestFIFONeverBlocks(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "w.bin"), "weights")
+	f := New()
+	res, err := f.Resolve(context.Background(), fetchers.Source{URI: "file://" + dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(dir, "w.bin"))
+	if err := syscall.Mkfifo(filepath.Join(dir, "w.bin"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		rc, err := f.Open(context.Background(), res.Files[0], 0)
+		if rc != nil {
+			rc.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, fetchers.ErrBadSource) || !strings.Contains(err.Error(), "replaced") {
+			t.Fatalf("FIFO swapped in: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Open blocked on a FIFO")
+	}
+	if _, err := f.Resolve(context.Background(), fetchers.Source{URI: "file://" + dir}); err == nil || !strings.Contains(err.Error(), "FIFO") {
+		t.Fatalf("a tree holding a FIFO: %v", err)
+	}
+	if _, err := f.Resolve(context.Background(), fetchers.Source{URI: "file://" + dir + "/w.bin"}); err == nil || !strings.Contains(err.Error(), "FIFO") {
+		t.Fatalf("a FIFO as the source: %v", err)
+	}
+}
+
+// TestDirectorySwapRace: while the tree root is pulled, another user swaps
+// it for a symlink to a directory holding a secret, and back, as fast as it
+// can. Whatever instant the swap hits, no read returns the secret: either
+// the pull reads the real tree or it fails naming the swap.
+func TestDirectorySwapRace(t *testing.T) {
+	base := t.TempDir()
+	secretDir := filepath.Join(base, "etc")
+	write(t, filepath.Join(secretDir, "w.bin"), "SECRET root-only content")
+	write(t, filepath.Join(secretDir, "config.json"), "SECRET config")
+	real := filepath.Join(base, "model")
+	write(t, filepath.Join(real, "w.bin"), "weights")
+	write(t, filepath.Join(real, "config.json"), "{}")
+	aside := filepath.Join(base, "aside")
+	link := filepath.Join(base, "link")
+	os.Symlink(secretDir, link)
+
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the attacker: model <-> symlink to the secret
+		defer wg.Done()
+		for !stop.Load() {
+			os.Rename(real, aside)
+			os.Rename(link, real)
+			os.Rename(real, link)
+			os.Rename(aside, real)
+		}
+	}()
+	f := New()
+	var ok, refused int
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; i < 5000 && time.Now().Before(deadline); i++ {
+		got, err := readAll(t, f, fetchers.Source{URI: "file://" + real})
+		for p, b := range got {
+			if strings.Contains(b, "SECRET") {
+				stop.Store(true)
+				wg.Wait()
+				t.Fatalf("attempt %d read the swapped-in secret as %s: %q", i, p, b)
+			}
+		}
+		if err != nil {
+			refused++
+		} else {
+			ok++
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	t.Logf("%d pulls read the real tree, %d were refused during a swap", ok, refused)
+	if refused == 0 {
+		t.Log("the swap window was never hit; the invariant held for every attempt")
+	}
+}
