@@ -8,6 +8,7 @@ package api
 
 import (
 	"encoding/json"
+	"strconv"
 	"time"
 )
 
@@ -70,6 +71,15 @@ type Requester struct {
 	UID    uint32   `json:"uid"`
 	GID    uint32   `json:"gid"`
 	Groups []uint32 `json:"groups,omitempty"`
+}
+
+// KernelCacheName is the artifact name of the desire's i-th kernel cache:
+// the name it was given, else <model>.kc<i>.
+func (d Desire) KernelCacheName(i int) string {
+	if n := d.KernelCaches[i].Name; n != "" {
+		return n
+	}
+	return d.Name + ".kc" + strconv.Itoa(i)
 }
 
 // KernelCacheRef is one kernel cache image of a model desire.

@@ -51,10 +51,7 @@ var kernelCacheDirs = []struct{ dir, env, manifest, sizeLabel, countLabel, summa
 // they follow the model's state and pin. Called with d.mu held.
 func expandKernelCaches(out map[string]api.Desire, model api.Desire) {
 	for i, kc := range model.KernelCaches {
-		name := kc.Name
-		if name == "" {
-			name = fmt.Sprintf("%s.kc%d", model.Name, i)
-		}
+		name := model.KernelCacheName(i)
 		if prev, taken := out[name]; taken && (model.Origin == originAPI || prev.Origin != originAPI) {
 			continue // an explicit desire of that name wins, unless a socket pull took a declared model's name
 		}

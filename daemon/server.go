@@ -483,18 +483,20 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	d.mu.Lock()
+	err = d.pullConflict(ds.Name)
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	if err := d.checkSourceAccess(r.Context(), ds); err != nil {
 		return err
 	}
 	raw, _ := json.Marshal(ds)
 	d.mu.Lock()
-	if fd, ok := d.fileDesires[ds.Name]; ok {
+	if err := d.pullConflict(ds.Name); err != nil { // again: the check above ran unlocked
 		d.mu.Unlock()
-		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; edit that file instead of pulling it by hand", ds.Name, strings.TrimPrefix(fd.Origin, "file:"))
-	}
-	if w, ok := d.desired()[ds.Name]; ok && w.Serves != "" && w.Origin != originAPI {
-		d.mu.Unlock()
-		return api.Errorf(api.CodeConflict, "artifact %s is the kernel cache of %s, declared in %s; pull under another name", ds.Name, w.Serves, w.Origin)
+		return err
 	}
 	if err := d.store.PutDesire(ds.Name, raw); err != nil {
 		d.mu.Unlock()
@@ -531,6 +533,19 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 		}
 		return true, st.lastErr
 	})
+}
+
+// pullConflict refuses a socket pull of a name the node's configuration
+// declares: a models.d desire, or a declared model's kernel cache. Called
+// with d.mu held.
+func (d *Daemon) pullConflict(name string) error {
+	if fd, ok := d.fileDesires[name]; ok {
+		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; edit that file instead of pulling it by hand", name, strings.TrimPrefix(fd.Origin, "file:"))
+	}
+	if w, ok := d.desired()[name]; ok && w.Serves != "" && w.Origin != originAPI {
+		return api.Errorf(api.CodeConflict, "artifact %s is the kernel cache of %s, declared in %s; pull under another name", name, w.Serves, w.Origin)
+	}
+	return nil
 }
 
 // validateDesire checks a desire from the API or a file and fills defaults.
@@ -625,11 +640,7 @@ func validateKernelCaches(ds api.Desire, floor string) error {
 		if !oci(kc.URI) {
 			return bad("kernelCaches[%d]: %q is not an oci:// image", i, kc.URI)
 		}
-		n := kc.Name
-		if n == "" {
-			n = fmt.Sprintf("%s.kc%d", ds.Name, i)
-		}
-		if err := cachestore.ValidateName(n); err != nil {
+		if err := cachestore.ValidateName(ds.KernelCacheName(i)); err != nil {
 			return bad("kernelCaches[%d]: %v", i, err)
 		}
 		if err := checkPolicy(fmt.Sprintf("kernelCaches[%d]", i), kc.Signature); err != nil {

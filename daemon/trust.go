@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 
 	"github.com/modelcache/modelcache/api"
@@ -43,11 +42,7 @@ func trustSocketDesire(ds api.Desire, log *slog.Logger) api.Desire {
 // name with uri (as expandKernelCaches names them).
 func listsKernelCache(model api.Desire, name, uri string) bool {
 	for i, kc := range model.KernelCaches {
-		n := kc.Name
-		if n == "" {
-			n = fmt.Sprintf("%s.kc%d", model.Name, i)
-		}
-		if n == name && kc.URI == uri {
+		if model.KernelCacheName(i) == name && kc.URI == uri {
 			return true
 		}
 	}

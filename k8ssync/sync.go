@@ -335,11 +335,7 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 		for i, kc := range mc.Spec.KernelCaches {
 			ref := api.KernelCacheRef{Name: kc.Name, URI: kc.Image, Signature: kc.Signature}
 			base.KernelCaches = append(base.KernelCaches, ref)
-			n := kc.Name
-			if n == "" {
-				n = fmt.Sprintf("%s.kc%d", mc.Name, i)
-			}
-			owners[n] = mc.Name
+			owners[base.KernelCacheName(i)] = mc.Name
 		}
 		want[mc.Name], owners[mc.Name] = base, mc.Name
 		for _, v := range mc.Spec.Versions {
