@@ -95,6 +95,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	log = slog.New(fetchers.RedactHandler(log.Handler())) // no credential of a URI reaches the log
 	if cfg.SystemdSocket && os.Getenv("LISTEN_FDS") == "" {
 		return nil, errors.New("--systemd-socket: no socket from systemd (LISTEN_FDS unset); start modelcached.socket, or drop the flag to listen on --socket")
 	}

@@ -1,8 +1,11 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -85,5 +88,125 @@ func TestRedirectToMetricsRefused(t *testing.T) {
 	a, err := h.pull(api.PullRequest{Name: "direct", URI: "http://" + h.d.MetricsAddr() + "/metrics"})
 	if err != nil || a.Phase != api.PhaseReady {
 		t.Fatalf("a loopback URI named directly: %+v %v", a, err)
+	}
+}
+
+// syncBuffer is a log sink safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestCredentialsInURIRedacted pulls with a URI carrying user:pass@ and
+// secret query parameters (the server accepts them), fails a second pull
+// with such a URI, and sends an invalid one: no secret appears in list,
+// inspect, status, wait events, API errors, the log, /metrics or the
+// version the store keeps, while the fetch itself used them.
+func TestCredentialsInURIRedacted(t *testing.T) {
+	const user, pass, tok, sig = "alice", "PASSW0RD", "SECRET1", "SECRET2"
+	w := data(4096, 9)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	var sawCreds sync.Map
+	srv.hook = func(rw http.ResponseWriter, r *http.Request) bool {
+		u, p, _ := r.BasicAuth()
+		if u == user && p == pass && r.URL.Query().Get("token") == tok && r.URL.Query().Get("X-Amz-Signature") == sig {
+			sawCreds.Store(r.Method, true)
+		}
+		return false
+	}
+	logs := &syncBuffer{}
+	cfg := testConfig(t)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	h := start(t, cfg)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	uri := func(file string) string {
+		return "http://" + user + ":" + pass + "@" + host + "/" + file + "?token=" + tok + "&X-Amz-Signature=" + sig + "&part=1"
+	}
+	var events []api.Event
+	a, err := h.c.Pull(context.Background(), api.PullRequest{Name: "good", URI: uri("w.bin")}, true, func(ev api.Event) { events = append(events, ev) })
+	if err != nil || a.Phase != api.PhaseReady || h.read("good", "w.bin") != string(w) {
+		t.Fatalf("pull: %+v %v", a, err)
+	}
+	if _, ok := sawCreds.Load(http.MethodGet); !ok {
+		t.Fatal("the server never saw the URI's credentials: the fetch must still use them")
+	}
+	_, badErr := h.c.Pull(context.Background(), api.PullRequest{Name: "bad", URI: uri("missing.bin")}, true, func(ev api.Event) { events = append(events, ev) })
+	if badErr == nil {
+		t.Fatal("pull of a missing file succeeded")
+	}
+	_, invalidErr := h.c.Pull(context.Background(), api.PullRequest{Name: "invalid", URI: "ftp://" + user + ":" + pass + "@" + host + "/w.bin?token=" + tok}, false, nil)
+	if invalidErr == nil {
+		t.Fatal("an ftp:// pull was accepted")
+	}
+
+	// Every output, raw as it crosses the socket or the metrics port.
+	sock := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", h.cfg.Socket)
+	}}}
+	get := func(c *http.Client, u string) string {
+		resp, err := c.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	outputs := map[string]string{
+		"list":           get(sock, "http://d/v1/artifacts"),
+		"inspect good":   get(sock, "http://d/v1/artifacts/good"),
+		"inspect bad":    get(sock, "http://d/v1/artifacts/bad"),
+		"status":         get(sock, "http://d/v1/status"),
+		"wait bad":       get(sock, "http://d/v1/artifacts/bad/wait?timeout=1s"),
+		"metrics":        get(http.DefaultClient, "http://"+h.d.MetricsAddr()+"/metrics"),
+		"pull error":     badErr.Error(),
+		"api error":      invalidErr.Error(),
+		"daemon log":     "",
+		"stored version": "",
+	}
+	for _, ev := range events {
+		if ev.Artifact != nil {
+			outputs["pull events"] += ev.Artifact.URI + " " + ev.Artifact.Message + "\n"
+		}
+		if ev.Error != nil {
+			outputs["pull events"] += ev.Error.Message + "\n"
+		}
+	}
+	stored, err := h.d.Store().Get("good")
+	if err != nil || len(stored.Versions) == 0 {
+		t.Fatalf("store: %+v %v", stored, err)
+	}
+	outputs["stored version"] = stored.Versions[0].Source + " " + stored.Versions[0].Message
+	h.stop()
+	outputs["daemon log"] = logs.String()
+	for what, out := range outputs {
+		for _, s := range []string{pass, tok, sig} {
+			if strings.Contains(out, s) {
+				t.Errorf("%s shows the secret %q:\n%s", what, s, out)
+			}
+		}
+	}
+	// What is shown still names the source.
+	for _, what := range []string{"list", "inspect good", "stored version"} {
+		if !strings.Contains(outputs[what], "http://REDACTED@"+host+"/w.bin?token=REDACTED\u0026X-Amz-Signature=REDACTED\u0026part=1") &&
+			!strings.Contains(outputs[what], `http://REDACTED@`+host+`/w.bin?token=REDACTED\u0026X-Amz-Signature=REDACTED\u0026part=1`) {
+			t.Errorf("%s does not show the redacted source:\n%s", what, outputs[what])
+		}
+	}
+	if !strings.Contains(outputs["inspect bad"], "not found") || !strings.Contains(outputs["daemon log"], "pull failed") {
+		t.Errorf("the failure is not explained:\n%s\n%s", outputs["inspect bad"], outputs["daemon log"])
 	}
 }
