@@ -26,7 +26,7 @@ test: vet
 	$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 
 # Fuzz targets (package:Target); seeds are in the tests and testdata/fuzz.
-FUZZ_TARGETS := cachestore:FuzzValidatePath cachestore:FuzzValidateName cachestore:FuzzIndexRecords fetchers:FuzzUntar \
+FUZZ_TARGETS := cachestore:FuzzValidatePath cachestore:FuzzValidateName cachestore:FuzzIndexRecords fetchers:FuzzUntar fetchers:FuzzRedact \
 	fetchers/hf:FuzzParseURI fetchers/hf:FuzzTreeJSON gpu:FuzzParseManifest daemon:FuzzPullRequest
 FUZZTIME ?= 2m
 fuzz:

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os/user"
 	"path/filepath"
 	"strconv"
@@ -57,6 +58,10 @@ type Config struct {
 	Version string       // reported by status and metrics
 	// Hook is called at the store's named commit points; for crash tests.
 	Hook func(point string)
+	// InternalAddress reports which addresses a redirect may not lead to
+	// (fetchers.Guard); nil = fetchers.IsInternal. For tests, which stand
+	// a loopback alias in for a remote server.
+	InternalAddress func(netip.Addr) bool
 }
 
 // DefaultConfig is what a systemd unit gets.

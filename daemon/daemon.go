@@ -95,6 +95,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	log = slog.New(fetchers.RedactHandler(log.Handler())) // no credential of a URI reaches the log
 	if cfg.SystemdSocket && os.Getenv("LISTEN_FDS") == "" {
 		return nil, errors.New("--systemd-socket: no socket from systemd (LISTEN_FDS unset); start modelcached.socket, or drop the flag to listen on --socket")
 	}
@@ -118,8 +119,8 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		cfg: cfg, log: log, store: st, started: time.Now(), gid: gid,
 		fetchers: fetchers.Registry{
 			"file":  filefetcher.New(filefetcher.WithRoots(cfg.FileRoots...)),
-			"http":  httpfetcher.New(httpfetcher.WithIdleTimeout(cfg.IdleTimeout), httpfetcher.WithUserAgent("modelcached/"+cfg.Version)),
-			"https": httpfetcher.New(httpfetcher.WithIdleTimeout(cfg.IdleTimeout), httpfetcher.WithUserAgent("modelcached/"+cfg.Version)),
+			"http":  httpfetcher.New(httpfetcher.WithIdleTimeout(cfg.IdleTimeout), httpfetcher.WithUserAgent("modelcached/"+cfg.Version), httpfetcher.WithInternal(cfg.InternalAddress)),
+			"https": httpfetcher.New(httpfetcher.WithIdleTimeout(cfg.IdleTimeout), httpfetcher.WithUserAgent("modelcached/"+cfg.Version), httpfetcher.WithInternal(cfg.InternalAddress)),
 		},
 		backoff:        fetchers.DefaultBackoff,
 		apiDesires:     map[string]api.Desire{},
@@ -159,7 +160,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.fetchers["hf"] = hub
 	d.fetchers["s3"] = d.newS3()
-	ociOpts := []ocifetcher.Option{ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...)}
+	ociOpts := []ocifetcher.Option{ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...), ocifetcher.WithInternal(cfg.InternalAddress)}
 	for _, m := range cfg.RegistryMirrors {
 		r, mir, _ := strings.Cut(m, "=")
 		ociOpts = append(ociOpts, ocifetcher.WithMirror(r, mir))
@@ -376,10 +377,11 @@ func (d *Daemon) listen() (net.Listener, error) {
 // newHub and newS3 make the hub and S3 fetchers with the daemon's
 // settings; extra options add credentials (fetcherFor).
 func (d *Daemon) newHub(extra ...hffetcher.Option) (*hffetcher.Fetcher, error) {
-	opts := append([]hffetcher.Option{hffetcher.WithIdleTimeout(d.cfg.IdleTimeout), hffetcher.WithConnections(max(d.cfg.RangeConnections, 1))}, extra...)
+	opts := append([]hffetcher.Option{hffetcher.WithIdleTimeout(d.cfg.IdleTimeout), hffetcher.WithConnections(max(d.cfg.RangeConnections, 1)),
+		hffetcher.WithInternal(d.cfg.InternalAddress)}, extra...)
 	return hffetcher.New(opts...)
 }
 
 func (d *Daemon) newS3() *s3fetcher.Fetcher {
-	return s3fetcher.New(max(d.cfg.RangeConnections, 1), 8<<20)
+	return s3fetcher.New(max(d.cfg.RangeConnections, 1), 8<<20).WithInternal(d.cfg.InternalAddress)
 }

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers"
 )
 
 // modelsFile is one YAML file of the models dir: one desire, or a list
@@ -55,8 +56,9 @@ func (d *Daemon) loadModelsDir() {
 			}
 		}
 	}
-	for _, p := range problems {
-		d.log.Error("models dir", "problem", p)
+	for i, p := range problems {
+		problems[i] = fetchers.RedactText(p) // status shows them to every local user
+		d.log.Error("models dir", "problem", problems[i])
 	}
 	d.mu.Lock()
 	d.fileDesires, d.fileErrors = desires, problems

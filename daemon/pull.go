@@ -179,7 +179,7 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 		}
 	}
 	spec := cachestore.VersionSpec{
-		Name: ds.Name, Source: ds.URI, Revision: res.Revision, Manifest: entries,
+		Name: ds.Name, Source: fetchers.RedactURI(ds.URI), Revision: res.Revision, Manifest: entries,
 		ExpectedDigest: ds.Digest, Pin: ds.Pin, Spec: fp, HFRepo: res.Repo, HFRef: res.Ref,
 	}
 	if kernel {

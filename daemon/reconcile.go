@@ -288,10 +288,11 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 		st.phase, st.message = api.PhasePending, "restarting: the desire changed"
 		d.kick()
 	case errors.As(err, new(*incompatibleError)):
-		st.phase, st.message, st.reason, st.attempts = api.PhaseIncompatible, err.Error(), ReasonIncompatible, 0
+		st.phase, st.message, st.reason, st.attempts = api.PhaseIncompatible, fetchers.RedactText(err.Error()), ReasonIncompatible, 0
 		d.metrics.pulls.WithLabelValues(scheme, "incompatible").Inc()
 		d.log.Info("kernel cache incompatible with this node's GPUs; not downloaded", "artifact", ds.Name, "uri", ds.URI, "why", err)
 	default:
+		err = redactedError{err} // the message is shown (status, waiters, events) and stored
 		st.attempts++
 		delay := d.cfg.RetryInitial << min(st.attempts-1, 16)
 		if delay > d.cfg.RetryMax || delay <= 0 {

@@ -215,13 +215,17 @@ func toAPIError(err error) *api.Error {
 	return api.Errorf(api.CodeInternal, "%v", err)
 }
 
+// writeError sends e with the credentials in any URL of its message
+// redacted: every local user may read the socket.
 func writeError(w http.ResponseWriter, e *api.Error) {
-	if e.Status == 0 {
-		e.Status = api.HTTPStatus(e.Code)
+	out := *e
+	if out.Status == 0 {
+		out.Status = api.HTTPStatus(out.Code)
 	}
+	out.Message = fetchers.RedactText(out.Message)
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(e.Status)
-	json.NewEncoder(w).Encode(e)
+	w.WriteHeader(out.Status)
+	json.NewEncoder(w).Encode(&out)
 }
 
 func writeJSON(w http.ResponseWriter, v any) error {
@@ -382,7 +386,8 @@ func (d *Daemon) view(name string, files bool) (*api.Artifact, error) {
 	return &v, nil
 }
 
-// viewLocked builds the API view; called with d.mu held.
+// viewLocked builds the API view, its URIs and messages redacted; called
+// with d.mu held.
 func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string]api.Desire, files bool) api.Artifact {
 	out := api.Artifact{Name: name, Kind: cachestore.KindModel, Phase: api.PhasePending}
 	if ds, ok := want[name]; ok {
@@ -458,6 +463,7 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 	} else if out.Desire == nil && cur != nil && cur.State != cachestore.StateReady {
 		out.Message = cur.Message + " (no desire to re-fetch from: pull it again)"
 	}
+	redactView(&out) // every local user reads views: no credentials in them
 	return out
 }
 

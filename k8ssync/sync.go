@@ -38,6 +38,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers"
 )
 
 // Node is what the loop needs of the daemon (daemon.Daemon implements it).
@@ -511,7 +512,7 @@ func (s *Syncer) events(arts []api.Artifact, owners map[string]string, all []*Mo
 			return
 		}
 		ref := &corev1.ObjectReference{APIVersion: Group + "/" + Version, Kind: "ModelCache", Name: mc.Name, UID: mc.UID}
-		s.rec.Event(ref, typ, reason, fmt.Sprintf("node %s: %s: %s", s.cfg.NodeName, name, msg))
+		s.rec.Event(ref, typ, reason, fetchers.RedactText(fmt.Sprintf("node %s: %s: %s", s.cfg.NodeName, name, msg)))
 	}
 	for name, p := range now {
 		old := s.phases[name]
@@ -561,7 +562,7 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 	for _, a := range arts {
 		seen[a.Name] = true
 		as := ArtifactStatus{Name: a.Name, ModelCache: owners[a.Name], Kind: a.Kind, Phase: string(a.Phase), Revision: a.Revision,
-			Digest: a.ManifestDigest, Bytes: a.Bytes, Message: a.Message, Reason: a.Reason}
+			Digest: a.ManifestDigest, Bytes: a.Bytes, Message: fetchers.RedactText(a.Message), Reason: a.Reason}
 		for _, h := range a.InUse {
 			as.InUseBy = append(as.InUseBy, h.Kind+" "+h.ID)
 		}

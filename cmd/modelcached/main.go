@@ -20,6 +20,7 @@ import (
 
 	"github.com/modelcache/modelcache/daemon"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -194,11 +195,13 @@ func newLogger(format, level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
+	// Credentials in source URIs never reach the log (the daemon wraps its
+	// logger too; this covers what main logs before and around it).
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		return slog.New(fetchers.RedactHandler(slog.NewTextHandler(os.Stderr, opts))), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		return slog.New(fetchers.RedactHandler(slog.NewJSONHandler(os.Stderr, opts))), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }

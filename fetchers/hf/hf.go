@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	nethttp "net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -54,6 +55,7 @@ type options struct {
 	tokenFile   string
 	idleTimeout time.Duration
 	transport   nethttp.RoundTripper
+	guard       fetchers.Guard
 }
 
 // Option configures New.
@@ -83,7 +85,14 @@ func WithConnections(n int) Option { return func(o *options) { o.conns = n } }
 func WithChunk(n int64) Option { return func(o *options) { o.chunk = n } }
 
 // WithTransport sets the HTTP transport; default a clone of net/http's.
+// Either way it is wrapped in the redirect policy (fetchers.Guard).
 func WithTransport(t nethttp.RoundTripper) Option { return func(o *options) { o.transport = t } }
+
+// WithInternal sets which addresses count as host-internal for the
+// redirect policy (fetchers.Guard); default fetchers.IsInternal.
+func WithInternal(internal func(netip.Addr) bool) Option {
+	return func(o *options) { o.guard.Internal = internal }
+}
 
 // New returns a hub fetcher.
 func New(opts ...Option) (*Fetcher, error) {
@@ -121,14 +130,15 @@ func New(opts ...Option) (*Fetcher, error) {
 		return nil, fmt.Errorf("hf: connections %d (want 1..64), chunk %d (want >= 1 MiB)", o.conns, o.chunk)
 	}
 	f := &Fetcher{endpoint: strings.TrimRight(o.endpoint, "/"), token: o.token, conns: o.conns, chunk: o.chunk}
-	f.client = &nethttp.Client{Transport: o.transport, CheckRedirect: checkRedirect}
+	f.client = &nethttp.Client{Transport: o.guard.Transport(o.transport, nil), CheckRedirect: checkRedirect}
 	f.get = httpfetcher.New(httpfetcher.WithClient(f.client), httpfetcher.WithIdleTimeout(o.idleTimeout), httpfetcher.WithUserAgent("modelcached"))
 	return f, nil
 }
 
 // checkRedirect follows at most 10 redirects and drops the token when a
 // redirect leaves the origin (the hub sends LFS files to a CDN), as the
-// official clients do.
+// official clients do. Where a redirect may lead is the transport's
+// fetchers.Guard.
 func checkRedirect(req *nethttp.Request, via []*nethttp.Request) error {
 	if len(via) >= 10 {
 		return fmt.Errorf("stopped after 10 redirects (last to %s)", req.URL.Redacted())

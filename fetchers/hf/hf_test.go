@@ -5,6 +5,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
+	nethttp "net/http"
+	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -118,5 +122,33 @@ func TestParallelRangesMatchOneStream(t *testing.T) {
 		if n := hub.ResolveGets.Load() - before; n < 5 {
 			t.Fatalf("from %d: %d requests; want one per 1 MiB chunk", off, n)
 		}
+	}
+}
+
+// TestRedirectToInternalRefused: a hub (127.0.0.2 stands in for a remote
+// one) that redirects to an address of this node is not followed; one
+// named on loopback keeps working (the other tests).
+func TestRedirectToInternalRefused(t *testing.T) {
+	inside := httptest.NewServer(nethttp.HandlerFunc(func(w nethttp.ResponseWriter, r *nethttp.Request) {
+		io.WriteString(w, `{"sha":"`+strings.Repeat("a", 40)+`"}`)
+	}))
+	defer inside.Close()
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("cannot listen on 127.0.0.2: %v", err)
+	}
+	hub := httptest.NewUnstartedServer(nethttp.RedirectHandler(inside.URL+"/x", nethttp.StatusFound))
+	hub.Listener.Close()
+	hub.Listener = ln
+	hub.Start()
+	defer hub.Close()
+	remote := func(ip netip.Addr) bool { return ip != netip.MustParseAddr("127.0.0.2") && fetchers.IsInternal(ip) }
+	f, err := New(WithEndpoint(hub.URL), WithToken("t"), WithInternal(remote))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.Resolve(context.Background(), fetchers.Source{URI: "hf://org/repo"})
+	if !errors.Is(err, fetchers.ErrInternalAddress) || !fetchers.IsPermanent(err) || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("Resolve through a redirect to loopback: %v; want a permanent refusal", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	nethttp "net/http"
+	"net/netip"
 	"net/url"
 	"path"
 	"strconv"
@@ -22,6 +23,7 @@ import (
 // concurrent use.
 type Fetcher struct {
 	client      *nethttp.Client
+	guard       fetchers.Guard
 	idleTimeout time.Duration
 	userAgent   string
 }
@@ -31,8 +33,17 @@ type Option func(*Fetcher)
 
 // WithClient sets the HTTP client; default: a client with the default
 // transport's proxy and TLS settings and no overall timeout (large files
-// take long; IdleTimeout bounds a stalled stream instead).
+// take long; IdleTimeout bounds a stalled stream instead), whose redirects
+// cannot reach host-internal addresses (fetchers.Guard). A client given
+// here is used as it is: its maker guards it (hf does).
 func WithClient(c *nethttp.Client) Option { return func(f *Fetcher) { f.client = c } }
+
+// WithInternal sets which addresses count as host-internal for the
+// default client's redirect policy (fetchers.Guard); default
+// fetchers.IsInternal. Tests use it to treat a loopback address as remote.
+func WithInternal(internal func(netip.Addr) bool) Option {
+	return func(f *Fetcher) { f.guard.Internal = internal }
+}
 
 // WithIdleTimeout sets how long a body may deliver nothing before the read
 // fails and the download resumes on a new request; default 60s.
@@ -43,12 +54,15 @@ func WithUserAgent(ua string) Option { return func(f *Fetcher) { f.userAgent = u
 
 // New returns an HTTP fetcher.
 func New(opts ...Option) *Fetcher {
-	t := nethttp.DefaultTransport.(*nethttp.Transport).Clone()
-	t.ResponseHeaderTimeout = 60 * time.Second
-	t.MaxIdleConnsPerHost = 16
-	f := &Fetcher{client: &nethttp.Client{Transport: t}, idleTimeout: 60 * time.Second, userAgent: "modelcached"}
+	f := &Fetcher{idleTimeout: 60 * time.Second, userAgent: "modelcached"}
 	for _, o := range opts {
 		o(f)
+	}
+	if f.client == nil {
+		t := nethttp.DefaultTransport.(*nethttp.Transport).Clone()
+		t.ResponseHeaderTimeout = 60 * time.Second
+		t.MaxIdleConnsPerHost = 16
+		f.client = &nethttp.Client{Transport: f.guard.Transport(t, nil)}
 	}
 	return f
 }

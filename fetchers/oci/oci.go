@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -43,6 +44,7 @@ type Fetcher struct {
 	insecure map[string]bool
 	keychain authn.Keychain
 	rt       http.RoundTripper
+	guard    fetchers.Guard
 }
 
 // Option configures New.
@@ -68,7 +70,16 @@ func WithMirror(registry, mirror string) Option {
 }
 
 // WithTransport sets the HTTP transport; default remote.DefaultTransport.
+// Either way it is wrapped in the redirect policy (fetchers.Guard):
+// registries send blobs to CDNs by redirect, and a redirect must not reach
+// a host-internal address.
 func WithTransport(rt http.RoundTripper) Option { return func(f *Fetcher) { f.rt = rt } }
+
+// WithInternal sets which addresses count as host-internal for the
+// redirect policy (fetchers.Guard); default fetchers.IsInternal.
+func WithInternal(internal func(netip.Addr) bool) Option {
+	return func(f *Fetcher) { f.guard.Internal = internal }
+}
 
 // New returns an OCI fetcher.
 func New(opts ...Option) *Fetcher {
@@ -76,6 +87,7 @@ func New(opts ...Option) *Fetcher {
 	for _, o := range opts {
 		o(f)
 	}
+	f.rt = f.guard.Transport(f.rt, nil)
 	return f
 }
 

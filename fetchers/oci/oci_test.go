@@ -1,7 +1,14 @@
 package oci
 
 import (
+	"context"
 	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/modelcache/modelcache/fetchers"
@@ -35,5 +42,32 @@ func TestParseURI(t *testing.T) {
 	}
 	if ref, _ := f.ParseURI("oci://127.0.0.1:5000/mm:1"); ref == nil || ref.Context().Registry.Scheme() != "http" {
 		t.Error("a registry configured insecure must be reached over http")
+	}
+}
+
+// TestRedirectToInternalRefused: a registry (127.0.0.2 stands in for a
+// remote one) that redirects to an address of this node is not followed.
+func TestRedirectToInternalRefused(t *testing.T) {
+	var asked atomic.Int64
+	inside := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Add(1) }))
+	defer inside.Close()
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("cannot listen on 127.0.0.2: %v", err)
+	}
+	reg := httptest.NewUnstartedServer(http.RedirectHandler(inside.URL+"/v2/", http.StatusTemporaryRedirect))
+	reg.Listener.Close()
+	reg.Listener = ln
+	reg.Start()
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	remote := func(ip netip.Addr) bool { return ip != netip.MustParseAddr("127.0.0.2") && fetchers.IsInternal(ip) }
+	f := New(WithInsecureRegistries(host), WithInternal(remote))
+	_, err = f.Resolve(context.Background(), fetchers.Source{URI: "oci://" + host + "/model:1"})
+	if err == nil || !strings.Contains(err.Error(), "host-internal address") {
+		t.Fatalf("Resolve through a redirect to loopback: %v; want the redirect refused", err)
+	}
+	if n := asked.Load(); n != 0 {
+		t.Fatalf("the internal server was asked %d times", n)
 	}
 }

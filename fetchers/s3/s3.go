@@ -19,6 +19,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path"
@@ -28,6 +30,7 @@ import (
 	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -47,6 +50,15 @@ type Fetcher struct {
 	client *s3.Client
 	err    error
 	static aws.CredentialsProvider // from WithStaticCredentials; nil: the SDK's chain
+	guard  fetchers.Guard
+}
+
+// WithInternal sets which addresses count as host-internal for the
+// redirect policy (fetchers.Guard); default fetchers.IsInternal. Call
+// before first use.
+func (f *Fetcher) WithInternal(internal func(netip.Addr) bool) *Fetcher {
+	f.guard.Internal = internal
+	return f
 }
 
 // WithStaticCredentials makes f use these keys (e.g. from a Kubernetes
@@ -79,6 +91,11 @@ func (f *Fetcher) s3(ctx context.Context) (*s3.Client, error) {
 		if f.static != nil {
 			cfg.Credentials = f.static
 		}
+		// The SDK follows 307 and 308 redirects (S3 sends them across
+		// regions); they must not lead to a host-internal address.
+		if bc, ok := cfg.HTTPClient.(*awshttp.BuildableClient); ok {
+			cfg.HTTPClient = &http.Client{Transport: f.guard.Transport(bc.GetTransport(), bc.GetDialer()), CheckRedirect: checkRedirect}
+		}
 		pathStyle := os.Getenv("AWS_S3_FORCE_PATH_STYLE") == "true"
 		if ep := os.Getenv("AWS_ENDPOINT_URL_S3") + os.Getenv("AWS_ENDPOINT_URL"); ep != "" && os.Getenv("AWS_S3_FORCE_PATH_STYLE") != "false" {
 			pathStyle = true // S3-compatible servers on an endpoint of their own want path-style addressing
@@ -86,6 +103,22 @@ func (f *Fetcher) s3(ctx context.Context) (*s3.Client, error) {
 		f.client = s3.NewFromConfig(cfg, func(o *s3.Options) { o.UsePathStyle = pathStyle })
 	})
 	return f.client, f.err
+}
+
+// checkRedirect is the SDK's own policy (aws/transport/http): only 307
+// and 308, which keep the method and body; a session token is not sent to
+// another host. At most 10.
+func checkRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) >= 10 {
+		return fmt.Errorf("stopped after 10 redirects (last to %s)", req.URL.Redacted())
+	}
+	if req.Response == nil || (req.Response.StatusCode != http.StatusTemporaryRedirect && req.Response.StatusCode != http.StatusPermanentRedirect) {
+		return http.ErrUseLastResponse
+	}
+	if len(via) > 0 && via[len(via)-1].URL.Host != req.URL.Host {
+		req.Header.Del("X-Amz-Security-Token")
+	}
+	return nil
 }
 
 // ParseURI splits s3://bucket/prefix.

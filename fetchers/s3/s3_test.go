@@ -5,7 +5,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -152,5 +157,37 @@ func TestVersionedBucketPinsTheVersion(t *testing.T) {
 	res2, _ := f.Resolve(context.Background(), fetchers.Source{URI: "s3://versioned/m/"})
 	if res2.Revision == res.Revision {
 		t.Fatal("a new object version must be a new revision")
+	}
+}
+
+// TestRedirectToInternalRefused: an endpoint (127.0.0.2 stands in for a
+// remote one) that answers 307 to an address of this node is not
+// followed; the SDK's own policy (307 and 308 only) stays.
+func TestRedirectToInternalRefused(t *testing.T) {
+	var asked atomic.Int64
+	inside := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Add(1) }))
+	defer inside.Close()
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("cannot listen on 127.0.0.2: %v", err)
+	}
+	ep := httptest.NewUnstartedServer(http.RedirectHandler(inside.URL+"/models", http.StatusTemporaryRedirect))
+	ep.Listener.Close()
+	ep.Listener = ln
+	ep.Start()
+	defer ep.Close()
+	for k, v := range map[string]string{"AWS_ENDPOINT_URL": ep.URL, "AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret",
+		"AWS_REGION": "us-east-1", "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_PROFILE": "",
+		"AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1"} {
+		t.Setenv(k, v)
+	}
+	remote := func(ip netip.Addr) bool { return ip != netip.MustParseAddr("127.0.0.2") && fetchers.IsInternal(ip) }
+	f := New(1, 1<<20).WithInternal(remote)
+	_, err = f.Resolve(context.Background(), fetchers.Source{URI: "s3://models/llama"})
+	if !errors.Is(err, fetchers.ErrInternalAddress) || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("Resolve through a 307 to loopback: %v; want the redirect refused", err)
+	}
+	if n := asked.Load(); n != 0 {
+		t.Fatalf("the internal server was asked %d times", n)
 	}
 }

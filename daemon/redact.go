@@ -1,0 +1,54 @@
+package daemon
+
+import (
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers"
+)
+
+// Every local user reads the socket (list, inspect, status), the logs and
+// the metrics, and the cluster reads events and node status: none of them
+// may show a credential carried in a source URI (userinfo, a presigned
+// URL's signature, a token parameter). The desire keeps its URI as given,
+// for fetching; everything shown or stored beside it is redacted with
+// fetchers.RedactURI and fetchers.RedactText at the boundary.
+
+// redactView redacts the URIs and messages of an artifact view in place.
+// The desire is copied, never changed where it lives.
+func redactView(a *api.Artifact) {
+	a.URI = fetchers.RedactURI(a.URI)
+	a.Message = fetchers.RedactText(a.Message)
+	if a.Desire != nil {
+		ds := redactDesire(*a.Desire)
+		a.Desire = &ds
+	}
+	if len(a.Versions) > 0 {
+		vs := make([]api.Version, len(a.Versions))
+		copy(vs, a.Versions)
+		for i := range vs {
+			vs[i].Source = fetchers.RedactURI(vs[i].Source)
+			vs[i].Message = fetchers.RedactText(vs[i].Message)
+		}
+		a.Versions = vs
+	}
+}
+
+// redactDesire returns a copy of ds with its source URIs redacted.
+func redactDesire(ds api.Desire) api.Desire {
+	ds.URI = fetchers.RedactURI(ds.URI)
+	if len(ds.KernelCaches) > 0 {
+		kcs := make([]api.KernelCacheRef, len(ds.KernelCaches))
+		copy(kcs, ds.KernelCaches)
+		for i := range kcs {
+			kcs[i].URI = fetchers.RedactURI(kcs[i].URI)
+		}
+		ds.KernelCaches = kcs
+	}
+	return ds
+}
+
+// redactedError is err with its message redacted; errors.Is and As still
+// see what it wraps.
+type redactedError struct{ err error }
+
+func (e redactedError) Error() string { return fetchers.RedactText(e.err.Error()) }
+func (e redactedError) Unwrap() error { return e.err }
