@@ -63,6 +63,12 @@ type Desire struct {
 	// the requester could read. Nil for desires from the node's own
 	// configuration (models.d, the cluster), read as the daemon.
 	Requester *Requester `json:"requester,omitempty"`
+	// CredentialsFile (models.d only) is a file on the node holding the
+	// source's credentials as KEY=VALUE lines, the keys of a ModelCache's
+	// Secret: HF_TOKEN, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+	// AWS_SESSION_TOKEN, HTTP_AUTHORIZATION. Read at every pull, kept in
+	// memory only; so no credential has to be written into a URI.
+	CredentialsFile string `json:"credentialsFile,omitempty"`
 }
 
 // Requester is the identity of a socket peer (SO_PEERCRED and the

@@ -39,8 +39,7 @@ func (d *Daemon) SetClusterDesires(want map[string]api.Desire, creds map[string]
 		if _, err := d.validateDesire(ds); err != nil {
 			return fmt.Errorf("desire %s from the cluster: %w", name, err)
 		}
-		raw, _ := json.Marshal(ds)
-		if err := d.store.PutDesire(clusterKey+name, raw); err != nil {
+		if err := d.persistDesire(clusterKey+name, ds); err != nil {
 			return err
 		}
 	}
@@ -133,6 +132,12 @@ func isClusterKey(k string) (string, bool) { return strings.CutPrefix(k, cluster
 // .dockerconfigjson), kept while the credentials stay the same.
 func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
 	creds := d.credentialsFor(ds.Name)
+	if ds.CredentialsFile != "" && strings.HasPrefix(ds.Origin, originFile) {
+		var err error
+		if creds, err = readCredentialsFile(ds.CredentialsFile); err != nil {
+			return nil, fetchers.Permanent(fmt.Errorf("credentials of %s: %w", ds.Name, err))
+		}
+	}
 	scheme, err := fetchers.Scheme(ds.URI)
 	if err != nil || len(creds) == 0 {
 		return d.fetchers.For(ds.URI)

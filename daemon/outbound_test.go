@@ -209,4 +209,36 @@ func TestCredentialsInURIRedacted(t *testing.T) {
 	if !strings.Contains(outputs["inspect bad"], "not found") || !strings.Contains(outputs["daemon log"], "pull failed") {
 		t.Errorf("the failure is not explained:\n%s\n%s", outputs["inspect bad"], outputs["daemon log"])
 	}
+
+	// The index holds the desires redacted: the secret lived in memory
+	// only. After a restart the Ready model still serves (its spec did not
+	// change), and a desire that must fetch again says its credentials
+	// were not kept and how to give them.
+	h2 := start(t, cfg)
+	raw, err := h2.d.Store().Desires()
+	if err != nil || len(raw) < 2 {
+		t.Fatalf("desires after restart: %v %v", raw, err)
+	}
+	for name, b := range raw {
+		for _, s := range []string{pass, tok, sig} {
+			if strings.Contains(string(b), s) {
+				t.Errorf("the index stores the desire %s with the secret %q: %s", name, s, b)
+			}
+		}
+	}
+	if a, err := h2.c.Get(context.Background(), "good"); err != nil || a.Phase != api.PhaseReady {
+		t.Fatalf("after a restart the model with credentials in its URI: %+v %v", a, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		a, err := h2.c.Get(ctx, "bad")
+		if err == nil && strings.Contains(a.Message, "not kept across the daemon's restart") {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("a desire whose credentials were not kept: %+v %v", a, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

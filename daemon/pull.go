@@ -41,6 +41,9 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 		return ctx.Err()
 	}
 	d.setPhase(st, api.PhaseDownloading, "resolving "+ds.URI)
+	if err := lostCredentials(ds); err != nil {
+		return err
+	}
 	f, err := d.fetcherFor(ds)
 	if err != nil {
 		return err

@@ -61,7 +61,10 @@ func (p *progress) view() *api.Progress {
 // fingerprint identifies what a desire asks the store for; a change of it
 // means a new pull.
 func fingerprint(ds api.Desire) string {
-	parts := []any{ds.URI, ds.Digest, ds.Include, ds.Exclude}
+	// The URI as stored: a credential that changes (a rotated token, a
+	// new presigned signature) is not a new spec, and one lost in a
+	// restart (never written to disk) does not make the desire look new.
+	parts := []any{fetchers.RedactURI(ds.URI), ds.Digest, ds.Include, ds.Exclude}
 	if ds.Kind == api.KindKernelCache { // models keep the fingerprint they always had
 		parts = append(parts, ds.Kind, ds.Signature)
 	}

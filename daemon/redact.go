@@ -1,6 +1,10 @@
 package daemon
 
 import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/fetchers"
 )
@@ -52,3 +56,25 @@ type redactedError struct{ err error }
 
 func (e redactedError) Error() string { return fetchers.RedactText(e.err.Error()) }
 func (e redactedError) Unwrap() error { return e.err }
+
+// persistDesire writes ds to the index under key with its credentials
+// redacted: a secret carried in a source URI lives only in memory, for
+// fetching. After a restart such a desire cannot fetch until it is pulled
+// again (lostCredentials says so).
+func (d *Daemon) persistDesire(key string, ds api.Desire) error {
+	raw, err := json.Marshal(redactDesire(ds))
+	if err != nil {
+		return err
+	}
+	return d.store.PutDesire(key, raw)
+}
+
+// lostCredentials refuses to fetch a source whose credentials were
+// redacted when the desire was stored and not given again since.
+func lostCredentials(ds api.Desire) error {
+	if !strings.Contains(ds.URI, fetchers.Redacted) || fetchers.RedactURI(ds.URI) != ds.URI {
+		return nil
+	}
+	return fetchers.Permanent(fmt.Errorf("%w: the credentials in the source URI of %s were not kept across the daemon's restart (they are never written to disk); "+
+		"pull it again with them (modelctl pull URI --name %s), or give them outside the URI (docs/operator.md, Credentials)", fetchers.ErrUnauthorized, ds.Name, ds.Name))
+}

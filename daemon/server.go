@@ -498,13 +498,12 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	if err := d.checkSourceAccess(r.Context(), ds); err != nil {
 		return err
 	}
-	raw, _ := json.Marshal(ds)
 	d.mu.Lock()
 	if err := d.pullConflict(ds.Name); err != nil { // again: the check above ran unlocked
 		d.mu.Unlock()
 		return err
 	}
-	if err := d.store.PutDesire(ds.Name, raw); err != nil {
+	if err := d.persistDesire(ds.Name, ds); err != nil {
 		d.mu.Unlock()
 		return err
 	}
@@ -546,7 +545,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 // with d.mu held.
 func (d *Daemon) pullConflict(name string) error {
 	if fd, ok := d.fileDesires[name]; ok {
-		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; edit that file instead of pulling it by hand", name, strings.TrimPrefix(fd.Origin, "file:"))
+		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; edit that file instead of pulling it by hand", name, strings.TrimPrefix(fd.Origin, originFile))
 	}
 	if w, ok := d.desired()[name]; ok && w.Serves != "" && w.Origin != originAPI {
 		return api.Errorf(api.CodeConflict, "artifact %s is the kernel cache of %s, declared in %s; pull under another name", name, w.Serves, w.Origin)
@@ -743,8 +742,7 @@ func (d *Daemon) handlePin(pin bool) handler {
 		ds, isAPI := d.apiDesires[name]
 		if isAPI {
 			ds.Pin = pin
-			raw, _ := json.Marshal(ds)
-			if err := d.store.PutDesire(name, raw); err != nil {
+			if err := d.persistDesire(name, ds); err != nil {
 				d.mu.Unlock()
 				return err
 			}
@@ -770,7 +768,7 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 	d.mu.Lock()
 	if fd, ok := d.fileDesires[name]; ok && fd.State != api.StateAbsent && rev == "" {
 		d.mu.Unlock()
-		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; set state: absent there or remove the file", name, strings.TrimPrefix(fd.Origin, "file:"))
+		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; set state: absent there or remove the file", name, strings.TrimPrefix(fd.Origin, originFile))
 	}
 	_, hadDesire := d.apiDesires[name]
 	var kernels []string // the kernel caches the model's desire lists go with it

@@ -2,6 +2,9 @@ package daemon
 
 import (
 	"context"
+	"fmt"
+	"sort"
+	"strings"
 	"log/slog"
 
 	"github.com/modelcache/modelcache/api"
@@ -9,8 +12,51 @@ import (
 	filefetcher "github.com/modelcache/modelcache/fetchers/file"
 )
 
-// originAPI is the origin of a desire that came over the socket.
-const originAPI = "api"
+// Origins of desires: the socket, or a models.d file (originFile + path).
+const (
+	originAPI  = "api"
+	originFile = "file:"
+)
+
+// credentialKeys are the keys a credentials file (and a ModelCache's
+// Secret) may hold.
+var credentialKeys = map[string]bool{
+	"HF_TOKEN": true, "AWS_ACCESS_KEY_ID": true, "AWS_SECRET_ACCESS_KEY": true, "AWS_SESSION_TOKEN": true, "HTTP_AUTHORIZATION": true,
+}
+
+// readCredentialsFile reads a models.d desire's credentialsFile: KEY=VALUE
+// lines (blank lines, # comments, an "export " prefix and quotes allowed),
+// a regular file of at most 64 KiB. Errors name the line and the key,
+// never a value.
+func readCredentialsFile(path string) (map[string]string, error) {
+	b, err := fetchers.ReadConfigFile(path, 64<<10)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(strings.TrimPrefix(line, "export "), "=")
+		k = strings.TrimSpace(k)
+		if !ok || !credentialKeys[k] {
+			known := make([]string, 0, len(credentialKeys))
+			for n := range credentialKeys {
+				known = append(known, n)
+			}
+			sort.Strings(known)
+			return nil, fmt.Errorf("%s line %d: want KEY=VALUE with KEY one of %s (got key %q)", path, i+1, strings.Join(known, ", "), k)
+		}
+		v = strings.TrimSpace(v)
+		if len(v) >= 2 && (v[0] == '"' || v[0] == '\'') && v[len(v)-1] == v[0] {
+			v = v[1 : len(v)-1]
+		}
+		out[k] = v
+	}
+	return out, nil
+}
 
 // identity is the fetchers' form of a desire's requester; nil (the node's
 // own configuration) reads as the daemon.
