@@ -20,6 +20,7 @@ import (
 //	keepRevisions: 0             # old revisions kept once unused
 //	maxConcurrentPulls: 2
 //	bandwidthLimit: 100M         # bytes per second over all pulls
+//	maxConnectionsPerUID: 64     # API socket connections one local user may hold; 0: no limit
 type FileConfig struct {
 	Quota              string `json:"quota,omitempty"`
 	HighPercent        *int   `json:"highWatermarkPercent,omitempty"`
@@ -28,6 +29,8 @@ type FileConfig struct {
 	KeepRevisions      *int   `json:"keepRevisions,omitempty"`
 	MaxConcurrentPulls *int   `json:"maxConcurrentPulls,omitempty"`
 	BandwidthLimit     string `json:"bandwidthLimit,omitempty"`
+
+	MaxConnectionsPerUID *int `json:"maxConnectionsPerUID,omitempty"`
 }
 
 // LoadConfigFile applies the file at path to cfg. Unknown keys and bad
@@ -71,5 +74,6 @@ func LoadConfigFile(path string, cfg *Config) error {
 	set(&cfg.Capacity.LowPercent, fc.LowPercent)
 	set(&cfg.Capacity.KeepRevisions, fc.KeepRevisions)
 	set(&cfg.MaxConcurrentPulls, fc.MaxConcurrentPulls)
+	set(&cfg.MaxConnectionsPerUID, fc.MaxConnectionsPerUID)
 	return nil
 }
