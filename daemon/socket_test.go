@@ -19,8 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
 
 	"github.com/modelcache/modelcache/api"
@@ -184,7 +182,7 @@ func TestSocketPeerConnectionLimit(t *testing.T) {
 	if n := pl.held(nobody); n > limit {
 		t.Fatalf("the daemon holds %d connections of uid %d, limit %d", n, nobody, limit)
 	}
-	refused := int(collectorValue(h.d.metrics.apiRefused))
+	refused := int(series(h.d, "modelcache_api_connections_refused_total", nil))
 	if refused < heldConns-limit {
 		t.Fatalf("modelcache_api_connections_refused_total = %d, want >= %d", refused, heldConns-limit)
 	}
@@ -332,7 +330,7 @@ func TestSocketIdleAndSlowConnectionsClosed(t *testing.T) {
 		io.WriteString(c, tc.req)
 		t.Logf("a connection that stops in its %s closed after %s", tc.name, waitClosed(t, c, c, "a request that stops in its "+tc.name).Round(time.Millisecond))
 	}
-	if n := collectorValue(h.d.metrics.apiRefused); n != 0 {
+	if n := series(h.d, "modelcache_api_connections_refused_total", nil); n != 0 {
 		t.Fatalf("root's connections were refused: %v", n)
 	}
 }
@@ -389,9 +387,9 @@ func TestSocketStreamOutlivesTimeoutsEndsWithClient(t *testing.T) {
 		}
 		t.Logf("%s: %d lines in %s with every socket timeout at 300ms", tc.route, i, time.Since(t0).Round(time.Millisecond))
 		c.Close()
-		ended := h.d.metrics.apiRequests.WithLabelValues(tc.route, "200")
+		ended := map[string]string{"route": tc.route, "code": "200"}
 		deadline := time.Now().Add(30 * time.Second)
-		for collectorValue(ended) != 1 {
+		for series(h.d, "modelcache_api_requests_total", ended) != 1 {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: the stream still runs 30s after its client closed the connection", tc.route)
 			}
@@ -400,16 +398,28 @@ func TestSocketStreamOutlivesTimeoutsEndsWithClient(t *testing.T) {
 	}
 }
 
-// collectorValue reads a counter or a gauge.
-func collectorValue(c prometheus.Metric) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		return -1
+// series is the value of the counter or gauge name{labels} on the
+// daemon's registry; -1 when there is no such series.
+func series(d *Daemon, name string, labels map[string]string) float64 {
+	mfs, _ := d.metrics.reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue metric
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
 	}
-	if m.Counter != nil {
-		return m.Counter.GetValue()
-	}
-	return m.Gauge.GetValue()
+	return -1
 }
 
 func hasPhase(ps []api.Phase, p api.Phase) bool {
