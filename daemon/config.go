@@ -51,6 +51,17 @@ type Config struct {
 	// desire and the floor of socket requests, which may tighten it but
 	// never turn it off.
 	KernelCacheSignaturePolicy string
+
+	// What one peer of the API socket may hold: open connections per peer
+	// uid (SO_PEERCRED; 0: no limit; root and the daemon's own uid are never
+	// limited), the time to send a request's headers and body, the time a
+	// connection may sit between requests, and the time one response write
+	// (a stream's line) may wait for the peer to read it.
+	MaxConnectionsPerUID int
+	SocketReadTimeout    time.Duration
+	SocketIdleTimeout    time.Duration
+	SocketWriteTimeout   time.Duration
+
 	// Cluster, when set, syncs with Kubernetes (ModelCache objects become
 	// desires, this node's status is written); nil: standalone.
 	Cluster *k8ssync.Config
@@ -85,6 +96,10 @@ func DefaultConfig() Config {
 		Version:            "dev",
 
 		KernelCacheSignaturePolicy: api.PolicyRequired,
+		MaxConnectionsPerUID:       64,
+		SocketReadTimeout:          10 * time.Second,
+		SocketIdleTimeout:          60 * time.Second,
+		SocketWriteTimeout:         30 * time.Second,
 	}
 }
 
@@ -101,6 +116,17 @@ func (c *Config) Validate() error {
 	}
 	if c.SocketMode&^0o777 != 0 || c.SocketMode&0o600 != 0o600 {
 		errs = append(errs, fmt.Errorf("--socket-mode %#o: want permission bits that include 0600, e.g. 0666 or 0660", c.SocketMode))
+	}
+	if c.MaxConnectionsPerUID < 0 {
+		errs = append(errs, fmt.Errorf("--max-connections-per-uid %d: want >= 0 (0: no limit)", c.MaxConnectionsPerUID))
+	}
+	for _, t := range []struct {
+		flag string
+		d    time.Duration
+	}{{"--socket-read-timeout", c.SocketReadTimeout}, {"--socket-idle-timeout", c.SocketIdleTimeout}, {"--socket-write-timeout", c.SocketWriteTimeout}} {
+		if t.d <= 0 {
+			errs = append(errs, fmt.Errorf("%s %s: want > 0, e.g. 30s", t.flag, t.d))
+		}
 	}
 	if c.MaxConcurrentPulls < 1 || c.MaxConcurrentPulls > 64 {
 		errs = append(errs, fmt.Errorf("--max-concurrent-pulls %d: want 1..64", c.MaxConcurrentPulls))

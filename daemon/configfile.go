@@ -22,6 +22,7 @@ import (
 //	bandwidthLimit: 100M         # bytes per second over all pulls
 //	fileRoots: [/srv/models]     # the only directories file:// may read
 //	kernelCacheSignaturePolicy: required   # or off; the floor of socket pulls
+//	maxConnectionsPerUID: 64     # API socket connections one local user may hold; 0: no limit
 type FileConfig struct {
 	Quota              string `json:"quota,omitempty"`
 	HighPercent        *int   `json:"highWatermarkPercent,omitempty"`
@@ -33,6 +34,7 @@ type FileConfig struct {
 
 	FileRoots                  []string `json:"fileRoots,omitempty"`
 	KernelCacheSignaturePolicy string   `json:"kernelCacheSignaturePolicy,omitempty"`
+	MaxConnectionsPerUID       *int     `json:"maxConnectionsPerUID,omitempty"`
 }
 
 // LoadConfigFile applies the file at path to cfg. Unknown keys and bad
@@ -82,5 +84,6 @@ func LoadConfigFile(path string, cfg *Config) error {
 	set(&cfg.Capacity.LowPercent, fc.LowPercent)
 	set(&cfg.Capacity.KeepRevisions, fc.KeepRevisions)
 	set(&cfg.MaxConcurrentPulls, fc.MaxConcurrentPulls)
+	set(&cfg.MaxConnectionsPerUID, fc.MaxConnectionsPerUID)
 	return nil
 }

@@ -84,6 +84,8 @@ type Daemon struct {
 	touched      map[string]time.Time // scan loop only
 	capKick      chan struct{}
 	lastEviction atomic.Pointer[evictionRecord]
+
+	peers atomic.Pointer[peerListener] // the API socket's, once Run serves
 }
 
 // New opens the store (running startup repair) and prepares the daemon.
@@ -224,9 +226,22 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	srv := &http.Server{Handler: d.routes(), ConnContext: peerContext, ReadHeaderTimeout: 10 * time.Second}
+	// Every connection is bounded: its uid's count (peerListener), the
+	// time to send a request (headers and body), the time idle between
+	// requests, and each write (statusWriter). A handler's context ends
+	// when its peer goes. Accept errors such as EMFILE are temporary to
+	// http.Server: it logs them and retries after a growing pause (5ms to
+	// 1s), without spinning or stopping.
+	self := uint32(os.Geteuid())
+	pl := newPeerListener(ln, d.cfg.MaxConnectionsPerUID, func(uid uint32) bool { return uid == 0 || uid == self }, d.metrics, d.log)
+	d.peers.Store(pl)
+	srv := &http.Server{
+		Handler: d.routes(), ConnContext: peerContext,
+		ReadHeaderTimeout: d.cfg.SocketReadTimeout, ReadTimeout: d.cfg.SocketReadTimeout, IdleTimeout: d.cfg.SocketIdleTimeout,
+		ErrorLog: slog.NewLogLogger(d.log.With("component", "api").Handler(), slog.LevelWarn),
+	}
 	errc := make(chan error, 3)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(pl) }()
 
 	var msrv *http.Server
 	if d.cfg.MetricsAddr != "" {

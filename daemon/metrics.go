@@ -25,6 +25,8 @@ type metrics struct {
 	admissions    *prometheus.CounterVec
 	signatures    *prometheus.CounterVec
 	compatChecks  *prometheus.CounterVec
+	apiConns      prometheus.Gauge
+	apiRefused    prometheus.Counter
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -64,6 +66,12 @@ func newMetrics(d *Daemon) *metrics {
 		compatChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "modelcache_kernelcache_compat_checks_total", Help: "Kernel cache compatibility checks against this node's GPUs, by result (compatible, incompatible).",
 		}, []string{"result"}),
+		apiConns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "modelcache_api_connections", Help: "Connections open on the API socket.",
+		}),
+		apiRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "modelcache_api_connections_refused_total", Help: "API socket connections closed at accept because their peer uid held its limit (--max-connections-per-uid).",
+		}),
 	}
 	// Every known label value starts at zero, so rates and alerts see the
 	// series before the first event.
@@ -90,7 +98,7 @@ func newMetrics(d *Daemon) *metrics {
 	for _, r := range []string{"compatible", "incompatible"} {
 		m.compatChecks.WithLabelValues(r)
 	}
-	m.reg.MustRegister(m.fetchedBytes, m.fetchErrors, m.fetchDuration, m.pulls, m.verifications, m.evictions, m.apiRequests, m.freedBytes, m.admissions, m.signatures, m.compatChecks,
+	m.reg.MustRegister(m.fetchedBytes, m.fetchErrors, m.fetchDuration, m.pulls, m.verifications, m.evictions, m.apiRequests, m.freedBytes, m.admissions, m.signatures, m.compatChecks, m.apiConns, m.apiRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{d: d})
 	return m

@@ -27,20 +27,16 @@ import (
 
 type credKey struct{}
 
-// peerContext records the peer's SO_PEERCRED on each connection.
+// peerContext records the peer's SO_PEERCRED on each connection: read
+// once at accept by the peerListener, or here for a bare unix conn.
 func peerContext(ctx context.Context, c net.Conn) context.Context {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return ctx
-	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return ctx
-	}
 	var cred *unix.Ucred
-	raw.Control(func(fd uintptr) {
-		cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	})
+	switch c := c.(type) {
+	case *peerConn:
+		cred = c.cred
+	case *net.UnixConn:
+		cred = peerCred(c)
+	}
 	if cred == nil {
 		return ctx
 	}
@@ -147,7 +143,7 @@ func (d *Daemon) routes() http.Handler {
 	for _, rt := range d.routeTable() {
 		rt := rt
 		mux.HandleFunc(rt.pattern, func(w http.ResponseWriter, r *http.Request) {
-			sw := &statusWriter{ResponseWriter: w, code: 200}
+			sw := &statusWriter{ResponseWriter: w, rc: http.NewResponseController(w), writeTimeout: d.cfg.SocketWriteTimeout, code: 200}
 			defer func() { d.metrics.apiRequests.WithLabelValues(rt.pattern, strconv.Itoa(sw.code)).Inc() }()
 			if rt.write && !d.mayMutate(r) {
 				writeError(sw, d.forbidden(r))
@@ -180,17 +176,40 @@ func (d *Daemon) forbidden(r *http.Request) *api.Error {
 	return api.Errorf(api.CodeForbidden, "%s may read the cache but not change it; %s", who, how)
 }
 
+// statusWriter records the status code for the metrics and gives every
+// write its own deadline, writeTimeout from that write: a peer that stops
+// reading loses its connection, a stream that keeps writing lives on.
 type statusWriter struct {
 	http.ResponseWriter
-	code int
+	rc           *http.ResponseController // of the ResponseWriter
+	writeTimeout time.Duration            // 0: none
+	code         int
+}
+
+func (s *statusWriter) renew() {
+	if s.writeTimeout > 0 {
+		s.rc.SetWriteDeadline(time.Now().Add(s.writeTimeout))
+	}
 }
 
 func (s *statusWriter) WriteHeader(c int) { s.code = c; s.ResponseWriter.WriteHeader(c) }
-func (s *statusWriter) Flush() {
-	if f, ok := s.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
+
+func (s *statusWriter) Write(p []byte) (int, error) {
+	s.renew()
+	return s.ResponseWriter.Write(p)
 }
+
+// FlushError sends what is buffered; an error means the peer is gone or
+// stopped reading (and the request's context is cancelled).
+func (s *statusWriter) FlushError() error {
+	s.renew()
+	return s.rc.Flush()
+}
+
+func (s *statusWriter) Flush() { s.FlushError() }
+
+// Unwrap lets http.ResponseController reach the server's writer.
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // toAPIError is the one place that maps errors to codes and statuses.
 func toAPIError(err error) *api.Error {
@@ -666,10 +685,23 @@ func (d *Daemon) handleWait(w http.ResponseWriter, r *http.Request) error {
 	return d.streamUntil(w, r, r.PathValue("name"), timeout, func(st *artState) (bool, error) { return st == nil || st.cancel == nil, nil })
 }
 
-// streamUntil writes the artifact as JSON lines on every change (and every
-// second while downloading) until it is Ready or Failed and done(state)
-// holds, the timeout passes or the client goes.
+// streamHeartbeat is the longest a stream goes without a line: a pending
+// artifact is written again, so every stream keeps writing.
+const streamHeartbeat = time.Second
+
+// streamUntil writes the artifact as JSON lines on every change and every
+// streamHeartbeat until it is Ready or Failed and done(state) holds, the
+// timeout passes or the client goes. Each line renews the connection's
+// write deadline (statusWriter), so a stream lives as long as its peer
+// reads it; a peer that closes the connection cancels the request (the
+// server watches the read side once the body is read), and a peer that
+// stops reading fails a write SocketWriteTimeout after the socket's
+// buffers fill.
 func (d *Daemon) streamUntil(w http.ResponseWriter, r *http.Request, name string, timeout time.Duration, done func(*artState) (bool, error)) error {
+	// Read what is left of the body (a decoded request leaves at most a
+	// newline; the read timeout still bounds it): at its end the server
+	// starts watching the connection for the client going away.
+	io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
 	ctx := r.Context()
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -679,12 +711,8 @@ func (d *Daemon) streamUntil(w http.ResponseWriter, r *http.Request, name string
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	enc := json.NewEncoder(w)
-	flush := func() {
-		if f, ok := w.(http.Flusher); ok {
-			f.Flush()
-		}
-	}
-	tick := time.NewTicker(time.Second)
+	rc := http.NewResponseController(w)
+	tick := time.NewTicker(streamHeartbeat)
 	defer tick.Stop()
 	for {
 		d.mu.Lock()
@@ -707,7 +735,7 @@ func (d *Daemon) streamUntil(w http.ResponseWriter, r *http.Request, name string
 				msg += fmt.Sprintf(" (revision %s is still served)", a.Revision)
 			}
 			enc.Encode(api.Event{Artifact: a, Error: api.Errorf(api.CodeFailed, "%s", msg)})
-			flush()
+			rc.Flush()
 			return nil
 		}
 		if fin && settled {
@@ -716,13 +744,15 @@ func (d *Daemon) streamUntil(w http.ResponseWriter, r *http.Request, name string
 			} else {
 				enc.Encode(api.Event{Artifact: a, Done: true})
 			}
-			flush()
+			rc.Flush()
 			return nil
 		}
 		if err := enc.Encode(api.Event{Artifact: a}); err != nil {
 			return nil // the client went away
 		}
-		flush()
+		if err := rc.Flush(); err != nil {
+			return nil // the client went away or stopped reading
+		}
 		select {
 		case <-ctx.Done():
 			if r.Context().Err() == nil {

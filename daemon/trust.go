@@ -3,9 +3,9 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
-	"log/slog"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/fetchers"

@@ -45,6 +45,10 @@ func main() {
 			&cli.StringFlag{Name: "socket", Value: def.Socket, Usage: "unix socket of the API", EnvVars: []string{"MODELCACHED_SOCKET"}},
 			&cli.StringFlag{Name: "socket-mode", Value: "0666", Usage: "permission bits of the socket: 0666 lets every local user read (mutations are checked per peer), 0660 restricts reads to the group too"},
 			&cli.StringFlag{Name: "socket-group", Value: def.SocketGroup, Usage: "group whose members may change the cache (and that owns the socket); empty: only root and the daemon's user"},
+			&cli.IntFlag{Name: "max-connections-per-uid", Value: def.MaxConnectionsPerUID, Usage: "API socket connections one local user (peer uid) may hold open; more are closed at once (0: no limit; root and the daemon's user are never limited)"},
+			&cli.DurationFlag{Name: "socket-read-timeout", Value: def.SocketReadTimeout, Usage: "time a peer has to send one request's headers and body on the API socket"},
+			&cli.DurationFlag{Name: "socket-idle-timeout", Value: def.SocketIdleTimeout, Usage: "an API socket connection with no request for this long is closed"},
+			&cli.DurationFlag{Name: "socket-write-timeout", Value: def.SocketWriteTimeout, Usage: "a response write (a progress line of a stream) the peer does not read within this ends the connection"},
 			&cli.BoolFlag{Name: "systemd-socket", Usage: "require the API socket from systemd socket activation (without the flag a passed socket is used when present)"},
 			&cli.StringFlag{Name: "metrics-addr", Value: def.MetricsAddr, Usage: "TCP address of /metrics and /healthz; empty disables"},
 			&cli.StringFlag{Name: "models-dir", Value: def.ModelsDir, Usage: "directory of YAML desires, reloaded on change"},
@@ -150,12 +154,18 @@ func run(c *cli.Context) error {
 			}
 		}
 	}
+	if flag("max-connections-per-uid") {
+		cfg.MaxConnectionsPerUID = c.Int("max-connections-per-uid")
+	}
 	cfg.CapacityInterval = c.Duration("capacity-interval")
 	cfg.Root = c.String("root")
 	cfg.Socket = c.String("socket")
 	cfg.SocketMode = os.FileMode(mode)
 	cfg.SocketGroup = c.String("socket-group")
 	cfg.SystemdSocket = c.Bool("systemd-socket")
+	cfg.SocketReadTimeout = c.Duration("socket-read-timeout")
+	cfg.SocketIdleTimeout = c.Duration("socket-idle-timeout")
+	cfg.SocketWriteTimeout = c.Duration("socket-write-timeout")
 	cfg.MetricsAddr = c.String("metrics-addr")
 	cfg.ModelsDir = c.String("models-dir")
 	cfg.FilesPerPull = c.Int("files-per-pull")
