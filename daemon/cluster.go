@@ -12,6 +12,7 @@ import (
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
 	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
+	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
 	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 )
 
@@ -177,6 +178,12 @@ func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
 			return nil, fetchers.Permanent(fmt.Errorf("credentials of %s: %w", ds.Name, err))
 		}
 		f = ocifetcher.New(append(d.ociOpts, ocifetcher.WithKeychain(kc))...)
+	case "http", "https":
+		auth := creds["HTTP_AUTHORIZATION"]
+		if auth == "" {
+			return d.fetchers.For(ds.URI)
+		}
+		f = d.newHTTP(httpfetcher.WithAuthorization(auth))
 	default:
 		return d.fetchers.For(ds.URI)
 	}

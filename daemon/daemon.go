@@ -120,9 +120,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	d := &Daemon{
 		cfg: cfg, log: log, store: st, started: time.Now(), gid: gid,
 		fetchers: fetchers.Registry{
-			"file":  filefetcher.New(filefetcher.WithRoots(cfg.FileRoots...)),
-			"http":  httpfetcher.New(httpfetcher.WithIdleTimeout(cfg.IdleTimeout), httpfetcher.WithUserAgent("modelcached/"+cfg.Version), httpfetcher.WithInternal(cfg.InternalAddress)),
-			"https": httpfetcher.New(httpfetcher.WithIdleTimeout(cfg.IdleTimeout), httpfetcher.WithUserAgent("modelcached/"+cfg.Version), httpfetcher.WithInternal(cfg.InternalAddress)),
+			"file": filefetcher.New(filefetcher.WithRoots(cfg.FileRoots...)),
 		},
 		backoff:        fetchers.DefaultBackoff,
 		apiDesires:     map[string]api.Desire{},
@@ -161,6 +159,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	d.fetchers["hf"] = hub
+	d.fetchers["http"], d.fetchers["https"] = d.newHTTP(), d.newHTTP()
 	d.fetchers["s3"] = d.newS3()
 	ociOpts := []ocifetcher.Option{ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...), ocifetcher.WithInternal(cfg.InternalAddress)}
 	for _, m := range cfg.RegistryMirrors {
@@ -395,6 +394,12 @@ func (d *Daemon) newHub(extra ...hffetcher.Option) (*hffetcher.Fetcher, error) {
 	opts := append([]hffetcher.Option{hffetcher.WithIdleTimeout(d.cfg.IdleTimeout), hffetcher.WithConnections(max(d.cfg.RangeConnections, 1)),
 		hffetcher.WithInternal(d.cfg.InternalAddress)}, extra...)
 	return hffetcher.New(opts...)
+}
+
+// newHTTP makes an http(s) fetcher with the daemon's settings (and extra).
+func (d *Daemon) newHTTP(extra ...httpfetcher.Option) *httpfetcher.Fetcher {
+	return httpfetcher.New(append([]httpfetcher.Option{httpfetcher.WithIdleTimeout(d.cfg.IdleTimeout),
+		httpfetcher.WithUserAgent("modelcached/" + d.cfg.Version), httpfetcher.WithInternal(d.cfg.InternalAddress)}, extra...)...)
 }
 
 func (d *Daemon) newS3() *s3fetcher.Fetcher {

@@ -292,3 +292,56 @@ func TestBorrowedCredentials(t *testing.T) {
 		t.Fatalf("the model's own kernel cache lost its credentials: %v", c)
 	}
 }
+
+// TestCredentialsFile: a models.d desire gives an http source its
+// Authorization header from a credentials file; the header reaches the
+// source, the token reaches no view, log line or index record, and a bad
+// file is refused by line and key without its values.
+func TestCredentialsFile(t *testing.T) {
+	const token = "Bearer TOPSECRET-42"
+	w := data(3000, 77)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	srv.hook = func(rw http.ResponseWriter, r *http.Request) bool {
+		if r.Header.Get("Authorization") != token {
+			http.Error(rw, "no", http.StatusUnauthorized)
+			return true
+		}
+		return false
+	}
+	cfg := testConfig(t)
+	var logs syncBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	creds := filepath.Join(t.TempDir(), "src.env")
+	os.WriteFile(creds, []byte("# the artifact server\nexport HTTP_AUTHORIZATION=\""+token+"\"\n"), 0o600)
+	os.MkdirAll(cfg.ModelsDir, 0o755)
+	os.WriteFile(filepath.Join(cfg.ModelsDir, "w.yaml"), []byte(fmt.Sprintf("name: w\nuri: %s/w.bin\ncredentialsFile: %s\n", srv.URL, creds)), 0o644)
+	h := start(t, cfg)
+	h.waitPhase("w", api.PhaseReady)
+	if got := h.read("w", "w.bin"); got != string(w) {
+		t.Fatalf("w.bin: %d bytes", len(got))
+	}
+	a, _ := h.c.Get(context.Background(), "w")
+	view, _ := json.Marshal(a)
+	raw, _ := h.d.Store().Desires()
+	st, _ := json.Marshal(raw)
+	for what, s := range map[string]string{"inspect": string(view), "index": string(st), "log": logs.String()} {
+		if strings.Contains(s, "TOPSECRET") {
+			t.Errorf("%s shows the token", what)
+		}
+	}
+	// Without the file the source refuses: the header came from it.
+	if _, err := h.pull(api.PullRequest{Name: "bare", URI: srv.URL + "/w.bin"}); err == nil {
+		t.Fatal("the source served without the Authorization header")
+	}
+
+	bad := filepath.Join(t.TempDir(), "bad.env")
+	os.WriteFile(bad, []byte("HF_TOKEN=ok\nPASSWORD=hunter2\n"), 0o600)
+	if _, err := readCredentialsFile(bad); err == nil || !strings.Contains(err.Error(), "line 2") || !strings.Contains(err.Error(), `"PASSWORD"`) || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("an unknown key: %v", err)
+	}
+	fifo := filepath.Join(t.TempDir(), "fifo.env")
+	syscall.Mkfifo(fifo, 0o600)
+	if _, err := readCredentialsFile(fifo); err == nil || !strings.Contains(err.Error(), "FIFO") {
+		t.Fatalf("a FIFO as credentials file: %v", err)
+	}
+}

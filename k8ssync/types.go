@@ -37,7 +37,8 @@ type ModelCacheSpec struct {
 	// Digest is the expected manifest digest (sha256:…).
 	Digest string `json:"digest,omitempty"`
 	// SecretRef names a Secret with the source's credentials: HF_TOKEN,
-	// AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY(/AWS_SESSION_TOKEN), or
+	// AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY(/AWS_SESSION_TOKEN),
+	// HTTP_AUTHORIZATION (an http(s) source's Authorization header) or
 	// .dockerconfigjson.
 	SecretRef *SecretRef `json:"secretRef,omitempty"`
 	// NodeSelector selects nodes by their labels; empty selects every node.

@@ -26,6 +26,8 @@ type Fetcher struct {
 	guard       fetchers.Guard
 	idleTimeout time.Duration
 	userAgent   string
+	// authorization is the Authorization header of every request ("": none).
+	authorization string
 }
 
 // Option configures New.
@@ -48,6 +50,11 @@ func WithInternal(internal func(netip.Addr) bool) Option {
 // WithIdleTimeout sets how long a body may deliver nothing before the read
 // fails and the download resumes on a new request; default 60s.
 func WithIdleTimeout(d time.Duration) Option { return func(f *Fetcher) { f.idleTimeout = d } }
+
+// WithAuthorization sends v as the Authorization header of every request
+// to the source (default none). Go's client drops it on a redirect to
+// another host that is not a subdomain of the source's (a CDN).
+func WithAuthorization(v string) Option { return func(f *Fetcher) { f.authorization = v } }
 
 // WithUserAgent sets the User-Agent; default "modelcached".
 func WithUserAgent(ua string) Option { return func(f *Fetcher) { f.userAgent = ua } }
@@ -109,6 +116,9 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 		return nil, fetchers.Permanent(err)
 	}
 	req.Header.Set("User-Agent", f.userAgent)
+	if f.authorization != "" {
+		req.Header.Set("Authorization", f.authorization)
+	}
 	resp, err := f.client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("source %q: HEAD: %w", src.URI, err)
@@ -160,6 +170,9 @@ func (f *Fetcher) GetRange(ctx context.Context, url string, size, offset, n int6
 		req.Header[k] = v
 	}
 	req.Header.Set("User-Agent", f.userAgent)
+	if f.authorization != "" {
+		req.Header.Set("Authorization", f.authorization)
+	}
 	req.Header.Set("Accept-Encoding", "identity")
 	switch {
 	case n >= 0:
