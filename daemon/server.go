@@ -809,14 +809,9 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	var inFlight chan struct{}
-	if rev == "" {
-		if st := d.arts[name]; st != nil && st.cancel != nil {
-			st.cancel()
-			inFlight = st.done
-		}
-	}
 	d.mu.Unlock()
+	// Every refusal comes before anything changes: a refused evict leaves
+	// the desire and a pull in flight alone.
 	if err := d.scan(); err != nil {
 		d.log.Warn("in-use scan before evict", "err", err)
 	}
@@ -833,6 +828,35 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 			sort.Strings(held)
 			return api.Errorf(api.CodeInUse, "artifact %s is in use (%s); it cannot be evicted, even with --force, until they let go", name, strings.Join(held, ", "))
 		}
+	}
+	if !force {
+		if a, err := d.store.Summary(name); err == nil {
+			for _, v := range a.Versions {
+				if v.Pinned && (rev == "" || v.Revision == rev) {
+					return fmt.Errorf("artifact %s@%s: %w; unpin it first (modelctl unpin %s) or evict with --force", name, v.Revision, cachestore.ErrPinned, name)
+				}
+			}
+		}
+	}
+	// The desire goes and its pull is cancelled in one step, so that the
+	// cancelled pull's end cannot start another one that commits after the
+	// evict with no desire left.
+	var inFlight chan struct{}
+	if rev == "" {
+		d.mu.Lock()
+		if hadDesire {
+			if err := d.store.DeleteDesire(name); err != nil {
+				d.mu.Unlock()
+				return err
+			}
+			delete(d.apiDesires, name)
+		}
+		if st := d.arts[name]; st != nil && st.cancel != nil {
+			st.cancel()
+			inFlight = st.done
+		}
+		d.notify()
+		d.mu.Unlock()
 	}
 	if inFlight != nil {
 		// Let the cancelled pull finish, so it cannot commit after the evict.
@@ -854,11 +878,6 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 	}
 	if rev == "" {
 		d.mu.Lock()
-		if err := d.store.DeleteDesire(name); err != nil {
-			d.mu.Unlock()
-			return err
-		}
-		delete(d.apiDesires, name)
 		delete(d.arts, name)
 		d.notify()
 		d.mu.Unlock()
