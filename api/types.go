@@ -29,6 +29,11 @@ const (
 	PhaseIncompatible Phase = "Incompatible"
 )
 
+// ReasonInvalidSpec: a desire from the cluster that the daemon refused
+// (a ModelCache that passed admission but not the daemon's validation);
+// the other desires still apply.
+const ReasonInvalidSpec = "InvalidSpec"
+
 // Artifact kinds.
 const (
 	KindModel       = "model"
@@ -202,7 +207,7 @@ type Artifact struct {
 	Desire         *Desire    `json:"desire,omitempty"`
 	Versions       []Version  `json:"versions,omitempty"`
 	// Reason is a machine-readable cause of a Failed phase, e.g.
-	// InsufficientCapacity.
+	// InsufficientCapacity or ReasonInvalidSpec.
 	Reason string `json:"reason,omitempty"`
 	// InUse lists what holds a version of the artifact: leases and
 	// processes that have its files open or mapped. In-use versions are

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -26,19 +27,40 @@ const clusterKey = "cluster:"
 // and persists them, so a restart without the API server still knows
 // them. Credentials stay in memory only. A file or API desire of the same
 // name wins.
+//
+// Each desire is validated on its own: one the daemon refuses is left out
+// and shown as Failed (InvalidSpec, with the reason) while the others
+// apply; the error returned names every refused one.
 func (d *Daemon) SetClusterDesires(want map[string]api.Desire, creds map[string]map[string]string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.creds = creds
+	valid := make(map[string]api.Desire, len(want))
+	rejected := map[string]string{}
+	var errs []error
+	for name, ds := range want {
+		if old, ok := d.clusterDesires[name]; ok && reflect.DeepEqual(old, ds) {
+			valid[name] = ds
+			continue
+		}
+		if _, err := d.validateDesire(ds); err != nil {
+			rejected[name] = fmt.Sprintf("refused the ModelCache's desire: %v", err)
+			errs = append(errs, fmt.Errorf("desire %s from the cluster: %w", name, err))
+			continue
+		}
+		valid[name] = ds
+	}
+	if !reflect.DeepEqual(rejected, d.clusterRejected) {
+		d.clusterRejected = rejected
+		d.notify()
+	}
+	want = valid
 	if reflect.DeepEqual(want, d.clusterDesires) {
-		return nil
+		return errors.Join(errs...)
 	}
 	for name, ds := range want {
 		if old, ok := d.clusterDesires[name]; ok && reflect.DeepEqual(old, ds) {
 			continue
-		}
-		if _, err := d.validateDesire(ds); err != nil {
-			return fmt.Errorf("desire %s from the cluster: %w", name, err)
 		}
 		if err := d.persistDesire(clusterKey+name, ds); err != nil {
 			return err
@@ -54,7 +76,7 @@ func (d *Daemon) SetClusterDesires(want map[string]api.Desire, creds map[string]
 	d.clusterDesires = want
 	d.notify()
 	d.kick()
-	return nil
+	return errors.Join(errs...)
 }
 
 // Artifacts is the list view (phases, revisions, bytes, holders, the last

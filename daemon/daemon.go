@@ -60,17 +60,20 @@ type Daemon struct {
 	// their sources' credentials from Secrets, in memory only; podHolders
 	// are running pods that mount artifacts.
 	clusterDesires map[string]api.Desire
-	creds          map[string]map[string]string
-	podHolders     map[string][]api.Holder
-	credFetchers   map[string]fetchers.Fetcher
-	fileErrors     []string
-	arts           map[string]*artState
-	flights        map[string]*flight
-	changed        chan struct{} // closed and replaced on every state change
-	wake           chan struct{}
-	pullSem        chan struct{}
-	pulls          sync.WaitGroup
-	metricsAddr    atomic.Value // string: where /metrics listens once Run serves
+	// clusterRejected: cluster desires that failed validation, with why;
+	// shown as Failed (InvalidSpec) while the others apply.
+	clusterRejected map[string]string
+	creds           map[string]map[string]string
+	podHolders      map[string][]api.Holder
+	credFetchers    map[string]fetchers.Fetcher
+	fileErrors      []string
+	arts            map[string]*artState
+	flights         map[string]*flight
+	changed         chan struct{} // closed and replaced on every state change
+	wake            chan struct{}
+	pullSem         chan struct{}
+	pulls           sync.WaitGroup
+	metricsAddr     atomic.Value // string: where /metrics listens once Run serves
 
 	leases       map[string]map[string]*lease // name → holder → lease; under mu
 	capMu        sync.Mutex                   // admission and reservations

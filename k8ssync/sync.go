@@ -487,6 +487,7 @@ const (
 	EventSignature            = "SignatureVerificationFailed"
 	EventInsufficientCapacity = "InsufficientCapacity"
 	EventEvicted              = "Evicted"
+	EventInvalidSpec          = api.ReasonInvalidSpec
 )
 
 // events emits an Event on the ModelCache for each transition of one of
@@ -532,6 +533,8 @@ func (s *Syncer) events(arts []api.Artifact, owners map[string]string, all []*Mo
 				reason = EventSignature
 			case "InsufficientCapacity":
 				reason = EventInsufficientCapacity
+			case api.ReasonInvalidSpec:
+				reason = EventInvalidSpec
 			}
 			emit(name, corev1.EventTypeWarning, reason, a.Message)
 		case api.PhasePending:
