@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
@@ -113,7 +114,7 @@ func (l *peerListener) held(uid uint32) int {
 // embeds the *net.UnixConn, so http.Server still finds CloseWrite.
 type peerConn struct {
 	*net.UnixConn
-	cred    *unix.Ucred
+	cred    *peer
 	release func()
 	once    sync.Once
 }
@@ -124,15 +125,68 @@ func (c *peerConn) Close() error {
 	return err
 }
 
-// peerCred reads SO_PEERCRED: who connected (nil when it cannot be read).
-func peerCred(uc *net.UnixConn) *unix.Ucred {
+// peer is who connected, as the kernel recorded it at connect(2): the
+// credentials (SO_PEERCRED) and the supplementary groups (SO_PEERGROUPS).
+// Both are read once, at accept, from the socket itself, never from
+// /proc/<pid>: a peer whose process exits and whose pid is reused by a
+// member of the socket group must not borrow that member's groups.
+type peer struct {
+	unix.Ucred
+	Groups []uint32
+}
+
+// inGroup reports whether gid is the peer's primary or a supplementary group.
+func (p *peer) inGroup(gid int) bool {
+	if int(p.Gid) == gid {
+		return true
+	}
+	for _, g := range p.Groups {
+		if int(g) == gid {
+			return true
+		}
+	}
+	return false
+}
+
+// peerCred reads who connected (nil when it cannot be read).
+func peerCred(uc *net.UnixConn) *peer {
 	raw, err := uc.SyscallConn()
 	if err != nil {
 		return nil
 	}
-	var cred *unix.Ucred
+	var p *peer
 	raw.Control(func(fd uintptr) {
-		cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		if err != nil {
+			return
+		}
+		groups, err := peerGroups(int(fd))
+		if err != nil {
+			return // no groups known: refuse rather than guess
+		}
+		p = &peer{Ucred: *cred, Groups: groups}
 	})
-	return cred
+	return p
+}
+
+// peerGroups reads SO_PEERGROUPS (Linux 4.13+), growing the buffer when
+// the kernel says it is too small.
+func peerGroups(fd int) ([]uint32, error) {
+	buf := make([]uint32, 64)
+	for {
+		n := uint32(len(buf) * 4)
+		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_PEERGROUPS,
+			uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&n)), 0)
+		switch errno {
+		case 0:
+			return buf[:n/4], nil
+		case unix.ERANGE:
+			if int(n/4) <= len(buf) || n/4 > 1<<16 {
+				return nil, errno
+			}
+			buf = make([]uint32, n/4)
+		default:
+			return nil, errno
+		}
+	}
 }

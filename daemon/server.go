@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,8 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
@@ -27,81 +24,49 @@ import (
 
 type credKey struct{}
 
-// peerContext records the peer's SO_PEERCRED on each connection: read
-// once at accept by the peerListener, or here for a bare unix conn.
+// peerContext records the peer on each connection: read once at accept
+// by the peerListener, or here for a bare unix conn.
 func peerContext(ctx context.Context, c net.Conn) context.Context {
-	var cred *unix.Ucred
+	var p *peer
 	switch c := c.(type) {
 	case *peerConn:
-		cred = c.cred
+		p = c.cred
 	case *net.UnixConn:
-		cred = peerCred(c)
+		p = peerCred(c)
 	}
-	if cred == nil {
+	if p == nil {
 		return ctx
 	}
-	return context.WithValue(ctx, credKey{}, cred)
+	return context.WithValue(ctx, credKey{}, p)
 }
 
-// mayMutate: root, the daemon's own uid, or a member of the socket group.
+func peerOf(r *http.Request) *peer {
+	p, _ := r.Context().Value(credKey{}).(*peer)
+	return p
+}
+
+// mayMutate: root, the daemon's own uid, or a member of the socket group
+// (primary or supplementary, as the socket recorded them at connect).
 func (d *Daemon) mayMutate(r *http.Request) bool {
-	cred, _ := r.Context().Value(credKey{}).(*unix.Ucred)
-	if cred == nil {
+	p := peerOf(r)
+	if p == nil {
 		return false
 	}
-	if cred.Uid == 0 || int(cred.Uid) == os.Geteuid() {
+	if p.Uid == 0 || int(p.Uid) == os.Geteuid() {
 		return true
 	}
-	if d.gid < 0 {
-		return false
-	}
-	if int(cred.Gid) == d.gid {
-		return true
-	}
-	return inGroups(int(cred.Pid), d.gid)
-}
-
-// inGroups reports whether gid is a supplementary group of pid.
-func inGroups(pid, gid int) bool {
-	for _, g := range groupsOf(pid) {
-		if int(g) == gid {
-			return true
-		}
-	}
-	return false
-}
-
-// groupsOf reads the supplementary groups of pid from /proc.
-func groupsOf(pid int) []uint32 {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "Groups:"); ok {
-			var out []uint32
-			for _, g := range strings.Fields(rest) {
-				if n, err := strconv.ParseUint(g, 10, 32); err == nil {
-					out = append(out, uint32(n))
-				}
-			}
-			return out
-		}
-	}
-	return nil
+	return d.gid >= 0 && p.inGroup(d.gid)
 }
 
 // requester is the identity of the request's peer: its uid, gid and
 // supplementary groups. A peer without credentials (never on a unix
 // socket) is nobody.
 func requester(r *http.Request) *api.Requester {
-	cred, _ := r.Context().Value(credKey{}).(*unix.Ucred)
-	if cred == nil {
+	p := peerOf(r)
+	if p == nil {
 		return &api.Requester{UID: nobody, GID: nobody}
 	}
-	return &api.Requester{UID: cred.Uid, GID: cred.Gid, Groups: groupsOf(int(cred.Pid))}
+	return &api.Requester{UID: p.Uid, GID: p.Gid, Groups: p.Groups}
 }
 
 // nobody is the identity of a desire whose requester is unknown (one
@@ -166,7 +131,7 @@ func (d *Daemon) routes() http.Handler {
 
 func (d *Daemon) forbidden(r *http.Request) *api.Error {
 	who := "this peer"
-	if cred, _ := r.Context().Value(credKey{}).(*unix.Ucred); cred != nil {
+	if cred := peerOf(r); cred != nil {
 		who = fmt.Sprintf("uid %d", cred.Uid)
 	}
 	how := "run it as root"

@@ -345,3 +345,119 @@ func TestCredentialsFile(t *testing.T) {
 		t.Fatalf("a FIFO as credentials file: %v", err)
 	}
 }
+
+// TestHelperPidReuse is not a test: TestPeerGroupsNotFromProc runs it as
+// another uid. Role "connect" connects to the socket, hands the
+// connection to a "hold" process and exits, so its pid is free for reuse;
+// "hold" waits for the go file, then posts a pull on that connection.
+func TestHelperPidReuse(t *testing.T) {
+	switch os.Getenv("MODELCACHE_HELPER_ROLE") {
+	case "connect":
+		c, err := net.Dial("unix", os.Getenv("MODELCACHE_HELPER_SOCKET"))
+		if err != nil {
+			fmt.Println("RESULT dial: " + err.Error())
+			return
+		}
+		f, _ := c.(*net.UnixConn).File()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperPidReuse$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "MODELCACHE_HELPER_ROLE=hold")
+		cmd.ExtraFiles = []*os.File{f}
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Start(); err != nil {
+			fmt.Println("RESULT start: " + err.Error())
+			return
+		}
+		fmt.Printf("CONNECTED %d\n", os.Getpid())
+	case "hold":
+		c, err := net.FileConn(os.NewFile(3, "conn"))
+		if err != nil {
+			fmt.Println("RESULT fileconn: " + err.Error())
+			return
+		}
+		for {
+			if _, err := os.Stat(os.Getenv("MODELCACHE_HELPER_GO")); err == nil {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		body := `{"name":"borrowed","uri":"https://example.com/w.bin"}`
+		fmt.Fprintf(c, "POST /v1/pull HTTP/1.1\r\nHost: d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		b := make([]byte, 12)
+		io.ReadFull(c, b)
+		fmt.Println("RESULT " + string(b))
+	default:
+		t.Skip("a helper process of TestPeerGroupsNotFromProc")
+	}
+}
+
+// TestPeerGroupsNotFromProc: a plain user connects, hands the connection
+// to another process and exits; a member of the socket group then gets
+// the dead process's pid. The plain user's request on the old connection
+// must not borrow that member's groups: the groups are the socket's own
+// record from connect time (SO_PEERGROUPS), not /proc/<pid>.
+func TestPeerGroupsNotFromProc(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (to run peers as other uids and steer pid allocation)", "run the tests as root, as CI does")
+	}
+	setpriv := testenv.Require(t, "setpriv", "apt-get install util-linux")
+	if _, err := os.Stat("/proc/sys/kernel/ns_last_pid"); err != nil {
+		testenv.Missing(t, "/proc/sys/kernel/ns_last_pid", "a Linux kernel with checkpoint/restore support")
+	}
+	cfg := testConfig(t)
+	cfg.SocketGroup = fmt.Sprint(peerGroup)
+	traversable(t, filepath.Dir(cfg.Socket))
+	start(t, cfg)
+	// The helper re-executes itself as uid 65534: a copy of the test
+	// binary it may execute (go test's build dir is 0700).
+	bin := filepath.Join(t.TempDir(), "daemon.test")
+	traversable(t, filepath.Dir(bin))
+	if b, err := os.ReadFile(os.Args[0]); err != nil || os.WriteFile(bin, b, 0o755) != nil {
+		t.Fatalf("copy the test binary: %v", err)
+	}
+	gofile := filepath.Join(t.TempDir(), "go")
+	for attempt := 0; attempt < 20; attempt++ {
+		cmd := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", bin, "-test.run=^TestHelperPidReuse$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "MODELCACHE_HELPER_ROLE=connect", "MODELCACHE_HELPER_SOCKET="+cfg.Socket, "MODELCACHE_HELPER_GO="+gofile)
+		var out syncBuffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		pid := cmd.Process.Pid // setpriv execs the helper: the same pid
+		// The connecting process is gone once it exits; "hold" has the
+		// connection (and the output pipe, so cmd.Wait would wait for it).
+		cmd.Process.Wait()
+		for i := 0; i < 100 && !strings.Contains(out.String(), "CONNECTED") && !strings.Contains(out.String(), "RESULT"); i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if !strings.Contains(out.String(), fmt.Sprintf("CONNECTED %d", pid)) {
+			t.Fatalf("helper: %s", out.String())
+		}
+		os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(fmt.Sprint(pid-1)), 0)
+		member := exec.Command(setpriv, "--reuid=65534", "--regid=65534", fmt.Sprintf("--groups=%d", peerGroup), "sleep", "30")
+		if err := member.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if member.Process.Pid != pid {
+			member.Process.Kill()
+			member.Wait()
+			os.WriteFile(gofile, nil, 0o644) // release this attempt's holder
+			time.Sleep(100 * time.Millisecond)
+			os.Remove(gofile)
+			continue
+		}
+		os.WriteFile(gofile, nil, 0o644)
+		deadline := time.Now().Add(20 * time.Second)
+		for !strings.Contains(out.String(), "RESULT") && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		member.Process.Kill()
+		member.Wait()
+		res := out.String()
+		if !strings.Contains(res, "RESULT HTTP/1.1 403") {
+			t.Fatalf("a plain user's old connection, its pid now a socket-group member's: %q; want 403", res)
+		}
+		return
+	}
+	t.Fatal("could not get the dead peer's pid for a socket-group member in 20 attempts")
+}
