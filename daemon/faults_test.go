@@ -2,12 +2,14 @@ package daemon
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -133,4 +135,37 @@ func TestHTTPResumeNeverMixesVersions(t *testing.T) {
 			t.Fatalf("second pull committed version %d: %s (GETs: %q)", v, why, srv.gets)
 		}
 	})
+}
+
+// A source that does not exist fails the pull for good: no retry every
+// few minutes for ever, until the desire changes or a pull asks again.
+func TestPermanentFailureIsNotRetried(t *testing.T) {
+	w := data(1000, 42)
+	srv := newFileServer(t, map[string][]byte{})
+	var requests atomic.Int64
+	srv.hook = func(http.ResponseWriter, *http.Request) bool { requests.Add(1); return false }
+	h := start(t, testConfig(t)) // retries after 50ms..200ms
+	req := api.PullRequest{Name: "typo", URI: srv.URL + "/w.bin"}
+	if _, err := h.pull(req); !errors.Is(err, api.ErrFailed) {
+		t.Fatalf("pull of a missing file: %v, want Failed", err)
+	}
+	after := requests.Load()
+	time.Sleep(time.Second) // five retry periods of the test config
+	a, err := h.c.Get(context.Background(), "typo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := requests.Load() - after; n != 0 {
+		t.Fatalf("a 404 source was asked %d more times after the pull failed", n)
+	}
+	if a.Phase != api.PhaseFailed || a.NextRetry != nil || a.Reason != ReasonSourceNotFound || a.Attempts != 1 {
+		t.Fatalf("artifact %+v: want Failed, reason %s, one attempt, no next retry", a, ReasonSourceNotFound)
+	}
+	// Asked again, it tries again; once the file exists, it is Ready.
+	srv.mu.Lock()
+	srv.files["w.bin"] = w
+	srv.mu.Unlock()
+	if a, err := h.pull(req); err != nil || a.Phase != api.PhaseReady {
+		t.Fatalf("pull asked again: %+v %v", a, err)
+	}
 }
