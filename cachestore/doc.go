@@ -15,6 +15,7 @@
 //	<root>/ingest/<sha256(ref)>/{ref,data}   partial writes, resumable by ref
 //	<root>/tmp/                              temp trees and renameio temp files; emptied at Open
 //	<root>/quarantine/<hex>-<unix>           blobs that failed verification
+//	<root>/quarantine/tree-<kind>-<name>-<rev>-<unix>  trees an index rebuild could not read as the store's
 //	<root>/models/<name>/<revision>/…        hardlinks into blobs; appears by rename
 //	<root>/models/<name>/current -> <revision>
 //	<root>/kernels/<name>/<revision>/…       the same for kind "kernelcache"
@@ -39,6 +40,18 @@
 // Migrations are listed in order in migrations; each takes the index from
 // version i to i+1 inside the transaction that also records the new version.
 // An index newer than this binary understands is refused, never rewritten.
+//
+// # A damaged or lost index
+//
+// Open checks an existing index.db on a read-only handle before using it:
+// the pages its meta page claims must be in the file, every bucket must be
+// walkable (memory faults and bbolt's assertion panics are recovered), and
+// bbolt's Tx.Check must pass. A damaged index is refused with
+// ErrIndexDamaged and a message that says to move it aside; nothing on
+// disk is touched. An index with no schema (new, emptied or deleted) over
+// a root that holds trees is rebuilt from them before repair runs (see
+// rebuildIndex for what comes back and what is lost), so repair never
+// deletes the trees of a store whose index was what went missing.
 //
 // # Commit protocol
 //

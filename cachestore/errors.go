@@ -14,4 +14,7 @@ var (
 	ErrPinned         = errors.New("pinned")
 	ErrLocked         = errors.New("in use by another writer")
 	ErrSchemaTooNew   = errors.New("index schema is newer than this binary supports")
+	// ErrIndexDamaged: index.db cannot be read safely (truncated, garbled,
+	// or failing bbolt's consistency check). The message says what to do.
+	ErrIndexDamaged = errors.New("index damaged")
 )

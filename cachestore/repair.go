@@ -22,12 +22,15 @@ type RepairReport struct {
 	TreesRebuilt    int      `json:"treesRebuilt"`
 	LinksFixed      int      `json:"linksFixed"`
 	VersionsMissing []string `json:"versionsMissing,omitempty"` // name@rev marked for re-fetch
+	// IndexRebuilt is set when the index was found new or empty over a
+	// store that holds trees, and was rebuilt from them.
+	IndexRebuilt *RebuildReport `json:"indexRebuilt,omitempty"`
 }
 
 // Clean reports whether repair had nothing to do but keep ingests.
 func (r *RepairReport) Clean() bool {
 	return r.TmpRemoved == 0 && r.IngestsRemoved == 0 && r.BlobsAdopted == 0 && r.BlobsDropped == 0 &&
-		r.TreesRemoved == 0 && r.TreesRebuilt == 0 && r.LinksFixed == 0 && len(r.VersionsMissing) == 0
+		r.TreesRemoved == 0 && r.TreesRebuilt == 0 && r.LinksFixed == 0 && len(r.VersionsMissing) == 0 && r.IndexRebuilt == nil
 }
 
 // blobsOnDisk lists blobs by walking blobs/sha256 (names and sizes only; no

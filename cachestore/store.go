@@ -109,14 +109,15 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 	for _, d := range []string{dirIngest, dirTmp, dirQuarantine} {
 		os.Chmod(filepath.Join(abs, d), 0o700)
 	}
-	db, err := bolt.Open(filepath.Join(abs, indexFile), 0o600, &bolt.Options{Timeout: o.lockTimeout})
+	dbPath := filepath.Join(abs, indexFile)
+	db, fresh, err := openIndex(dbPath, o.lockTimeout)
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, nil, fmt.Errorf("store root %q: index.db is locked by another process (is another modelcached running on this root?)", abs)
 		}
 		return nil, nil, fmt.Errorf("store root %q: open index: %w", abs, err)
 	}
-	if err := migrate(db, migrations); err != nil {
+	if err := guard(dbPath, func() error { return migrate(db, migrations) }); err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("store root %q: %w", abs, err)
 	}
@@ -124,11 +125,24 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 		root: abs, db: db, log: o.log, hook: o.hook, directIO: o.directIO, now: o.now,
 		refs: map[string]bool{}, holds: map[string]int{},
 	}
+	var rebuilt *RebuildReport
+	if fresh && s.storeHasTrees() {
+		// The index was lost (emptied or deleted), not the store: what is on
+		// disk is rebuilt into it, never deleted for want of a record.
+		s.log.Warn("index.db is new or empty but the store holds trees; rebuilding the index from disk", "index", dbPath)
+		if rebuilt, err = s.rebuildIndex(ctx); err != nil {
+			db.Close()
+			return nil, nil, fmt.Errorf("store root %q: %w", abs, err)
+		}
+		s.log.Warn("index rebuilt from disk; sources, pins and modelctl pull desires are lost (see docs/operator.md)",
+			"versions", len(rebuilt.Versions), "quarantined", len(rebuilt.Quarantined), "hf_versions", rebuilt.HFVersions)
+	}
 	rep, err := s.repair(ctx, o.ingestMaxAge)
 	if err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("store root %q: startup repair: %w", abs, err)
 	}
+	rep.IndexRebuilt = rebuilt
 	return s, rep, nil
 }
 

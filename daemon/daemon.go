@@ -112,7 +112,10 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !rep.Clean() {
+	switch {
+	case rep.IndexRebuilt != nil:
+		log.Warn("startup repair rebuilt a lost index from the trees on disk; sources, pins and modelctl pull desires are gone (docs/operator.md: A damaged or lost index)", "report", rep)
+	case !rep.Clean():
 		log.Info("startup repair", "report", rep)
 	}
 	gid, err := groupID(cfg.SocketGroup)

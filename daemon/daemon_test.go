@@ -203,7 +203,14 @@ func TestTruncatedStreamResumes(t *testing.T) {
 	w := data(5<<20, 4)
 	srv := newFileServer(t, map[string][]byte{"w.bin": w})
 	var cut atomic.Bool
+	var mu sync.Mutex
+	var ranges []string
 	srv.hook = func(rw http.ResponseWriter, r *http.Request) bool {
+		if r.Method == http.MethodGet {
+			mu.Lock()
+			ranges = append(ranges, r.Header.Get("Range"))
+			mu.Unlock()
+		}
 		if r.Method != http.MethodGet || cut.Swap(true) {
 			return false
 		}
@@ -225,11 +232,21 @@ func TestTruncatedStreamResumes(t *testing.T) {
 	if h.read("t", "w.bin") != string(w) {
 		t.Fatal("content differs after resume")
 	}
-	if over := srv.sent.Load() - int64(len(w)); over > 2<<20+777 {
-		t.Fatalf("re-fetched %d bytes; a resume may repeat at most what was not yet written", over)
+	// The resume asks for the rest from where the cut left the ingest (at
+	// most one 4 KiB block back) and the server sends exactly that: a
+	// fetch from byte 0 again fails here.
+	const cutAt = 2<<20 + 777
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ranges) != 2 {
+		t.Fatalf("GET ranges %q: want the cut request and one resume", ranges)
 	}
-	if srv.gets.Load() < 1 {
-		t.Fatal("no resumed request was made")
+	var from int64
+	if _, err := fmt.Sscanf(ranges[1], "bytes=%d-", &from); err != nil || from <= cutAt-4096 || from > cutAt {
+		t.Fatalf("resume asked Range %q: want bytes=N- with %d < N <= %d", ranges[1], cutAt-4096, cutAt)
+	}
+	if over := srv.sent.Load() - int64(len(w)); over != cutAt-from {
+		t.Fatalf("re-fetched %d bytes; a resume from %d repeats exactly %d", over, from, cutAt-from)
 	}
 }
 

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -24,8 +26,14 @@ type modelsFile struct {
 	Models     []api.Desire `json:"models,omitempty"`
 }
 
-// loadModelsDir reads every *.yaml / *.yml file. A bad file is reported
-// (log and status) and skipped; the others still count.
+// maxModelsFile bounds what one models.d file may hold; more is refused
+// before anything is parsed.
+const maxModelsFile = 1 << 20
+
+// loadModelsDir reads every *.yaml / *.yml regular file. A bad file, and
+// anything there that is not a regular file (a symlink, a FIFO, a device,
+// a directory), is reported by name (log and status) and skipped; the
+// others still count.
 func (d *Daemon) loadModelsDir() {
 	dir := d.cfg.ModelsDir
 	desires := map[string]api.Desire{}
@@ -38,10 +46,14 @@ func (d *Daemon) loadModelsDir() {
 		sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
 		for _, e := range ents {
 			n := e.Name()
-			if e.IsDir() || strings.HasPrefix(n, ".") || !(strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) {
+			if strings.HasPrefix(n, ".") || !(strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) {
 				continue
 			}
 			path := filepath.Join(dir, n)
+			if !e.Type().IsRegular() {
+				problems = append(problems, fmt.Sprintf("%s: %s, not a regular file; skipped (models.d reads only regular files)", path, fileKind(e.Type())))
+				continue
+			}
 			list, err := d.parseModelsFile(path)
 			if err != nil {
 				problems = append(problems, err.Error())
@@ -67,13 +79,61 @@ func (d *Daemon) loadModelsDir() {
 	d.kick()
 }
 
-func (d *Daemon) parseModelsFile(path string) ([]api.Desire, error) {
-	raw, err := os.ReadFile(path)
+// readModelsFile reads path only when it is a regular file, and at most
+// maxModelsFile bytes of it. It opens without following a symlink and
+// without blocking on a FIFO (either may have replaced the file since the
+// directory was listed) and checks the handle it read from. Its errors
+// never quote the file's content.
+func readModelsFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, fmt.Errorf("%s: a symlink, not a regular file; skipped (models.d reads only regular files)", path)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %v", path, err)
 	}
-	if len(raw) > 1<<20 {
-		return nil, fmt.Errorf("%s: larger than 1 MiB", path)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: %s, not a regular file; skipped (models.d reads only regular files)", path, fileKind(fi.Mode().Type()))
+	}
+	if fi.Size() > maxModelsFile {
+		return nil, fmt.Errorf("%s: %d bytes, larger than %d; skipped", path, fi.Size(), maxModelsFile)
+	}
+	raw, err := io.ReadAll(io.LimitReader(f, maxModelsFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	if len(raw) > maxModelsFile {
+		return nil, fmt.Errorf("%s: larger than %d bytes; skipped", path, maxModelsFile)
+	}
+	return raw, nil
+}
+
+// fileKind names a file type for an operator.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m&os.ModeSymlink != 0:
+		return "a symlink"
+	case m&os.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	case m.IsDir():
+		return "a directory"
+	}
+	return "a special file"
+}
+
+func (d *Daemon) parseModelsFile(path string) ([]api.Desire, error) {
+	raw, err := readModelsFile(path)
+	if err != nil {
+		return nil, err
 	}
 	var mf modelsFile
 	if err := yaml.UnmarshalStrict(raw, &mf); err != nil {

@@ -216,6 +216,11 @@ func (d *Daemon) setPhase(st *artState, p api.Phase, msg string) {
 // another pull is fetching is waited for, not fetched twice.
 func (d *Daemon) fetchFile(ctx context.Context, f fetchers.Fetcher, scheme, uri string, fl fetchers.File, lease *cachestore.Lease, prog *progress) (string, int64, error) {
 	ref := "src:" + uri + "#" + fl.Path
+	if fl.Validator != "" {
+		// Partial data is of one version of the file: a later resolve that
+		// sees another validator must not continue it.
+		ref += "@" + fl.Validator
+	}
 	if fl.Digest != "" {
 		lease.Hold(fl.Digest)
 		if d.store.HasBlob(fl.Digest) && fl.Size >= 0 {
@@ -256,20 +261,36 @@ func (d *Daemon) fetchFile(ctx context.Context, f fetchers.Fetcher, scheme, uri 
 }
 
 // download streams the file into an ingest, resuming from what is on disk
-// and after each interrupted attempt, then commits it.
+// and after each interrupted attempt, then commits it. When the source
+// says it cannot continue from the offset (fetchers.ErrCannotResume: the
+// file changed), the partial data is discarded and the file starts over
+// from byte 0.
 func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref string, fl fetchers.File, lease *cachestore.Lease, prog *progress) (string, int64, error) {
-	w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check})
+	opts := cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check}
+	w, err := d.store.Writer(ctx, opts)
 	if err != nil {
 		return "", 0, err
 	}
-	if r := w.Resumed(); r > 0 {
-		prog.skipped.Add(r)
-		d.log.Info("resuming download", "ref", ref, "offset", r)
+	resumed := w.Resumed()
+	if resumed > 0 {
+		prog.skipped.Add(resumed)
+		d.log.Info("resuming download", "ref", ref, "offset", resumed)
 	}
 	start := time.Now()
 	var fetched atomic.Int64
 	err = d.backoff.Do(ctx, func(int) error {
 		rc, err := f.Open(ctx, fl, w.Offset())
+		if errors.Is(err, fetchers.ErrCannotResume) && w.Offset() > 0 {
+			d.log.Warn("source cannot continue the partial download; starting the file over", "ref", ref, "offset", w.Offset(), "err", err)
+			w.Abort()
+			prog.skipped.Add(-resumed)
+			resumed = 0
+			if w, err = d.store.Writer(ctx, opts); err != nil {
+				w = nil
+				return fetchers.Permanent(err)
+			}
+			rc, err = f.Open(ctx, fl, 0)
+		}
 		if err != nil {
 			return err
 		}
@@ -296,7 +317,9 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 	})
 	if err != nil {
 		d.metrics.fetchErrors.WithLabelValues(scheme).Inc()
-		w.Close() // keep the partial data for the next attempt
+		if w != nil {
+			w.Close() // keep the partial data for the next attempt
+		}
 		return "", 0, err
 	}
 	size := w.Offset()

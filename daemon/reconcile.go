@@ -31,6 +31,7 @@ type artState struct {
 	completed uint64               // pulls finished (either way); waiters watch it
 	lastErr   error                // outcome of the last finished pull
 	reason    string               // machine-readable cause of Failed or Incompatible
+	permanent bool                 // Failed for a cause a retry cannot fix: not retried until the desire changes or a pull asks again
 	kc        *api.KernelCacheInfo // what the last kernel-cache pull checked
 	last      *api.PullStats       // the last successful pull
 	prog      *progress
@@ -182,6 +183,9 @@ func (d *Daemon) reconcile(ctx context.Context) time.Duration {
 		if st.phase == api.PhaseIncompatible && !st.force && st.spec == fp {
 			continue // the GPUs do not change while the daemon runs
 		}
+		if st.phase == api.PhaseFailed && st.permanent && !st.force && st.spec == fp {
+			continue // a typo'd repo, branch or URI: asking again the same way cannot help
+		}
 		if st.phase == api.PhaseFailed && !st.force && st.spec == fp && now.Before(st.nextRetry) {
 			if w := st.nextRetry.Sub(now); w < next {
 				next = w
@@ -248,7 +252,7 @@ func (d *Daemon) gc(ctx context.Context) {
 // startPull launches a pull; called with d.mu held.
 func (d *Daemon) startPull(ctx context.Context, ds api.Desire, st *artState, fp string) {
 	pctx, cancel := context.WithCancel(ctx)
-	st.cancel, st.spec, st.force = cancel, fp, false
+	st.cancel, st.spec, st.force, st.permanent = cancel, fp, false, false
 	st.done = make(chan struct{})
 	st.phase, st.message = api.PhasePending, "waiting for a pull slot"
 	st.prog = &progress{started: time.Now()}
@@ -262,6 +266,29 @@ func (d *Daemon) startPull(ctx context.Context, ds api.Desire, st *artState, fp 
 		err := d.runPull(pctx, ds, fp, st, prog)
 		d.finishPull(ctx, pctx, ds, st, err)
 	}()
+}
+
+// Reasons of a Failed phase that no retry can fix; the pull waits for the
+// desire to change or for an explicit pull.
+const (
+	ReasonSourceNotFound = "SourceNotFound" // the repo, revision, object or URL does not exist
+	ReasonAccessDenied   = "AccessDenied"   // the source refuses these credentials (or none)
+	ReasonInvalidSource  = "InvalidSource"  // the URI cannot name a source
+)
+
+// permanentReason is the reason for a failure a retry cannot fix, or "".
+func permanentReason(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, fetchers.ErrNotFound):
+		return ReasonSourceNotFound
+	case errors.Is(err, fetchers.ErrUnauthorized):
+		return ReasonAccessDenied
+	case errors.Is(err, fetchers.ErrBadSource), errors.Is(err, fetchers.ErrUnsupported):
+		return ReasonInvalidSource
+	}
+	return ""
 }
 
 func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artState, err error) {
@@ -290,6 +317,16 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 	case pctx.Err() != nil:
 		st.phase, st.message = api.PhasePending, "restarting: the desire changed"
 		d.kick()
+	case permanentReason(err) != "":
+		st.attempts++
+		st.phase, st.message, st.reason = api.PhaseFailed, err.Error(), permanentReason(err)
+		st.permanent, st.nextRetry, st.lastErr = true, time.Time{}, err
+		d.metrics.pulls.WithLabelValues(scheme, "failed").Inc()
+		d.log.Error("pull failed; not retried until the desire changes or 'modelctl pull' asks again ('modelctl evict NAME' drops the desire)",
+			"artifact", ds.Name, "uri", ds.URI, "reason", st.reason, "err", err)
+		if a, gerr := d.store.Summary(ds.Name); gerr == nil && len(a.Versions) > 0 && a.Versions[0].State != cachestore.StateReady {
+			d.store.SetState(ds.Name, a.Versions[0].Revision, cachestore.StateFailed, "re-fetch failed: "+err.Error())
+		}
 	case errors.As(err, new(*incompatibleError)):
 		st.phase, st.message, st.reason, st.attempts = api.PhaseIncompatible, fetchers.RedactText(err.Error()), ReasonIncompatible, 0
 		d.metrics.pulls.WithLabelValues(scheme, "incompatible").Inc()

@@ -24,6 +24,12 @@ var (
 	ErrUnauthorized = errors.New("access denied")
 	ErrBadSource    = errors.New("invalid source")
 	ErrUnsupported  = errors.New("unsupported scheme")
+	// ErrCannotResume says the source cannot continue the file from the
+	// offset asked: it changed since it was resolved (its validator no
+	// longer matches) or it cannot prove it did not. The bytes the caller
+	// holds are of another version: it discards them and opens the file
+	// again from offset 0. Not Permanent.
+	ErrCannotResume = errors.New("cannot resume")
 )
 
 // Source is what a desire asks for.
@@ -60,6 +66,13 @@ type File struct {
 	// Etag is the name the source gives the content (a hub's LFS sha256 or
 	// git blob sha1); the HF cache view names its blobs by it.
 	Etag string
+	// Validator, when set, names the version of the content the source had
+	// at Resolve (an HTTP strong ETag, else its Last-Modified date). Open
+	// continues a file from an offset only against the same validator and
+	// fails with ErrCannotResume otherwise; a caller that keeps partial
+	// data across attempts keys it by the validator too, so bytes of one
+	// version are never continued with bytes of another.
+	Validator string
 	// Check, when set, is a second verification of the complete content
 	// (a git blob sha1) that must pass before the bytes become a blob.
 	Check func(io.Reader) error

@@ -78,6 +78,21 @@ func explain(err error, socket any) string {
 	return err.Error()
 }
 
+// pullFailed says what a failed pull leaves behind: the desire stays (the
+// daemon keeps trying, or waits for it to change), and how to drop it.
+func pullFailed(name string, a *api.Artifact, err error) error {
+	if !errors.Is(err, api.ErrFailed) {
+		return err
+	}
+	next := "the daemon retries it with backoff"
+	if a != nil && a.NextRetry == nil {
+		next = "the daemon does not retry it (" + a.Reason + ") until the desire changes or you pull again"
+	} else if a != nil {
+		next += " (next attempt " + a.NextRetry.Local().Format("15:04:05") + ")"
+	}
+	return fmt.Errorf("%w\n  The desire for %s stays: %s.\n  Fix the URI and pull again, or drop the desire with 'modelctl evict %s'.", err, name, next, name)
+}
+
 func newApp(stdout, stderr io.Writer) *cli.App {
 	app := &cli.App{
 		Name:      "modelctl",
@@ -167,7 +182,8 @@ func commands() []*cli.Command {
 			Name: "pull", Usage: "fetch an artifact into the cache and keep it desired", ArgsUsage: "URI",
 			Description: "URI is hf://org/repo[@revision], s3://bucket/prefix, oci://registry/repo:tag|@sha256:<hex>,\n" +
 				"http(s)://host/path[#sha256=<hex>] or file:///abs/path (a file or a directory tree).\n" +
-				"The desire is persisted: the daemon keeps the artifact present and retries failures until 'modelctl evict'.\n" +
+				"The desire is persisted: the daemon keeps the artifact present and retries failures until 'modelctl evict';\n" +
+				"a source that does not exist or refuses access is not retried until the desire changes or it is pulled again.\n" +
 				"Kernel caches (oci:// images in GKM's MCV layout) must be signed: --key cosign.pub, or keyless\n" +
 				"--identity/--issuer/--trusted-root; see docs/operator.md (GPUs and kernel caches).",
 			Flags: []cli.Flag{
@@ -226,7 +242,7 @@ func commands() []*cli.Command {
 				a, err := client(c).Pull(c.Context, req, true, p.event)
 				p.finish()
 				if err != nil {
-					return err
+					return pullFailed(req.Name, a, err)
 				}
 				return output(c, a, func(w io.Writer) {
 					fmt.Fprintf(w, "%s: Ready at %s (revision %s, %s)\n", a.Name, a.Path, short(a.Revision), api.FormatBytes(a.Bytes))

@@ -1,7 +1,10 @@
 // Package http fetches one file from an http:// or https:// URL, pinned by
-// an optional "#sha256=<hex>" fragment. Downloads resume with Range after
-// an interruption; 429 and 503 are retried after the server's Retry-After;
-// TLS is verified with the system roots.
+// an optional "#sha256=<hex>" fragment. Resolve records the server's
+// validator (a strong ETag, else Last-Modified); downloads resume with
+// Range and If-Range against it after an interruption, so a file that
+// changed on the server is started over, never continued with bytes of
+// another version. 429 and 503 are retried after the server's
+// Retry-After; TLS is verified with the system roots.
 package http
 
 import (
@@ -102,9 +105,11 @@ func ParseURI(uri string) (fetchURL, name, digest string, err error) {
 	return u.String(), name, digest, nil
 }
 
-// Resolve learns the size with a HEAD request. The revision is the digest
-// from the fragment when there is one; otherwise empty (the content digest
-// becomes the revision after the download).
+// Resolve learns the size and the validator with a HEAD request. The
+// revision is the digest from the fragment when there is one; otherwise
+// empty (the content digest becomes the revision after the download). The
+// file's Validator (and Etag, which the manifest records) is the strong
+// ETag, else the Last-Modified date, else empty.
 func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.Resolved, error) {
 	fetchURL, name, digest, err := ParseURI(src.URI)
 	if err != nil {
@@ -124,11 +129,13 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 		return nil, fmt.Errorf("source %q: HEAD: %w", src.URI, err)
 	}
 	resp.Body.Close()
+	var validator string
 	switch {
 	case resp.StatusCode == nethttp.StatusOK:
 		if resp.ContentLength >= 0 && resp.Header.Get("Content-Encoding") == "" {
 			size = resp.ContentLength
 		}
+		validator = Validator(resp.Header)
 	case resp.StatusCode == nethttp.StatusMethodNotAllowed || resp.StatusCode == nethttp.StatusNotImplemented:
 		// No HEAD: the size comes from the GET.
 	default:
@@ -136,18 +143,55 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 			return nil, err
 		}
 	}
-	res := &fetchers.Resolved{URI: src.URI, Files: []fetchers.File{{Path: name, Size: size, Digest: digest, Locator: fetchURL}}}
+	res := &fetchers.Resolved{URI: src.URI, Files: []fetchers.File{{Path: name, Size: size, Digest: digest, Locator: fetchURL, Validator: validator, Etag: validator}}}
 	if digest != "" {
 		res.Revision = digest[len("sha256:"):]
 	}
 	return res, nil
 }
 
-// Open GETs the file from offset with a Range request. A server that
-// ignores Range is read from the start and the first offset bytes are
-// skipped.
+// Open GETs the file from offset with a Range request. With a Validator
+// the range is asked with If-Range: a 200 instead of a 206 whose
+// validator differs means the file changed since Resolve, and Open fails
+// with fetchers.ErrCannotResume (the caller starts the file over from 0).
+// A file with neither a validator nor a digest cannot be resumed safely at
+// all (nothing would tell two versions apart), so an offset other than 0
+// fails the same way. A server that ignores Range but still has the same
+// version is read from the start and the first offset bytes are skipped.
 func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (io.ReadCloser, error) {
-	return f.Get(ctx, file.Locator, file.Size, offset, nil, nil)
+	if offset > 0 && file.Validator == "" && file.Digest == "" {
+		return nil, fmt.Errorf("GET %s: %w from byte %d: the server gives no ETag or Last-Modified and the source no #sha256, so nothing proves the rest is of the same version", file.Locator, fetchers.ErrCannotResume, offset)
+	}
+	var h nethttp.Header
+	if offset > 0 && file.Validator != "" {
+		h = nethttp.Header{"If-Range": {file.Validator}}
+	}
+	return f.Get(ctx, file.Locator, file.Size, offset, h, nil)
+}
+
+// Validator returns the response's strong ETag, else its Last-Modified
+// date, else "": what If-Range may name. Weak ETags ("W/...") are never
+// validators for a range.
+func Validator(h nethttp.Header) string {
+	if et := strings.TrimSpace(h.Get("ETag")); len(et) >= 2 && et[0] == '"' && et[len(et)-1] == '"' {
+		return et
+	}
+	if lm := strings.TrimSpace(h.Get("Last-Modified")); lm != "" {
+		if _, err := nethttp.ParseTime(lm); err == nil {
+			return lm
+		}
+	}
+	return ""
+}
+
+// sameVersion reports whether a response carries the validator v.
+func sameVersion(h nethttp.Header, v string) bool {
+	if strings.HasPrefix(v, `"`) {
+		return strings.TrimSpace(h.Get("ETag")) == v
+	}
+	got, err1 := nethttp.ParseTime(strings.TrimSpace(h.Get("Last-Modified")))
+	want, err2 := nethttp.ParseTime(v)
+	return err1 == nil && err2 == nil && got.Equal(want)
 }
 
 // Get streams url from offset (size is the whole file's, -1 when
@@ -160,7 +204,10 @@ func (f *Fetcher) Get(ctx context.Context, url string, size, offset int64, heade
 
 // GetRange is Get of n bytes from offset (n < 0: to the end). A server
 // that answers a bounded range with the whole file is refused, so
-// parallel readers never get wrong bytes.
+// parallel readers never get wrong bytes. When header carries If-Range, a
+// 200 to a ranged request whose validator is not the one named fails with
+// fetchers.ErrCannotResume: the file changed, and skipping offset bytes of
+// the new version would splice two versions together.
 func (f *Fetcher) GetRange(ctx context.Context, url string, size, offset, n int64, header nethttp.Header, onError func(*nethttp.Response) error) (io.ReadCloser, error) {
 	req, err := nethttp.NewRequestWithContext(ctx, nethttp.MethodGet, url, nil)
 	if err != nil {
@@ -190,6 +237,10 @@ func (f *Fetcher) GetRange(ctx context.Context, url string, size, offset, n int6
 			resp.Body.Close()
 			return nil, fetchers.Permanent(fmt.Errorf("GET %s: the server ignores Range requests; use one connection", url))
 		}
+		if v := header.Get("If-Range"); offset > 0 && v != "" && !sameVersion(resp.Header, v) {
+			resp.Body.Close()
+			return nil, fmt.Errorf("GET %s: %w from byte %d: the file changed on the server since it was resolved (validator %s, now %q)", url, fetchers.ErrCannotResume, offset, v, Validator(resp.Header))
+		}
 		body := fetchers.IdleTimeout(resp.Body, f.idleTimeout)
 		if offset > 0 {
 			if _, err := io.CopyN(io.Discard, body, offset); err != nil {
@@ -210,7 +261,7 @@ func (f *Fetcher) GetRange(ctx context.Context, url string, size, offset, n int6
 		if size >= 0 && offset == size {
 			return io.NopCloser(strings.NewReader("")), nil
 		}
-		return nil, fetchers.Permanent(fmt.Errorf("GET %s: range from %d not satisfiable; the file changed on the server", url, offset))
+		return nil, fmt.Errorf("GET %s: %w: range from %d not satisfiable; the file changed on the server", url, fetchers.ErrCannotResume, offset)
 	}
 	defer resp.Body.Close()
 	if onError != nil {
