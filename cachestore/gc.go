@@ -16,16 +16,24 @@ type GCReport struct {
 	BytesFreed   int64    `json:"bytesFreed"`
 	BlobsKept    int      `json:"blobsKept"`
 	Removed      []string `json:"removed,omitempty"` // digests removed (or, dry run, that would be)
+	// IngestsRemoved and IngestBytesFreed count the partial downloads
+	// removed because no pull will resume them (see WithAbandoned).
+	IngestsRemoved   int   `json:"ingestsRemoved,omitempty"`
+	IngestBytesFreed int64 `json:"ingestBytesFreed,omitempty"`
 }
 
 // GC removes every blob that no artifact version references and no lease
-// holds. Shared blobs stay while any version uses them.
+// holds, and every partial ingest that no writer holds open and that the
+// store's abandoned predicate gives up on. Shared blobs stay while any
+// version uses them.
 func (s *Store) GC(ctx context.Context) (*GCReport, error) { return s.gc(ctx, false) }
 
 // GCDryRun reports what GC would remove, removing nothing.
 func (s *Store) GCDryRun(ctx context.Context) (*GCReport, error) { return s.gc(ctx, true) }
 
 func (s *Store) gc(ctx context.Context, dry bool) (*GCReport, error) {
+	// Ingests first, outside s.mu: the predicate may take the caller's locks.
+	in, inBytes := s.removeAbandoned(dry)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	arts, err := s.List()
@@ -44,7 +52,7 @@ func (s *Store) gc(ctx context.Context, dry bool) (*GCReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &GCReport{}
+	rep := &GCReport{IngestsRemoved: in, IngestBytesFreed: inBytes}
 	s.holdMu.Lock()
 	defer s.holdMu.Unlock()
 	var gone [][]byte
