@@ -548,8 +548,12 @@ func (s *Store) RemoveIngest(ref string) error {
 	return os.RemoveAll(filepath.Join(s.root, dirIngest, ingestDirName(ref)))
 }
 
-// removeAbandoned removes (or, dry, counts) the ingests that no writer
-// holds open and that the abandoned predicate gives up on.
+// RemoveAbandoned removes the partial ingests that no writer holds open
+// and that the abandoned predicate (WithAbandoned) gives up on, as GC does
+// without touching blobs, and returns how many and their bytes.
+func (s *Store) RemoveAbandoned() (n int, bytes int64) { return s.removeAbandoned(false) }
+
+// removeAbandoned is RemoveAbandoned; dry only counts.
 func (s *Store) removeAbandoned(dry bool) (n int, bytes int64) {
 	if s.abandoned == nil {
 		return 0, 0

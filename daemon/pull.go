@@ -34,11 +34,17 @@ type flight struct {
 // runPull resolves the desire, fetches the files the store lacks, and
 // commits the version. The old version stays current until the commit.
 func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artState, prog *progress) error {
-	select {
-	case d.pullSem <- struct{}{}:
-		defer func() { <-d.pullSem }()
-	case <-ctx.Done():
-		return ctx.Err()
+	// The pull takes a slot for as long as it transfers; its backoff and
+	// its waits for other pulls' downloads give the slot up (slot.go).
+	sl := prog.slot
+	holding := true
+	defer func() {
+		if holding {
+			sl.leave()
+		}
+	}()
+	if err := sl.enter(ctx); err != nil {
+		return err
 	}
 	d.setPhase(st, api.PhaseDownloading, "resolving "+ds.URI)
 	f, err := d.fetcherFor(ds)
@@ -49,7 +55,7 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 	kernel := ds.Kind == api.KindKernelCache
 	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: kernel, As: identity(ds.Requester)}
 	var res *fetchers.Resolved
-	err = d.backoff.Do(ctx, func(int) error {
+	err = prog.backoff.Do(ctx, func(int) error {
 		var err error
 		res, err = f.Resolve(ctx, src)
 		return err
@@ -92,14 +98,18 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 	// Admission: what the store lacks must fit in free space plus what
 	// eviction can free, and stays reserved while it downloads. (An archive
 	// counts by its layer size; compressed layers may unpack larger.)
+	// A file of unknown size may write what is usable beyond that when the
+	// pull is admitted (its budget), and no more.
 	var need int64
+	unknown := false
 	for _, fl := range files {
 		if fl.Digest != "" && d.store.HasBlob(fl.Digest) {
 			continue
 		}
-		need += max(fl.Size, 0) // unknown sizes are not reserved; ENOSPC still fails cleanly
+		need += max(fl.Size, 0)
+		unknown = unknown || fl.Size < 0
 	}
-	release, err := d.admit(ctx, ds.Name, need, &prog.done)
+	release, err := d.admit(ctx, ds.Name, need, unknown, prog)
 	if err != nil {
 		return err
 	}
@@ -126,10 +136,17 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 	work := make(chan int)
 	errs := make(chan error, len(files))
 	var wg sync.WaitGroup
-	for w := 0; w < min(d.cfg.FilesPerPull, len(files)); w++ {
+	// The workers transfer under the pull's slot; this goroutine only
+	// waits for them, and the commit after them needs none.
+	workers := min(d.cfg.FilesPerPull, len(files))
+	sl.add(workers)
+	holding = false
+	sl.leave()
+	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer sl.leave()
 			for i := range work {
 				fl := files[i]
 				digest, size, err := d.fetchFile(ctx, f, scheme, ds.URI, fl, lease, prog)
@@ -225,10 +242,16 @@ func (d *Daemon) fetchFile(ctx context.Context, f fetchers.Fetcher, scheme, uri 
 		d.mu.Lock()
 		if fw, ok := d.flights[ref]; ok {
 			d.mu.Unlock()
-			select {
-			case <-fw.done:
-			case <-ctx.Done():
-				return "", 0, ctx.Err()
+			err := prog.slot.wait(ctx, func() error { // not a transfer of this pull: the slot is free meanwhile
+				select {
+				case <-fw.done:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			})
+			if err != nil {
+				return "", 0, err
 			}
 			if fw.err == nil {
 				lease.Hold(fw.digest)
@@ -255,7 +278,7 @@ func (d *Daemon) fetchFile(ctx context.Context, f fetchers.Fetcher, scheme, uri 
 // download streams the file into an ingest, resuming from what is on disk
 // and after each interrupted attempt, then commits it.
 func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref string, fl fetchers.File, lease *cachestore.Lease, prog *progress) (string, int64, error) {
-	w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check})
+	w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check, Owner: prog.owner})
 	if err != nil {
 		return "", 0, err
 	}
@@ -265,13 +288,17 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 	}
 	start := time.Now()
 	var fetched atomic.Int64
-	err = d.backoff.Do(ctx, func(int) error {
+	err = prog.backoff.Do(ctx, func(int) error {
 		rc, err := f.Open(ctx, fl, w.Offset())
 		if err != nil {
 			return err
 		}
+		rc = fetchers.MinRate(rc, d.cfg.ProgressFloor, d.cfg.ProgressWindow)
 		defer rc.Close()
 		var r io.Reader = fetchers.CountingReader{R: rc, N: &fetched}
+		if fl.Size < 0 {
+			r = budgetReader{r: r, p: prog}
+		}
 		r = fetchers.RateLimited(ctx, r, d.limiter)
 		before := fetched.Load()
 		_, err = w.ReadFrom(fetchers.CountingReader{R: r, N: &prog.done})
@@ -281,6 +308,8 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 			return fetchers.Permanent(fmt.Errorf("the source sent more than the %d bytes it announced", fl.Size))
 		case errors.Is(err, syscall.ENOSPC):
 			return fetchers.Permanent(d.diskFull(err))
+		case errors.As(err, new(*capacityError)):
+			return fetchers.Permanent(err)
 		case err != nil:
 			return err
 		case fl.Size >= 0 && w.Offset() < fl.Size:
@@ -293,12 +322,17 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 	})
 	if err != nil {
 		d.metrics.fetchErrors.WithLabelValues(scheme).Inc()
-		w.Close() // keep the partial data for the next attempt
+		if fetchers.IsPermanent(err) && ctx.Err() == nil {
+			w.Abort() // no later attempt can use it: a full disk, a spent budget, a source that broke its word
+		} else {
+			w.Close() // keep the partial data for the next attempt
+		}
 		return "", 0, err
 	}
 	size := w.Offset()
 	digest, err := w.Commit(ctx, fl.Size, fl.Digest)
 	if errors.Is(err, syscall.ENOSPC) {
+		d.store.RemoveIngest(ref) // what the full disk refused is missing from it
 		err = d.diskFull(err)
 	}
 	if err != nil {
@@ -317,6 +351,31 @@ func (d *Daemon) diskFull(err error) error {
 	return fmt.Errorf("disk full under %s: %w; free space or evict artifacts (modelctl evict, modelctl gc)", d.store.Root(), err)
 }
 
+// budgetReader stops the files of unknown size of one pull at the budget
+// admission gave them, together.
+type budgetReader struct {
+	r io.Reader
+	p *progress
+}
+
+func (b budgetReader) Read(p []byte) (int, error) {
+	if left := b.p.budget - b.p.unknown.Load(); int64(len(p)) > left+1 {
+		p = p[:max(left+1, 1)] // one byte past the budget tells an overrun from an exact fit
+	}
+	n, err := b.r.Read(p)
+	if total := b.p.unknown.Add(int64(n)); total > b.p.budget {
+		over := min(total-b.p.budget, int64(n))
+		b.p.unknown.Add(-over)
+		return n - int(over), &capacityError{fmt.Sprintf("%s: the source sent more than the %s this pull was admitted for (its size was not announced; the budget is what the capacity policy left usable when the pull started); the partial download was removed",
+			ReasonInsufficientCapacity, api.FormatBytes(b.p.budget))}
+	}
+	return n, err
+}
+
+// layerRefPrefix starts the ingest refs of archive members; they are
+// never resumed (a layer is unpacked from its start every attempt).
+const layerRefPrefix = "layer:"
+
 // unpack streams each archive layer in order, verifies the layer digest
 // over the whole stream, and ingests every member through fetchers.Untar
 // (the hardened reader). Later layers override earlier ones; whiteouts
@@ -326,12 +385,13 @@ func (d *Daemon) diskFull(err error) error {
 func (d *Daemon) unpack(ctx context.Context, f fetchers.Fetcher, scheme string, archives []fetchers.File, lease *cachestore.Lease, prog *progress) (map[string]cachestore.Entry, error) {
 	merged := map[string]cachestore.Entry{}
 	for _, fl := range archives {
-		err := d.backoff.Do(ctx, func(int) error {
+		err := prog.backoff.Do(ctx, func(int) error {
 			layer := map[string]cachestore.Entry{}
 			rc, err := f.Open(ctx, fl, 0)
 			if err != nil {
 				return err
 			}
+			rc = fetchers.MinRate(rc, d.cfg.ProgressFloor, d.cfg.ProgressWindow)
 			defer rc.Close()
 			h := sha256.New()
 			var fetched atomic.Int64
@@ -377,7 +437,12 @@ func (d *Daemon) unpack(ctx context.Context, f fetchers.Fetcher, scheme string, 
 				if err := cachestore.ValidatePath(e.Path); err != nil {
 					return fmt.Errorf("%w: %v", fetchers.ErrHostileArchive, err)
 				}
-				w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: "layer:" + fl.Digest + ":" + e.Path, Size: e.Size, Lease: lease})
+				ref := layerRefPrefix + fl.Digest + ":" + e.Path
+				w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: lease})
+				if err == nil && w.Resumed() > 0 { // left by an earlier attempt: members start over
+					w.Abort()
+					w, err = d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: lease})
+				}
 				if err != nil {
 					return err
 				}
