@@ -3,6 +3,7 @@ package cachestore_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/modelcache/modelcache/cachestore"
@@ -66,5 +67,37 @@ func TestGCRemovesAbandonedIngests(t *testing.T) {
 	busy.Close()
 	if rep, _ := s.GC(ctx); rep.IngestsRemoved != 1 {
 		t.Fatalf("gc after the writer closed: %+v", rep)
+	}
+}
+
+// TestGCBlobs collects only the blobs it is given, and not one a lease
+// holds.
+func TestGCBlobs(t *testing.T) {
+	ctx := context.Background()
+	s, _, err := cachestore.Open(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var ds []string
+	for _, b := range []string{"one", "two", "three"} {
+		d, err := s.Ingest(ctx, b, strings.NewReader(b), int64(len(b)), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, d)
+	}
+	l := s.NewLease()
+	l.Hold(ds[2])
+	rep, err := s.GCBlobs(ctx, ds[0], ds[2])
+	if err != nil || rep.BlobsRemoved != 1 || rep.BytesFreed != 3 {
+		t.Fatalf("GCBlobs: %+v %v", rep, err)
+	}
+	if s.HasBlob(ds[0]) || !s.HasBlob(ds[1]) || !s.HasBlob(ds[2]) {
+		t.Fatal("GCBlobs removed other blobs than the unheld one it was given")
+	}
+	l.Release()
+	if rep, _ := s.GCBlobs(ctx, ds[2]); rep.BlobsRemoved != 1 || s.HasBlob(ds[2]) {
+		t.Fatalf("after the lease: %+v", rep)
 	}
 }
