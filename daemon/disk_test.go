@@ -1,15 +1,25 @@
 package daemon
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
@@ -309,5 +319,104 @@ func TestWaitingPullsGiveBackSlots(t *testing.T) {
 		if a, _ := h.c.Get(ctx, n); a.Phase != api.PhaseDownloading {
 			t.Fatalf("%s: %s %q, want still retrying", n, a.Phase, a.Message)
 		}
+	}
+}
+
+// manyEntryTar is a tar of n regular files models/f<i> of 8 distinct
+// bytes each. One header comes from archive/tar and is patched per entry
+// (name, body, checksum): archive/tar under the race detector takes many
+// seconds for a hundred thousand headers.
+func manyEntryTar(n int) []byte {
+	var tmpl bytes.Buffer
+	tw := tar.NewWriter(&tmpl)
+	tw.WriteHeader(&tar.Header{Name: "models/f000000", Typeflag: tar.TypeReg, Mode: 0o644, Size: 8})
+	tw.Write([]byte("00000000"))
+	tw.Flush() // pads the body to its block: header and body are 1024 bytes
+
+	var base int64 // the checksum of the template, its own field counted as spaces
+	for i, c := range tmpl.Bytes()[:512] {
+		if i >= 148 && i < 156 {
+			c = ' '
+		}
+		base += int64(c)
+	}
+	digits := func(dst []byte, v int) (sum int64) {
+		for k := len(dst) - 1; k >= 0; k-- {
+			dst[k] = byte('0' + v%10)
+			sum += int64(v % 10)
+			v /= 10
+		}
+		return sum
+	}
+	out := make([]byte, 0, n*1024+1024)
+	for i := 0; i < n; i++ {
+		out = append(out, tmpl.Bytes()...)
+		e := out[len(out)-1024:]
+		sum := base + digits(e[len("models/f"):len("models/f")+6], i)
+		digits(e[512:520], i)
+		copy(e[148:156], fmt.Sprintf("%06o\x00 ", sum))
+	}
+	return append(out, make([]byte, 1024)...) // the end-of-archive blocks
+}
+
+// TestHugeArchiveRefusedUpFront: a small layer with more entries than the
+// archive limit is refused before any member is written (one blob commit:
+// the layer's own, gone again afterwards), once (a permanent failure: one
+// GET), naming the limit.
+func TestHugeArchiveRefusedUpFront(t *testing.T) {
+	const entries = 120000
+	var z bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&z, gzip.BestSpeed)
+	zw.Write(manyEntryTar(entries))
+	zw.Close()
+	layer := static.NewLayer(z.Bytes(), types.OCILayer)
+	ld, _ := layer.Digest()
+
+	reg := registry.New()
+	var gets atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/blobs/"+ld.String()) {
+			gets.Add(1)
+		}
+		reg.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	push(t, host, "models/huge:1", modelcar(t, layer))
+
+	var commits atomic.Int64
+	members := make(chan struct{})
+	var once sync.Once
+	cfg := testConfig(t)
+	cfg.InsecureRegistries = []string{host}
+	cfg.RetryInitial, cfg.RetryMax = time.Hour, time.Hour
+	cfg.Hook = func(p string) {
+		if p == "blob.after-rename" && commits.Add(1) > 1 {
+			once.Do(func() { close(members) })
+		}
+	}
+	h := start(t, cfg)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.pull(api.PullRequest{Name: "huge", URI: "oci://" + host + "/models/huge:1"})
+		done <- err
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-members:
+		t.Fatal("members of a layer past the entry limit were committed before the limit was checked")
+	}
+	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "more than 100000 entries") {
+		t.Fatalf("a layer of %d entries: %v, want Failed naming the entry limit", entries, err)
+	}
+	if n := gets.Load(); n != 1 {
+		t.Fatalf("the refused layer was fetched %d times, want once (a permanent failure)", n)
+	}
+	if _, n, _ := h.d.store.BlobStats(); n != 0 {
+		t.Fatalf("%d blobs left after the refused layer, want none", n)
+	}
+	if ing := h.ingests(); len(ing) != 0 {
+		t.Fatalf("partial downloads left: %q", ing)
 	}
 }

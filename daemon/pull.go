@@ -1,10 +1,9 @@
 package daemon
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"github.com/klauspost/compress/gzip"
+	"maps"
 	"strings"
 
 	"context"
@@ -376,138 +375,170 @@ func (b budgetReader) Read(p []byte) (int, error) {
 // never resumed (a layer is unpacked from its start every attempt).
 const layerRefPrefix = "layer:"
 
-// unpack streams each archive layer in order, verifies the layer digest
-// over the whole stream, and ingests every member through fetchers.Untar
-// (the hardened reader). Later layers override earlier ones; whiteouts
-// delete. Members are blobs held by the lease; if a layer's digest does
-// not match, the pull fails and they stay unreferenced (GC takes them):
+// unpack unpacks each archive layer in order (unpackLayer). Later layers
+// override earlier ones; whiteouts delete. Members are blobs held by the
+// lease; if the pull fails they stay unreferenced (GC takes them):
 // nothing becomes visible.
 func (d *Daemon) unpack(ctx context.Context, f fetchers.Fetcher, scheme string, archives []fetchers.File, lease *cachestore.Lease, prog *progress) (map[string]cachestore.Entry, error) {
 	merged := map[string]cachestore.Entry{}
 	for _, fl := range archives {
-		err := prog.backoff.Do(ctx, func(int) error {
-			layer := map[string]cachestore.Entry{}
-			rc, err := f.Open(ctx, fl, 0)
-			if err != nil {
-				return err
-			}
-			rc = fetchers.MinRate(rc, d.cfg.ProgressFloor, d.cfg.ProgressWindow)
-			defer rc.Close()
-			h := sha256.New()
-			var fetched atomic.Int64
-			raw := io.TeeReader(fetchers.CountingReader{R: fetchers.RateLimited(ctx, fetchers.CountingReader{R: rc, N: &fetched}, d.limiter), N: &prog.done}, h)
-			defer func() { d.metrics.fetchedBytes.WithLabelValues(scheme).Add(float64(fetched.Load())) }()
-			body, closeBody, err := decompress(raw, fl.Archive.MediaType)
-			if err != nil {
-				return fetchers.Permanent(fmt.Errorf("layer %s: %w", fl.Digest, err))
-			}
-			defer closeBody()
-			lower := func(p string) bool { _, ok := merged[p]; return ok }
-			// Members stream in order; each one's fsync and commit runs
-			// beside the next one's decompression (a few at a time). A later
-			// entry of the same path wins by its position, not by when its
-			// commit ends; links wait for every commit before them.
-			var (
-				cmu     sync.Mutex
-				pending sync.WaitGroup
-				cerr    error
-				sem     = make(chan struct{}, 4)
-				seq     = map[string]int{}
-				n       int
-			)
-			defer pending.Wait()
-			err = fetchers.Untar(body, fetchers.TarLimits{Subtree: fl.Archive.Subtree, Exists: lower}, func(e fetchers.TarEntry, r io.Reader) error {
-				n++
-				if e.Link != "" {
-					pending.Wait()
-					if cerr != nil {
-						return cerr
-					}
-					src, ok := layer[e.Link]
-					if !ok {
-						src, ok = merged[e.Link]
-					}
-					if !ok {
-						return fmt.Errorf("%w %q: link target %q was removed", fetchers.ErrHostileArchive, e.Path, e.Link)
-					}
-					seq[e.Path] = n
-					layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: src.Digest, Size: src.Size, Mode: src.Mode}
-					return nil
-				}
-				if err := cachestore.ValidatePath(e.Path); err != nil {
-					return fmt.Errorf("%w: %v", fetchers.ErrHostileArchive, err)
-				}
-				ref := layerRefPrefix + fl.Digest + ":" + e.Path
-				w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: lease})
-				if err == nil && w.Resumed() > 0 { // left by an earlier attempt: members start over
-					w.Abort()
-					w, err = d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: lease})
-				}
-				if err != nil {
-					return err
-				}
-				if _, err := w.ReadFrom(r); err != nil {
-					w.Abort()
-					return err
-				}
-				sem <- struct{}{}
-				pending.Add(1)
-				go func(e fetchers.TarEntry, idx int) {
-					defer pending.Done()
-					defer func() { <-sem }()
-					dg, err := w.Commit(ctx, e.Size, "")
-					cmu.Lock()
-					defer cmu.Unlock()
-					switch {
-					case err != nil:
-						if cerr == nil {
-							cerr = err
-						}
-					case seq[e.Path] <= idx:
-						seq[e.Path] = idx
-						layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: dg, Size: e.Size, Mode: e.Mode}
-					}
-				}(e, n)
-				cmu.Lock()
-				defer cmu.Unlock()
-				return cerr
-			}, func(p string, opaque bool) error {
-				// A whiteout hides p and what is under it in the lower layers;
-				// an opaque one hides everything under the directory p.
-				for k := range merged {
-					if p == "." || strings.HasPrefix(k, p+"/") || (!opaque && k == p) {
-						delete(merged, k)
-					}
-				}
-				return nil
-			})
-			pending.Wait()
-			if err == nil {
-				err = cerr
-			}
-			if err != nil {
-				if errors.Is(err, fetchers.ErrHostileArchive) {
-					return fetchers.Permanent(fmt.Errorf("layer %s: %w", fl.Digest, err))
-				}
-				return err
-			}
-			if _, err := io.Copy(io.Discard, raw); err != nil { // the tail after the archive's end, for the digest
-				return err
-			}
-			if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != fl.Digest {
-				return fetchers.Permanent(fmt.Errorf("layer %s: %w: the registry sent %s", fl.Digest, cachestore.ErrDigestMismatch, got))
-			}
-			for k, e := range layer {
-				merged[k] = e
-			}
-			return nil
-		}, nil)
+		layer, err := d.unpackLayer(ctx, f, scheme, fl, merged, lease, prog)
 		if err != nil {
 			return nil, err
 		}
+		maps.Copy(merged, layer)
 		prog.filesDone.Add(1)
 	}
 	return merged, nil
+}
+
+// unpackLayer fetches one layer whole into the store first, as any file
+// (resumable, its digest verified before a byte of it is unpacked), then
+// reads it twice: once through fetchers.Untar (the hardened reader) with
+// nothing written, so that the archive's limits (entries, sizes) and its
+// hostile entries refuse the layer before any per-entry work, and once to
+// ingest every member. A layer refused so is a permanent failure. The
+// layer's own blob goes when it is unpacked (or refused), unless
+// something else uses it. merged holds the lower layers' files; the
+// result is this layer's.
+func (d *Daemon) unpackLayer(ctx context.Context, f fetchers.Fetcher, scheme string, fl fetchers.File, merged map[string]cachestore.Entry, lease *cachestore.Lease, prog *progress) (map[string]cachestore.Entry, error) {
+	held := d.store.NewLease()
+	defer func() {
+		held.Release()
+		if _, err := d.store.GCBlobs(context.WithoutCancel(ctx), fl.Digest); err != nil {
+			d.log.Warn("remove an unpacked layer", "digest", fl.Digest, "err", err)
+		}
+	}()
+	whole := fl
+	whole.Archive = nil
+	dg, _, err := d.fetchFile(ctx, f, scheme, "", whole, held, prog)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s: %w", fl.Digest, err)
+	}
+	refuse := func(err error) error {
+		switch {
+		case errors.Is(err, fetchers.ErrHostileArchive):
+			return fetchers.Permanent(fmt.Errorf("layer %s: %w", fl.Digest, err))
+		case errors.Is(err, syscall.ENOSPC):
+			return fetchers.Permanent(d.diskFull(err))
+		}
+		return err
+	}
+	lower := func(p string) bool { _, ok := merged[p]; return ok }
+	lim := fetchers.TarLimits{Subtree: fl.Archive.Subtree, Exists: lower}
+	err = d.readLayer(dg, fl.Archive.MediaType, func(body io.Reader) error {
+		return fetchers.Untar(body, lim, func(fetchers.TarEntry, io.Reader) error { return ctx.Err() }, func(string, bool) error { return nil })
+	})
+	if err != nil {
+		return nil, refuse(err)
+	}
+
+	// Members stream in order; each one's fsync and commit runs beside the
+	// next one's decompression (a few at a time). A later entry of the same
+	// path wins by its position, not by when its commit ends; links wait
+	// for every commit before them.
+	layer := map[string]cachestore.Entry{}
+	var (
+		cmu     sync.Mutex
+		pending sync.WaitGroup
+		cerr    error
+		sem     = make(chan struct{}, 4)
+		seq     = map[string]int{}
+		n       int
+	)
+	defer pending.Wait()
+	err = d.readLayer(dg, fl.Archive.MediaType, func(body io.Reader) error {
+		return fetchers.Untar(body, lim, func(e fetchers.TarEntry, r io.Reader) error {
+			n++
+			if e.Link != "" {
+				pending.Wait()
+				if cerr != nil {
+					return cerr
+				}
+				src, ok := layer[e.Link]
+				if !ok {
+					src, ok = merged[e.Link]
+				}
+				if !ok {
+					return fmt.Errorf("%w %q: link target %q was removed", fetchers.ErrHostileArchive, e.Path, e.Link)
+				}
+				seq[e.Path] = n
+				layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: src.Digest, Size: src.Size, Mode: src.Mode}
+				return nil
+			}
+			if err := cachestore.ValidatePath(e.Path); err != nil {
+				return fmt.Errorf("%w: %v", fetchers.ErrHostileArchive, err)
+			}
+			ref := layerRefPrefix + fl.Digest + ":" + e.Path
+			w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: lease})
+			if err == nil && w.Resumed() > 0 { // left by an earlier attempt: members start over
+				w.Abort()
+				w, err = d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: lease})
+			}
+			if err != nil {
+				return err
+			}
+			if _, err := w.ReadFrom(r); err != nil {
+				w.Abort()
+				return err
+			}
+			sem <- struct{}{}
+			pending.Add(1)
+			go func(e fetchers.TarEntry, idx int) {
+				defer pending.Done()
+				defer func() { <-sem }()
+				dg, err := w.Commit(ctx, e.Size, "")
+				cmu.Lock()
+				defer cmu.Unlock()
+				switch {
+				case err != nil:
+					if cerr == nil {
+						cerr = err
+					}
+				case seq[e.Path] <= idx:
+					seq[e.Path] = idx
+					layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: dg, Size: e.Size, Mode: e.Mode}
+				}
+			}(e, n)
+			cmu.Lock()
+			defer cmu.Unlock()
+			return cerr
+		}, func(p string, opaque bool) error {
+			// A whiteout hides p and what is under it in the lower layers;
+			// an opaque one hides everything under the directory p.
+			for k := range merged {
+				if p == "." || strings.HasPrefix(k, p+"/") || (!opaque && k == p) {
+					delete(merged, k)
+				}
+			}
+			return nil
+		})
+	})
+	pending.Wait()
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, refuse(err)
+	}
+	return layer, nil
+}
+
+// readLayer hands fn the uncompressed stream of the layer blob dg. An
+// uncompressed layer is the blob's file itself, so the tar reader skips
+// member bodies by seeking.
+func (d *Daemon) readLayer(dg, mediaType string, fn func(io.Reader) error) error {
+	fh, err := d.store.OpenBlob(dg)
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	body, closeBody, err := decompress(fh, mediaType)
+	if err != nil {
+		return fetchers.Permanent(fmt.Errorf("layer %s: %w", dg, err))
+	}
+	defer closeBody()
+	return fn(body)
 }
 
 // decompress reads a layer by its media type's compression suffix.
