@@ -319,6 +319,10 @@ type GCResult struct {
 	BlobsKept    int      `json:"blobsKept"`
 	Removed      []string `json:"removed,omitempty"` // digests removed, or with a dry run that would be
 	DryRun       bool     `json:"dryRun,omitempty"`
+	// IngestsRemoved and IngestBytesFreed count partial downloads that no
+	// pull will resume (their artifact is no longer desired).
+	IngestsRemoved   int   `json:"ingestsRemoved,omitempty"`
+	IngestBytesFreed int64 `json:"ingestBytesFreed,omitempty"`
 }
 
 // VerifyRequest names the artifacts to verify; empty means every blob.

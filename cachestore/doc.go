@@ -12,7 +12,8 @@
 //
 //	<root>/index.db                          bbolt index (this file's schema below)
 //	<root>/blobs/sha256/<2 hex>/<64 hex>     immutable content, mode 0444
-//	<root>/ingest/<sha256(ref)>/{ref,data}   partial writes, resumable by ref
+//	<root>/ingest/<sha256(ref)>/{ref,data}   partial writes, resumable by ref; an optional
+//	                                         owner file names whose pull may resume it
 //	<root>/tmp/                              temp trees and renameio temp files; emptied at Open
 //	<root>/quarantine/<hex>-<unix>           blobs that failed verification
 //	<root>/quarantine/tree-<kind>-<name>-<rev>-<unix>  trees an index rebuild could not read as the store's

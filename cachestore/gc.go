@@ -16,16 +16,40 @@ type GCReport struct {
 	BytesFreed   int64    `json:"bytesFreed"`
 	BlobsKept    int      `json:"blobsKept"`
 	Removed      []string `json:"removed,omitempty"` // digests removed (or, dry run, that would be)
+	// IngestsRemoved and IngestBytesFreed count the partial downloads
+	// removed because no pull will resume them (see WithAbandoned).
+	IngestsRemoved   int   `json:"ingestsRemoved,omitempty"`
+	IngestBytesFreed int64 `json:"ingestBytesFreed,omitempty"`
 }
 
 // GC removes every blob that no artifact version references and no lease
-// holds. Shared blobs stay while any version uses them.
-func (s *Store) GC(ctx context.Context) (*GCReport, error) { return s.gc(ctx, false) }
+// holds, and every partial ingest that no writer holds open and that the
+// store's abandoned predicate gives up on. Shared blobs stay while any
+// version uses them.
+func (s *Store) GC(ctx context.Context) (*GCReport, error) { return s.gc(ctx, false, nil) }
 
 // GCDryRun reports what GC would remove, removing nothing.
-func (s *Store) GCDryRun(ctx context.Context) (*GCReport, error) { return s.gc(ctx, true) }
+func (s *Store) GCDryRun(ctx context.Context) (*GCReport, error) { return s.gc(ctx, true, nil) }
 
-func (s *Store) gc(ctx context.Context, dry bool) (*GCReport, error) {
+// GCBlobs is GC of the named blobs only (a download that was only ever
+// needed during a pull, such as an archive once unpacked): each is removed
+// unless a version references it or a lease holds it. Ingests are left
+// alone.
+func (s *Store) GCBlobs(ctx context.Context, digests ...string) (*GCReport, error) {
+	only := map[string]bool{}
+	for _, d := range digests {
+		only[d] = true
+	}
+	return s.gc(ctx, false, only)
+}
+
+func (s *Store) gc(ctx context.Context, dry bool, only map[string]bool) (*GCReport, error) {
+	// Ingests first, outside s.mu: the predicate may take the caller's locks.
+	var in int
+	var inBytes int64
+	if only == nil {
+		in, inBytes = s.removeAbandoned(dry)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	arts, err := s.List()
@@ -40,11 +64,25 @@ func (s *Store) gc(ctx context.Context, dry bool) (*GCReport, error) {
 			}
 		}
 	}
-	onDisk, err := s.blobsOnDisk()
+	var onDisk map[string]int64
+	if only == nil {
+		onDisk, err = s.blobsOnDisk()
+	} else {
+		onDisk = map[string]int64{}
+		for d := range only {
+			p, perr := s.BlobPath(d)
+			if perr != nil {
+				return nil, perr
+			}
+			if fi, serr := os.Stat(p); serr == nil {
+				onDisk[d] = fi.Size()
+			}
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
-	rep := &GCReport{}
+	rep := &GCReport{IngestsRemoved: in, IngestBytesFreed: inBytes}
 	s.holdMu.Lock()
 	defer s.holdMu.Unlock()
 	var gone [][]byte

@@ -10,9 +10,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -27,6 +29,9 @@ const (
 	ingestRef  = "ref"
 )
 
+// ingestOwner holds WriterOpts.Owner beside the data.
+const ingestOwner = "owner"
+
 // WriterOpts describes one ingest.
 type WriterOpts struct {
 	// Ref names the ingest; reopening the same ref resumes it. Required.
@@ -40,6 +45,10 @@ type WriterOpts struct {
 	// a blob (a second digest, such as a git blob sha1); an error fails the
 	// commit like a digest mismatch.
 	Check func(io.Reader) error
+	// Owner, when set, is recorded beside the partial data (an artifact
+	// name, opaque to the store): GC asks the abandoned predicate
+	// (WithAbandoned) about it when no writer holds the ingest open.
+	Owner string
 }
 
 // Writer streams one blob into the store. The bytes are hashed on one
@@ -116,6 +125,11 @@ func (s *Store) openWriter(ctx context.Context, opts WriterOpts) (*Writer, error
 	}
 	if err := os.WriteFile(filepath.Join(dir, ingestRef), []byte(opts.Ref), 0o600); err != nil {
 		return nil, fmt.Errorf("ingest %s: %w", opts.Ref, err)
+	}
+	if opts.Owner != "" {
+		if err := os.WriteFile(filepath.Join(dir, ingestOwner), []byte(opts.Owner), 0o600); err != nil {
+			return nil, fmt.Errorf("ingest %s: %w", opts.Ref, err)
+		}
 	}
 	path := filepath.Join(dir, ingestData)
 	w := &Writer{s: s, opts: opts, dir: dir, h: sha256.New()}
@@ -476,12 +490,34 @@ func (s *Store) unlockRef(ref string) {
 
 // Ingests lists the refs of partial ingests on disk and their sizes.
 func (s *Store) Ingests() (map[string]int64, error) {
+	list, err := s.ListIngests()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, in := range list {
+		out[in.Ref] = in.Size
+	}
+	return out, nil
+}
+
+// IngestInfo describes one partial ingest on disk.
+type IngestInfo struct {
+	Ref      string
+	Owner    string // WriterOpts.Owner of the last writer; "" when none was given
+	Size     int64  // bytes of partial data
+	Modified time.Time
+	Open     bool // a Writer holds it now (it cannot be removed)
+}
+
+// ListIngests lists the partial ingests on disk, oldest first.
+func (s *Store) ListIngests() ([]IngestInfo, error) {
 	dir := filepath.Join(s.root, dirIngest)
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]int64{}
+	var out []IngestInfo
 	for _, e := range ents {
 		ref, err := os.ReadFile(filepath.Join(dir, e.Name(), ingestRef))
 		if err != nil {
@@ -491,16 +527,55 @@ func (s *Store) Ingests() (map[string]int64, error) {
 		if err != nil {
 			continue
 		}
-		out[string(ref)] = fi.Size()
+		owner, _ := os.ReadFile(filepath.Join(dir, e.Name(), ingestOwner))
+		in := IngestInfo{Ref: string(ref), Owner: string(owner), Size: fi.Size(), Modified: fi.ModTime()}
+		s.refMu.Lock()
+		in.Open = s.refs[in.Ref]
+		s.refMu.Unlock()
+		out = append(out, in)
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Modified.Before(out[j].Modified) })
 	return out, nil
 }
 
-// RemoveIngest deletes a partial ingest that no pull wants any more.
+// RemoveIngest deletes a partial ingest that no pull wants any more. It
+// fails with ErrLocked while a Writer holds the ref open.
 func (s *Store) RemoveIngest(ref string) error {
 	if err := s.lockRef(ref); err != nil {
 		return err
 	}
 	defer s.unlockRef(ref)
 	return os.RemoveAll(filepath.Join(s.root, dirIngest, ingestDirName(ref)))
+}
+
+// RemoveAbandoned removes the partial ingests that no writer holds open
+// and that the abandoned predicate (WithAbandoned) gives up on, as GC does
+// without touching blobs, and returns how many and their bytes.
+func (s *Store) RemoveAbandoned() (n int, bytes int64) { return s.removeAbandoned(false) }
+
+// removeAbandoned is RemoveAbandoned; dry only counts.
+func (s *Store) removeAbandoned(dry bool) (n int, bytes int64) {
+	if s.abandoned == nil {
+		return 0, 0
+	}
+	list, err := s.ListIngests()
+	if err != nil {
+		return 0, 0
+	}
+	for _, in := range list {
+		if in.Open || !s.abandoned(in) {
+			continue
+		}
+		if !dry {
+			if err := s.RemoveIngest(in.Ref); err != nil {
+				if !errors.Is(err, ErrLocked) {
+					s.log.Warn("gc remove ingest", "owner", in.Owner, "err", err)
+				}
+				continue
+			}
+		}
+		n++
+		bytes += in.Size
+	}
+	return n, bytes
 }

@@ -47,6 +47,8 @@ type Store struct {
 	refs   map[string]bool // open ingest refs
 	holdMu sync.Mutex
 	holds  map[string]int // blob digest → leases holding it
+
+	abandoned func(IngestInfo) bool // see WithAbandoned
 }
 
 type options struct {
@@ -56,6 +58,7 @@ type options struct {
 	lockTimeout  time.Duration
 	now          func() time.Time
 	ingestMaxAge time.Duration
+	abandoned    func(IngestInfo) bool
 }
 
 // Option configures Open.
@@ -81,6 +84,15 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.now = 
 // WithIngestMaxAge sets how old a partial ingest may be before Open deletes
 // it instead of keeping it for a resume; default 7 days.
 func WithIngestMaxAge(d time.Duration) Option { return func(o *options) { o.ingestMaxAge = d } }
+
+// WithAbandoned tells GC which partial ingests no pull will resume: GC
+// removes those for which abandoned returns true, unless a Writer holds
+// them open. It is called without any lock of the store held (it may take
+// the caller's own locks) and only after Open returns. Default: none is
+// abandoned; Open still removes ingests older than the ingest max age.
+func WithAbandoned(abandoned func(IngestInfo) bool) Option {
+	return func(o *options) { o.abandoned = abandoned }
+}
 
 // WithHook calls fn at named points of the commit protocols ("ingest.write",
 // "blob.after-rename", "tree.after-rename", "commit.after-index"). It exists
@@ -123,7 +135,7 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 	}
 	s := &Store{
 		root: abs, db: db, log: o.log, hook: o.hook, directIO: o.directIO, now: o.now,
-		refs: map[string]bool{}, holds: map[string]int{},
+		refs: map[string]bool{}, holds: map[string]int{}, abandoned: o.abandoned,
 	}
 	var rebuilt *RebuildReport
 	if fresh && s.storeHasTrees() {

@@ -62,6 +62,12 @@ type Config struct {
 	SocketIdleTimeout    time.Duration
 	SocketWriteTimeout   time.Duration
 
+	// ProgressFloor is the least a stream must deliver in each
+	// ProgressWindow of time spent reading it; less fails the attempt as
+	// too slow (it is retried, with the pull's slot given up meanwhile).
+	// 0 turns the floor off.
+	ProgressFloor  int64
+	ProgressWindow time.Duration
 	// Cluster, when set, syncs with Kubernetes (ModelCache objects become
 	// desires, this node's status is written); nil: standalone.
 	Cluster *k8ssync.Config
@@ -90,6 +96,8 @@ func DefaultConfig() Config {
 		RetryInitial:       5 * time.Second,
 		RetryMax:           10 * time.Minute,
 		IdleTimeout:        60 * time.Second,
+		ProgressFloor:      1 << 20, // 1 MiB a minute, about 17 KiB/s
+		ProgressWindow:     time.Minute,
 		RangeConnections:   4,
 		Capacity:           capacity.DefaultPolicy(),
 		CapacityInterval:   10 * time.Second,
@@ -162,6 +170,9 @@ func (c *Config) Validate() error {
 		if !filepath.IsAbs(r) || filepath.Clean(r) != r {
 			errs = append(errs, fmt.Errorf("--file-roots %q: want a clean absolute directory, e.g. /srv/models", r))
 		}
+	}
+	if c.ProgressFloor < 0 || (c.ProgressFloor > 0 && c.ProgressWindow <= 0) {
+		errs = append(errs, fmt.Errorf("--progress-floor %d per --progress-window %s: want a floor >= 0 (0 = off) and a window > 0, e.g. 1Mi per 1m", c.ProgressFloor, c.ProgressWindow))
 	}
 	if c.BandwidthLimit < 0 {
 		errs = append(errs, fmt.Errorf("--bandwidth-limit %d: want >= 0", c.BandwidthLimit))

@@ -20,6 +20,8 @@ import (
 //	keepRevisions: 0             # old revisions kept once unused
 //	maxConcurrentPulls: 2
 //	bandwidthLimit: 100M         # bytes per second over all pulls
+//	progressFloor: 1Mi           # a download slower than this per progressWindow is retried
+//	progressWindow: 1m
 //	fileRoots: [/srv/models]     # the only directories file:// may read
 //	kernelCacheSignaturePolicy: required   # or off; the floor of socket pulls
 //	maxConnectionsPerUID: 64     # API socket connections one local user may hold; 0: no limit
@@ -31,6 +33,8 @@ type FileConfig struct {
 	KeepRevisions      *int   `json:"keepRevisions,omitempty"`
 	MaxConcurrentPulls *int   `json:"maxConcurrentPulls,omitempty"`
 	BandwidthLimit     string `json:"bandwidthLimit,omitempty"`
+	ProgressFloor      string `json:"progressFloor,omitempty"`
+	ProgressWindow     string `json:"progressWindow,omitempty"`
 
 	FileRoots                  []string `json:"fileRoots,omitempty"`
 	KernelCacheSignaturePolicy string   `json:"kernelCacheSignaturePolicy,omitempty"`
@@ -61,6 +65,20 @@ func LoadConfigFile(path string, cfg *Config) error {
 			return fmt.Errorf("--config %s: bandwidthLimit: %v", path, err)
 		}
 		cfg.BandwidthLimit = n
+	}
+	if fc.ProgressFloor != "" {
+		n, err := capacity.ParseBytes(fc.ProgressFloor)
+		if err != nil {
+			return fmt.Errorf("--config %s: progressFloor: %v", path, err)
+		}
+		cfg.ProgressFloor = n
+	}
+	if fc.ProgressWindow != "" {
+		d, err := time.ParseDuration(fc.ProgressWindow)
+		if err != nil {
+			return fmt.Errorf("--config %s: progressWindow %q: want a duration such as 1m", path, fc.ProgressWindow)
+		}
+		cfg.ProgressWindow = d
 	}
 	if fc.MinAge != "" {
 		d, err := time.ParseDuration(fc.MinAge)

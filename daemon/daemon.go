@@ -104,7 +104,9 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	if cfg.SystemdSocket && os.Getenv("LISTEN_FDS") == "" {
 		return nil, errors.New("--systemd-socket: no socket from systemd (LISTEN_FDS unset); start modelcached.socket, or drop the flag to listen on --socket")
 	}
-	opts := []cachestore.Option{cachestore.WithLogger(log.With("component", "store")), cachestore.WithDirectIO(cfg.DirectIO)}
+	var d *Daemon // the store asks it which partial downloads are abandoned (never before New returns)
+	opts := []cachestore.Option{cachestore.WithLogger(log.With("component", "store")), cachestore.WithDirectIO(cfg.DirectIO),
+		cachestore.WithAbandoned(func(in cachestore.IngestInfo) bool { return d.abandoned(in) })}
 	if cfg.Hook != nil {
 		opts = append(opts, cachestore.WithHook(cfg.Hook))
 	}
@@ -123,7 +125,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		log.Warn("socket group not found; only root and the daemon's user may change the cache", "group", cfg.SocketGroup, "err", err)
 		gid = -1
 	}
-	d := &Daemon{
+	d = &Daemon{
 		cfg: cfg, log: log, store: st, started: time.Now(), gid: gid,
 		fetchers: fetchers.Registry{
 			"file": filefetcher.New(filefetcher.WithRoots(cfg.FileRoots...)),
@@ -158,6 +160,10 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 			return out
 		},
 		Evicted: func(v capacity.Victim) { d.metrics.evictions.WithLabelValues(v.Reason).Inc() },
+		// Under evictMu, as Protect is: the partials of a pull being admitted stay.
+		Reclaim: func(ctx context.Context, need int64) (int64, error) {
+			return d.reclaimIngests(ctx, need, d.evictor.Protect...)
+		},
 	}
 	hub, err := d.newHub()
 	if err != nil {

@@ -12,9 +12,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/modelcache/modelcache/api"
 )
@@ -86,14 +89,18 @@ func TestHostileFileNameFromURL(t *testing.T) {
 }
 
 // TestDiskFull pulls into a store on a small tmpfs: the pull fails with a
-// reason that says the disk is full, nothing is visible, other artifacts
-// stay intact, and once space is freed the pull succeeds.
+// reason that says the disk is full, nothing is visible (not even the
+// partial download), other artifacts stay intact, and once space is freed
+// the pull succeeds.
 func TestDiskFull(t *testing.T) {
-	mnt := testenv.Tmpfs(t, "6m")
+	mnt := testenv.Tmpfs(t, "32m") // the budget (~26 MiB) is far beyond what the writer has in flight
 	small, big := data(1<<20, 41), data(8<<20, 42)
 	srv := newFileServer(t, map[string][]byte{"small.bin": small, "big.bin": big})
 	// big.bin comes without a size (no HEAD, a chunked body), so admission
-	// cannot refuse it up front: the disk fills in the middle of the pull.
+	// cannot refuse it up front; something else fills the disk after the
+	// pull was admitted (before its budget is spent): the disk fills in the
+	// middle of the pull.
+	var fill sync.Once
 	srv.hook = func(rw http.ResponseWriter, r *http.Request) bool {
 		if r.URL.Path != "/big.bin" {
 			return false
@@ -105,6 +112,16 @@ func TestDiskFull(t *testing.T) {
 		if r.Header.Get("Range") != "" {
 			return false
 		}
+		fill.Do(func() {
+			var st unix.Statfs_t
+			if err := unix.Statfs(mnt, &st); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := os.WriteFile(filepath.Join(mnt, "filler"), make([]byte, int64(st.Bavail)*st.Bsize-256<<10), 0o600); err != nil {
+				t.Error(err)
+			}
+		})
 		for off := 0; off < len(big); off += 1 << 20 {
 			rw.Write(big[off : off+1<<20])
 			rw.(http.Flusher).Flush()
@@ -124,10 +141,13 @@ func TestDiskFull(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(cfg.Root, "models", "big")); err == nil {
 		t.Fatal("a partial tree is visible")
 	}
+	if ents, _ := os.ReadDir(filepath.Join(cfg.Root, "ingest")); len(ents) != 0 {
+		t.Fatalf("%d partial downloads left on the full disk", len(ents))
+	}
 	if h.read("small", "small.bin") != string(small) {
 		t.Fatal("the other artifact was damaged")
 	}
-	if out, err := exec.Command("mount", "-o", "remount,size=32m", mnt).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mount", "-o", "remount,size=64m", mnt).CombinedOutput(); err != nil {
 		t.Fatalf("remount: %v %s", err, out)
 	}
 	a, err := h.c.Wait(context.Background(), "big", 30*time.Second, nil)

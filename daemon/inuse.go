@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"sync/atomic"
 	"time"
 
 	"github.com/modelcache/modelcache/api"
@@ -17,10 +16,12 @@ type lease struct {
 	expires time.Time
 }
 
-// reservation is the space an admitted pull may still write.
+// reservation is the space an admitted pull may still write: need for
+// its files of known size, and what its files of unknown size have
+// written so far (within their budget).
 type reservation struct {
 	need int64
-	done *atomic.Int64
+	prog *progress
 }
 
 // evictionRecord is the last pass that did or wanted something.
@@ -55,8 +56,9 @@ func (d *Daemon) reservedLocked() int64 {
 // downloads are not yet store bytes).
 func (d *Daemon) reservedBoth() (outstanding, total int64) {
 	for r := range d.reservations {
-		outstanding += max(r.need-r.done.Load(), 0)
-		total += r.need
+		unknown := r.prog.unknown.Load()
+		outstanding += max(r.need-(r.prog.done.Load()-unknown), 0)
+		total += r.need + unknown
 	}
 	return outstanding, total
 }
@@ -171,6 +173,9 @@ func (d *Daemon) capacityLoop(ctx context.Context) {
 		if err := d.scan(); err != nil {
 			d.log.Warn("in-use scan", "err", err)
 		}
+		if n, bytes := d.store.RemoveAbandoned(); n > 0 {
+			d.log.Info("removed abandoned partial downloads", "ingests", n, "bytes", bytes)
+		}
 		if _, err := d.evictPass(ctx, 0); err != nil && ctx.Err() == nil {
 			d.log.Warn("eviction pass", "err", err)
 		}
@@ -219,14 +224,35 @@ func (d *Daemon) evictPass(ctx context.Context, extra int64, protect ...string) 
 	return rep, err
 }
 
-// admit checks that a pull needing need more bytes fits, evicting first
-// when eviction can make it fit, and reserves the space until release.
-func (d *Daemon) admit(ctx context.Context, name string, need int64, done *atomic.Int64) (func(), error) {
+// admit checks that a pull needing need more bytes fits, reclaiming
+// partial downloads and then evicting first when that can make it fit,
+// and reserves the space until release. A pull with files of unknown size
+// (unknown) gets what is usable beyond need as their budget (prog.budget).
+func (d *Daemon) admit(ctx context.Context, name string, need int64, unknown bool, prog *progress) (func(), error) {
 	d.capMu.Lock()
 	defer d.capMu.Unlock()
 	room, err := d.room()
 	if err != nil {
 		return nil, err
+	}
+	if need > room || (unknown && need >= room) {
+		// Partial downloads no pull is writing go before any version (this
+		// pull's own stay: it resumes them). Only where that frees room: a
+		// quota counts blobs, not partial downloads.
+		if rec := d.reclaimable(name); rec > 0 {
+			if more, err := d.roomWith(rec); err == nil && more > room {
+				want := need - room
+				if unknown {
+					want = -1 // sizes unknown: all there is
+				}
+				if _, err := d.reclaimIngests(ctx, want, name); err != nil {
+					return nil, err
+				}
+				if room, err = d.room(); err != nil {
+					return nil, err
+				}
+			}
+		}
 	}
 	if need > room {
 		in, err := d.evictor.Inputs()
@@ -249,7 +275,13 @@ func (d *Daemon) admit(ctx context.Context, name string, need int64, done *atomi
 	} else {
 		d.metrics.admissions.WithLabelValues("admitted").Inc()
 	}
-	r := &reservation{need: need, done: done}
+	if unknown {
+		if room, err = d.room(); err != nil {
+			return nil, err
+		}
+		prog.budget = max(room-need, 0)
+	}
+	r := &reservation{need: need, prog: prog}
 	d.reservations[r] = struct{}{}
 	return func() {
 		d.capMu.Lock()
@@ -260,7 +292,11 @@ func (d *Daemon) admit(ctx context.Context, name string, need int64, done *atomi
 
 // room is how many bytes a new pull may write under the policy, after
 // what admitted pulls have reserved. Called with capMu held.
-func (d *Daemon) room() (int64, error) {
+func (d *Daemon) room() (int64, error) { return d.roomWith(0) }
+
+// roomWith is room as it would be with extra more bytes free on the
+// filesystem (partial downloads reclaimed).
+func (d *Daemon) roomWith(extra int64) (int64, error) {
 	sb, err := d.store.StoreBytes()
 	if err != nil {
 		return 0, err
@@ -270,7 +306,7 @@ func (d *Daemon) room() (int64, error) {
 		return 0, err
 	}
 	outstanding, total := d.reservedBoth()
-	return d.cfg.Capacity.Room(sb+total, capa, free-outstanding), nil
+	return d.cfg.Capacity.Room(sb+total, capa, free+extra-outstanding), nil
 }
 
 // holdersOf lists what holds any version of name, sorted.

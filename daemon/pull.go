@@ -1,10 +1,9 @@
 package daemon
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"github.com/klauspost/compress/gzip"
+	"maps"
 	"strings"
 
 	"context"
@@ -34,11 +33,17 @@ type flight struct {
 // runPull resolves the desire, fetches the files the store lacks, and
 // commits the version. The old version stays current until the commit.
 func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artState, prog *progress) error {
-	select {
-	case d.pullSem <- struct{}{}:
-		defer func() { <-d.pullSem }()
-	case <-ctx.Done():
-		return ctx.Err()
+	// The pull takes a slot for as long as it transfers; its backoff and
+	// its waits for other pulls' downloads give the slot up (slot.go).
+	sl := prog.slot
+	holding := true
+	defer func() {
+		if holding {
+			sl.leave()
+		}
+	}()
+	if err := sl.enter(ctx); err != nil {
+		return err
 	}
 	d.setPhase(st, api.PhaseDownloading, "resolving "+ds.URI)
 	if err := lostCredentials(ds); err != nil {
@@ -52,7 +57,7 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 	kernel := ds.Kind == api.KindKernelCache
 	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: kernel, As: identity(ds.Requester)}
 	var res *fetchers.Resolved
-	err = d.backoff.Do(ctx, func(int) error {
+	err = prog.backoff.Do(ctx, func(int) error {
 		var err error
 		res, err = f.Resolve(ctx, src)
 		return err
@@ -95,14 +100,18 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 	// Admission: what the store lacks must fit in free space plus what
 	// eviction can free, and stays reserved while it downloads. (An archive
 	// counts by its layer size; compressed layers may unpack larger.)
+	// A file of unknown size may write what is usable beyond that when the
+	// pull is admitted (its budget), and no more.
 	var need int64
+	unknown := false
 	for _, fl := range files {
 		if fl.Digest != "" && d.store.HasBlob(fl.Digest) {
 			continue
 		}
-		need += max(fl.Size, 0) // unknown sizes are not reserved; ENOSPC still fails cleanly
+		need += max(fl.Size, 0)
+		unknown = unknown || fl.Size < 0
 	}
-	release, err := d.admit(ctx, ds.Name, need, &prog.done)
+	release, err := d.admit(ctx, ds.Name, need, unknown, prog)
 	if err != nil {
 		return err
 	}
@@ -129,10 +138,17 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 	work := make(chan int)
 	errs := make(chan error, len(files))
 	var wg sync.WaitGroup
-	for w := 0; w < min(d.cfg.FilesPerPull, len(files)); w++ {
+	// The workers transfer under the pull's slot; this goroutine only
+	// waits for them, and the commit after them needs none.
+	workers := min(d.cfg.FilesPerPull, len(files))
+	sl.add(workers)
+	holding = false
+	sl.leave()
+	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer sl.leave()
 			for i := range work {
 				fl := files[i]
 				digest, size, err := d.fetchFile(ctx, f, scheme, ds.URI, fl, lease, prog)
@@ -233,10 +249,16 @@ func (d *Daemon) fetchFile(ctx context.Context, f fetchers.Fetcher, scheme, uri 
 		d.mu.Lock()
 		if fw, ok := d.flights[ref]; ok {
 			d.mu.Unlock()
-			select {
-			case <-fw.done:
-			case <-ctx.Done():
-				return "", 0, ctx.Err()
+			err := prog.slot.wait(ctx, func() error { // not a transfer of this pull: the slot is free meanwhile
+				select {
+				case <-fw.done:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			})
+			if err != nil {
+				return "", 0, err
 			}
 			if fw.err == nil {
 				lease.Hold(fw.digest)
@@ -266,7 +288,7 @@ func (d *Daemon) fetchFile(ctx context.Context, f fetchers.Fetcher, scheme, uri 
 // file changed), the partial data is discarded and the file starts over
 // from byte 0.
 func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref string, fl fetchers.File, lease *cachestore.Lease, prog *progress) (string, int64, error) {
-	opts := cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check}
+	opts := cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check, Owner: prog.owner}
 	w, err := d.store.Writer(ctx, opts)
 	if err != nil {
 		return "", 0, err
@@ -278,7 +300,7 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 	}
 	start := time.Now()
 	var fetched atomic.Int64
-	err = d.backoff.Do(ctx, func(int) error {
+	err = prog.backoff.Do(ctx, func(int) error {
 		rc, err := f.Open(ctx, fl, w.Offset())
 		if errors.Is(err, fetchers.ErrCannotResume) && w.Offset() > 0 {
 			d.log.Warn("source cannot continue the partial download; starting the file over", "ref", ref, "offset", w.Offset(), "err", err)
@@ -294,8 +316,12 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 		if err != nil {
 			return err
 		}
+		rc = fetchers.MinRate(rc, d.cfg.ProgressFloor, d.cfg.ProgressWindow)
 		defer rc.Close()
 		var r io.Reader = fetchers.CountingReader{R: rc, N: &fetched}
+		if fl.Size < 0 {
+			r = budgetReader{r: r, p: prog}
+		}
 		r = fetchers.RateLimited(ctx, r, d.limiter)
 		before := fetched.Load()
 		_, err = w.ReadFrom(fetchers.CountingReader{R: r, N: &prog.done})
@@ -305,6 +331,8 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 			return fetchers.Permanent(fmt.Errorf("the source sent more than the %d bytes it announced", fl.Size))
 		case errors.Is(err, syscall.ENOSPC):
 			return fetchers.Permanent(d.diskFull(err))
+		case errors.As(err, new(*capacityError)):
+			return fetchers.Permanent(err)
 		case err != nil:
 			return err
 		case fl.Size >= 0 && w.Offset() < fl.Size:
@@ -317,7 +345,11 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 	})
 	if err != nil {
 		d.metrics.fetchErrors.WithLabelValues(scheme).Inc()
-		if w != nil {
+		switch {
+		case w == nil: // a restart from byte 0 could not open a new ingest
+		case fetchers.IsPermanent(err) && ctx.Err() == nil:
+			w.Abort() // no later attempt can use it: a full disk, a spent budget, a source that broke its word
+		default:
 			w.Close() // keep the partial data for the next attempt
 		}
 		return "", 0, err
@@ -325,6 +357,7 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 	size := w.Offset()
 	digest, err := w.Commit(ctx, fl.Size, fl.Digest)
 	if errors.Is(err, syscall.ENOSPC) {
+		d.store.RemoveIngest(ref) // what the full disk refused is missing from it
 		err = d.diskFull(err)
 	}
 	if err != nil {
@@ -343,132 +376,195 @@ func (d *Daemon) diskFull(err error) error {
 	return fmt.Errorf("disk full under %s: %w; free space or evict artifacts (modelctl evict, modelctl gc)", d.store.Root(), err)
 }
 
-// unpack streams each archive layer in order, verifies the layer digest
-// over the whole stream, and ingests every member through fetchers.Untar
-// (the hardened reader). Later layers override earlier ones; whiteouts
-// delete. Members are blobs held by the lease; if a layer's digest does
-// not match, the pull fails and they stay unreferenced (GC takes them):
+// budgetReader stops the files of unknown size of one pull at the budget
+// admission gave them, together.
+type budgetReader struct {
+	r io.Reader
+	p *progress
+}
+
+func (b budgetReader) Read(p []byte) (int, error) {
+	if left := b.p.budget - b.p.unknown.Load(); int64(len(p)) > left+1 {
+		p = p[:max(left+1, 1)] // one byte past the budget tells an overrun from an exact fit
+	}
+	n, err := b.r.Read(p)
+	if total := b.p.unknown.Add(int64(n)); total > b.p.budget {
+		over := min(total-b.p.budget, int64(n))
+		b.p.unknown.Add(-over)
+		return n - int(over), &capacityError{fmt.Sprintf("%s: the source sent more than the %s this pull was admitted for (its size was not announced; the budget is what the capacity policy left usable when the pull started); the partial download was removed",
+			ReasonInsufficientCapacity, api.FormatBytes(b.p.budget))}
+	}
+	return n, err
+}
+
+// layerRefPrefix starts the ingest refs of archive members; they are
+// never resumed (a layer is unpacked from its start every attempt).
+const layerRefPrefix = "layer:"
+
+// unpack unpacks each archive layer in order (unpackLayer). Later layers
+// override earlier ones; whiteouts delete. Members are blobs held by the
+// lease; if the pull fails they stay unreferenced (GC takes them):
 // nothing becomes visible.
 func (d *Daemon) unpack(ctx context.Context, f fetchers.Fetcher, scheme string, archives []fetchers.File, lease *cachestore.Lease, prog *progress) (map[string]cachestore.Entry, error) {
 	merged := map[string]cachestore.Entry{}
 	for _, fl := range archives {
-		err := d.backoff.Do(ctx, func(int) error {
-			layer := map[string]cachestore.Entry{}
-			rc, err := f.Open(ctx, fl, 0)
-			if err != nil {
-				return err
-			}
-			defer rc.Close()
-			h := sha256.New()
-			var fetched atomic.Int64
-			raw := io.TeeReader(fetchers.CountingReader{R: fetchers.RateLimited(ctx, fetchers.CountingReader{R: rc, N: &fetched}, d.limiter), N: &prog.done}, h)
-			defer func() { d.metrics.fetchedBytes.WithLabelValues(scheme).Add(float64(fetched.Load())) }()
-			body, closeBody, err := decompress(raw, fl.Archive.MediaType)
-			if err != nil {
-				return fetchers.Permanent(fmt.Errorf("layer %s: %w", fl.Digest, err))
-			}
-			defer closeBody()
-			lower := func(p string) bool { _, ok := merged[p]; return ok }
-			// Members stream in order; each one's fsync and commit runs
-			// beside the next one's decompression (a few at a time). A later
-			// entry of the same path wins by its position, not by when its
-			// commit ends; links wait for every commit before them.
-			var (
-				cmu     sync.Mutex
-				pending sync.WaitGroup
-				cerr    error
-				sem     = make(chan struct{}, 4)
-				seq     = map[string]int{}
-				n       int
-			)
-			defer pending.Wait()
-			err = fetchers.Untar(body, fetchers.TarLimits{Subtree: fl.Archive.Subtree, Exists: lower}, func(e fetchers.TarEntry, r io.Reader) error {
-				n++
-				if e.Link != "" {
-					pending.Wait()
-					if cerr != nil {
-						return cerr
-					}
-					src, ok := layer[e.Link]
-					if !ok {
-						src, ok = merged[e.Link]
-					}
-					if !ok {
-						return fmt.Errorf("%w %q: link target %q was removed", fetchers.ErrHostileArchive, e.Path, e.Link)
-					}
-					seq[e.Path] = n
-					layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: src.Digest, Size: src.Size, Mode: src.Mode}
-					return nil
-				}
-				if err := cachestore.ValidatePath(e.Path); err != nil {
-					return fmt.Errorf("%w: %v", fetchers.ErrHostileArchive, err)
-				}
-				w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: "layer:" + fl.Digest + ":" + e.Path, Size: e.Size, Lease: lease})
-				if err != nil {
-					return err
-				}
-				if _, err := w.ReadFrom(r); err != nil {
-					w.Abort()
-					return err
-				}
-				sem <- struct{}{}
-				pending.Add(1)
-				go func(e fetchers.TarEntry, idx int) {
-					defer pending.Done()
-					defer func() { <-sem }()
-					dg, err := w.Commit(ctx, e.Size, "")
-					cmu.Lock()
-					defer cmu.Unlock()
-					switch {
-					case err != nil:
-						if cerr == nil {
-							cerr = err
-						}
-					case seq[e.Path] <= idx:
-						seq[e.Path] = idx
-						layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: dg, Size: e.Size, Mode: e.Mode}
-					}
-				}(e, n)
-				cmu.Lock()
-				defer cmu.Unlock()
-				return cerr
-			}, func(p string, opaque bool) error {
-				// A whiteout hides p and what is under it in the lower layers;
-				// an opaque one hides everything under the directory p.
-				for k := range merged {
-					if p == "." || strings.HasPrefix(k, p+"/") || (!opaque && k == p) {
-						delete(merged, k)
-					}
-				}
-				return nil
-			})
-			pending.Wait()
-			if err == nil {
-				err = cerr
-			}
-			if err != nil {
-				if errors.Is(err, fetchers.ErrHostileArchive) {
-					return fetchers.Permanent(fmt.Errorf("layer %s: %w", fl.Digest, err))
-				}
-				return err
-			}
-			if _, err := io.Copy(io.Discard, raw); err != nil { // the tail after the archive's end, for the digest
-				return err
-			}
-			if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != fl.Digest {
-				return fetchers.Permanent(fmt.Errorf("layer %s: %w: the registry sent %s", fl.Digest, cachestore.ErrDigestMismatch, got))
-			}
-			for k, e := range layer {
-				merged[k] = e
-			}
-			return nil
-		}, nil)
+		layer, err := d.unpackLayer(ctx, f, scheme, fl, merged, lease, prog)
 		if err != nil {
 			return nil, err
 		}
+		maps.Copy(merged, layer)
 		prog.filesDone.Add(1)
 	}
 	return merged, nil
+}
+
+// unpackLayer fetches one layer whole into the store first, as any file
+// (resumable, its digest verified before a byte of it is unpacked), then
+// reads it twice: once through fetchers.Untar (the hardened reader) with
+// nothing written, so that the archive's limits (entries, sizes) and its
+// hostile entries refuse the layer before any per-entry work, and once to
+// ingest every member. A layer refused so is a permanent failure. The
+// layer's own blob goes when it is unpacked (or refused), unless
+// something else uses it. merged holds the lower layers' files; the
+// result is this layer's.
+func (d *Daemon) unpackLayer(ctx context.Context, f fetchers.Fetcher, scheme string, fl fetchers.File, merged map[string]cachestore.Entry, lease *cachestore.Lease, prog *progress) (map[string]cachestore.Entry, error) {
+	held := d.store.NewLease()
+	defer func() {
+		held.Release()
+		if _, err := d.store.GCBlobs(context.WithoutCancel(ctx), fl.Digest); err != nil {
+			d.log.Warn("remove an unpacked layer", "digest", fl.Digest, "err", err)
+		}
+	}()
+	whole := fl
+	whole.Archive = nil
+	dg, _, err := d.fetchFile(ctx, f, scheme, "", whole, held, prog)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s: %w", fl.Digest, err)
+	}
+	refuse := func(err error) error {
+		switch {
+		case errors.Is(err, fetchers.ErrHostileArchive):
+			return fetchers.Permanent(fmt.Errorf("layer %s: %w", fl.Digest, err))
+		case errors.Is(err, syscall.ENOSPC):
+			return fetchers.Permanent(d.diskFull(err))
+		}
+		return err
+	}
+	lower := func(p string) bool { _, ok := merged[p]; return ok }
+	lim := fetchers.TarLimits{Subtree: fl.Archive.Subtree, Exists: lower}
+	err = d.readLayer(dg, fl.Archive.MediaType, func(body io.Reader) error {
+		return fetchers.Untar(body, lim, func(fetchers.TarEntry, io.Reader) error { return ctx.Err() }, func(string, bool) error { return nil })
+	})
+	if err != nil {
+		return nil, refuse(err)
+	}
+
+	// Members stream in order; each one's fsync and commit runs beside the
+	// next one's decompression (a few at a time). A later entry of the same
+	// path wins by its position, not by when its commit ends; links wait
+	// for every commit before them.
+	layer := map[string]cachestore.Entry{}
+	var (
+		cmu     sync.Mutex
+		pending sync.WaitGroup
+		cerr    error
+		sem     = make(chan struct{}, 4)
+		seq     = map[string]int{}
+		n       int
+	)
+	defer pending.Wait()
+	err = d.readLayer(dg, fl.Archive.MediaType, func(body io.Reader) error {
+		return fetchers.Untar(body, lim, func(e fetchers.TarEntry, r io.Reader) error {
+			n++
+			if e.Link != "" {
+				pending.Wait()
+				if cerr != nil {
+					return cerr
+				}
+				src, ok := layer[e.Link]
+				if !ok {
+					src, ok = merged[e.Link]
+				}
+				if !ok {
+					return fmt.Errorf("%w %q: link target %q was removed", fetchers.ErrHostileArchive, e.Path, e.Link)
+				}
+				seq[e.Path] = n
+				layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: src.Digest, Size: src.Size, Mode: src.Mode}
+				return nil
+			}
+			if err := cachestore.ValidatePath(e.Path); err != nil {
+				return fmt.Errorf("%w: %v", fetchers.ErrHostileArchive, err)
+			}
+			ref := layerRefPrefix + fl.Digest + ":" + e.Path
+			w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: lease})
+			if err == nil && w.Resumed() > 0 { // left by an earlier attempt: members start over
+				w.Abort()
+				w, err = d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: lease})
+			}
+			if err != nil {
+				return err
+			}
+			if _, err := w.ReadFrom(r); err != nil {
+				w.Abort()
+				return err
+			}
+			sem <- struct{}{}
+			pending.Add(1)
+			go func(e fetchers.TarEntry, idx int) {
+				defer pending.Done()
+				defer func() { <-sem }()
+				dg, err := w.Commit(ctx, e.Size, "")
+				cmu.Lock()
+				defer cmu.Unlock()
+				switch {
+				case err != nil:
+					if cerr == nil {
+						cerr = err
+					}
+				case seq[e.Path] <= idx:
+					seq[e.Path] = idx
+					layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: dg, Size: e.Size, Mode: e.Mode}
+				}
+			}(e, n)
+			cmu.Lock()
+			defer cmu.Unlock()
+			return cerr
+		}, func(p string, opaque bool) error {
+			// A whiteout hides p and what is under it in the lower layers;
+			// an opaque one hides everything under the directory p.
+			for k := range merged {
+				if p == "." || strings.HasPrefix(k, p+"/") || (!opaque && k == p) {
+					delete(merged, k)
+				}
+			}
+			return nil
+		})
+	})
+	pending.Wait()
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, refuse(err)
+	}
+	return layer, nil
+}
+
+// readLayer hands fn the uncompressed stream of the layer blob dg. An
+// uncompressed layer is the blob's file itself, so the tar reader skips
+// member bodies by seeking.
+func (d *Daemon) readLayer(dg, mediaType string, fn func(io.Reader) error) error {
+	fh, err := d.store.OpenBlob(dg)
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	body, closeBody, err := decompress(fh, mediaType)
+	if err != nil {
+		return fetchers.Permanent(fmt.Errorf("layer %s: %w", dg, err))
+	}
+	defer closeBody()
+	return fn(body)
 }
 
 // decompress reads a layer by its media type's compression suffix.

@@ -43,6 +43,17 @@ type progress struct {
 	filesDone     atomic.Int32
 	filesTotal    atomic.Int32
 	started       time.Time
+
+	// What the stages of the pull share besides the counts, set before it
+	// starts: the artifact its partial downloads belong to, its share of
+	// the pull slots, and the backoff that gives the slot up while it
+	// waits. budget is what admission allows its files of unknown size
+	// (set before any download starts); unknown is what they have written.
+	owner   string
+	slot    *slot
+	backoff fetchers.Backoff
+	budget  int64
+	unknown atomic.Int64
 }
 
 func (p *progress) view() *api.Progress {
@@ -255,7 +266,8 @@ func (d *Daemon) startPull(ctx context.Context, ds api.Desire, st *artState, fp 
 	st.cancel, st.spec, st.force, st.permanent = cancel, fp, false, false
 	st.done = make(chan struct{})
 	st.phase, st.message = api.PhasePending, "waiting for a pull slot"
-	st.prog = &progress{started: time.Now()}
+	st.prog = &progress{started: time.Now(), owner: ds.Name, slot: &slot{sem: d.pullSem}, backoff: d.backoff}
+	st.prog.backoff.Sleep = st.prog.slot.sleeper(d.backoff.Sleep)
 	st.prog.total.Store(-1)
 	prog := st.prog
 	d.notify()
@@ -358,7 +370,6 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 		d.kick()
 	}
 	d.notify()
-	if err == nil {
-		d.kickCapacity() // an old revision may be free to go
-	}
+	// An old revision may be free to go, or a partial download abandoned.
+	d.kickCapacity()
 }

@@ -76,6 +76,8 @@ func main() {
 			&cli.IntFlag{Name: "pv-burst", Value: 5, Usage: "burst of that bucket"},
 			&cli.DurationFlag{Name: "status-interval", Value: 2 * time.Second, Usage: "least time between two writes of this node's ModelCacheNode status"},
 			&cli.DurationFlag{Name: "idle-timeout", Value: def.IdleTimeout, Usage: "a download that delivers nothing this long is resumed on a new request"},
+			&cli.StringFlag{Name: "progress-floor", Value: "1Mi", Usage: "a download that delivers less than this in a --progress-window of reading fails the attempt as too slow (retried, its pull slot given up meanwhile); 0 = off"},
+			&cli.DurationFlag{Name: "progress-window", Value: def.ProgressWindow, Usage: "the window of --progress-floor"},
 		},
 		Action: run,
 	}
@@ -140,6 +142,16 @@ func run(c *cli.Context) error {
 	}
 	if flag("bandwidth-limit") {
 		cfg.BandwidthLimit = c.Int64("bandwidth-limit")
+	}
+	if flag("progress-floor") {
+		n, err := capacity.ParseBytes(c.String("progress-floor"))
+		if err != nil {
+			return cli.Exit("modelcached: --progress-floor: "+err.Error(), 2)
+		}
+		cfg.ProgressFloor = n
+	}
+	if flag("progress-window") {
+		cfg.ProgressWindow = c.Duration("progress-window")
 	}
 	if flag("kernel-cache-signature-policy") {
 		cfg.KernelCacheSignaturePolicy = c.String("kernel-cache-signature-policy")

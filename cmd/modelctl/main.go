@@ -378,7 +378,7 @@ func commands() []*cli.Command {
 			},
 		},
 		{
-			Name: "gc", Usage: "remove blobs that no artifact uses",
+			Name: "gc", Usage: "remove blobs that no artifact uses, and partial downloads no pull will resume",
 			Flags: []cli.Flag{&cli.BoolFlag{Name: "dry-run", Usage: "print what would be removed and the bytes, remove nothing"}},
 			Action: func(c *cli.Context) error {
 				r, err := client(c).GC(c.Context, c.Bool("dry-run"))
@@ -393,7 +393,7 @@ func commands() []*cli.Command {
 							fmt.Fprintf(w, "  %s\n", d)
 						}
 					}
-					fmt.Fprintf(w, "%s %d blobs, %s; %d blobs in use\n", verb, r.BlobsRemoved, api.FormatBytes(r.BytesFreed), r.BlobsKept)
+					fmt.Fprintf(w, "%s %d blobs, %s; %d partial downloads, %s; %d blobs in use\n", verb, r.BlobsRemoved, api.FormatBytes(r.BytesFreed), r.IngestsRemoved, api.FormatBytes(r.IngestBytesFreed), r.BlobsKept)
 				})
 			},
 		},

@@ -30,6 +30,9 @@ type Report struct {
 	Evicted    []Victim `json:"evicted,omitempty"`
 	Failed     []string `json:"failed,omitempty"` // "name@rev: error"
 	BytesFreed int64    `json:"bytesFreed"`       // by the GC after the evictions
+	// IngestBytesFreed is what Reclaim freed (partial downloads) before
+	// any version was considered.
+	IngestBytesFreed int64 `json:"ingestBytesFreed,omitempty"`
 	// Short is how many bytes pressure wanted freed that no eligible
 	// version could give (pinned, in use, too young).
 	Short int64 `json:"shortBytes,omitempty"`
@@ -51,6 +54,11 @@ type Evictor struct {
 	Protect []string
 	// SpareDesired: see Inputs.SpareDesired.
 	SpareDesired bool
+	// Reclaim, when set, frees space that is not in any version (partial
+	// downloads that no pull is writing now) and returns the bytes freed;
+	// under pressure a pass calls it first, asking for need bytes, and
+	// evicts versions only for what is still needed after it.
+	Reclaim func(ctx context.Context, need int64) (int64, error)
 }
 
 // Inputs gathers the state a plan needs.
@@ -92,6 +100,20 @@ func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	rep := &Report{Before: pr}
+	if pr.Need > 0 && e.Reclaim != nil {
+		// Partial downloads go before any version, even an unwanted one.
+		n, err := e.Reclaim(ctx, pr.Need)
+		if err != nil && e.Log != nil {
+			e.Log.Warn("reclaim partial downloads", "err", err)
+		}
+		if n > 0 {
+			rep.IngestBytesFreed = n
+			if pr, err = e.Pressure(); err != nil {
+				return rep, err
+			}
+		}
+	}
 	if pr.Need+extra <= 0 {
 		// No pressure: only old revisions can be due. Look at summaries
 		// first; manifests are read only when some artifact has one.
@@ -104,14 +126,13 @@ func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
 			old = old || len(a.Versions) > 1
 		}
 		if !old {
-			return &Report{Before: pr}, nil
+			return rep, nil
 		}
 	}
 	in, err := e.Inputs()
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{Before: pr}
 	in.SpareDesired = e.SpareDesired
 	in.Skip = Protect(in.Artifacts, e.Protect...)
 	victims := PlanRevisions(in)
@@ -155,6 +176,9 @@ func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
 		victims = nil // plan again around the failures, for what is still needed
 	}
 	if len(rep.Evicted) == 0 && len(rep.Failed) == 0 {
+		if e.Log != nil && rep.IngestBytesFreed > 0 {
+			e.Log.Info("eviction pass", "ingest_bytes_freed", rep.IngestBytesFreed, "short_bytes", rep.Short)
+		}
 		return rep, nil
 	}
 	gc, err := e.Store.GC(ctx)
@@ -163,7 +187,7 @@ func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
 	}
 	rep.BytesFreed = gc.BytesFreed
 	if e.Log != nil && (len(rep.Evicted) > 0 || len(rep.Failed) > 0 || rep.Short > 0) {
-		e.Log.Info("eviction pass", "evicted", len(rep.Evicted), "bytes_freed", rep.BytesFreed,
+		e.Log.Info("eviction pass", "evicted", len(rep.Evicted), "bytes_freed", rep.BytesFreed, "ingest_bytes_freed", rep.IngestBytesFreed,
 			"failed", rep.Failed, "short_bytes", rep.Short, "over_quota", pr.OverQuota, "above_high", pr.AboveHigh)
 	}
 	return rep, nil
