@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -40,13 +41,33 @@ func (c *Client) http() *http.Client {
 		sock := c.socket()
 		c.hc = &http.Client{Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "unix", sock)
+				return dialUnix(ctx, sock)
 			},
 			DisableCompression: true,
 		}}
 	}
 	return c.hc
+}
+
+// dialUnix connects to the socket. A full listen queue (EAGAIN: the
+// daemon is busy, or another local user floods it) is retried with a
+// growing pause for up to about 10 s, so a burst does not fail a command.
+func dialUnix(ctx context.Context, sock string) (net.Conn, error) {
+	var d net.Dialer
+	pause := 5 * time.Millisecond
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := d.DialContext(ctx, "unix", sock)
+		if err == nil || !errors.Is(err, syscall.EAGAIN) || time.Now().After(deadline) {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 500*time.Millisecond)
+	}
 }
 
 // UnavailableError says the daemon could not be reached and where the

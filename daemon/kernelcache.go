@@ -276,7 +276,7 @@ func (d *Daemon) env(name string) (map[string]string, error) {
 	}
 	out := map[string]string{}
 	if cur.Kind == cachestore.KindKernelCache {
-		d.kernelEnv(name, out)
+		d.kernelEnv(name, "", out)
 		return out, nil
 	}
 	out["MODEL_PATH"] = filepath.Join(d.store.TreePath(cur.Kind, name, ""), "current")
@@ -294,21 +294,23 @@ func (d *Daemon) env(name string) (map[string]string, error) {
 	d.mu.Unlock()
 	sort.Strings(kcs)
 	for _, n := range kcs {
-		d.kernelEnv(n, out)
+		d.kernelEnv(n, name, out)
 	}
 	return out, nil
 }
 
 // kernelEnv adds a Ready kernel cache's directories to out (the first
-// cache to set a variable keeps it).
-func (d *Daemon) kernelEnv(name string, out map[string]string) {
+// cache to set a variable keeps it). For a model (model != ""), only a
+// version pulled for that model counts: one that someone else pulled
+// under the same name (before the model was declared) is not served.
+func (d *Daemon) kernelEnv(name, model string, out map[string]string) {
 	a, err := d.store.Summary(name)
 	if err != nil {
 		return
 	}
 	cur := currentVersion(a)
 	info := kernelCacheInfo(cur)
-	if info == nil {
+	if info == nil || (model != "" && info.Serves != model) {
 		return
 	}
 	base := filepath.Join(d.store.TreePath(cachestore.KindKernelCache, name, ""), "current")

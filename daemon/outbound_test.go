@@ -242,3 +242,17 @@ func TestCredentialsInURIRedacted(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestIngestRefHoldsNoSecret: the ref written beside a partial download
+// names its source without the URI's credentials, and two URIs that differ
+// only in them stay two refs.
+func TestIngestRefHoldsNoSecret(t *testing.T) {
+	a := ingestSource("https://h/w.bin?token=SECRET-A")
+	b := ingestSource("https://h/w.bin?token=SECRET-B")
+	if strings.Contains(a+b, "SECRET") || a == b {
+		t.Fatalf("ingest sources %q and %q", a, b)
+	}
+	if plain := "https://h/w.bin"; ingestSource(plain) != plain {
+		t.Fatalf("a URI without credentials changed: %q", ingestSource(plain))
+	}
+}

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"github.com/klauspost/compress/gzip"
 	"maps"
@@ -227,11 +229,23 @@ func (d *Daemon) setPhase(st *artState, p api.Phase, msg string) {
 	d.mu.Unlock()
 }
 
+// ingestSource names a source in an ingest's ref (written beside the
+// partial data): the URI as given, or, where it carries credentials, the
+// redacted URI and a hash of the whole, so the secret is never written.
+func ingestSource(uri string) string {
+	r := fetchers.RedactURI(uri)
+	if r == uri {
+		return uri
+	}
+	sum := sha256.Sum256([]byte(uri))
+	return r + "~" + hex.EncodeToString(sum[:8])
+}
+
 // fetchFile makes sure the file's blob is in the store and returns its
 // digest and size. A known digest already present costs nothing; a blob
 // another pull is fetching is waited for, not fetched twice.
 func (d *Daemon) fetchFile(ctx context.Context, f fetchers.Fetcher, scheme, uri string, fl fetchers.File, lease *cachestore.Lease, prog *progress) (string, int64, error) {
-	ref := "src:" + uri + "#" + fl.Path
+	ref := "src:" + ingestSource(uri) + "#" + fl.Path
 	if fl.Validator != "" {
 		// Partial data is of one version of the file: a later resolve that
 		// sees another validator must not continue it.

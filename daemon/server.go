@@ -474,7 +474,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	d.mu.Lock()
-	err = d.pullConflict(ds.Name)
+	err = d.pullConflicts(ds)
 	d.mu.Unlock()
 	if err != nil {
 		return err
@@ -483,7 +483,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	d.mu.Lock()
-	if err := d.pullConflict(ds.Name); err != nil { // again: the check above ran unlocked
+	if err := d.pullConflicts(ds); err != nil { // again: the check above ran unlocked
 		d.mu.Unlock()
 		return err
 	}
@@ -533,6 +533,20 @@ func (d *Daemon) pullConflict(name string) error {
 	}
 	if w, ok := d.desired()[name]; ok && w.Serves != "" && w.Origin != originAPI {
 		return api.Errorf(api.CodeConflict, "artifact %s is the kernel cache of %s, declared in %s; pull under another name", name, w.Serves, w.Origin)
+	}
+	return nil
+}
+
+// pullConflicts checks the desire's name and the names of the kernel
+// caches it lists. Called with d.mu held.
+func (d *Daemon) pullConflicts(ds api.Desire) error {
+	if err := d.pullConflict(ds.Name); err != nil {
+		return err
+	}
+	for i := range ds.KernelCaches {
+		if err := d.pullConflict(ds.KernelCacheName(i)); err != nil {
+			return err
+		}
 	}
 	return nil
 }

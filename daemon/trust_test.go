@@ -229,6 +229,10 @@ func TestKernelCacheInjection(t *testing.T) {
 	if code, body := rawPull(t, cfg.Socket, taken); code != http.StatusConflict || !strings.Contains(body, "llama") {
 		t.Fatalf("a socket pull taking the name of a declared model's kernel cache: %d %s", code, body)
 	}
+	nested := `{"name":"j13","uri":"` + srv.URL + `/m/config.json","kernelCaches":[{"name":"llama.kc0","uri":"oci://127.0.0.1:1/attacker/cache:v1","signature":{"keys":["-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----"]}}]}`
+	if code, body := rawPull(t, cfg.Socket, nested); code != http.StatusConflict || !strings.Contains(body, "llama.kc0") {
+		t.Fatalf("a socket model listing a kernel cache under a declared model's kernel cache name: %d %s", code, body)
+	}
 	h.d.mu.Lock()
 	kc := h.d.desired()["llama.kc0"]
 	h.d.mu.Unlock()

@@ -23,6 +23,9 @@ var secretParams = map[string]bool{
 	"key": true, "apikey": true, "api_key": true, "password": true, "pass": true, "pwd": true, "secret": true,
 	"sig": true, "signature": true, "policy": true, "key-pair-id": true, "googleaccessid": true,
 	"awsaccesskeyid": true, "ossaccesskeyid": true, "session": true, "credential": true,
+	// CDN URL signing: Alibaba (auth_key), Tencent (sign), Akamai (hdnts,
+	// hdnea), and one-time codes.
+	"auth_key": true, "authkey": true, "sign": true, "hdnts": true, "hdnea": true, "code": true, "sessionid": true, "session_id": true,
 	// Azure SAS: the signature and the fields it signs.
 	"sv": true, "ss": true, "srt": true, "sp": true, "se": true, "st": true, "sr": true, "spr": true, "sip": true,
 	"si": true, "sdd": true, "skoid": true, "sktid": true, "skt": true, "ske": true, "sks": true, "skv": true,

@@ -29,6 +29,7 @@ func TestRedactURI(t *testing.T) {
 		{"https://d.cloudfront.net/w?Policy=p&Key-Pair-Id=k&Signature=s", "https://d.cloudfront.net/w?Policy=REDACTED&Key-Pair-Id=REDACTED&Signature=REDACTED"},
 		{"https://h/x?TOKEN=a&Access_Token=b&api_key=c&apikey=d&key=e&password=f&secret=g&hf_token=h&client_secret=i", "https://h/x?TOKEN=REDACTED&Access_Token=REDACTED&api_key=REDACTED&apikey=REDACTED&key=REDACTED&password=REDACTED&secret=REDACTED&hf_token=REDACTED&client_secret=REDACTED"},
 		{"https://h/x?%74oken=a", "https://h/x?%74oken=REDACTED"}, // percent-encoded key
+		{"http://cdn/m.bin?auth_key=1-0-0-abc&sign=def&hdnts=exp~hmac&code=xyz&part=2", "http://cdn/m.bin?auth_key=REDACTED&sign=REDACTED&hdnts=REDACTED&code=REDACTED&part=2"}, // CDN URL signing
 		{"https://h/x?token=", "https://h/x?token="},
 		{"https://h/x?token", "https://h/x?token"},
 		{"https://h/cb#access_token=abc&state=s", "https://h/cb#access_token=REDACTED&state=s"},

@@ -44,6 +44,8 @@ import (
 // reads any path the requester may read.
 type Fetcher struct {
 	roots []string
+	// walks bounds the tree walks at once (a socket peer can ask for many).
+	walks chan struct{}
 }
 
 // Option configures a Fetcher.
@@ -61,7 +63,7 @@ func WithRoots(roots ...string) Option {
 
 // New returns a file fetcher.
 func New(opts ...Option) *Fetcher {
-	f := &Fetcher{}
+	f := &Fetcher{walks: make(chan struct{}, 4)}
 	for _, o := range opts {
 		o(f)
 	}
@@ -210,6 +212,14 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 	if err := f.checkRoots(src.URI, p); err != nil {
 		return nil, fetchers.Permanent(err)
 	}
+	if f.walks != nil {
+		select {
+		case f.walks <- struct{}{}:
+			defer func() { <-f.walks }()
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	res := &fetchers.Resolved{URI: src.URI}
 	err = asIdentity(src.As, func() error {
 		parent, base := filepath.Split(p)
@@ -263,7 +273,7 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 			return explain(src.URI, p, err)
 		}
 		w := walker{ctx: ctx, uri: src.URI, root: p, rootfd: rfd, rootID: idOf(&rst), as: src.As}
-		if err := w.walk(rfd, ""); err != nil {
+		if err := w.walk(rfd, "", 0); err != nil {
 			return err
 		}
 		res.Files = w.files
@@ -289,9 +299,23 @@ type walker struct {
 	files  []fetchers.File
 }
 
-func (w *walker) walk(dirfd int, rel string) error {
+// Bounds of a tree walk: a tree deeper or larger than this is refused
+// (a hostile tree must not cost the daemon descriptors or memory).
+const (
+	maxDepth = 64
+	maxFiles = 100_000
+)
+
+// walk lists the directory rel (open as dirfd, which the caller closes).
+// Entries are read and stat'ed first and dirfd is not used while the
+// subdirectories are walked (they are opened beneath the root), so a walk
+// holds two descriptors whatever the depth.
+func (w *walker) walk(dirfd int, rel string, depth int) error {
 	if err := w.ctx.Err(); err != nil {
 		return err
+	}
+	if depth > maxDepth {
+		return fmt.Errorf("source %q: %w: the tree is deeper than %d directories (at %s); point the source at a shallower directory", w.uri, fetchers.ErrBadSource, maxDepth, short(rel))
 	}
 	// ReadDir on a duplicate: the os.File owns and closes it.
 	dup, err := unix.Dup(dirfd)
@@ -302,8 +326,9 @@ func (w *walker) walk(dirfd int, rel string) error {
 	ents, err := d.ReadDir(-1)
 	d.Close()
 	if err != nil {
-		return explain(w.uri, filepath.Join(w.root, rel), err)
+		return explain(w.uri, filepath.Join(w.root, short(rel)), err)
 	}
+	var dirs []string
 	for _, e := range ents {
 		name := e.Name()
 		crel := path.Join(rel, name)
@@ -314,15 +339,7 @@ func (w *walker) walk(dirfd int, rel string) error {
 		}
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
-			fd, err := openBeneath(dirfd, name, unix.O_DIRECTORY|unix.O_NOFOLLOW)
-			if err != nil {
-				return explain(w.uri, full, err)
-			}
-			err = w.walk(fd, crel)
-			unix.Close(fd)
-			if err != nil {
-				return err
-			}
+			dirs = append(dirs, crel)
 			continue
 		case unix.S_IFLNK:
 			// Follow it only inside the tree: the kernel refuses an escape.
@@ -346,10 +363,32 @@ func (w *walker) walk(dirfd int, rel string) error {
 		if st.Mode&unix.S_IFMT != unix.S_IFREG {
 			return fmt.Errorf("source %q: %w: %s is a %s, not a regular file; remove it from the tree or exclude it (--exclude)", w.uri, fetchers.ErrBadSource, crel, fetchers.TypeName(modeType(st.Mode)))
 		}
+		if len(w.files) >= maxFiles {
+			return fmt.Errorf("source %q: %w: the tree holds more than %d files; point the source at a smaller directory", w.uri, fetchers.ErrBadSource, maxFiles)
+		}
 		l := loc{dir: w.root, rel: crel, dirID: w.rootID, fileID: idOf(&st), as: w.as}
 		w.files = append(w.files, fetchers.File{Path: crel, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String()})
 	}
+	for _, crel := range dirs {
+		fd, err := openBeneath(w.rootfd, crel, unix.O_DIRECTORY|unix.O_NOFOLLOW)
+		if err != nil {
+			return explain(w.uri, filepath.Join(w.root, short(crel)), err)
+		}
+		err = w.walk(fd, crel, depth+1)
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// short keeps a path in an error message readable: its last 200 bytes.
+func short(p string) string {
+	if len(p) <= 200 {
+		return p
+	}
+	return "…" + p[len(p)-200:]
 }
 
 // Open re-opens the source directory as the requester, checks that it is

@@ -224,3 +224,31 @@ func TestDirectorySwapRace(t *testing.T) {
 		t.Log("the swap window was never hit; the invariant held for every attempt")
 	}
 }
+
+// TestDeepTree: a tree deeper than maxDepth is refused with a short
+// message, and a deep tree within it resolves and leaves no descriptor
+// open.
+func TestDeepTree(t *testing.T) {
+	build := func(depth int) string {
+		root := t.TempDir()
+		p := root
+		for i := 0; i < depth; i++ {
+			p = filepath.Join(p, "d")
+		}
+		write(t, filepath.Join(p, "w.bin"), "deep")
+		return root
+	}
+	fds := func() int { ents, _ := os.ReadDir("/proc/self/fd"); return len(ents) }
+	before := fds()
+	res, err := New().Resolve(context.Background(), fetchers.Source{URI: "file://" + build(maxDepth)})
+	if err != nil || len(res.Files) != 1 {
+		t.Fatalf("a tree %d deep: %v", maxDepth, err)
+	}
+	if after := fds(); after > before+2 {
+		t.Fatalf("the walk leaked descriptors: %d before, %d after", before, after)
+	}
+	_, err = New().Resolve(context.Background(), fetchers.Source{URI: "file://" + build(maxDepth + 5)})
+	if !errors.Is(err, fetchers.ErrBadSource) || !strings.Contains(err.Error(), "deeper than") || len(err.Error()) > 1000 {
+		t.Fatalf("a tree deeper than %d: %v", maxDepth, err)
+	}
+}
