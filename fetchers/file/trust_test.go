@@ -247,7 +247,7 @@ func TestDeepTree(t *testing.T) {
 	if after := fds(); after > before+2 {
 		t.Fatalf("the walk leaked descriptors: %d before, %d after", before, after)
 	}
-	_, err = New().Resolve(context.Background(), fetchers.Source{URI: "file://" + build(maxDepth + 5)})
+	_, err = New().Resolve(context.Background(), fetchers.Source{URI: "file://" + build(maxDepth+5)})
 	if !errors.Is(err, fetchers.ErrBadSource) || !strings.Contains(err.Error(), "deeper than") || len(err.Error()) > 1000 {
 		t.Fatalf("a tree deeper than %d: %v", maxDepth, err)
 	}
