@@ -310,6 +310,9 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 	close(st.done)
 	st.completed++
 	st.lastErr = nil // a failure sets it below; a cancelled or incompatible pull leaves the phase to speak
+	if err != nil {
+		err = redactedError{err} // the message is shown (status, waiters, events) and stored
+	}
 	scheme, _ := fetchers.Scheme(ds.URI)
 	switch {
 	case err == nil:
@@ -340,11 +343,10 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 			d.store.SetState(ds.Name, a.Versions[0].Revision, cachestore.StateFailed, "re-fetch failed: "+err.Error())
 		}
 	case errors.As(err, new(*incompatibleError)):
-		st.phase, st.message, st.reason, st.attempts = api.PhaseIncompatible, fetchers.RedactText(err.Error()), ReasonIncompatible, 0
+		st.phase, st.message, st.reason, st.attempts = api.PhaseIncompatible, err.Error(), ReasonIncompatible, 0
 		d.metrics.pulls.WithLabelValues(scheme, "incompatible").Inc()
 		d.log.Info("kernel cache incompatible with this node's GPUs; not downloaded", "artifact", ds.Name, "uri", ds.URI, "why", err)
 	default:
-		err = redactedError{err} // the message is shown (status, waiters, events) and stored
 		st.attempts++
 		delay := d.cfg.RetryInitial << min(st.attempts-1, 16)
 		if delay > d.cfg.RetryMax || delay <= 0 {
