@@ -99,10 +99,18 @@ func (d *Daemon) desired() map[string]api.Desire {
 	for n, ds := range d.fileDesires {
 		out[n] = ds
 	}
-	for _, ds := range out {
+	// Expand in name order: where two models name the same kernel cache,
+	// the same one wins every time (a declared model over a socket one,
+	// then the first by name), so pulls do not flip between them.
+	var models []string
+	for n, ds := range out {
 		if len(ds.KernelCaches) > 0 {
-			expandKernelCaches(out, ds)
+			models = append(models, n)
 		}
+	}
+	sort.Strings(models)
+	for _, n := range models {
+		expandKernelCaches(out, out[n])
 	}
 	return out
 }

@@ -465,3 +465,26 @@ func TestPeerGroupsNotFromProc(t *testing.T) {
 	}
 	t.Fatal("could not get the dead peer's pid for a socket-group member in 20 attempts")
 }
+
+// TestSharedKernelCacheWinnerIsStable: two models naming the same kernel
+// cache give it the same source every time (the first model by name; a
+// declared model over a socket one), not whichever map order comes up.
+func TestSharedKernelCacheWinnerIsStable(t *testing.T) {
+	d := &Daemon{apiDesires: map[string]api.Desire{}, fileDesires: map[string]api.Desire{}, clusterDesires: map[string]api.Desire{}}
+	for _, n := range []string{"m3", "m1", "m2", "m4", "m5"} {
+		d.apiDesires[n] = api.Desire{Name: n, URI: "hf://o/" + n, Origin: originAPI,
+			KernelCaches: []api.KernelCacheRef{{Name: "shared", URI: "oci://r/" + n + ":sm90"}}}
+	}
+	for i := 0; i < 200; i++ {
+		if got := d.desired()["shared"]; got.Serves != "m1" {
+			t.Fatalf("pass %d: the shared kernel cache serves %s (%s), want m1", i, got.Serves, got.URI)
+		}
+	}
+	d.fileDesires["z9"] = api.Desire{Name: "z9", URI: "hf://o/z9", Origin: originFile + "/etc/modelcached/models.d/z9.yaml",
+		KernelCaches: []api.KernelCacheRef{{Name: "shared", URI: "oci://r/z9:sm90"}}}
+	for i := 0; i < 200; i++ {
+		if got := d.desired()["shared"]; got.Serves != "z9" {
+			t.Fatalf("pass %d: a declared model's kernel cache lost to a socket one: %s", i, got.Serves)
+		}
+	}
+}
