@@ -695,6 +695,7 @@ func (s *Store) Evict(ctx context.Context, name, rev string, force bool) ([]stri
 	if err != nil {
 		return nil, err
 	}
+	s.hit("evict.after-index")
 	for _, v := range victims {
 		s.removeTree(filepath.Join(parent, v.Revision))
 	}

@@ -108,3 +108,43 @@ func TestRefusedEvictChangesNothing(t *testing.T) {
 		t.Fatalf("the refresh was fetched %d times: the refused evict cancelled it", n)
 	}
 }
+
+// TestAbsentEvictionDoesNotBlockReads: while the reconciler removes an
+// absent model's tree, API reads answer: the removal runs without the
+// daemon lock.
+func TestAbsentEvictionDoesNotBlockReads(t *testing.T) {
+	w := data(5000, 61)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	cfg := testConfig(t)
+	inEvict, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	cfg.Hook = func(point string) {
+		if point == "evict.after-index" {
+			once.Do(func() { close(inEvict) })
+			<-release
+		}
+	}
+	h := start(t, cfg)
+	defer close(release)
+	uri := srv.URL + "/w.bin#sha256=" + sha(w)
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: uri}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.c.Pull(context.Background(), api.PullRequest{Name: "m", URI: uri, State: api.StateAbsent}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inEvict:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the absent model was never evicted")
+	}
+	// The eviction is stopped inside the store; reads must still answer.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := h.c.Status(ctx); err != nil {
+		t.Fatalf("status while an absent model is evicted: %v", err)
+	}
+	if _, err := h.c.List(ctx); err != nil {
+		t.Fatalf("list while an absent model is evicted: %v", err)
+	}
+}

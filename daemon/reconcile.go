@@ -159,9 +159,21 @@ func (d *Daemon) reconcileLoop(ctx context.Context) {
 
 // reconcile makes one pass over the desired set and returns how long until
 // the next pass is due (the nearest retry, at most 30s).
+//
+// Evictions of absent artifacts (tree removal, an index fsync) run after
+// the pass, without the daemon lock, so API reads never wait for them.
 func (d *Daemon) reconcile(ctx context.Context) time.Duration {
+	next, absent := d.reconcileLocked(ctx)
+	for _, name := range absent {
+		d.evictAbsent(ctx, name)
+	}
+	return next
+}
+
+func (d *Daemon) reconcileLocked(ctx context.Context) (time.Duration, []string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	var absent []string
 	now := time.Now()
 	next := 30 * time.Second
 	names := make([]string, 0)
@@ -183,7 +195,7 @@ func (d *Daemon) reconcile(ctx context.Context) time.Duration {
 				st.cancel()
 				continue
 			}
-			d.evictAbsent(ctx, name, st)
+			absent = append(absent, name)
 			continue
 		}
 		if st.cancel != nil {
@@ -213,7 +225,7 @@ func (d *Daemon) reconcile(ctx context.Context) time.Duration {
 		}
 		d.startPull(ctx, ds, st, fp)
 	}
-	return next
+	return next, absent
 }
 
 // satisfied: the current version is Ready and came from this desire.
@@ -226,37 +238,46 @@ func (d *Daemon) satisfied(name, fp string) bool {
 	return v.State == cachestore.StateReady && v.Spec == fp
 }
 
-func (d *Daemon) evictAbsent(ctx context.Context, name string, st *artState) {
+func (d *Daemon) evictAbsent(ctx context.Context, name string) {
+	// say sets the artifact's message (and phase) under the lock, if it is
+	// still desired absent: the desire may have changed meanwhile.
+	say := func(phase api.Phase, msg string, log bool) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		st := d.arts[name]
+		if ds, ok := d.desired()[name]; st == nil || !ok || ds.State != api.StateAbsent || st.message == msg {
+			return
+		}
+		if phase != "" {
+			st.phase = phase
+		}
+		st.message = msg
+		if log {
+			d.log.Warn("evict absent artifact", "artifact", name, "err", msg)
+		}
+		d.notify()
+	}
 	if _, err := d.store.Summary(name); errors.Is(err, cachestore.ErrNotFound) {
-		st.phase, st.message = api.PhasePending, "absent"
+		say(api.PhasePending, "absent", false)
 		return
 	}
 	// What a lease, a process or a pod holds stays until they let go.
-	if hs := holdersOf(d.inUseLocked(), name); len(hs) > 0 {
+	if hs := holdersOf(d.inUse(), name); len(hs) > 0 {
 		msg := fmt.Sprintf("desired absent; kept while in use by %s %s", hs[0].Kind, hs[0].ID)
 		if len(hs) > 1 {
 			msg += fmt.Sprintf(" and %d more", len(hs)-1)
 		}
-		if st.message != msg {
-			st.message = msg
-			d.notify()
-		}
+		say("", msg, false)
 		return
 	}
 	revs, err := d.store.Evict(ctx, name, "", false)
 	if err != nil {
-		msg := fmt.Sprintf("desired absent but not evicted: %v", err)
-		if st.message != msg {
-			d.log.Warn("evict absent artifact", "artifact", name, "err", err)
-			st.message = msg
-			d.notify()
-		}
+		say("", fmt.Sprintf("desired absent but not evicted: %v", err), true)
 		return
 	}
 	d.log.Info("evicted absent artifact", "artifact", name, "revisions", revs)
 	d.metrics.evictions.WithLabelValues(capacity.ReasonAbsent).Add(float64(len(revs)))
-	st.phase, st.message = api.PhasePending, "absent"
-	d.notify()
+	say(api.PhasePending, "absent", false)
 	go d.gc(context.WithoutCancel(ctx))
 }
 
