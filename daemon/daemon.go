@@ -282,6 +282,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			cancel()
 			bg.Wait()
 			srv.Close()
+			d.pulls.Wait() // the reconciler may have started pulls: the store closes after them
 			return err
 		}
 		bg.Add(1)
