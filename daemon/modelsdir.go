@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -51,7 +49,7 @@ func (d *Daemon) loadModelsDir() {
 			}
 			path := filepath.Join(dir, n)
 			if !e.Type().IsRegular() {
-				problems = append(problems, fmt.Sprintf("%s: %s, not a regular file; skipped (models.d reads only regular files)", path, fileKind(e.Type())))
+				problems = append(problems, fmt.Sprintf("%s: %s, not a regular file; skipped (models.d reads only regular files)", path, "a "+fetchers.TypeName(e.Type())))
 				continue
 			}
 			list, err := d.parseModelsFile(path)
@@ -85,49 +83,11 @@ func (d *Daemon) loadModelsDir() {
 // directory was listed) and checks the handle it read from. Its errors
 // never quote the file's content.
 func readModelsFile(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
-	if errors.Is(err, syscall.ELOOP) {
-		return nil, fmt.Errorf("%s: a symlink, not a regular file; skipped (models.d reads only regular files)", path)
-	}
+	b, err := fetchers.ReadRegularFile(path, maxModelsFile, false)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %v", path, err)
+		return nil, fmt.Errorf("%v; skipped (models.d reads only regular files)", err)
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("%s: %v", path, err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: %s, not a regular file; skipped (models.d reads only regular files)", path, fileKind(fi.Mode().Type()))
-	}
-	if fi.Size() > maxModelsFile {
-		return nil, fmt.Errorf("%s: %d bytes, larger than %d; skipped", path, fi.Size(), maxModelsFile)
-	}
-	raw, err := io.ReadAll(io.LimitReader(f, maxModelsFile+1))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %v", path, err)
-	}
-	if len(raw) > maxModelsFile {
-		return nil, fmt.Errorf("%s: larger than %d bytes; skipped", path, maxModelsFile)
-	}
-	return raw, nil
-}
-
-// fileKind names a file type for an operator.
-func fileKind(m os.FileMode) string {
-	switch {
-	case m&os.ModeSymlink != 0:
-		return "a symlink"
-	case m&os.ModeNamedPipe != 0:
-		return "a FIFO"
-	case m&os.ModeSocket != 0:
-		return "a socket"
-	case m&os.ModeDevice != 0:
-		return "a device"
-	case m.IsDir():
-		return "a directory"
-	}
-	return "a special file"
+	return b, nil
 }
 
 func (d *Daemon) parseModelsFile(path string) ([]api.Desire, error) {

@@ -9,12 +9,23 @@ import (
 )
 
 // ReadConfigFile reads a small file the node's configuration names (a
-// public key, a trusted root, a models.d file): only a regular file, at
+// public key, a trusted root, a credentials file): only a regular file, at
 // most max bytes, opened without blocking so that a FIFO or a device in
 // its place fails at once instead of hanging or filling memory. The
 // error names the path and what it is, never the file's content.
-func ReadConfigFile(path string, max int64) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+func ReadConfigFile(path string, max int64) ([]byte, error) { return ReadRegularFile(path, max, true) }
+
+// ReadRegularFile is ReadConfigFile; with follow false a symlink at path
+// is refused too (models.d reads only the files it holds).
+func ReadRegularFile(path string, max int64, follow bool) ([]byte, error) {
+	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC
+	if !follow {
+		flags |= unix.O_NOFOLLOW
+	}
+	fd, err := unix.Open(path, flags, 0)
+	if err == unix.ELOOP && !follow {
+		return nil, fmt.Errorf("%s: %w: a symlink, not a regular file", path, ErrBadSource)
+	}
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
