@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 
 	"github.com/google/renameio/v2"
@@ -147,6 +148,25 @@ func (s *Store) syncHFView(repo string) error {
 			}
 		}
 	}
+	// Refs nest like git's: "main" and "main/x" cannot both exist (one is
+	// a file, the other needs it to be a directory). The shorter wins,
+	// every time, and the other is left out with a warning; the snapshot
+	// stays reachable by its commit.
+	names := make([]string, 0, len(wantRefs))
+	for r := range wantRefs {
+		names = append(names, r)
+	}
+	sort.Strings(names)
+	for _, r := range names {
+		for _, q := range names {
+			if _, ok := wantRefs[q]; ok && strings.HasPrefix(q, r+"/") {
+				if _, kept := wantRefs[r]; kept {
+					s.log.Warn("hf view: revisions whose refs cannot coexist; leaving the longer one out", "repo", repo, "kept", r, "left_out", q)
+					delete(wantRefs, q)
+				}
+			}
+		}
+	}
 	for r, commit := range wantRefs {
 		if err := ValidatePath(r); err != nil {
 			continue
@@ -154,6 +174,17 @@ func (s *Store) syncHFView(repo string) error {
 		p := filepath.Join(base, "refs", filepath.FromSlash(r))
 		if cur, err := os.ReadFile(p); err == nil && string(cur) == commit {
 			continue
+		}
+		// What stands in the way is a ref nothing wants any more (wanted
+		// refs do not nest): a directory where the ref goes, or a file
+		// where one of its parent directories goes.
+		if fi, err := os.Lstat(p); err == nil && fi.IsDir() {
+			os.RemoveAll(p)
+		}
+		for d := filepath.Dir(p); d != filepath.Join(base, "refs") && strings.HasPrefix(d, base); d = filepath.Dir(d) {
+			if fi, err := os.Lstat(d); err == nil && !fi.IsDir() {
+				os.Remove(d)
+			}
 		}
 		os.MkdirAll(filepath.Dir(p), 0o755)
 		if err := renameio.WriteFile(p, []byte(commit), 0o644); err != nil {
