@@ -4,10 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strconv"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,11 +36,11 @@ func resourceBytes(n int64) *resource.Quantity {
 // its counts change. One writer per cluster, not one per node: no write
 // storms, no conflicts between nodes.
 func (s *Syncer) aggregate(ctx context.Context) {
-	lock := &resourcelock.LeaseLock{
+	lock := reportingLock{Interface: &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Name: leaseName, Namespace: s.cfg.Namespace},
 		Client:     s.kc.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: s.cfg.NodeName},
-	}
+	}, report: s.aggregationProblem}
 	for ctx.Err() == nil {
 		leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
 			Lock: lock, ReleaseOnCancel: true,
@@ -184,4 +187,66 @@ func (s *Syncer) writeMCStatus(ctx context.Context, mc *ModelCache, st ModelCach
 	defer cancel()
 	_, err := s.dyn.Resource(ModelCacheGVR).UpdateStatus(ctx, u, metav1.UpdateOptions{FieldManager: managerName})
 	return err // a conflict: the informer brings the newer object and the next pass retries
+}
+
+// reportingLock is the aggregator's Lease lock that says why it cannot be
+// taken: leader election only logs at a verbosity nobody runs, so a
+// missing namespace would silently leave every ModelCache's status
+// unwritten.
+type reportingLock struct {
+	resourcelock.Interface
+	report func(error)
+}
+
+func (l reportingLock) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	err := l.Interface.Create(ctx, ler)
+	l.report(err)
+	return err
+}
+
+func (l reportingLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
+	r, b, err := l.Interface.Get(ctx)
+	if err == nil {
+		l.report(nil) // the Lease exists: whoever holds it, aggregation works
+	}
+	return r, b, err
+}
+
+func (l reportingLock) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	err := l.Interface.Update(ctx, ler)
+	l.report(err)
+	return err
+}
+
+// aggregationProblem records why the Lease cannot be written (nil: it
+// can): in the log and as an Event once per change, and in this node's
+// ModelCacheNode status while it lasts.
+func (s *Syncer) aggregationProblem(err error) {
+	msg := ""
+	switch {
+	case err == nil:
+	case apierrors.IsNotFound(err):
+		msg = fmt.Sprintf("the aggregator's Lease cannot be created: namespace %q does not exist, so ModelCache status (ready counts) is not aggregated; "+
+			"create it (kubectl create namespace %s) or point modelcached at an existing one (--lease-namespace, POD_NAMESPACE)", s.cfg.Namespace, s.cfg.Namespace)
+	case apierrors.IsForbidden(err):
+		msg = fmt.Sprintf("the aggregator's Lease in namespace %q is forbidden to this node's service account, so ModelCache status is not aggregated; "+
+			"grant it get/create/update on coordination.k8s.io leases there (the kustomize bundle's Role does): %v", s.cfg.Namespace, err)
+	default:
+		return // a passing error: leader election retries
+	}
+	s.mu.Lock()
+	changed := msg != s.aggProblem
+	s.aggProblem = msg
+	s.mu.Unlock()
+	if !changed {
+		return
+	}
+	ref := &corev1.ObjectReference{APIVersion: Group + "/" + Version, Kind: "ModelCacheNode", Name: s.cfg.NodeName}
+	if msg != "" {
+		s.log.Error("k8s sync: aggregation disabled", "namespace", s.cfg.Namespace, "why", msg)
+		s.rec.Event(ref, corev1.EventTypeWarning, EventAggregation, msg)
+	} else {
+		s.log.Info("k8s sync: the aggregator's Lease can be written again", "namespace", s.cfg.Namespace)
+	}
+	s.poke()
 }

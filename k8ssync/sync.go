@@ -110,6 +110,7 @@ type Syncer struct {
 	writeErrs   int
 	timer       bool // a later poke is pending
 	created     bool // this node's ModelCacheNode exists
+	aggProblem  string // why this node cannot take part in aggregation ("" when it can)
 }
 
 type secretEntry struct {
@@ -488,6 +489,7 @@ const (
 	EventInsufficientCapacity = "InsufficientCapacity"
 	EventEvicted              = "Evicted"
 	EventInvalidSpec          = api.ReasonInvalidSpec
+	EventAggregation          = "AggregationDisabled"
 )
 
 // events emits an Event on the ModelCache for each transition of one of
@@ -585,6 +587,11 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 		}
 	}
 	sort.Slice(st.Artifacts, func(i, j int) bool { return st.Artifacts[i].Name < st.Artifacts[j].Name })
+	s.mu.Lock()
+	if s.aggProblem != "" {
+		st.Problems = append(st.Problems, s.aggProblem)
+	}
+	s.mu.Unlock()
 	body, _ := json.Marshal(st)
 	s.mu.Lock()
 	same := string(body) == string(s.lastStatus)

@@ -41,6 +41,12 @@ type node struct {
 
 func startNode(t *testing.T, kcfg *rest.Config, name string, gpus string, localPVs bool) *node {
 	t.Helper()
+	return startNodeIn(t, kcfg, name, gpus, localPVs, "modelcache-system")
+}
+
+// startNodeIn starts a node whose aggregator Lease lives in namespace.
+func startNodeIn(t *testing.T, kcfg *rest.Config, name string, gpus string, localPVs bool, namespace string) *node {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := daemon.DefaultConfig()
 	cfg.Root, cfg.Socket, cfg.MetricsAddr = filepath.Join(dir, "root"), filepath.Join(dir, "s.sock"), ""
@@ -50,7 +56,7 @@ func startNode(t *testing.T, kcfg *rest.Config, name string, gpus string, localP
 	inv := filepath.Join(dir, "gpus.json")
 	os.WriteFile(inv, []byte(gpus), 0o644)
 	cfg.GPUInventory = inv
-	cfg.Cluster = &k8ssync.Config{NodeName: name, Kube: kcfg, Namespace: "modelcache-system", StatusInterval: 200 * time.Millisecond,
+	cfg.Cluster = &k8ssync.Config{NodeName: name, Kube: kcfg, Namespace: namespace, StatusInterval: 200 * time.Millisecond,
 		LocalPVs: localPVs, PVQPS: 1, PVBurst: 1, Aggregate: true}
 	d, err := daemon.New(context.Background(), cfg)
 	if err != nil {

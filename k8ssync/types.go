@@ -120,6 +120,10 @@ type ModelCacheNodeStatus struct {
 	// Heartbeat is when the daemon last wrote (at most every few minutes
 	// when nothing changes).
 	Heartbeat metav1.Time `json:"heartbeat"`
+	// Problems are what keeps this node's daemon from doing its part in
+	// the cluster (e.g. the Lease namespace of the aggregator is missing),
+	// each with its remedy.
+	Problems []string `json:"problems,omitempty"`
 }
 
 // ArtifactStatus is one artifact on the node.
