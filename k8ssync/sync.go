@@ -108,8 +108,8 @@ type Syncer struct {
 	owners      map[string]string // artifact → ModelCache
 	secretCache map[string]secretEntry
 	writeErrs   int
-	timer       bool // a later poke is pending
-	created     bool // this node's ModelCacheNode exists
+	timer       bool   // a later poke is pending
+	created     bool   // this node's ModelCacheNode exists
 	aggProblem  string // why this node cannot take part in aggregation ("" when it can)
 }
 
