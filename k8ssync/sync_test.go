@@ -220,6 +220,16 @@ func TestClusterSync(t *testing.T) {
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("bad", map[string]any{"source": "ftp://x/y", "state": "Maybe"}), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "source") {
 		t.Fatalf("a bad ModelCache must be rejected at admission: %v", err)
 	}
+	// The CRD's limits are the store's: what a node would refuse,
+	// admission refuses.
+	long := strings.Repeat("n", 124)
+	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc(long, map[string]any{"source": srv.URL + "/w.bin"}), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "128") {
+		t.Fatalf("a name no node can store must be rejected at admission: %v", err)
+	}
+	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc(strings.Repeat("v", 100), map[string]any{"source": srv.URL + "/w.bin",
+		"versions": []any{map[string]any{"suffix": strings.Repeat("s", 30), "source": srv.URL + "/w.bin"}}}), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "version name") {
+		t.Fatalf("a version name no node can store must be rejected at admission: %v", err)
+	}
 
 	// A private source with credentials from a Secret.
 	kc.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "hf"}, StringData: map[string]string{"HF_TOKEN": "hf_secret_token"}}, metav1.CreateOptions{})
