@@ -437,7 +437,10 @@ func TestPeerGroupsNotFromProc(t *testing.T) {
 		if !strings.Contains(out.String(), fmt.Sprintf("CONNECTED %d", pid)) {
 			t.Fatalf("helper: %s", out.String())
 		}
-		os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(fmt.Sprint(pid-1)), 0)
+		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(fmt.Sprint(pid-1)), 0); err != nil {
+			// A kernel permission of this machine, not a tool to install.
+			t.Skipf("cannot steer pid allocation here (%v); the pid-reuse attack is not reproducible", err)
+		}
 		member := exec.Command(setpriv, "--reuid=65534", "--regid=65534", fmt.Sprintf("--groups=%d", peerGroup), "sleep", "30")
 		if err := member.Start(); err != nil {
 			t.Fatal(err)
@@ -463,7 +466,9 @@ func TestPeerGroupsNotFromProc(t *testing.T) {
 		}
 		return
 	}
-	t.Fatal("could not get the dead peer's pid for a socket-group member in 20 attempts")
+	// Another process took the pid every time (a busy machine): the attack
+	// could not be staged, which says nothing about the daemon.
+	t.Skip("could not give the dead peer's pid to a socket-group member in 20 attempts")
 }
 
 // TestSharedKernelCacheWinnerIsStable: two models naming the same kernel
