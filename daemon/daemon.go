@@ -194,6 +194,15 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthLimit), int(min(cfg.BandwidthLimit, 4<<20)))
 	}
 	d.metrics = newMetrics(d)
+	if cfg.Cluster != nil {
+		// client-go's global log is set here, before Run starts anything
+		// that uses client-go (and before the caller goes on).
+		cl := cfg.Cluster.Log
+		if cl == nil {
+			cl = log.With("component", "k8ssync")
+		}
+		k8ssync.SetClientLog(cl)
+	}
 	raw, err := st.Desires()
 	if err != nil {
 		st.Close()

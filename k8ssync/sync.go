@@ -85,6 +85,13 @@ const (
 
 var klogOnce sync.Once
 
+// SetClientLog sends client-go's logs (klog, a global) to log, once per
+// process. klog's setter must not race its readers: call it before any
+// goroutine uses client-go (daemon.New does, before Run starts the loop).
+func SetClientLog(log *slog.Logger) {
+	klogOnce.Do(func() { klog.SetSlogLogger(log.With("lib", "client-go")) })
+}
+
 // Syncer is one node's loop.
 type Syncer struct {
 	cfg  Config
@@ -141,9 +148,7 @@ func New(cfg Config, node Node) (*Syncer, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	// client-go logs through klog, a global: send it to the first loop's
-	// log, once (klog's setter must not race its readers).
-	klogOnce.Do(func() { klog.SetSlogLogger(cfg.Log.With("lib", "client-go")) })
+	SetClientLog(cfg.Log)
 	kcfg := rest.CopyConfig(cfg.Kube)
 	kcfg.UserAgent = "modelcached/" + cfg.NodeName
 	kc, err := kubernetes.NewForConfig(kcfg)

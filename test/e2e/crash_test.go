@@ -100,7 +100,17 @@ func TestCrashMidDownloadResumes(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(e.root, "models/big")); err == nil {
 		t.Fatal("a half-downloaded artifact is visible")
 	}
+	// The server may still be writing into the dead daemon's connection
+	// for a moment: count from when that has stopped.
 	before := srv.sent.Load()
+	for stable := 0; stable < 5; {
+		time.Sleep(50 * time.Millisecond)
+		if now := srv.sent.Load(); now != before {
+			before, stable = now, 0
+		} else {
+			stable++
+		}
+	}
 	e.start()
 	e.mustCtl("wait", "big", "--timeout", "30s")
 	fsck(t, e)
