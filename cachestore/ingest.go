@@ -413,6 +413,22 @@ func (w *Writer) Abort() {
 // could only repeat the error) and the error wraps ErrSizeMismatch or
 // ErrDigestMismatch. The Writer is closed in every case.
 func (w *Writer) Commit(ctx context.Context, size int64, expected string) (string, error) {
+	got, err := w.finish(ctx, size, expected, true)
+	if err != nil {
+		return "", err
+	}
+	if err := w.s.adoptIngest(ctx, filepath.Join(w.dir, ingestData), got, w.offset, w.opts.Lease); err != nil {
+		return "", err
+	}
+	os.RemoveAll(w.dir)
+	return got, nil
+}
+
+// finish stops writing and checks what was written: fsync (when sync),
+// size, digest, the second check. It returns the digest; the data stays
+// in the ingest dir for the caller to adopt. On a mismatch the partial
+// data is deleted.
+func (w *Writer) finish(ctx context.Context, size int64, expected string, sync bool) (string, error) {
 	if expected != "" {
 		var err error
 		if expected, err = NormalizeDigest(expected); err != nil {
@@ -421,7 +437,8 @@ func (w *Writer) Commit(ctx context.Context, size int64, expected string) (strin
 		}
 	}
 	err := w.drain()
-	if err == nil {
+	if err == nil && sync {
+		w.s.hit("ingest.fsync")
 		if err = w.f.Sync(); err != nil {
 			err = fmt.Errorf("ingest %s: fsync: %w", w.opts.Ref, err)
 		}
@@ -452,11 +469,85 @@ func (w *Writer) Commit(ctx context.Context, size int64, expected string) (strin
 			return "", fmt.Errorf("ingest %s: %w: %v", w.opts.Ref, ErrDigestMismatch, err)
 		}
 	}
-	if err := w.s.adoptIngest(ctx, filepath.Join(w.dir, ingestData), got, w.offset, w.opts.Lease); err != nil {
-		return "", err
-	}
-	os.RemoveAll(w.dir)
 	return got, nil
+}
+
+// CommitBatch commits many small blobs (archive members) together: their
+// data is made durable by one syncfs(2) instead of an fsync each, the
+// renames into blobs/ follow, one more syncfs makes the directory entries
+// durable, and one index transaction records every blob. Each blob keeps
+// Commit's order (data durable, rename, entry durable, record), so a crash
+// leaves what Commit's would: ingests, or blobs startup repair adopts.
+// sizes[i] is ws[i]'s expected size (-1: unknown). It returns one digest
+// per writer; on an error every writer not yet committed is aborted.
+func (s *Store) CommitBatch(ctx context.Context, ws []*Writer, sizes []int64) ([]string, error) {
+	digests := make([]string, len(ws))
+	abort := func(from int) {
+		for _, w := range ws[from:] {
+			w.Abort()
+		}
+	}
+	for i, w := range ws {
+		d, err := w.finish(ctx, sizes[i], "", false)
+		if err != nil {
+			abort(i + 1)
+			for _, w := range ws[:i] {
+				os.RemoveAll(w.dir)
+			}
+			return nil, err
+		}
+		digests[i] = d
+	}
+	cleanup := func() {
+		for _, w := range ws {
+			os.RemoveAll(w.dir)
+		}
+	}
+	s.hit("batch.sync")
+	if err := s.syncfs(); err != nil {
+		cleanup()
+		return nil, fmt.Errorf("ingest: syncfs: %w", err)
+	}
+	var placed []string
+	sizeOf := map[string]int64{}
+	for i, w := range ws {
+		if l := w.opts.Lease; l != nil {
+			l.Hold(digests[i])
+		} else {
+			s.hold(digests[i]) // until recorded: GC must not take it in between
+			defer s.unhold(digests[i])
+		}
+		isNew, err := s.placeBlob(filepath.Join(w.dir, ingestData), digests[i])
+		if err != nil {
+			cleanup()
+			return nil, err
+		}
+		sizeOf[digests[i]] = w.offset
+		if isNew {
+			placed = append(placed, digests[i])
+		}
+	}
+	if len(placed) > 0 {
+		if err := s.syncfs(); err != nil {
+			s.log.Warn("syncfs after renaming blobs", "err", err)
+		}
+		s.hit("blob.after-rename")
+	}
+	if err := s.putBlobRecords(sizeOf); err != nil {
+		s.log.Warn("record blobs; startup repair will adopt them", "err", err)
+	}
+	cleanup()
+	return digests, nil
+}
+
+// syncfs flushes the store's filesystem.
+func (s *Store) syncfs() error {
+	f, err := os.Open(s.root)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Syncfs(int(f.Fd()))
 }
 
 // Ingest is a convenience: it writes all of r under ref and commits it.

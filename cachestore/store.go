@@ -220,36 +220,70 @@ func (s *Store) OpenBlob(d string) (*os.File, error) {
 // adoptIngest moves verified data into blobs/. Errors after the rename are
 // logged, not returned: the blob is in place and Open adopts its record.
 func (s *Store) adoptIngest(ctx context.Context, data, d string, size int64, l *Lease) error {
-	dst, err := s.BlobPath(d)
-	if err != nil {
-		return err
-	}
 	if l != nil {
 		l.Hold(d)
 	} else {
-		s.hold(d)
+		s.hold(d) // until recorded: GC must not take it in between
 		defer s.unhold(d)
 	}
-	if _, err := os.Lstat(dst); err == nil {
-		return s.putBlobRecord(d, size) // dedup: identical content stored once
+	isNew, err := s.placeBlob(data, d)
+	if err != nil {
+		return err
 	}
-	if err := os.Chmod(data, 0o444); err != nil {
-		return fmt.Errorf("blob %s: %w", d, err)
+	if isNew {
+		dst, _ := s.BlobPath(d)
+		if err := syncDir(filepath.Dir(dst)); err != nil {
+			s.log.Warn("fsync blob dir", "digest", d, "err", err)
+		}
+		s.hit("blob.after-rename")
 	}
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return fmt.Errorf("blob %s: %w", d, err)
-	}
-	if err := os.Rename(data, dst); err != nil {
-		return fmt.Errorf("blob %s: %w", d, err)
-	}
-	if err := syncDir(filepath.Dir(dst)); err != nil {
-		s.log.Warn("fsync blob dir", "digest", d, "err", err)
-	}
-	s.hit("blob.after-rename")
 	if err := s.putBlobRecord(d, size); err != nil {
+		if !isNew {
+			return err
+		}
 		s.log.Warn("record blob; startup repair will adopt it", "digest", d, "err", err)
 	}
 	return nil
+}
+
+// placeBlob moves the durable data file into blobs/ as d, read-only; the
+// caller holds d until it is recorded. It reports whether the blob is
+// new: identical content already there is stored once.
+func (s *Store) placeBlob(data, d string) (bool, error) {
+	dst, err := s.BlobPath(d)
+	if err != nil {
+		return false, err
+	}
+	if _, err := os.Lstat(dst); err == nil {
+		return false, nil // dedup: identical content stored once
+	}
+	if err := os.Chmod(data, 0o444); err != nil {
+		return false, fmt.Errorf("blob %s: %w", d, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return false, fmt.Errorf("blob %s: %w", d, err)
+	}
+	if err := os.Rename(data, dst); err != nil {
+		return false, fmt.Errorf("blob %s: %w", d, err)
+	}
+	return true, nil
+}
+
+// putBlobRecords records many blobs in one transaction.
+func (s *Store) putBlobRecords(sizes map[string]int64) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketBlobs)
+		for d, size := range sizes {
+			if b.Get([]byte(d)) != nil {
+				continue
+			}
+			raw, _ := json.Marshal(blobRecord{Size: size, Created: s.now().UTC()})
+			if err := b.Put([]byte(d), raw); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 func (s *Store) putBlobRecord(d string, size int64) error {

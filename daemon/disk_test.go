@@ -420,3 +420,49 @@ func TestHugeArchiveRefusedUpFront(t *testing.T) {
 		t.Fatalf("partial downloads left: %q", ing)
 	}
 }
+
+// TestSmallMembersCommitInBatches: a layer of many small files is not
+// committed one fsync at a time: its members share a few syncs, and every
+// member arrives intact.
+func TestSmallMembersCommitInBatches(t *testing.T) {
+	const entries = 1500
+	var z bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&z, gzip.BestSpeed)
+	zw.Write(manyEntryTar(entries))
+	zw.Close()
+	layer := static.NewLayer(z.Bytes(), types.OCILayer)
+	srv := httptest.NewServer(registry.New())
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	push(t, host, "models/many:1", modelcar(t, layer))
+
+	var fsyncs, batches atomic.Int64
+	cfg := testConfig(t)
+	cfg.InsecureRegistries = []string{host}
+	cfg.Hook = func(p string) {
+		switch p {
+		case "ingest.fsync":
+			fsyncs.Add(1)
+		case "batch.sync":
+			batches.Add(1)
+		}
+	}
+	h := start(t, cfg)
+	if _, err := h.pull(api.PullRequest{Name: "many", URI: "oci://" + host + "/models/many:1"}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := h.c.Get(context.Background(), "many")
+	if err != nil || len(a.Versions) == 0 || len(a.Versions[0].Files) != entries {
+		t.Fatalf("the model: %v files, %v", len(a.Versions[0].Files), err)
+	}
+	for _, f := range []string{"f000000", "f000777", fmt.Sprintf("f%06d", entries-1)} {
+		if got := h.read("many", f); len(got) != 8 || strings.HasPrefix(got, "<") {
+			t.Fatalf("%s: %q", f, got)
+		}
+	}
+	// The layer blob itself is one fsync; its members share the batches.
+	if n, b := fsyncs.Load(), batches.Load(); n > 2 || b < 1 || b > entries/100 {
+		t.Fatalf("%d members: %d fsyncs of their own and %d batch syncs; want them batched", entries, n, b)
+	}
+	t.Logf("%d members: %d member fsyncs, %d batch syncs", entries, fsyncs.Load(), batches.Load())
+}

@@ -411,6 +411,22 @@ func (b budgetReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// member is an archive member written and waiting for its commit: idx is
+// its position in the layer (a later entry of the same path wins).
+type member struct {
+	w   *cachestore.Writer
+	e   fetchers.TarEntry
+	idx int
+}
+
+// Members up to smallMember bytes commit in batches of at most maxBatch
+// members or maxBatchBytes bytes.
+const (
+	smallMember   = 256 << 10
+	maxBatch      = 512
+	maxBatchBytes = 32 << 20
+)
+
 // layerRefPrefix starts the ingest refs of archive members; they are
 // never resumed (a layer is unpacked from its start every attempt).
 const layerRefPrefix = "layer:"
@@ -485,12 +501,56 @@ func (d *Daemon) unpackLayer(ctx context.Context, f fetchers.Fetcher, scheme str
 		sem     = make(chan struct{}, 4)
 		seq     = map[string]int{}
 		n       int
+		// Small members commit in batches (one syncfs and one index
+		// transaction each), not one fsync at a time.
+		batch      []member
+		batchBytes int64
 	)
+	// set records a committed member unless a later entry of its path won.
+	set := func(m member, dg string) {
+		if seq[m.e.Path] <= m.idx {
+			seq[m.e.Path] = m.idx
+			layer[m.e.Path] = cachestore.Entry{Path: m.e.Path, Digest: dg, Size: m.e.Size, Mode: m.e.Mode}
+		}
+	}
+	fail := func(err error) {
+		if cerr == nil {
+			cerr = err
+		}
+	}
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		b := batch
+		batch, batchBytes = nil, 0
+		sem <- struct{}{}
+		pending.Add(1)
+		go func() {
+			defer pending.Done()
+			defer func() { <-sem }()
+			ws, sizes := make([]*cachestore.Writer, len(b)), make([]int64, len(b))
+			for i, m := range b {
+				ws[i], sizes[i] = m.w, m.e.Size
+			}
+			dgs, err := d.store.CommitBatch(ctx, ws, sizes)
+			cmu.Lock()
+			defer cmu.Unlock()
+			if err != nil {
+				fail(err)
+				return
+			}
+			for i, m := range b {
+				set(m, dgs[i])
+			}
+		}()
+	}
 	defer pending.Wait()
 	err = d.readLayer(dg, fl.Archive.MediaType, func(body io.Reader) error {
 		return fetchers.Untar(body, lim, func(e fetchers.TarEntry, r io.Reader) error {
 			n++
 			if e.Link != "" {
+				flush()
 				pending.Wait()
 				if cerr != nil {
 					return cerr
@@ -522,24 +582,27 @@ func (d *Daemon) unpackLayer(ctx context.Context, f fetchers.Fetcher, scheme str
 				w.Abort()
 				return err
 			}
-			sem <- struct{}{}
-			pending.Add(1)
-			go func(e fetchers.TarEntry, idx int) {
-				defer pending.Done()
-				defer func() { <-sem }()
-				dg, err := w.Commit(ctx, e.Size, "")
-				cmu.Lock()
-				defer cmu.Unlock()
-				switch {
-				case err != nil:
-					if cerr == nil {
-						cerr = err
-					}
-				case seq[e.Path] <= idx:
-					seq[e.Path] = idx
-					layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: dg, Size: e.Size, Mode: e.Mode}
+			if e.Size <= smallMember {
+				batch = append(batch, member{w: w, e: e, idx: n})
+				if batchBytes += e.Size; len(batch) >= maxBatch || batchBytes >= maxBatchBytes {
+					flush()
 				}
-			}(e, n)
+			} else {
+				sem <- struct{}{}
+				pending.Add(1)
+				go func(m member) {
+					defer pending.Done()
+					defer func() { <-sem }()
+					dg, err := w.Commit(ctx, m.e.Size, "")
+					cmu.Lock()
+					defer cmu.Unlock()
+					if err != nil {
+						fail(err)
+						return
+					}
+					set(m, dg)
+				}(member{w: w, e: e, idx: n})
+			}
 			cmu.Lock()
 			defer cmu.Unlock()
 			return cerr
@@ -554,6 +617,14 @@ func (d *Daemon) unpackLayer(ctx context.Context, f fetchers.Fetcher, scheme str
 			return nil
 		})
 	})
+	if err == nil {
+		flush()
+	} else {
+		for _, m := range batch { // never committed: their partial data goes
+			m.w.Abort()
+		}
+		batch = nil
+	}
 	pending.Wait()
 	if err == nil {
 		err = cerr
