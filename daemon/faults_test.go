@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -167,5 +168,24 @@ func TestPermanentFailureIsNotRetried(t *testing.T) {
 	srv.mu.Unlock()
 	if a, err := h.pull(req); err != nil || a.Phase != api.PhaseReady {
 		t.Fatalf("pull asked again: %+v %v", a, err)
+	}
+}
+
+// TestTypoedHostGivesUp: a host DNS denies is retried (a resolver down at
+// boot says so too), then, after a few pulls in a row, it is a permanent
+// SourceNotFound like a typo'd repo.
+func TestTypoedHostGivesUp(t *testing.T) {
+	dns := fmt.Errorf("resolve https://hf.c0/x: %w", &net.DNSError{Err: "no such host", Name: "hf.c0", IsNotFound: true})
+	for attempt := 1; attempt < unknownHostAttempts; attempt++ {
+		if r := failureReason(dns, attempt); r != "" {
+			t.Fatalf("attempt %d of an unknown host: %s, want a retry", attempt, r)
+		}
+	}
+	if r := failureReason(dns, unknownHostAttempts); r != ReasonSourceNotFound {
+		t.Fatalf("attempt %d of an unknown host: %q, want %s", unknownHostAttempts, r, ReasonSourceNotFound)
+	}
+	flaky := &net.DNSError{Err: "server misbehaving", Name: "hf.co", IsTemporary: true}
+	if r := failureReason(flaky, 10); r != "" {
+		t.Fatalf("a resolver failure: %q, want a retry", r)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -332,6 +333,24 @@ func permanentReason(err error) string {
 	return ""
 }
 
+// unknownHostAttempts is how many pulls in a row DNS must deny a source's
+// host before it counts as a typo (permanent): a resolver that is briefly
+// down at boot answers "no such host" too, now and then.
+const unknownHostAttempts = 3
+
+// failureReason is permanentReason, plus a host DNS has denied for
+// unknownHostAttempts pulls in a row (attempt counts this one).
+func failureReason(err error, attempt int) string {
+	if r := permanentReason(err); r != "" {
+		return r
+	}
+	var de *net.DNSError
+	if errors.As(err, &de) && de.IsNotFound && attempt >= unknownHostAttempts {
+		return ReasonSourceNotFound
+	}
+	return ""
+}
+
 func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artState, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -361,9 +380,9 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 	case pctx.Err() != nil:
 		st.phase, st.message = api.PhasePending, "restarting: the desire changed"
 		d.kick()
-	case permanentReason(err) != "":
+	case failureReason(err, st.attempts+1) != "":
 		st.attempts++
-		st.phase, st.message, st.reason = api.PhaseFailed, err.Error(), permanentReason(err)
+		st.phase, st.message, st.reason = api.PhaseFailed, err.Error(), failureReason(err, st.attempts)
 		st.permanent, st.nextRetry, st.lastErr = true, time.Time{}, err
 		d.metrics.pulls.WithLabelValues(scheme, "failed").Inc()
 		d.log.Error("pull failed; not retried until the desire changes or 'modelctl pull' asks again ('modelctl evict NAME' drops the desire)",
