@@ -181,7 +181,13 @@ func TestSocketPeerConnectionLimit(t *testing.T) {
 	if n := pl.held(nobody); n > limit {
 		t.Fatalf("the daemon holds %d connections of uid %d, limit %d", n, nobody, limit)
 	}
+	// A peer's connect returns once the kernel queues the connection; the
+	// daemon accepts (and refuses) the queue's last ones a moment later.
 	refused := int(series(h.d, "modelcache_api_connections_refused_total", nil))
+	for wait := time.Now().Add(30 * time.Second); refused < heldConns-limit && time.Now().Before(wait); {
+		time.Sleep(20 * time.Millisecond)
+		refused = int(series(h.d, "modelcache_api_connections_refused_total", nil))
+	}
 	if refused < heldConns-limit {
 		t.Fatalf("modelcache_api_connections_refused_total = %d, want >= %d", refused, heldConns-limit)
 	}
