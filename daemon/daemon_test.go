@@ -51,24 +51,7 @@ func testConfig(t *testing.T) Config {
 
 func start(t *testing.T, cfg Config) *harness {
 	t.Helper()
-	d, err := New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.backoff = fetchers.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, Attempts: 6, MaxRetryAfter: 5 * time.Second}
-	ctx, cancel := context.WithCancel(context.Background())
-	h := &harness{t: t, d: d, c: &api.Client{Socket: cfg.Socket}, cfg: cfg, cancel: cancel, done: make(chan error, 1)}
-	go func() { h.done <- d.Run(ctx) }()
-	for i := 0; ; i++ {
-		if err := h.c.Health(context.Background()); err == nil {
-			break
-		} else if i > 200 {
-			t.Fatalf("daemon not healthy: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Cleanup(h.stop)
-	return h
+	return startWith(t, cfg, fetchers.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, Attempts: 6, MaxRetryAfter: 5 * time.Second})
 }
 
 func (h *harness) stop() {

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -20,27 +19,13 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 // remoteLoopback treats 127.0.0.2 as a remote host (every test server
 // lives on loopback) and everything else as fetchers.IsInternal says.
 func remoteLoopback(ip netip.Addr) bool {
 	return ip != netip.MustParseAddr("127.0.0.2") && fetchers.IsInternal(ip)
-}
-
-// serveOn starts h on ip:0.
-func serveOn(t *testing.T, ip string, h http.Handler) *httptest.Server {
-	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Skipf("cannot listen on %s: %v", ip, err)
-	}
-	s := httptest.NewUnstartedServer(h)
-	s.Listener.Close()
-	s.Listener = ln
-	s.Start()
-	t.Cleanup(s.Close)
-	return s
 }
 
 // TestRedirectToMetricsRefused: a "remote" origin that redirects to the
@@ -58,7 +43,7 @@ func TestRedirectToMetricsRefused(t *testing.T) {
 		{"by-name", "http://localhost:" + port + "/metrics"},
 	} {
 		name, target := tc.name, tc.target
-		origin := serveOn(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		origin := testenv.ServeOn(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			originAsked.Store(r.Method, true)
 			http.Redirect(w, r, target, http.StatusFound)
 		}))

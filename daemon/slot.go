@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/modelcache/modelcache/fetchers"
 )
 
 // slot is one pull's share of the node's pull slots (cfg.MaxConcurrentPulls
@@ -79,20 +81,9 @@ func (s *slot) wait(ctx context.Context, fn func() error) error {
 // inner is the sleep to wrap (nil: a timer).
 func (s *slot) sleeper(inner func(context.Context, time.Duration) error) func(context.Context, time.Duration) error {
 	if inner == nil {
-		inner = sleepCtx
+		inner = fetchers.SleepCtx
 	}
 	return func(ctx context.Context, d time.Duration) error {
 		return s.wait(ctx, func() error { return inner(ctx, d) })
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }

@@ -6,12 +6,12 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 func TestIsInternal(t *testing.T) {
@@ -68,22 +68,6 @@ func TestIsInternal(t *testing.T) {
 	}
 }
 
-// listenOn starts a server on ip (a loopback address other than 127.0.0.1
-// stands for a remote host in these tests).
-func listenOn(t *testing.T, ip string, h http.Handler) *httptest.Server {
-	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Skipf("cannot listen on %s: %v", ip, err)
-	}
-	s := httptest.NewUnstartedServer(h)
-	s.Listener.Close()
-	s.Listener = ln
-	s.Start()
-	t.Cleanup(s.Close)
-	return s
-}
-
 // remoteIn127 treats 127.0.0.2 and 127.0.0.3 as remote hosts and the rest
 // as IsInternal says.
 func remoteIn127(ip netip.Addr) bool {
@@ -94,10 +78,10 @@ func remoteIn127(ip netip.Addr) bool {
 }
 
 func TestGuardRedirects(t *testing.T) {
-	inside := listenOn(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	inside := testenv.ServeOn(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "node-internal")
 	}))
-	outside := listenOn(t, "127.0.0.3", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	outside := testenv.ServeOn(t, "127.0.0.3", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "remote")
 	}))
 	_, port, _ := net.SplitHostPort(inside.Listener.Addr().String())
@@ -138,7 +122,7 @@ func TestGuardRedirects(t *testing.T) {
 		{"from an origin the user named internal", "127.0.0.1", inside.URL + "/x", "node-internal", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			origin := listenOn(t, tc.origin, redirector(tc.target))
+			origin := testenv.ServeOn(t, tc.origin, redirector(tc.target))
 			path := "/go"
 			if tc.target == "" {
 				path = "/self"
@@ -168,8 +152,8 @@ func TestGuardRedirects(t *testing.T) {
 // address the dialer connects to, so a name that resolves (or rebinds)
 // to an internal address is refused; one that resolves outside is not.
 func TestGuardRedirectToNameResolvingInside(t *testing.T) {
-	inside := listenOn(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "node-internal") }))
-	outside := listenOn(t, "127.0.0.3", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "remote") }))
+	inside := testenv.ServeOn(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "node-internal") }))
+	outside := testenv.ServeOn(t, "127.0.0.3", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "remote") }))
 	_, inPort, _ := net.SplitHostPort(inside.Listener.Addr().String())
 	_, outPort, _ := net.SplitHostPort(outside.Listener.Addr().String())
 	res := fakeDNS(t, map[string]string{"rebind.test.": "127.0.0.1", "cdn.test.": "127.0.0.3"})
@@ -180,7 +164,7 @@ func TestGuardRedirectToNameResolvingInside(t *testing.T) {
 		{"http://rebind.test:" + inPort + "/x", "", "rebind.test resolves to 127.0.0.1, which is a host-internal address (loopback)"},
 		{"http://cdn.test:" + outPort + "/x", "remote", ""},
 	} {
-		origin := listenOn(t, "127.0.0.2", http.RedirectHandler(tc.target, http.StatusFound))
+		origin := testenv.ServeOn(t, "127.0.0.2", http.RedirectHandler(tc.target, http.StatusFound))
 		resp, err := client.Get(origin.URL + "/go")
 		if tc.refused != "" {
 			if err == nil {

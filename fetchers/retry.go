@@ -68,7 +68,8 @@ func (b Backoff) Delay(n int, err error) time.Duration {
 	return d/2 + rand.N(d/2+1) // half fixed, half jitter: never a thundering herd
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
+// SleepCtx waits d, or until ctx ends (its error then).
+func SleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -85,7 +86,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 func (b Backoff) Do(ctx context.Context, fn func(attempt int) error, onRetry func(attempt int, err error, wait time.Duration)) error {
 	sleep := b.Sleep
 	if sleep == nil {
-		sleep = sleepCtx
+		sleep = SleepCtx
 	}
 	for n := 1; ; n++ {
 		err := fn(n)

@@ -7,6 +7,8 @@ package testenv
 import (
 	"errors"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -129,4 +131,21 @@ func Registry(t testing.TB) string {
 	}
 	t.Cleanup(stop)
 	return host
+}
+
+// ServeOn starts h on ip:0 (a loopback address other than 127.0.0.1 stands
+// for a remote host in the redirect tests); it skips where ip cannot be
+// bound, which is a property of the machine, not a missing tool.
+func ServeOn(t testing.TB, ip string, h http.Handler) *httptest.Server {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Skipf("cannot listen on %s: %v", ip, err)
+	}
+	s := httptest.NewUnstartedServer(h)
+	s.Listener.Close()
+	s.Listener = ln
+	s.Start()
+	t.Cleanup(s.Close)
+	return s
 }
