@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	nethttp "net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 func TestParseURI(t *testing.T) {
@@ -133,15 +133,7 @@ func TestRedirectToInternalRefused(t *testing.T) {
 		io.WriteString(w, `{"sha":"`+strings.Repeat("a", 40)+`"}`)
 	}))
 	defer inside.Close()
-	ln, err := net.Listen("tcp", "127.0.0.2:0")
-	if err != nil {
-		t.Skipf("cannot listen on 127.0.0.2: %v", err)
-	}
-	hub := httptest.NewUnstartedServer(nethttp.RedirectHandler(inside.URL+"/x", nethttp.StatusFound))
-	hub.Listener.Close()
-	hub.Listener = ln
-	hub.Start()
-	defer hub.Close()
+	hub := testenv.ServeOn(t, "127.0.0.2", nethttp.RedirectHandler(inside.URL+"/x", nethttp.StatusFound))
 	remote := func(ip netip.Addr) bool { return ip != netip.MustParseAddr("127.0.0.2") && fetchers.IsInternal(ip) }
 	f, err := New(WithEndpoint(hub.URL), WithToken("t"), WithInternal(remote))
 	if err != nil {

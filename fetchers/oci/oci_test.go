@@ -3,7 +3,6 @@ package oci
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -12,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 func TestParseURI(t *testing.T) {
@@ -51,19 +51,11 @@ func TestRedirectToInternalRefused(t *testing.T) {
 	var asked atomic.Int64
 	inside := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Add(1) }))
 	defer inside.Close()
-	ln, err := net.Listen("tcp", "127.0.0.2:0")
-	if err != nil {
-		t.Skipf("cannot listen on 127.0.0.2: %v", err)
-	}
-	reg := httptest.NewUnstartedServer(http.RedirectHandler(inside.URL+"/v2/", http.StatusTemporaryRedirect))
-	reg.Listener.Close()
-	reg.Listener = ln
-	reg.Start()
-	defer reg.Close()
+	reg := testenv.ServeOn(t, "127.0.0.2", http.RedirectHandler(inside.URL+"/v2/", http.StatusTemporaryRedirect))
 	host := strings.TrimPrefix(reg.URL, "http://")
 	remote := func(ip netip.Addr) bool { return ip != netip.MustParseAddr("127.0.0.2") && fetchers.IsInternal(ip) }
 	f := New(WithInsecureRegistries(host), WithInternal(remote))
-	_, err = f.Resolve(context.Background(), fetchers.Source{URI: "oci://" + host + "/model:1"})
+	_, err := f.Resolve(context.Background(), fetchers.Source{URI: "oci://" + host + "/model:1"})
 	if err == nil || !strings.Contains(err.Error(), "host-internal address") {
 		t.Fatalf("Resolve through a redirect to loopback: %v; want the redirect refused", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/fetchers/s3/s3test"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 func TestParseURI(t *testing.T) {
@@ -167,15 +167,7 @@ func TestRedirectToInternalRefused(t *testing.T) {
 	var asked atomic.Int64
 	inside := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Add(1) }))
 	defer inside.Close()
-	ln, err := net.Listen("tcp", "127.0.0.2:0")
-	if err != nil {
-		t.Skipf("cannot listen on 127.0.0.2: %v", err)
-	}
-	ep := httptest.NewUnstartedServer(http.RedirectHandler(inside.URL+"/models", http.StatusTemporaryRedirect))
-	ep.Listener.Close()
-	ep.Listener = ln
-	ep.Start()
-	defer ep.Close()
+	ep := testenv.ServeOn(t, "127.0.0.2", http.RedirectHandler(inside.URL+"/models", http.StatusTemporaryRedirect))
 	for k, v := range map[string]string{"AWS_ENDPOINT_URL": ep.URL, "AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret",
 		"AWS_REGION": "us-east-1", "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_PROFILE": "",
 		"AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1"} {
@@ -183,7 +175,7 @@ func TestRedirectToInternalRefused(t *testing.T) {
 	}
 	remote := func(ip netip.Addr) bool { return ip != netip.MustParseAddr("127.0.0.2") && fetchers.IsInternal(ip) }
 	f := New(1, 1<<20).WithInternal(remote)
-	_, err = f.Resolve(context.Background(), fetchers.Source{URI: "s3://models/llama"})
+	_, err := f.Resolve(context.Background(), fetchers.Source{URI: "s3://models/llama"})
 	if !errors.Is(err, fetchers.ErrInternalAddress) || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("Resolve through a 307 to loopback: %v; want the redirect refused", err)
 	}
