@@ -29,10 +29,32 @@ const (
 	PhaseIncompatible Phase = "Incompatible"
 )
 
-// ReasonInvalidSpec: a desire from the cluster that the daemon refused
-// (a ModelCache that passed admission but not the daemon's validation);
-// the other desires still apply.
-const ReasonInvalidSpec = "InvalidSpec"
+// Reasons: why an artifact is Failed or Incompatible (Artifact.Reason),
+// the same strings in ModelCacheNodeStatus, Events and conditions. Every
+// package compares against these names, never a string literal.
+const (
+	// ReasonPullFailed: a failure worth retrying (a network error, a
+	// server error, a digest mismatch); retried with backoff.
+	ReasonPullFailed = "PullFailed"
+	// Failures no retry can fix: not retried until the desire changes or
+	// an explicit pull asks again.
+	ReasonSourceNotFound = "SourceNotFound" // the repo, revision, object, URL or host does not exist
+	ReasonAccessDenied   = "AccessDenied"   // the source refuses these credentials (or none)
+	ReasonInvalidSource  = "InvalidSource"  // the URI cannot name a source
+	// ReasonInsufficientCapacity: admission refused the pull (it does not
+	// fit in free space plus what eviction may free); retried.
+	ReasonInsufficientCapacity = "InsufficientCapacity"
+	// ReasonIncompatible: a kernel cache built for GPUs this node does not
+	// have (PhaseIncompatible).
+	ReasonIncompatible = "Incompatible"
+	// ReasonSignatureFailed: a kernel cache whose signature the policy
+	// requires and that does not verify; retried.
+	ReasonSignatureFailed = "SignatureVerificationFailed"
+	// ReasonInvalidSpec: a desire from the cluster that the daemon refused
+	// (a ModelCache that passed admission but not the daemon's validation);
+	// the other desires still apply.
+	ReasonInvalidSpec = "InvalidSpec"
+)
 
 // Artifact kinds.
 const (

@@ -41,7 +41,7 @@ func TestAdmissionRejectsWhatCannotFit(t *testing.T) {
 		t.Fatal("a refused pull still downloaded bytes")
 	}
 	a, _ := h.c.Get(context.Background(), "big")
-	if a.Phase != api.PhaseFailed || a.Reason != "InsufficientCapacity" {
+	if a.Phase != api.PhaseFailed || a.Reason != api.ReasonInsufficientCapacity {
 		t.Fatalf("artifact %+v: want Failed with reason InsufficientCapacity", a)
 	}
 	if h.read("small", "small.bin") != string(small) {

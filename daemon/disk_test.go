@@ -98,7 +98,7 @@ func TestFullDiskRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := h.pull(api.PullRequest{Name: "endless", URI: srv.URL + "/endless.bin"})
-	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "admitted for") || !strings.Contains(err.Error(), ReasonInsufficientCapacity) {
+	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "admitted for") || !strings.Contains(err.Error(), api.ReasonInsufficientCapacity) {
 		t.Fatalf("endless body: %v, want Failed naming the budget it was admitted for", err)
 	}
 	if ing := h.ingests(); len(ing) != 0 {

@@ -159,8 +159,8 @@ func TestPermanentFailureIsNotRetried(t *testing.T) {
 	if n := requests.Load() - after; n != 0 {
 		t.Fatalf("a 404 source was asked %d more times after the pull failed", n)
 	}
-	if a.Phase != api.PhaseFailed || a.NextRetry != nil || a.Reason != ReasonSourceNotFound || a.Attempts != 1 {
-		t.Fatalf("artifact %+v: want Failed, reason %s, one attempt, no next retry", a, ReasonSourceNotFound)
+	if a.Phase != api.PhaseFailed || a.NextRetry != nil || a.Reason != api.ReasonSourceNotFound || a.Attempts != 1 {
+		t.Fatalf("artifact %+v: want Failed, reason %s, one attempt, no next retry", a, api.ReasonSourceNotFound)
 	}
 	// Asked again, it tries again; once the file exists, it is Ready.
 	srv.mu.Lock()
@@ -181,8 +181,8 @@ func TestTypoedHostGivesUp(t *testing.T) {
 			t.Fatalf("attempt %d of an unknown host: %s, want a retry", attempt, r)
 		}
 	}
-	if r := failureReason(dns, unknownHostAttempts); r != ReasonSourceNotFound {
-		t.Fatalf("attempt %d of an unknown host: %q, want %s", unknownHostAttempts, r, ReasonSourceNotFound)
+	if r := failureReason(dns, unknownHostAttempts); r != api.ReasonSourceNotFound {
+		t.Fatalf("attempt %d of an unknown host: %q, want %s", unknownHostAttempts, r, api.ReasonSourceNotFound)
 	}
 	flaky := &net.DNSError{Err: "server misbehaving", Name: "hf.co", IsTemporary: true}
 	if r := failureReason(flaky, 10); r != "" {

@@ -35,9 +35,6 @@ type capacityError struct{ msg string }
 
 func (e *capacityError) Error() string { return e.msg }
 
-// ReasonInsufficientCapacity is the reason of a pull refused by admission.
-const ReasonInsufficientCapacity = "InsufficientCapacity"
-
 // reserved is what admitted pulls may still write.
 func (d *Daemon) reserved() int64 {
 	d.capMu.Lock()
@@ -266,7 +263,7 @@ func (d *Daemon) admit(ctx context.Context, name string, need int64, unknown boo
 			d.metrics.admissions.WithLabelValues("rejected").Inc()
 			_, free, _ := d.store.FSStat()
 			return nil, &capacityError{fmt.Sprintf("%s: needs %s more; %s free on the filesystem (%s usable under the policy, %s reserved by pulls in flight); evictable now %s (pinned, in-use, desired and younger-than-%s versions are not); free space, raise the quota or unpin/evict artifacts",
-				ReasonInsufficientCapacity, api.FormatBytes(need), api.FormatBytes(free), api.FormatBytes(max(room, 0)), api.FormatBytes(d.reservedLocked()), api.FormatBytes(evictable), d.cfg.Capacity.MinAge)}
+				api.ReasonInsufficientCapacity, api.FormatBytes(need), api.FormatBytes(free), api.FormatBytes(max(room, 0)), api.FormatBytes(d.reservedLocked()), api.FormatBytes(evictable), d.cfg.Capacity.MinAge)}
 		}
 		if _, err := d.evictPass(ctx, need-max(room, 0), name); err != nil {
 			return nil, err

@@ -18,10 +18,7 @@ import (
 	"github.com/modelcache/modelcache/gpu"
 )
 
-// Reasons of a kernel cache that is not served.
 const (
-	ReasonIncompatible       = "Incompatible"
-	ReasonSignatureFailed    = "SignatureVerificationFailed"
 	maxKernelCacheManifest   = 64 << 20
 	kernelCacheRetryOnChange = "the node's GPUs or the desire must change for a new attempt"
 )

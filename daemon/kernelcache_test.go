@@ -78,7 +78,7 @@ func TestKernelCachesSignedAndCompatible(t *testing.T) {
 	if h.d.store.HasBlob("sha256:" + sha(cubin80)) {
 		t.Fatal("the incompatible kernel cache's layer was downloaded")
 	}
-	if kc1.Reason != ReasonIncompatible || !strings.Contains(kc1.Message, "built for arch 80, GPU is 90") {
+	if kc1.Reason != api.ReasonIncompatible || !strings.Contains(kc1.Message, "built for arch 80, GPU is 90") {
 		t.Fatalf("incompatible reason: %+v", kc1)
 	}
 	full, err := h.c.Get(ctx, "llama.kc0")
@@ -117,7 +117,7 @@ func TestKernelCachesSignedAndCompatible(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no signature") {
 		t.Fatalf("an unsigned kernel cache must fail: %v", err)
 	}
-	if a, _ := h.c.Get(ctx, "unsigned"); a.Reason != ReasonSignatureFailed || h.d.store.HasBlob("sha256:"+sha(unsigned)) {
+	if a, _ := h.c.Get(ctx, "unsigned"); a.Reason != api.ReasonSignatureFailed || h.d.store.HasBlob("sha256:"+sha(unsigned)) {
 		t.Fatalf("reason %q; layer fetched: %v", a.Reason, h.d.store.HasBlob("sha256:"+sha(unsigned)))
 	}
 

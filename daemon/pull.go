@@ -406,7 +406,7 @@ func (b budgetReader) Read(p []byte) (int, error) {
 		over := min(total-b.p.budget, int64(n))
 		b.p.unknown.Add(-over)
 		return n - int(over), &capacityError{fmt.Sprintf("%s: the source sent more than the %s this pull was admitted for (its size was not announced; the budget is what the capacity policy left usable when the pull started); the partial download was removed",
-			ReasonInsufficientCapacity, api.FormatBytes(b.p.budget))}
+			api.ReasonInsufficientCapacity, api.FormatBytes(b.p.budget))}
 	}
 	return n, err
 }

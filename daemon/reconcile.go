@@ -310,25 +310,17 @@ func (d *Daemon) startPull(ctx context.Context, ds api.Desire, st *artState, fp 
 	}()
 }
 
-// Reasons of a Failed phase that no retry can fix; the pull waits for the
-// desire to change or for an explicit pull.
-const (
-	ReasonSourceNotFound = "SourceNotFound" // the repo, revision, object or URL does not exist
-	ReasonAccessDenied   = "AccessDenied"   // the source refuses these credentials (or none)
-	ReasonInvalidSource  = "InvalidSource"  // the URI cannot name a source
-)
-
 // permanentReason is the reason for a failure a retry cannot fix, or "".
 func permanentReason(err error) string {
 	switch {
 	case err == nil:
 		return ""
 	case errors.Is(err, fetchers.ErrNotFound):
-		return ReasonSourceNotFound
+		return api.ReasonSourceNotFound
 	case errors.Is(err, fetchers.ErrUnauthorized):
-		return ReasonAccessDenied
+		return api.ReasonAccessDenied
 	case errors.Is(err, fetchers.ErrBadSource), errors.Is(err, fetchers.ErrUnsupported):
-		return ReasonInvalidSource
+		return api.ReasonInvalidSource
 	}
 	return ""
 }
@@ -346,7 +338,7 @@ func failureReason(err error, attempt int) string {
 	}
 	var de *net.DNSError
 	if errors.As(err, &de) && de.IsNotFound && attempt >= unknownHostAttempts {
-		return ReasonSourceNotFound
+		return api.ReasonSourceNotFound
 	}
 	return ""
 }
@@ -391,7 +383,7 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 			d.store.SetState(ds.Name, a.Versions[0].Revision, cachestore.StateFailed, "re-fetch failed: "+err.Error())
 		}
 	case errors.As(err, new(*incompatibleError)):
-		st.phase, st.message, st.reason, st.attempts = api.PhaseIncompatible, err.Error(), ReasonIncompatible, 0
+		st.phase, st.message, st.reason, st.attempts = api.PhaseIncompatible, err.Error(), api.ReasonIncompatible, 0
 		d.metrics.pulls.WithLabelValues(scheme, "incompatible").Inc()
 		d.log.Info("kernel cache incompatible with this node's GPUs; not downloaded", "artifact", ds.Name, "uri", ds.URI, "why", err)
 	default:
@@ -401,13 +393,13 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 			delay = d.cfg.RetryMax
 		}
 		delay = delay/2 + rand.N(delay/2+1)
-		st.phase, st.message, st.reason = api.PhaseFailed, err.Error(), "PullFailed"
+		st.phase, st.message, st.reason = api.PhaseFailed, err.Error(), api.ReasonPullFailed
 		var ce *capacityError
 		if errors.As(err, &ce) {
-			st.reason = ReasonInsufficientCapacity
+			st.reason = api.ReasonInsufficientCapacity
 		}
 		if errors.As(err, new(*signatureError)) {
-			st.reason = ReasonSignatureFailed
+			st.reason = api.ReasonSignatureFailed
 		}
 		st.nextRetry = time.Now().Add(delay)
 		st.lastErr = err

@@ -22,9 +22,9 @@ func TestPullFailureSaysTheDesireStays(t *testing.T) {
 		art  api.Artifact
 		want []string
 	}{
-		{"permanent", api.Artifact{Name: "typo", Phase: api.PhaseFailed, Reason: "SourceNotFound"},
+		{"permanent", api.Artifact{Name: "typo", Phase: api.PhaseFailed, Reason: api.ReasonSourceNotFound},
 			[]string{"pull of typo failed", "desire for typo stays", "does not retry it (SourceNotFound)", "modelctl evict typo"}},
-		{"retried", api.Artifact{Name: "typo", Phase: api.PhaseFailed, Reason: "PullFailed", NextRetry: &next},
+		{"retried", api.Artifact{Name: "typo", Phase: api.PhaseFailed, Reason: api.ReasonPullFailed, NextRetry: &next},
 			[]string{"desire for typo stays", "retries it with backoff", "modelctl evict typo"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

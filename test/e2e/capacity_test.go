@@ -99,7 +99,7 @@ func TestEvictionOnASmallFilesystem(t *testing.T) {
 	// c is still desired: its re-pull is refused by admission, not started.
 	e.eventually("c refused for capacity", func() bool {
 		c := e.list()["c"]
-		return c.Phase == api.PhaseFailed && c.Reason == "InsufficientCapacity"
+		return c.Phase == api.PhaseFailed && c.Reason == api.ReasonInsufficientCapacity
 	})
 	t0 := time.Now()
 	r := e.ctl(nil, "pull", uri("e"), "--name", "e")
