@@ -1,20 +1,12 @@
 package daemon
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
 	"strings"
 
 	"github.com/modelcache/modelcache/api"
-	"github.com/modelcache/modelcache/daemon/capacity"
-	"github.com/modelcache/modelcache/fetchers"
-	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
-	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
-	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 )
 
 // clusterKey prefixes the index keys of desires from the cluster; a colon
@@ -112,105 +104,4 @@ func (d *Daemon) SetPodHolders(h map[string][]api.Holder) {
 	d.kick() // an absent artifact a pod let go of may go now
 }
 
-// podUses adds pod holders to an in-use map (name@rev keys); a pod holds
-// the version that is current (what its mount resolves to). Called with
-// d.mu held.
-func (d *Daemon) podUses(out map[string][]capacity.Holder) {
-	for name, hs := range d.podHolders {
-		a, err := d.store.Summary(name)
-		if err != nil || a.Current == "" {
-			continue
-		}
-		for _, h := range hs {
-			k := capacity.Key(name, a.Current)
-			out[k] = append(out[k], capacity.Holder{Kind: h.Kind, ID: h.ID, Revision: a.Current})
-		}
-	}
-}
-
-// credentialsFor returns the in-memory credentials of a cluster desire.
-func (d *Daemon) credentialsFor(name string) map[string]string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if c, ok := d.creds[name]; ok {
-		return c
-	}
-	// A kernel cache that a ModelCache lists uses the model's credentials:
-	// only one the daemon expanded from that model's own desire, for the
-	// URI the model names. Nothing from the socket can claim them.
-	want := d.desired()
-	if ds, ok := want[name]; ok && ds.Serves != "" {
-		if model, ok := want[ds.Serves]; ok && model.Origin == ds.Origin && listsKernelCache(model, name, ds.URI) {
-			return d.creds[ds.Serves]
-		}
-	}
-	return nil
-}
-
 func isClusterKey(k string) (string, bool) { return strings.CutPrefix(k, clusterKey) }
-
-// fetcherFor returns the fetcher of a desire: the shared one, or one
-// made with the desire's credentials from a Secret (HF_TOKEN;
-// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN;
-// .dockerconfigjson), kept while the credentials stay the same.
-func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
-	creds := d.credentialsFor(ds.Name)
-	if ds.CredentialsFile != "" && strings.HasPrefix(ds.Origin, originFile) {
-		var err error
-		if creds, err = readCredentialsFile(ds.CredentialsFile); err != nil {
-			return nil, fetchers.Permanent(fmt.Errorf("credentials of %s: %w", ds.Name, err))
-		}
-	}
-	scheme, err := fetchers.Scheme(ds.URI)
-	if err != nil || len(creds) == 0 {
-		return d.fetchers.For(ds.URI)
-	}
-	b, _ := json.Marshal(creds)
-	sum := sha256.Sum256(append([]byte(scheme+"\x00"), b...))
-	key := hex.EncodeToString(sum[:])
-	d.mu.Lock()
-	f, ok := d.credFetchers[key]
-	d.mu.Unlock()
-	if ok {
-		return f, nil
-	}
-	switch scheme {
-	case "hf":
-		tok := creds["HF_TOKEN"]
-		if tok == "" {
-			return d.fetchers.For(ds.URI)
-		}
-		hub, err := d.newHub(hffetcher.WithToken(tok))
-		if err != nil {
-			return nil, err
-		}
-		f = hub
-	case "s3":
-		if creds["AWS_ACCESS_KEY_ID"] == "" {
-			return d.fetchers.For(ds.URI)
-		}
-		f = d.newS3().WithStaticCredentials(creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], creds["AWS_SESSION_TOKEN"])
-	case "oci":
-		cfg := creds[".dockerconfigjson"]
-		if cfg == "" {
-			return d.fetchers.For(ds.URI)
-		}
-		kc, err := ocifetcher.DockerConfigKeychain([]byte(cfg))
-		if err != nil {
-			return nil, fetchers.Permanent(fmt.Errorf("credentials of %s: %w", ds.Name, err))
-		}
-		f = ocifetcher.New(append(d.ociOpts, ocifetcher.WithKeychain(kc))...)
-	case "http", "https":
-		auth := creds["HTTP_AUTHORIZATION"]
-		if auth == "" {
-			return d.fetchers.For(ds.URI)
-		}
-		f = d.newHTTP(httpfetcher.WithAuthorization(auth))
-	default:
-		return d.fetchers.For(ds.URI)
-	}
-	d.mu.Lock()
-	d.credFetchers[key] = f
-	d.mu.Unlock()
-	return f, nil
-}

@@ -1,9 +1,3 @@
-// Package daemon is modelcached: it merges desires (the socket API, YAML
-// files in the models dir) into one desired set, reconciles it against the
-// store (pull what is present and missing, evict what is absent, retry
-// failures with backoff), schedules pulls (bounded concurrency, one
-// download per blob however many artifacts want it), and serves the
-// socket API, Prometheus metrics and systemd notifications.
 package daemon
 
 import (
@@ -30,10 +24,7 @@ import (
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
 	filefetcher "github.com/modelcache/modelcache/fetchers/file"
-	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
-	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
 	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
-	s3fetcher "github.com/modelcache/modelcache/fetchers/s3"
 	"github.com/modelcache/modelcache/gpu"
 	"github.com/modelcache/modelcache/k8ssync"
 )
@@ -408,22 +399,4 @@ func (d *Daemon) listen() (net.Listener, error) {
 		}
 	}
 	return ln, nil
-}
-
-// newHub and newS3 make the hub and S3 fetchers with the daemon's
-// settings; extra options add credentials (fetcherFor).
-func (d *Daemon) newHub(extra ...hffetcher.Option) (*hffetcher.Fetcher, error) {
-	opts := append([]hffetcher.Option{hffetcher.WithIdleTimeout(d.cfg.IdleTimeout), hffetcher.WithConnections(max(d.cfg.RangeConnections, 1)),
-		hffetcher.WithInternal(d.cfg.InternalAddress)}, extra...)
-	return hffetcher.New(opts...)
-}
-
-// newHTTP makes an http(s) fetcher with the daemon's settings (and extra).
-func (d *Daemon) newHTTP(extra ...httpfetcher.Option) *httpfetcher.Fetcher {
-	return httpfetcher.New(append([]httpfetcher.Option{httpfetcher.WithIdleTimeout(d.cfg.IdleTimeout),
-		httpfetcher.WithUserAgent("modelcached/" + d.cfg.Version), httpfetcher.WithInternal(d.cfg.InternalAddress)}, extra...)...)
-}
-
-func (d *Daemon) newS3() *s3fetcher.Fetcher {
-	return s3fetcher.New(max(d.cfg.RangeConnections, 1), 8<<20).WithInternal(d.cfg.InternalAddress)
 }

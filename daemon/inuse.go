@@ -1,12 +1,12 @@
 package daemon
 
 import (
-	"context"
-	"fmt"
+	"net/http"
 	"sort"
 	"time"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
 )
 
@@ -14,50 +14,6 @@ import (
 type lease struct {
 	rev     string
 	expires time.Time
-}
-
-// reservation is the space an admitted pull may still write: need for
-// its files of known size, and what its files of unknown size have
-// written so far (within their budget).
-type reservation struct {
-	need int64
-	prog *progress
-}
-
-// evictionRecord is the last pass that did or wanted something.
-type evictionRecord struct {
-	at  time.Time
-	rep *capacity.Report
-}
-
-// capacityError is a pull refused by admission.
-type capacityError struct{ msg string }
-
-func (e *capacityError) Error() string { return e.msg }
-
-// reserved is what admitted pulls may still write.
-func (d *Daemon) reserved() int64 {
-	d.capMu.Lock()
-	defer d.capMu.Unlock()
-	return d.reservedLocked()
-}
-
-func (d *Daemon) reservedLocked() int64 {
-	out, _ := d.reservedBoth()
-	return out
-}
-
-// reservedBoth returns what admitted pulls may still write (it counts
-// against free space, which their written bytes already reduce) and what
-// they will add in all (it counts against the quota, since partial
-// downloads are not yet store bytes).
-func (d *Daemon) reservedBoth() (outstanding, total int64) {
-	for r := range d.reservations {
-		unknown := r.prog.unknown.Load()
-		outstanding += max(r.need-(r.prog.done.Load()-unknown), 0)
-		total += r.need + unknown
-	}
-	return outstanding, total
 }
 
 // inUse merges live leases and the last /proc scan, by version key.
@@ -161,151 +117,6 @@ func splitKey(k string) (string, string) {
 	return k, ""
 }
 
-// capacityLoop scans for use and runs an eviction pass every interval,
-// and when kicked (a pull finished: an old revision may be free to go).
-func (d *Daemon) capacityLoop(ctx context.Context) {
-	t := time.NewTicker(d.cfg.CapacityInterval)
-	defer t.Stop()
-	for {
-		if err := d.scan(); err != nil {
-			d.log.Warn("in-use scan", "err", err)
-		}
-		if n, bytes := d.store.RemoveAbandoned(); n > 0 {
-			d.log.Info("removed abandoned partial downloads", "ingests", n, "bytes", bytes)
-		}
-		if _, err := d.evictPass(ctx, 0); err != nil && ctx.Err() == nil {
-			d.log.Warn("eviction pass", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-d.capKick:
-		}
-	}
-}
-
-func (d *Daemon) kickCapacity() {
-	select {
-	case d.capKick <- struct{}{}:
-	default:
-	}
-}
-
-// evictPass runs the evictor; extra asks for more than the policy needs,
-// and protect names artifacts whose versions must stay (a pull being
-// admitted for them).
-func (d *Daemon) evictPass(ctx context.Context, extra int64, protect ...string) (*capacity.Report, error) {
-	d.evictMu.Lock()
-	defer d.evictMu.Unlock()
-	d.evictor.Protect = protect
-	d.evictor.SpareDesired = extra > 0 // making room for a pull: never at another desired model's expense
-	rep, err := d.evictor.Run(ctx, extra)
-	if rep != nil && (len(rep.Evicted) > 0 || len(rep.Failed) > 0 || rep.Short > 0) {
-		d.lastEviction.Store(&evictionRecord{at: time.Now(), rep: rep})
-	}
-	if rep != nil && rep.BytesFreed > 0 {
-		d.metrics.freedBytes.Add(float64(rep.BytesFreed))
-	}
-	if rep != nil && len(rep.Evicted) > 0 {
-		d.mu.Lock()
-		for _, v := range rep.Evicted {
-			if st := d.arts[v.Name]; st != nil && v.Reason == capacity.ReasonSpace {
-				st.message = "evicted for space (" + v.Revision + ")"
-			}
-		}
-		d.notify()
-		d.mu.Unlock()
-		d.kick()
-	}
-	return rep, err
-}
-
-// admit checks that a pull needing need more bytes fits, reclaiming
-// partial downloads and then evicting first when that can make it fit,
-// and reserves the space until release. A pull with files of unknown size
-// (unknown) gets what is usable beyond need as their budget (prog.budget).
-func (d *Daemon) admit(ctx context.Context, name string, need int64, unknown bool, prog *progress) (func(), error) {
-	d.capMu.Lock()
-	defer d.capMu.Unlock()
-	room, err := d.room()
-	if err != nil {
-		return nil, err
-	}
-	if need > room || (unknown && need >= room) {
-		// Partial downloads no pull is writing go before any version (this
-		// pull's own stay: it resumes them). Only where that frees room: a
-		// quota counts blobs, not partial downloads.
-		if rec := d.reclaimable(name); rec > 0 {
-			if more, err := d.roomWith(rec); err == nil && more > room {
-				want := need - room
-				if unknown {
-					want = -1 // sizes unknown: all there is
-				}
-				if _, err := d.reclaimIngests(ctx, want, name); err != nil {
-					return nil, err
-				}
-				if room, err = d.room(); err != nil {
-					return nil, err
-				}
-			}
-		}
-	}
-	if need > room {
-		in, err := d.evictor.Inputs()
-		if err != nil {
-			return nil, err
-		}
-		in.Skip = capacity.Protect(in.Artifacts, name)
-		in.SpareDesired = true
-		evictable := capacity.Evictable(in)
-		if need > room+evictable {
-			d.metrics.admissions.WithLabelValues("rejected").Inc()
-			_, free, _ := d.store.FSStat()
-			return nil, &capacityError{fmt.Sprintf("%s: needs %s more; %s free on the filesystem (%s usable under the policy, %s reserved by pulls in flight); evictable now %s (pinned, in-use, desired and younger-than-%s versions are not); free space, raise the quota or unpin/evict artifacts",
-				api.ReasonInsufficientCapacity, api.FormatBytes(need), api.FormatBytes(free), api.FormatBytes(max(room, 0)), api.FormatBytes(d.reservedLocked()), api.FormatBytes(evictable), d.cfg.Capacity.MinAge)}
-		}
-		if _, err := d.evictPass(ctx, need-max(room, 0), name); err != nil {
-			return nil, err
-		}
-		d.metrics.admissions.WithLabelValues("evicted_first").Inc()
-	} else {
-		d.metrics.admissions.WithLabelValues("admitted").Inc()
-	}
-	if unknown {
-		if room, err = d.room(); err != nil {
-			return nil, err
-		}
-		prog.budget = max(room-need, 0)
-	}
-	r := &reservation{need: need, prog: prog}
-	d.reservations[r] = struct{}{}
-	return func() {
-		d.capMu.Lock()
-		delete(d.reservations, r)
-		d.capMu.Unlock()
-	}, nil
-}
-
-// room is how many bytes a new pull may write under the policy, after
-// what admitted pulls have reserved. Called with capMu held.
-func (d *Daemon) room() (int64, error) { return d.roomWith(0) }
-
-// roomWith is room as it would be with extra more bytes free on the
-// filesystem (partial downloads reclaimed).
-func (d *Daemon) roomWith(extra int64) (int64, error) {
-	sb, err := d.store.StoreBytes()
-	if err != nil {
-		return 0, err
-	}
-	capa, free, err := d.store.FSStat()
-	if err != nil {
-		return 0, err
-	}
-	outstanding, total := d.reservedBoth()
-	return d.cfg.Capacity.Room(sb+total, capa, free+extra-outstanding), nil
-}
-
 // holdersOf lists what holds any version of name, sorted.
 func holdersOf(all map[string][]capacity.Holder, name string) []api.Holder {
 	var out []api.Holder
@@ -319,4 +130,75 @@ func holdersOf(all map[string][]capacity.Holder, name string) []api.Holder {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Kind+out[i].ID < out[j].Kind+out[j].ID })
 	return out
+}
+
+// podUses adds pod holders to an in-use map (name@rev keys); a pod holds
+// the version that is current (what its mount resolves to). Called with
+// d.mu held.
+func (d *Daemon) podUses(out map[string][]capacity.Holder) {
+	for name, hs := range d.podHolders {
+		a, err := d.store.Summary(name)
+		if err != nil || a.Current == "" {
+			continue
+		}
+		for _, h := range hs {
+			k := capacity.Key(name, a.Current)
+			out[k] = append(out[k], capacity.Holder{Kind: h.Kind, ID: h.ID, Revision: a.Current})
+		}
+	}
+}
+
+// maxLeaseTTL bounds a lease: a holder that dies stops protecting the
+// artifact within this long.
+const maxLeaseTTL = time.Hour
+
+func (d *Daemon) handleLease(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	var req api.LeaseRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	ttl, err := time.ParseDuration(req.TTL)
+	if err != nil || ttl <= 0 || ttl > maxLeaseTTL {
+		return api.Errorf(api.CodeInvalid, "lease ttl %q: want a duration between 1s and %s, renewed before it ends", req.TTL, maxLeaseTTL)
+	}
+	if req.Holder == "" || len(req.Holder) > 253 {
+		return api.Errorf(api.CodeInvalid, "lease holder %q: want a non-empty id of at most 253 bytes (a pod, a job, a host:pid)", req.Holder)
+	}
+	a, err := d.store.Summary(name)
+	if err != nil {
+		return err
+	}
+	if len(a.Versions) == 0 || a.Versions[0].Revision != a.Current || a.Versions[0].State != cachestore.StateReady {
+		return api.Errorf(api.CodeConflict, "artifact %s has no Ready version to lease; wait for it first (modelctl wait %s)", name, name)
+	}
+	d.mu.Lock()
+	ls := d.leases[name]
+	if ls == nil {
+		ls = map[string]*lease{}
+		d.leases[name] = ls
+	}
+	l, ok := ls[req.Holder]
+	if !ok || time.Now().After(l.expires) {
+		l = &lease{rev: a.Current} // a renewal keeps the revision first leased
+		ls[req.Holder] = l
+	}
+	l.expires = time.Now().Add(ttl)
+	out := api.Lease{Name: name, Revision: l.rev, Holder: req.Holder, Expires: l.expires}
+	d.notify()
+	d.mu.Unlock()
+	d.store.Touch(name, out.Revision)
+	return writeJSON(w, out)
+}
+
+func (d *Daemon) handleRelease(w http.ResponseWriter, r *http.Request) error {
+	name, holder := r.PathValue("name"), r.URL.Query().Get("holder")
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.leases[name][holder]; !ok {
+		return api.Errorf(api.CodeNotFound, "artifact %s: no lease held by %q", name, holder)
+	}
+	delete(d.leases[name], holder)
+	d.notify()
+	return writeJSON(w, map[string]string{"released": holder})
 }

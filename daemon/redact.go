@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -56,18 +55,6 @@ type redactedError struct{ err error }
 
 func (e redactedError) Error() string { return fetchers.RedactText(e.err.Error()) }
 func (e redactedError) Unwrap() error { return e.err }
-
-// persistDesire writes ds to the index under key with its credentials
-// redacted: a secret carried in a source URI lives only in memory, for
-// fetching. After a restart such a desire cannot fetch until it is pulled
-// again (lostCredentials says so).
-func (d *Daemon) persistDesire(key string, ds api.Desire) error {
-	raw, err := json.Marshal(redactDesire(ds))
-	if err != nil {
-		return err
-	}
-	return d.store.PutDesire(key, raw)
-}
 
 // lostCredentials refuses to fetch a source whose credentials were
 // redacted when the desire was stored and not given again since.

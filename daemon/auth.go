@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
+	"os"
 	"sort"
 	"strings"
 
@@ -11,6 +14,70 @@ import (
 	"github.com/modelcache/modelcache/fetchers"
 	filefetcher "github.com/modelcache/modelcache/fetchers/file"
 )
+
+type credKey struct{}
+
+// peerContext records the peer on each connection: read once at accept
+// by the peerListener, or here for a bare unix conn.
+func peerContext(ctx context.Context, c net.Conn) context.Context {
+	var p *peer
+	switch c := c.(type) {
+	case *peerConn:
+		p = c.cred
+	case *net.UnixConn:
+		p = peerCred(c)
+	}
+	if p == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, credKey{}, p)
+}
+
+func peerOf(r *http.Request) *peer {
+	p, _ := r.Context().Value(credKey{}).(*peer)
+	return p
+}
+
+// mayMutate: root, the daemon's own uid, or a member of the socket group
+// (primary or supplementary, as the socket recorded them at connect).
+func (d *Daemon) mayMutate(r *http.Request) bool {
+	p := peerOf(r)
+	if p == nil {
+		return false
+	}
+	if p.Uid == 0 || int(p.Uid) == os.Geteuid() {
+		return true
+	}
+	return d.gid >= 0 && p.inGroup(d.gid)
+}
+
+// requester is the identity of the request's peer: its uid, gid and
+// supplementary groups. A peer without credentials (never on a unix
+// socket) is nobody.
+func requester(r *http.Request) *api.Requester {
+	p := peerOf(r)
+	if p == nil {
+		return &api.Requester{UID: nobody, GID: nobody}
+	}
+	return &api.Requester{UID: p.Uid, GID: p.Gid, Groups: p.Groups}
+}
+
+// nobody is the identity of a desire whose requester is unknown (one
+// persisted before requesters were recorded): it reads only what every
+// local user may read.
+const nobody = 65534
+
+func (d *Daemon) forbidden(r *http.Request) *api.Error {
+	who := "this peer"
+	if cred := peerOf(r); cred != nil {
+		who = fmt.Sprintf("uid %d", cred.Uid)
+	}
+	how := "run it as root"
+	if d.gid >= 0 {
+		how = fmt.Sprintf("run it as root (sudo) or join group %s (sudo usermod -aG %s $USER, then log in again)", d.cfg.SocketGroup, d.cfg.SocketGroup)
+	}
+	return api.Errorf(api.CodeForbidden, "%s may read the cache but not change it; %s", who, how)
+}
 
 // Origins of desires: the socket, or a models.d file (originFile + path).
 const (

@@ -1,0 +1,291 @@
+package daemon
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
+	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
+)
+
+// fingerprint identifies what a desire asks the store for; a change of it
+// means a new pull.
+func fingerprint(ds api.Desire) string {
+	// The URI as stored: a credential that changes (a rotated token, a
+	// new presigned signature) is not a new spec, and one lost in a
+	// restart (never written to disk) does not make the desire look new.
+	parts := []any{fetchers.RedactURI(ds.URI), ds.Digest, ds.Include, ds.Exclude}
+	if ds.Kind == api.KindKernelCache { // models keep the fingerprint they always had
+		parts = append(parts, ds.Kind, ds.Signature)
+	}
+	b, _ := json.Marshal(parts)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// desired merges the sources: a file desire wins over a cluster one, which
+// wins over an API one.
+// Called with d.mu held.
+func (d *Daemon) desired() map[string]api.Desire {
+	out := make(map[string]api.Desire, len(d.apiDesires)+len(d.fileDesires)+len(d.clusterDesires))
+	for n, ds := range d.apiDesires {
+		out[n] = ds
+	}
+	for n, ds := range d.clusterDesires {
+		out[n] = ds
+	}
+	for n, ds := range d.fileDesires {
+		out[n] = ds
+	}
+	// Expand in name order: where two models name the same kernel cache,
+	// the same one wins every time (a declared model over a socket one,
+	// then the first by name), so pulls do not flip between them.
+	var models []string
+	for n, ds := range out {
+		if len(ds.KernelCaches) > 0 {
+			models = append(models, n)
+		}
+	}
+	sort.Strings(models)
+	for _, n := range models {
+		expandKernelCaches(out, out[n])
+	}
+	return out
+}
+
+// persistDesire writes ds to the index under key with its credentials
+// redacted: a secret carried in a source URI lives only in memory, for
+// fetching. After a restart such a desire cannot fetch until it is pulled
+// again (lostCredentials says so).
+func (d *Daemon) persistDesire(key string, ds api.Desire) error {
+	raw, err := json.Marshal(redactDesire(ds))
+	if err != nil {
+		return err
+	}
+	return d.store.PutDesire(key, raw)
+}
+
+func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
+	var req api.PullRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	ds := req.Desire()
+	ds.Origin, ds.Requester = originAPI, requester(r)
+	ds, err := d.validateDesire(ds)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	err = d.pullConflicts(ds)
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := d.checkSourceAccess(r.Context(), ds); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	if err := d.pullConflicts(ds); err != nil { // again: the check above ran unlocked
+		d.mu.Unlock()
+		return err
+	}
+	if err := d.persistDesire(ds.Name, ds); err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	d.apiDesires[ds.Name] = ds
+	st := d.arts[ds.Name]
+	if st == nil {
+		st = &artState{phase: api.PhasePending}
+		d.arts[ds.Name] = st
+	}
+	if st.cancel == nil || st.spec != fingerprint(ds) {
+		st.force = true // an explicit pull re-resolves the source
+	}
+	// Wait for the next pull to finish: the one this request starts, or the
+	// one in flight for the same desire (as fresh as a new one would be).
+	since := st.completed
+	d.notify()
+	d.mu.Unlock()
+	d.kick()
+	if r.URL.Query().Get("wait") != "true" {
+		a, err := d.view(ds.Name, false)
+		if err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusAccepted)
+		return writeJSON(w, a)
+	}
+	// The waiter gets the outcome of that pull, even where an older version
+	// still satisfies the desire (a refresh that failed is not Ready).
+	return d.streamUntil(w, r, ds.Name, 0, func(st *artState) (bool, error) {
+		if st == nil || st.completed <= since || st.cancel != nil {
+			return false, nil
+		}
+		return true, st.lastErr
+	})
+}
+
+// pullConflict refuses a socket pull of a name the node's configuration
+// declares: a models.d desire, or a declared model's kernel cache. Called
+// with d.mu held.
+func (d *Daemon) pullConflict(name string) error {
+	if fd, ok := d.fileDesires[name]; ok {
+		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; edit that file instead of pulling it by hand", name, strings.TrimPrefix(fd.Origin, originFile))
+	}
+	if w, ok := d.desired()[name]; ok && w.Serves != "" && w.Origin != originAPI {
+		return api.Errorf(api.CodeConflict, "artifact %s is the kernel cache of %s, declared in %s; pull under another name", name, w.Serves, w.Origin)
+	}
+	return nil
+}
+
+// pullConflicts checks the desire's name and the names of the kernel
+// caches it lists. Called with d.mu held.
+func (d *Daemon) pullConflicts(ds api.Desire) error {
+	if err := d.pullConflict(ds.Name); err != nil {
+		return err
+	}
+	for i := range ds.KernelCaches {
+		if err := d.pullConflict(ds.KernelCacheName(i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateDesire checks a desire from the API or a file and fills defaults.
+func (d *Daemon) validateDesire(ds api.Desire) (api.Desire, error) {
+	if err := cachestore.ValidateName(ds.Name); err != nil {
+		return ds, api.Errorf(api.CodeInvalid, "%v", err)
+	}
+	if ds.URI == "" {
+		return ds, api.Errorf(api.CodeInvalid, "artifact %s: no source URI", ds.Name)
+	}
+	if _, err := d.fetchers.For(ds.URI); err != nil {
+		return ds, api.Errorf(api.CodeInvalid, "artifact %s: %v", ds.Name, err)
+	}
+	if ds.Digest != "" {
+		nd, err := cachestore.NormalizeDigest(ds.Digest)
+		if err != nil {
+			return ds, api.Errorf(api.CodeInvalid, "artifact %s: --digest %v", ds.Name, err)
+		}
+		ds.Digest = nd
+	}
+	switch ds.State {
+	case "":
+		ds.State = api.StatePresent
+	case api.StatePresent, api.StateAbsent:
+	default:
+		return ds, api.Errorf(api.CodeInvalid, "artifact %s: state %q; want present or absent", ds.Name, ds.State)
+	}
+	for _, g := range append(append([]string(nil), ds.Include...), ds.Exclude...) {
+		if _, err := fetchers.CompileGlob(g); err != nil {
+			return ds, api.Errorf(api.CodeInvalid, "artifact %s: %v", ds.Name, err)
+		}
+	}
+	return ds, validateKernelCaches(ds, d.cfg.KernelCacheSignaturePolicy)
+}
+
+// validateKernelCaches checks the kernel cache parts of a desire: the kind,
+// oci:// sources, names, and signature policies. Over the socket keys and
+// trusted roots must be their content (modelctl reads --key and
+// --trusted-root files), so no client makes the daemon open a path of its
+// choosing, and a policy may not go below the node's floor; a models.d
+// file or a ModelCache is the node's configuration and may do both.
+func validateKernelCaches(ds api.Desire, floor string) error {
+	bad := func(f string, a ...any) error {
+		return api.Errorf(api.CodeInvalid, "artifact %s: %s", ds.Name, fmt.Sprintf(f, a...))
+	}
+	fromSocket := ds.Origin == originAPI
+	checkPolicy := func(what string, p *api.SignaturePolicy) error {
+		if p == nil {
+			return nil
+		}
+		if p.Policy != "" && p.Policy != api.PolicyRequired && p.Policy != api.PolicyOff {
+			return bad("%s: signature policy %q: use required or off", what, p.Policy)
+		}
+		if fromSocket && p.Policy == api.PolicyOff && floor != api.PolicyOff {
+			return api.Errorf(api.CodeForbidden, "artifact %s: %s: this node requires signed kernel caches "+
+				"(modelcached --kernel-cache-signature-policy=%s) and a pull may tighten that, never turn it off; "+
+				"sign the image (cosign sign --key cosign.key IMAGE) and pull with --key cosign.pub, or declare it in models.d", ds.Name, what, api.PolicyRequired)
+		}
+		for _, k := range p.Keys {
+			if fromSocket && !strings.Contains(k, "-----BEGIN") {
+				return bad("%s: a key over the socket must be PEM text (modelctl pull --key FILE sends it so)", what)
+			}
+		}
+		if fromSocket && p.TrustedRoot != "" && !ocifetcher.IsInlineTrustedRoot(p.TrustedRoot) {
+			return bad("%s: a trusted root over the socket must be its content, a trusted_root.json or PEM CA bundle (modelctl pull --trusted-root FILE sends it so)", what)
+		}
+		if (p.Identity != "" || p.IdentityRegexp != "") && p.TrustedRoot == "" {
+			return bad("%s: keyless verification needs trustedRoot (a trusted_root.json or PEM CA bundle)", what)
+		}
+		return nil
+	}
+	oci := func(u string) bool { return strings.HasPrefix(u, "oci://") }
+	switch ds.Kind {
+	case "", api.KindModel:
+		if ds.Signature != nil {
+			return bad("a signature policy applies to kernel caches; put it under kernelCaches")
+		}
+	case api.KindKernelCache:
+		if !oci(ds.URI) {
+			return bad("a kernel cache is an OCI image; write oci://<registry>/<repo>:<tag>")
+		}
+		if len(ds.KernelCaches) > 0 {
+			return bad("kernelCaches belong to a model, not to a kernel cache")
+		}
+		if err := checkPolicy("kernel cache", ds.Signature); err != nil {
+			return err
+		}
+	default:
+		return bad("kind %q: use model or kernelcache", ds.Kind)
+	}
+	for i, kc := range ds.KernelCaches {
+		if !oci(kc.URI) {
+			return bad("kernelCaches[%d]: %q is not an oci:// image", i, kc.URI)
+		}
+		if err := cachestore.ValidateName(ds.KernelCacheName(i)); err != nil {
+			return bad("kernelCaches[%d]: %v", i, err)
+		}
+		if err := checkPolicy(fmt.Sprintf("kernelCaches[%d]", i), kc.Signature); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Daemon) handlePin(pin bool) handler {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		name := r.PathValue("name")
+		d.mu.Lock()
+		ds, isAPI := d.apiDesires[name]
+		if isAPI {
+			ds.Pin = pin
+			if err := d.persistDesire(name, ds); err != nil {
+				d.mu.Unlock()
+				return err
+			}
+			d.apiDesires[name] = ds
+		}
+		d.mu.Unlock()
+		err := d.store.SetPinned(name, "", pin)
+		if err != nil && !(isAPI && errors.Is(err, cachestore.ErrNotFound)) {
+			return err
+		}
+		a, err := d.view(name, false)
+		if err != nil {
+			return err
+		}
+		return writeJSON(w, a)
+	}
+}

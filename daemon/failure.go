@@ -1,0 +1,119 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"time"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
+)
+
+// permanentReason is the reason for a failure a retry cannot fix, or "".
+func permanentReason(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, fetchers.ErrNotFound):
+		return api.ReasonSourceNotFound
+	case errors.Is(err, fetchers.ErrUnauthorized):
+		return api.ReasonAccessDenied
+	case errors.Is(err, fetchers.ErrBadSource), errors.Is(err, fetchers.ErrUnsupported):
+		return api.ReasonInvalidSource
+	}
+	return ""
+}
+
+// unknownHostAttempts is how many pulls in a row DNS must deny a source's
+// host before it counts as a typo (permanent): a resolver that is briefly
+// down at boot answers "no such host" too, now and then.
+const unknownHostAttempts = 3
+
+// failureReason is permanentReason, plus a host DNS has denied for
+// unknownHostAttempts pulls in a row (attempt counts this one).
+func failureReason(err error, attempt int) string {
+	if r := permanentReason(err); r != "" {
+		return r
+	}
+	var de *net.DNSError
+	if errors.As(err, &de) && de.IsNotFound && attempt >= unknownHostAttempts {
+		return api.ReasonSourceNotFound
+	}
+	return ""
+}
+
+func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artState, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st.cancel = nil
+	close(st.done)
+	st.completed++
+	st.lastErr = nil // a failure sets it below; a cancelled or incompatible pull leaves the phase to speak
+	if err != nil {
+		err = redactedError{err} // the message is shown (status, waiters, events) and stored
+	}
+	scheme, _ := fetchers.Scheme(ds.URI)
+	switch {
+	case err == nil:
+		st.phase, st.message, st.attempts, st.reason = api.PhaseReady, "", 0, ""
+		st.nextRetry = time.Time{}
+		if st.prog != nil {
+			el := time.Since(st.prog.started).Seconds()
+			st.last = &api.PullStats{Seconds: el, BytesFetched: st.prog.done.Load(), At: time.Now().UTC()}
+			if el > 0 {
+				st.last.BytesPerSecond = float64(st.last.BytesFetched) / el
+			}
+		}
+		d.metrics.pulls.WithLabelValues(scheme, "ok").Inc()
+		d.log.Info("pulled", "artifact", ds.Name, "uri", ds.URI)
+	case pctx.Err() != nil && ctx.Err() != nil:
+		st.phase, st.message = api.PhasePending, "daemon stopping; the pull resumes at the next start"
+	case pctx.Err() != nil:
+		st.phase, st.message = api.PhasePending, "restarting: the desire changed"
+		d.kick()
+	case failureReason(err, st.attempts+1) != "":
+		st.attempts++
+		st.phase, st.message, st.reason = api.PhaseFailed, err.Error(), failureReason(err, st.attempts)
+		st.permanent, st.nextRetry, st.lastErr = true, time.Time{}, err
+		d.metrics.pulls.WithLabelValues(scheme, "failed").Inc()
+		d.log.Error("pull failed; not retried until the desire changes or 'modelctl pull' asks again ('modelctl evict NAME' drops the desire)",
+			"artifact", ds.Name, "uri", ds.URI, "reason", st.reason, "err", err)
+		if a, gerr := d.store.Summary(ds.Name); gerr == nil && len(a.Versions) > 0 && a.Versions[0].State != cachestore.StateReady {
+			d.store.SetState(ds.Name, a.Versions[0].Revision, cachestore.StateFailed, "re-fetch failed: "+err.Error())
+		}
+	case errors.As(err, new(*incompatibleError)):
+		st.phase, st.message, st.reason, st.attempts = api.PhaseIncompatible, err.Error(), api.ReasonIncompatible, 0
+		d.metrics.pulls.WithLabelValues(scheme, "incompatible").Inc()
+		d.log.Info("kernel cache incompatible with this node's GPUs; not downloaded", "artifact", ds.Name, "uri", ds.URI, "why", err)
+	default:
+		st.attempts++
+		delay := d.cfg.RetryInitial << min(st.attempts-1, 16)
+		if delay > d.cfg.RetryMax || delay <= 0 {
+			delay = d.cfg.RetryMax
+		}
+		delay = delay/2 + rand.N(delay/2+1)
+		st.phase, st.message, st.reason = api.PhaseFailed, err.Error(), api.ReasonPullFailed
+		var ce *capacityError
+		if errors.As(err, &ce) {
+			st.reason = api.ReasonInsufficientCapacity
+		}
+		if errors.As(err, new(*signatureError)) {
+			st.reason = api.ReasonSignatureFailed
+		}
+		st.nextRetry = time.Now().Add(delay)
+		st.lastErr = err
+		d.metrics.pulls.WithLabelValues(scheme, "failed").Inc()
+		d.log.Error("pull failed", "artifact", ds.Name, "uri", ds.URI, "attempt", st.attempts, "retry_in", delay.Round(time.Second), "err", err)
+		// A version that lost its blobs and cannot be re-fetched says why.
+		if a, gerr := d.store.Summary(ds.Name); gerr == nil && len(a.Versions) > 0 && a.Versions[0].State != cachestore.StateReady {
+			d.store.SetState(ds.Name, a.Versions[0].Revision, cachestore.StateFailed, "re-fetch failed: "+err.Error())
+		}
+		d.kick()
+	}
+	d.notify()
+	// An old revision may be free to go, or a partial download abandoned.
+	d.kickCapacity()
+}

@@ -1,0 +1,119 @@
+package daemon
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers"
+	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
+	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
+	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
+	s3fetcher "github.com/modelcache/modelcache/fetchers/s3"
+)
+
+// credentialsFor returns the in-memory credentials of a cluster desire.
+func (d *Daemon) credentialsFor(name string) map[string]string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c, ok := d.creds[name]; ok {
+		return c
+	}
+	// A kernel cache that a ModelCache lists uses the model's credentials:
+	// only one the daemon expanded from that model's own desire, for the
+	// URI the model names. Nothing from the socket can claim them.
+	want := d.desired()
+	if ds, ok := want[name]; ok && ds.Serves != "" {
+		if model, ok := want[ds.Serves]; ok && model.Origin == ds.Origin && listsKernelCache(model, name, ds.URI) {
+			return d.creds[ds.Serves]
+		}
+	}
+	return nil
+}
+
+// fetcherFor returns the fetcher of a desire: the shared one, or one
+// made with the desire's credentials from a Secret (HF_TOKEN;
+// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN;
+// .dockerconfigjson), kept while the credentials stay the same.
+func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
+	creds := d.credentialsFor(ds.Name)
+	if ds.CredentialsFile != "" && strings.HasPrefix(ds.Origin, originFile) {
+		var err error
+		if creds, err = readCredentialsFile(ds.CredentialsFile); err != nil {
+			return nil, fetchers.Permanent(fmt.Errorf("credentials of %s: %w", ds.Name, err))
+		}
+	}
+	scheme, err := fetchers.Scheme(ds.URI)
+	if err != nil || len(creds) == 0 {
+		return d.fetchers.For(ds.URI)
+	}
+	b, _ := json.Marshal(creds)
+	sum := sha256.Sum256(append([]byte(scheme+"\x00"), b...))
+	key := hex.EncodeToString(sum[:])
+	d.mu.Lock()
+	f, ok := d.credFetchers[key]
+	d.mu.Unlock()
+	if ok {
+		return f, nil
+	}
+	switch scheme {
+	case "hf":
+		tok := creds["HF_TOKEN"]
+		if tok == "" {
+			return d.fetchers.For(ds.URI)
+		}
+		hub, err := d.newHub(hffetcher.WithToken(tok))
+		if err != nil {
+			return nil, err
+		}
+		f = hub
+	case "s3":
+		if creds["AWS_ACCESS_KEY_ID"] == "" {
+			return d.fetchers.For(ds.URI)
+		}
+		f = d.newS3().WithStaticCredentials(creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], creds["AWS_SESSION_TOKEN"])
+	case "oci":
+		cfg := creds[".dockerconfigjson"]
+		if cfg == "" {
+			return d.fetchers.For(ds.URI)
+		}
+		kc, err := ocifetcher.DockerConfigKeychain([]byte(cfg))
+		if err != nil {
+			return nil, fetchers.Permanent(fmt.Errorf("credentials of %s: %w", ds.Name, err))
+		}
+		f = ocifetcher.New(append(d.ociOpts, ocifetcher.WithKeychain(kc))...)
+	case "http", "https":
+		auth := creds["HTTP_AUTHORIZATION"]
+		if auth == "" {
+			return d.fetchers.For(ds.URI)
+		}
+		f = d.newHTTP(httpfetcher.WithAuthorization(auth))
+	default:
+		return d.fetchers.For(ds.URI)
+	}
+	d.mu.Lock()
+	d.credFetchers[key] = f
+	d.mu.Unlock()
+	return f, nil
+}
+
+// newHub and newS3 make the hub and S3 fetchers with the daemon's
+// settings; extra options add credentials (fetcherFor).
+func (d *Daemon) newHub(extra ...hffetcher.Option) (*hffetcher.Fetcher, error) {
+	opts := append([]hffetcher.Option{hffetcher.WithIdleTimeout(d.cfg.IdleTimeout), hffetcher.WithConnections(max(d.cfg.RangeConnections, 1)),
+		hffetcher.WithInternal(d.cfg.InternalAddress)}, extra...)
+	return hffetcher.New(opts...)
+}
+
+// newHTTP makes an http(s) fetcher with the daemon's settings (and extra).
+func (d *Daemon) newHTTP(extra ...httpfetcher.Option) *httpfetcher.Fetcher {
+	return httpfetcher.New(append([]httpfetcher.Option{httpfetcher.WithIdleTimeout(d.cfg.IdleTimeout),
+		httpfetcher.WithUserAgent("modelcached/" + d.cfg.Version), httpfetcher.WithInternal(d.cfg.InternalAddress)}, extra...)...)
+}
+
+func (d *Daemon) newS3() *s3fetcher.Fetcher {
+	return s3fetcher.New(max(d.cfg.RangeConnections, 1), 8<<20).WithInternal(d.cfg.InternalAddress)
+}

@@ -1,0 +1,278 @@
+package daemon
+
+import (
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
+)
+
+// member is an archive member written and waiting for its commit: idx is
+// its position in the layer (a later entry of the same path wins).
+type member struct {
+	w   *cachestore.Writer
+	e   fetchers.TarEntry
+	idx int
+}
+
+// Members up to smallMember bytes commit in batches of at most maxBatch
+// members or maxBatchBytes bytes.
+const (
+	smallMember   = 256 << 10
+	maxBatch      = 512
+	maxBatchBytes = 32 << 20
+)
+
+// layerRefPrefix starts the ingest refs of archive members; they are
+// never resumed (a layer is unpacked from its start every attempt).
+const layerRefPrefix = "layer:"
+
+// unpack unpacks each archive layer in order (unpackLayer). Later layers
+// override earlier ones; whiteouts delete. Members are blobs held by the
+// lease; if the pull fails they stay unreferenced (GC takes them):
+// nothing becomes visible.
+func (d *Daemon) unpack(ctx context.Context, f fetchers.Fetcher, scheme string, archives []fetchers.File, lease *cachestore.Lease, prog *progress) (map[string]cachestore.Entry, error) {
+	merged := map[string]cachestore.Entry{}
+	for _, fl := range archives {
+		layer, err := d.unpackLayer(ctx, f, scheme, fl, merged, lease, prog)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(merged, layer)
+		prog.filesDone.Add(1)
+	}
+	return merged, nil
+}
+
+// unpackLayer fetches one layer whole into the store first, as any file
+// (resumable, its digest verified before a byte of it is unpacked), then
+// reads it twice: once through fetchers.Untar (the hardened reader) with
+// nothing written, so that the archive's limits (entries, sizes) and its
+// hostile entries refuse the layer before any per-entry work, and once to
+// ingest every member. A layer refused so is a permanent failure. The
+// layer's own blob goes when it is unpacked (or refused), unless
+// something else uses it. merged holds the lower layers' files; the
+// result is this layer's.
+func (d *Daemon) unpackLayer(ctx context.Context, f fetchers.Fetcher, scheme string, fl fetchers.File, merged map[string]cachestore.Entry, lease *cachestore.Lease, prog *progress) (map[string]cachestore.Entry, error) {
+	held := d.store.NewLease()
+	defer func() {
+		held.Release()
+		if _, err := d.store.GCBlobs(context.WithoutCancel(ctx), fl.Digest); err != nil {
+			d.log.Warn("remove an unpacked layer", "digest", fl.Digest, "err", err)
+		}
+	}()
+	whole := fl
+	whole.Archive = nil
+	dg, _, err := d.fetchFile(ctx, f, scheme, "", whole, held, prog)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s: %w", fl.Digest, err)
+	}
+	refuse := func(err error) error {
+		switch {
+		case errors.Is(err, fetchers.ErrHostileArchive):
+			return fetchers.Permanent(fmt.Errorf("layer %s: %w", fl.Digest, err))
+		case errors.Is(err, syscall.ENOSPC):
+			return fetchers.Permanent(d.diskFull(err))
+		}
+		return err
+	}
+	lower := func(p string) bool { _, ok := merged[p]; return ok }
+	lim := fetchers.TarLimits{Subtree: fl.Archive.Subtree, Exists: lower}
+	err = d.readLayer(dg, fl.Archive.MediaType, func(body io.Reader) error {
+		return fetchers.Untar(body, lim, func(fetchers.TarEntry, io.Reader) error { return ctx.Err() }, func(string, bool) error { return nil })
+	})
+	if err != nil {
+		return nil, refuse(err)
+	}
+
+	// Members stream in order; each one's fsync and commit runs beside the
+	// next one's decompression (a few at a time). A later entry of the same
+	// path wins by its position, not by when its commit ends; links wait
+	// for every commit before them.
+	layer := map[string]cachestore.Entry{}
+	var (
+		cmu     sync.Mutex
+		pending sync.WaitGroup
+		cerr    error
+		sem     = make(chan struct{}, 4)
+		seq     = map[string]int{}
+		n       int
+		// Small members commit in batches (one syncfs and one index
+		// transaction each), not one fsync at a time.
+		batch      []member
+		batchBytes int64
+	)
+	// set records a committed member unless a later entry of its path won.
+	set := func(m member, dg string) {
+		if seq[m.e.Path] <= m.idx {
+			seq[m.e.Path] = m.idx
+			layer[m.e.Path] = cachestore.Entry{Path: m.e.Path, Digest: dg, Size: m.e.Size, Mode: m.e.Mode}
+		}
+	}
+	fail := func(err error) {
+		if cerr == nil {
+			cerr = err
+		}
+	}
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		b := batch
+		batch, batchBytes = nil, 0
+		sem <- struct{}{}
+		pending.Add(1)
+		go func() {
+			defer pending.Done()
+			defer func() { <-sem }()
+			ws, sizes := make([]*cachestore.Writer, len(b)), make([]int64, len(b))
+			for i, m := range b {
+				ws[i], sizes[i] = m.w, m.e.Size
+			}
+			dgs, err := d.store.CommitBatch(ctx, ws, sizes)
+			cmu.Lock()
+			defer cmu.Unlock()
+			if err != nil {
+				fail(err)
+				return
+			}
+			for i, m := range b {
+				set(m, dgs[i])
+			}
+		}()
+	}
+	defer pending.Wait()
+	err = d.readLayer(dg, fl.Archive.MediaType, func(body io.Reader) error {
+		return fetchers.Untar(body, lim, func(e fetchers.TarEntry, r io.Reader) error {
+			n++
+			if e.Link != "" {
+				flush()
+				pending.Wait()
+				if cerr != nil {
+					return cerr
+				}
+				src, ok := layer[e.Link]
+				if !ok {
+					src, ok = merged[e.Link]
+				}
+				if !ok {
+					return fmt.Errorf("%w %q: link target %q was removed", fetchers.ErrHostileArchive, e.Path, e.Link)
+				}
+				seq[e.Path] = n
+				layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: src.Digest, Size: src.Size, Mode: src.Mode}
+				return nil
+			}
+			if err := cachestore.ValidatePath(e.Path); err != nil {
+				return fmt.Errorf("%w: %v", fetchers.ErrHostileArchive, err)
+			}
+			ref := layerRefPrefix + fl.Digest + ":" + e.Path
+			w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: lease})
+			if err == nil && w.Resumed() > 0 { // left by an earlier attempt: members start over
+				w.Abort()
+				w, err = d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: lease})
+			}
+			if err != nil {
+				return err
+			}
+			if _, err := w.ReadFrom(r); err != nil {
+				w.Abort()
+				return err
+			}
+			if e.Size <= smallMember {
+				batch = append(batch, member{w: w, e: e, idx: n})
+				if batchBytes += e.Size; len(batch) >= maxBatch || batchBytes >= maxBatchBytes {
+					flush()
+				}
+			} else {
+				sem <- struct{}{}
+				pending.Add(1)
+				go func(m member) {
+					defer pending.Done()
+					defer func() { <-sem }()
+					dg, err := w.Commit(ctx, m.e.Size, "")
+					cmu.Lock()
+					defer cmu.Unlock()
+					if err != nil {
+						fail(err)
+						return
+					}
+					set(m, dg)
+				}(member{w: w, e: e, idx: n})
+			}
+			cmu.Lock()
+			defer cmu.Unlock()
+			return cerr
+		}, func(p string, opaque bool) error {
+			// A whiteout hides p and what is under it in the lower layers;
+			// an opaque one hides everything under the directory p.
+			for k := range merged {
+				if p == "." || strings.HasPrefix(k, p+"/") || (!opaque && k == p) {
+					delete(merged, k)
+				}
+			}
+			return nil
+		})
+	})
+	if err == nil {
+		flush()
+	} else {
+		for _, m := range batch { // never committed: their partial data goes
+			m.w.Abort()
+		}
+		batch = nil
+	}
+	pending.Wait()
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, refuse(err)
+	}
+	return layer, nil
+}
+
+// readLayer hands fn the uncompressed stream of the layer blob dg. An
+// uncompressed layer is the blob's file itself, so the tar reader skips
+// member bodies by seeking.
+func (d *Daemon) readLayer(dg, mediaType string, fn func(io.Reader) error) error {
+	fh, err := d.store.OpenBlob(dg)
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	body, closeBody, err := decompress(fh, mediaType)
+	if err != nil {
+		return fetchers.Permanent(fmt.Errorf("layer %s: %w", dg, err))
+	}
+	defer closeBody()
+	return fn(body)
+}
+
+// decompress reads a layer by its media type's compression suffix.
+func decompress(r io.Reader, mediaType string) (io.Reader, func(), error) {
+	switch {
+	case strings.HasSuffix(mediaType, "+gzip") || strings.HasSuffix(mediaType, ".gzip") || strings.HasSuffix(mediaType, "tar.gzip"):
+		z, err := gzip.NewReader(r)
+		if err != nil {
+			return nil, nil, err
+		}
+		return z, func() { z.Close() }, nil
+	case strings.HasSuffix(mediaType, "+zstd") || strings.HasSuffix(mediaType, ".zstd"):
+		z, err := zstd.NewReader(r)
+		if err != nil {
+			return nil, nil, err
+		}
+		return z, z.Close, nil
+	}
+	return r, func() {}, nil
+}

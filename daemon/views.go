@@ -1,0 +1,240 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"sort"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+)
+
+func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) error {
+	s, err := d.status()
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, s)
+}
+
+func (d *Daemon) status() (*api.Status, error) {
+	list, err := d.list()
+	if err != nil {
+		return nil, err
+	}
+	s := api.Status{
+		Version: d.cfg.Version, Root: d.store.Root(), Socket: d.cfg.Socket, ModelsDir: d.cfg.ModelsDir,
+		Started: d.started, Phases: map[api.Phase]int{}, DirectIO: d.cfg.DirectIO,
+	}
+	for _, a := range list {
+		s.Phases[a.Phase]++
+		if a.Phase == api.PhaseDownloading {
+			s.PullsInFlight++
+		}
+	}
+	s.StoreBytes, _, _ = d.store.BlobStats()
+	_, s.FSFreeBytes, _ = d.store.FSStat()
+	d.mu.Lock()
+	s.ModelsDirError = append([]string(nil), d.fileErrors...)
+	d.mu.Unlock()
+	s.ReservedBytes = d.reserved()
+	if pr, err := d.evictor.Pressure(); err == nil {
+		s.DiskPressure = pr.OverQuota || pr.AboveHigh
+	}
+	s.QuotaBytes, s.HighWatermark, s.LowWatermark = d.cfg.Capacity.QuotaBytes, d.cfg.Capacity.HighPercent, d.cfg.Capacity.LowPercent
+	if le := d.lastEviction.Load(); le != nil {
+		ev := &api.Eviction{At: le.at, Failed: le.rep.Failed, BytesFreed: le.rep.BytesFreed, ShortBytes: le.rep.Short}
+		for _, v := range le.rep.Evicted {
+			ev.Evicted = append(ev.Evicted, fmt.Sprintf("%s@%s (%s)", v.Name, v.Revision, v.Reason))
+		}
+		s.LastEviction = ev
+	}
+	s.FSCapacityBytes, _, _ = d.store.FSStat()
+	return &s, nil
+}
+
+func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) error {
+	u, err := d.store.Usage()
+	if err != nil {
+		return err
+	}
+	out := api.Usage{Root: d.store.Root(), StoreBytes: u.StoreBytes, Blobs: u.Blobs, FSCapacityBytes: u.FSCapacity, FSFreeBytes: u.FSFree}
+	// A kernel cache counts with the model it serves, too.
+	serves := map[string]string{}
+	if arts, err := d.store.ListSummaries(); err == nil {
+		for i := range arts {
+			if info := kernelCacheInfo(currentVersion(&arts[i])); info != nil && info.Serves != "" {
+				serves[arts[i].Name] = info.Serves
+			}
+		}
+	}
+	kernels := map[string]int64{}
+	for _, a := range u.Artifacts {
+		if m := serves[a.Name]; m != "" {
+			kernels[m] += a.Bytes
+		}
+	}
+	for _, a := range u.Artifacts {
+		out.Artifacts = append(out.Artifacts, api.ArtifactUsage{Name: a.Name, Bytes: a.Bytes, UniqueBytes: a.Unique, SharedBytes: a.Shared,
+			Serves: serves[a.Name], KernelCacheBytes: kernels[a.Name]})
+	}
+	return writeJSON(w, out)
+}
+
+func (d *Daemon) handleList(w http.ResponseWriter, r *http.Request) error {
+	list, err := d.list()
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, list)
+}
+
+func (d *Daemon) handleGet(w http.ResponseWriter, r *http.Request) error {
+	a, err := d.view(r.PathValue("name"), true)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, a)
+}
+
+// list joins desires, in-memory state and the index into one view per
+// name: the summary of each (no versions, no files; inspect has those).
+func (d *Daemon) list() ([]api.Artifact, error) {
+	arts, err := d.store.ListSummaries()
+	if err != nil {
+		return nil, err
+	}
+	uses := d.inUse()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	want := d.desired()
+	seen := map[string]bool{}
+	out := make([]api.Artifact, 0, len(arts)+len(want))
+	for i := range arts {
+		seen[arts[i].Name] = true
+		out = append(out, d.viewLocked(arts[i].Name, &arts[i], want, false))
+	}
+	for name, ds := range want {
+		if !seen[name] && ds.State != api.StateAbsent {
+			out = append(out, d.viewLocked(name, nil, want, false))
+		}
+	}
+	for i := range out {
+		out[i].Versions, out[i].Desire = nil, nil
+		out[i].InUse = holdersOf(uses, out[i].Name)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// view returns one name; ErrNotFound when neither desired nor stored.
+func (d *Daemon) view(name string, files bool) (*api.Artifact, error) {
+	a, err := d.store.Get(name)
+	if err != nil && !errors.Is(err, cachestore.ErrNotFound) {
+		return nil, err
+	}
+	uses := d.inUse()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	want := d.desired()
+	if _, ok := want[name]; !ok && a == nil {
+		return nil, api.Errorf(api.CodeNotFound, "artifact %s: not in the cache and not desired; pull it with: modelctl pull URI --name %s", name, name)
+	}
+	v := d.viewLocked(name, a, want, files)
+	v.InUse = holdersOf(uses, name)
+	return &v, nil
+}
+
+// viewLocked builds the API view, its URIs and messages redacted; called
+// with d.mu held.
+func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string]api.Desire, files bool) api.Artifact {
+	out := api.Artifact{Name: name, Kind: cachestore.KindModel, Phase: api.PhasePending}
+	if ds, ok := want[name]; ok {
+		ds := ds
+		out.Desire, out.URI, out.Pinned = &ds, ds.URI, ds.Pin
+		if ds.Kind == api.KindKernelCache {
+			out.Kind = api.KindKernelCache
+		}
+	}
+	var cur *cachestore.Version
+	if a != nil {
+		for i := range a.Versions {
+			v := a.Versions[i]
+			if v.Revision == a.Current {
+				cur = &a.Versions[i]
+			}
+			av := api.Version{
+				Revision: v.Revision, State: string(v.State), Message: v.Message, ManifestDigest: v.ManifestDigest,
+				Bytes: v.Bytes, Pinned: v.Pinned, Created: v.Created, LastUsed: v.LastUsed, Source: v.Source,
+			}
+			if files {
+				for _, e := range v.Manifest {
+					av.Files = append(av.Files, api.File{Path: e.Path, Digest: e.Digest, Size: e.Size})
+				}
+			}
+			out.Versions = append(out.Versions, av)
+		}
+	}
+	if cur != nil && files && cur.Metadata != nil {
+		m := api.Metadata(*cur.Metadata)
+		out.Metadata = &m
+	}
+	if cur != nil {
+		out.Kind, out.Revision, out.ManifestDigest, out.Bytes, out.Pinned = cur.Kind, cur.Revision, cur.ManifestDigest, cur.Bytes, cur.Pinned
+		out.KernelCache = kernelCacheInfo(cur)
+		if !cur.LastUsed.IsZero() {
+			lu := cur.LastUsed
+			out.LastUsed = &lu
+		}
+		if out.URI == "" {
+			out.URI = cur.Source
+		}
+		switch cur.State {
+		case cachestore.StateReady:
+			out.Phase = api.PhaseReady
+			out.Path = filepath.Join(d.store.TreePath(cur.Kind, name, ""), "current")
+		case cachestore.StateMissing: // a re-fetch is due
+			out.Phase, out.Message = api.PhasePending, cur.Message
+		default:
+			out.Phase, out.Message = api.PhaseFailed, cur.Message
+		}
+	}
+	if st := d.arts[name]; st != nil {
+		switch {
+		case st.cancel != nil:
+			out.Phase, out.Message, out.Progress = st.phase, st.message, st.prog.view()
+		case st.phase == api.PhaseFailed || st.phase == api.PhaseIncompatible:
+			out.Phase, out.Message, out.Reason = st.phase, st.message, st.reason
+			if st.kc != nil {
+				out.KernelCache = st.kc // what this attempt found: signature, compatibility
+			}
+		case cur == nil || cur.State != cachestore.StateReady:
+			if st.message != "" {
+				out.Message = st.message
+			}
+		}
+		out.Attempts = st.attempts
+		out.LastPull = st.last
+		if !st.nextRetry.IsZero() && st.phase == api.PhaseFailed {
+			t := st.nextRetry
+			out.NextRetry = &t
+		}
+	} else if out.Desire == nil && cur != nil && cur.State != cachestore.StateReady {
+		out.Message = cur.Message + " (no desire to re-fetch from: pull it again)"
+	}
+	redactView(&out) // every local user reads views: no credentials in them
+	return out
+}
+
+// settled reports whether a waiter may stop, and with which error.
+func settledErr(a *api.Artifact) error {
+	if a.Phase == api.PhaseFailed {
+		return api.Errorf(api.CodeFailed, "artifact %s failed: %s", a.Name, a.Message)
+	}
+	if a.Phase == api.PhaseIncompatible {
+		return api.Errorf(api.CodeFailed, "artifact %s is not for this node: %s", a.Name, a.Message)
+	}
+	return nil
+}

@@ -1,0 +1,104 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+func (d *Daemon) handleWait(w http.ResponseWriter, r *http.Request) error {
+	var timeout time.Duration
+	if t := r.URL.Query().Get("timeout"); t != "" {
+		var err error
+		if timeout, err = time.ParseDuration(t); err != nil || timeout < 0 {
+			return api.Errorf(api.CodeInvalid, "timeout %q: want a duration such as 10m", t)
+		}
+	}
+	return d.streamUntil(w, r, r.PathValue("name"), timeout, func(st *artState) (bool, error) { return st == nil || st.cancel == nil, nil })
+}
+
+// streamHeartbeat is the longest a stream goes without a line: a pending
+// artifact is written again, so every stream keeps writing.
+const streamHeartbeat = time.Second
+
+// streamUntil writes the artifact as JSON lines on every change and every
+// streamHeartbeat until it is Ready or Failed and done(state) holds, the
+// timeout passes or the client goes. Each line renews the connection's
+// write deadline (statusWriter), so a stream lives as long as its peer
+// reads it; a peer that closes the connection cancels the request (the
+// server watches the read side once the body is read), and a peer that
+// stops reading fails a write SocketWriteTimeout after the socket's
+// buffers fill.
+func (d *Daemon) streamUntil(w http.ResponseWriter, r *http.Request, name string, timeout time.Duration, done func(*artState) (bool, error)) error {
+	// Read what is left of the body (a decoded request leaves at most a
+	// newline; the read timeout still bounds it): at its end the server
+	// starts watching the connection for the client going away.
+	io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
+	ctx := r.Context()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	rc := http.NewResponseController(w)
+	tick := time.NewTicker(streamHeartbeat)
+	defer tick.Stop()
+	for {
+		d.mu.Lock()
+		changed := d.changed
+		fin, pullErr := done(d.arts[name])
+		d.mu.Unlock()
+		a, err := d.view(name, false)
+		if err != nil {
+			var e *api.Error
+			if !errors.As(err, &e) || e.Code != api.CodeNotFound {
+				enc.Encode(api.Event{Error: toAPIError(err)})
+				return nil
+			}
+			a = &api.Artifact{Name: name, Phase: api.PhasePending, Message: "not desired yet; waiting for a pull or a desire"}
+		}
+		settled := a.Phase == api.PhaseReady || a.Phase == api.PhaseFailed || a.Phase == api.PhaseIncompatible
+		if fin && pullErr != nil {
+			msg := fmt.Sprintf("pull of %s failed: %v", name, pullErr)
+			if a.Path != "" { // an older version is Ready
+				msg += fmt.Sprintf(" (revision %s is still served)", a.Revision)
+			}
+			enc.Encode(api.Event{Artifact: a, Error: api.Errorf(api.CodeFailed, "%s", msg)})
+			rc.Flush()
+			return nil
+		}
+		if fin && settled {
+			if err := settledErr(a); err != nil {
+				enc.Encode(api.Event{Artifact: a, Error: toAPIError(err)})
+			} else {
+				enc.Encode(api.Event{Artifact: a, Done: true})
+			}
+			rc.Flush()
+			return nil
+		}
+		if err := enc.Encode(api.Event{Artifact: a}); err != nil {
+			return nil // the client went away
+		}
+		if err := rc.Flush(); err != nil {
+			return nil // the client went away or stopped reading
+		}
+		select {
+		case <-ctx.Done():
+			if r.Context().Err() == nil {
+				enc.Encode(api.Event{Artifact: a, Error: api.Errorf(api.CodeTimeout, "artifact %s is still %s after %s", name, a.Phase, timeout)})
+			}
+			return nil
+		case <-changed:
+		case <-tick.C:
+		}
+	}
+}
