@@ -24,14 +24,20 @@ const clusterKey = "cluster:"
 // and shown as Failed (InvalidSpec, with the reason) while the others
 // apply; the error returned names every refused one.
 func (d *Daemon) SetClusterDesires(want map[string]api.Desire, creds map[string]map[string]string) error {
+	// desireMu keeps other writers of desires out while the index is
+	// written (fsyncs) without the daemon lock; clusterDesires is replaced
+	// only under both, so reading it under desireMu is safe.
+	d.desireMu.Lock()
+	defer d.desireMu.Unlock()
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.creds = creds
+	old := d.clusterDesires
+	d.mu.Unlock()
 	valid := make(map[string]api.Desire, len(want))
 	rejected := map[string]string{}
 	var errs []error
 	for name, ds := range want {
-		if old, ok := d.clusterDesires[name]; ok && reflect.DeepEqual(old, ds) {
+		if o, ok := old[name]; ok && reflect.DeepEqual(o, ds) {
 			valid[name] = ds
 			continue
 		}
@@ -42,31 +48,34 @@ func (d *Daemon) SetClusterDesires(want map[string]api.Desire, creds map[string]
 		}
 		valid[name] = ds
 	}
+	d.mu.Lock()
 	if !reflect.DeepEqual(rejected, d.clusterRejected) {
 		d.clusterRejected = rejected
 		d.notify()
 	}
-	want = valid
-	if reflect.DeepEqual(want, d.clusterDesires) {
+	d.mu.Unlock()
+	if reflect.DeepEqual(valid, old) {
 		return errors.Join(errs...)
 	}
-	for name, ds := range want {
-		if old, ok := d.clusterDesires[name]; ok && reflect.DeepEqual(old, ds) {
+	for name, ds := range valid {
+		if o, ok := old[name]; ok && reflect.DeepEqual(o, ds) {
 			continue
 		}
 		if err := d.persistDesire(clusterKey+name, ds); err != nil {
 			return err
 		}
 	}
-	for name := range d.clusterDesires {
-		if _, ok := want[name]; !ok {
+	for name := range old {
+		if _, ok := valid[name]; !ok {
 			if err := d.store.DeleteDesire(clusterKey + name); err != nil {
 				return err
 			}
 		}
 	}
-	d.clusterDesires = want
+	d.mu.Lock()
+	d.clusterDesires = valid
 	d.notify()
+	d.mu.Unlock()
 	d.kick()
 	return errors.Join(errs...)
 }

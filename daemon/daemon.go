@@ -30,19 +30,42 @@ import (
 )
 
 // Daemon is one modelcached. Create it with New, run it with Run.
+//
+// Locks, in the order they are taken (a lock is never taken while one
+// after it in this list is held):
+//
+//	desireMu → capMu → evictMu → mu → scanMu;  scanRun → scanMu
+//
+// mu, the daemon lock, guards the in-memory state that API reads join
+// (desires, artifact states, leases, flights) and is held only for
+// memory: no index write (an fsync), tree removal or eviction runs under
+// it. Writers of desires take desireMu first, write the index, then take
+// mu to change memory. The store and the capacity package take their own
+// locks below all of these.
 type Daemon struct {
+	// Set once in New, read without a lock.
 	cfg      Config
 	log      *slog.Logger
 	store    *cachestore.Store
-	fetchers fetchers.Registry
+	fetchers fetchers.Registry // the shared fetcher of each scheme
 	metrics  *metrics
-	limiter  *rate.Limiter
+	limiter  *rate.Limiter // --bandwidth-limit, nil when unlimited
 	started  time.Time
-	gid      int
-	backoff  fetchers.Backoff
+	gid      int              // the socket group's, -1 when none
+	backoff  fetchers.Backoff // of each request of a pull
 	oci      *ocifetcher.Fetcher
 	ociOpts  []ocifetcher.Option
 	gpus     gpu.Inventory
+	evictor  *capacity.Evictor // its Protect and SpareDesired change under evictMu
+	scanner  *capacity.Scanner // under scanRun
+	pullSem  chan struct{}     // the node's pull slots (slot.go)
+	wake     chan struct{}     // kicks the reconciler
+	capKick  chan struct{}     // kicks the capacity loop
+	pulls    sync.WaitGroup    // pulls in flight; Run waits for them
+
+	// desireMu serialises changes of the desire maps with their index
+	// writes; the maps change only with desireMu and mu both held.
+	desireMu sync.Mutex
 
 	mu          sync.Mutex
 	apiDesires  map[string]api.Desire
@@ -59,27 +82,21 @@ type Daemon struct {
 	credFetchers    map[string]fetchers.Fetcher
 	fileErrors      []string
 	arts            map[string]*artState
-	flights         map[string]*flight
-	changed         chan struct{} // closed and replaced on every state change
-	wake            chan struct{}
-	pullSem         chan struct{}
-	pulls           sync.WaitGroup
-	metricsAddr     atomic.Value // string: where /metrics listens once Run serves
+	flights         map[string]*flight           // one download per blob (pull.go)
+	leases          map[string]map[string]*lease // name → holder → lease
+	changed         chan struct{}                // closed and replaced on every state change
 
-	leases       map[string]map[string]*lease // name → holder → lease; under mu
-	capMu        sync.Mutex                   // admission and reservations
+	capMu        sync.Mutex // admission and reservations
 	reservations map[*reservation]struct{}
 	evictMu      sync.Mutex // one eviction pass at a time
-	evictor      *capacity.Evictor
-	scanner      *capacity.Scanner
 	scanMu       sync.Mutex // guards scanUses
 	scanRun      sync.Mutex // one scan at a time; guards scanner and touched
 	scanUses     map[string][]capacity.Holder
-	touched      map[string]time.Time // scan loop only
-	capKick      chan struct{}
-	lastEviction atomic.Pointer[evictionRecord]
+	touched      map[string]time.Time
 
-	peers atomic.Pointer[peerListener] // the API socket's, once Run serves
+	metricsAddr  atomic.Value // string: where /metrics listens once Run serves
+	lastEviction atomic.Pointer[evictionRecord]
+	peers        atomic.Pointer[peerListener] // the API socket's, once Run serves
 }
 
 // New opens the store (running startup repair) and prepares the daemon.

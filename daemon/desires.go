@@ -93,15 +93,20 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	if err := d.checkSourceAccess(r.Context(), ds); err != nil {
 		return err
 	}
+	// Again, under desireMu: the check above ran unlocked. The index
+	// write (an fsync) runs outside the daemon lock.
+	d.desireMu.Lock()
 	d.mu.Lock()
-	if err := d.pullConflicts(ds); err != nil { // again: the check above ran unlocked
-		d.mu.Unlock()
+	err = d.pullConflicts(ds)
+	d.mu.Unlock()
+	if err == nil {
+		err = d.persistDesire(ds.Name, ds)
+	}
+	if err != nil {
+		d.desireMu.Unlock()
 		return err
 	}
-	if err := d.persistDesire(ds.Name, ds); err != nil {
-		d.mu.Unlock()
-		return err
-	}
+	d.mu.Lock()
 	d.apiDesires[ds.Name] = ds
 	st := d.arts[ds.Name]
 	if st == nil {
@@ -116,6 +121,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	since := st.completed
 	d.notify()
 	d.mu.Unlock()
+	d.desireMu.Unlock()
 	d.kick()
 	if r.URL.Query().Get("wait") != "true" {
 		a, err := d.view(ds.Name, false)
@@ -267,17 +273,21 @@ func validateKernelCaches(ds api.Desire, floor string) error {
 func (d *Daemon) handlePin(pin bool) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		name := r.PathValue("name")
+		d.desireMu.Lock()
 		d.mu.Lock()
 		ds, isAPI := d.apiDesires[name]
+		d.mu.Unlock()
 		if isAPI {
 			ds.Pin = pin
 			if err := d.persistDesire(name, ds); err != nil {
-				d.mu.Unlock()
+				d.desireMu.Unlock()
 				return err
 			}
+			d.mu.Lock()
 			d.apiDesires[name] = ds
+			d.mu.Unlock()
 		}
-		d.mu.Unlock()
+		d.desireMu.Unlock()
 		err := d.store.SetPinned(name, "", pin)
 		if err != nil && !(isAPI && errors.Is(err, cachestore.ErrNotFound)) {
 			return err

@@ -116,20 +116,22 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 	// evict with no desire left.
 	var inFlight chan struct{}
 	if rev == "" {
-		d.mu.Lock()
+		d.desireMu.Lock()
 		if hadDesire {
-			if err := d.store.DeleteDesire(name); err != nil {
-				d.mu.Unlock()
+			if err := d.store.DeleteDesire(name); err != nil { // an index write: outside the daemon lock
+				d.desireMu.Unlock()
 				return err
 			}
-			delete(d.apiDesires, name)
 		}
+		d.mu.Lock()
+		delete(d.apiDesires, name)
 		if st := d.arts[name]; st != nil && st.cancel != nil {
 			st.cancel()
 			inFlight = st.done
 		}
 		d.notify()
 		d.mu.Unlock()
+		d.desireMu.Unlock()
 	}
 	if inFlight != nil {
 		// Let the cancelled pull finish, so it cannot commit after the evict.

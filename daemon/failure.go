@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"net"
 	"time"
 
@@ -45,27 +44,38 @@ func failureReason(err error, attempt int) string {
 	return ""
 }
 
-func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artState, err error) {
+// finish records the pull's outcome in the artifact's state: Ready; back
+// to Pending when it was cancelled (the daemon stops, the desire
+// changed); Incompatible; Failed for good (failureReason: asking again the
+// same way cannot help); or Failed and retried after the daemon's retry
+// backoff (RetryInitial doubling to RetryMax, half jitter, a source's
+// Retry-After honoured up to RetryMax: fetchers.Backoff.Delay).
+func (p *pull) finish(ctx, pctx context.Context, err error) {
+	d, ds, st, scheme := p.d, p.ds, p.st, p.src.scheme
+	if err != nil {
+		err = redactedError{err} // the message is shown (status, waiters, events) and stored
+	}
+	if err != nil && pctx.Err() == nil && !errors.As(err, new(*incompatibleError)) {
+		// A version that lost its blobs and cannot be re-fetched says why
+		// (an index write: before the daemon lock, never under it).
+		if a, gerr := d.store.Summary(ds.Name); gerr == nil && len(a.Versions) > 0 && a.Versions[0].State != cachestore.StateReady {
+			d.store.SetState(ds.Name, a.Versions[0].Revision, cachestore.StateFailed, "re-fetch failed: "+err.Error())
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st.cancel = nil
 	close(st.done)
 	st.completed++
 	st.lastErr = nil // a failure sets it below; a cancelled or incompatible pull leaves the phase to speak
-	if err != nil {
-		err = redactedError{err} // the message is shown (status, waiters, events) and stored
-	}
-	scheme, _ := fetchers.Scheme(ds.URI)
 	switch {
 	case err == nil:
 		st.phase, st.message, st.attempts, st.reason = api.PhaseReady, "", 0, ""
 		st.nextRetry = time.Time{}
-		if st.prog != nil {
-			el := time.Since(st.prog.started).Seconds()
-			st.last = &api.PullStats{Seconds: el, BytesFetched: st.prog.done.Load(), At: time.Now().UTC()}
-			if el > 0 {
-				st.last.BytesPerSecond = float64(st.last.BytesFetched) / el
-			}
+		el := time.Since(p.prog.started).Seconds()
+		st.last = &api.PullStats{Seconds: el, BytesFetched: p.prog.done.Load(), At: time.Now().UTC()}
+		if el > 0 {
+			st.last.BytesPerSecond = float64(st.last.BytesFetched) / el
 		}
 		d.metrics.pulls.WithLabelValues(scheme, "ok").Inc()
 		d.log.Info("pulled", "artifact", ds.Name, "uri", ds.URI)
@@ -81,39 +91,38 @@ func (d *Daemon) finishPull(ctx, pctx context.Context, ds api.Desire, st *artSta
 		d.metrics.pulls.WithLabelValues(scheme, "failed").Inc()
 		d.log.Error("pull failed; not retried until the desire changes or 'modelctl pull' asks again ('modelctl evict NAME' drops the desire)",
 			"artifact", ds.Name, "uri", ds.URI, "reason", st.reason, "err", err)
-		if a, gerr := d.store.Summary(ds.Name); gerr == nil && len(a.Versions) > 0 && a.Versions[0].State != cachestore.StateReady {
-			d.store.SetState(ds.Name, a.Versions[0].Revision, cachestore.StateFailed, "re-fetch failed: "+err.Error())
-		}
 	case errors.As(err, new(*incompatibleError)):
 		st.phase, st.message, st.reason, st.attempts = api.PhaseIncompatible, err.Error(), api.ReasonIncompatible, 0
 		d.metrics.pulls.WithLabelValues(scheme, "incompatible").Inc()
 		d.log.Info("kernel cache incompatible with this node's GPUs; not downloaded", "artifact", ds.Name, "uri", ds.URI, "why", err)
 	default:
 		st.attempts++
-		delay := d.cfg.RetryInitial << min(st.attempts-1, 16)
-		if delay > d.cfg.RetryMax || delay <= 0 {
-			delay = d.cfg.RetryMax
-		}
-		delay = delay/2 + rand.N(delay/2+1)
-		st.phase, st.message, st.reason = api.PhaseFailed, err.Error(), api.ReasonPullFailed
-		var ce *capacityError
-		if errors.As(err, &ce) {
-			st.reason = api.ReasonInsufficientCapacity
-		}
-		if errors.As(err, new(*signatureError)) {
-			st.reason = api.ReasonSignatureFailed
-		}
+		delay := d.retry().Delay(st.attempts, err)
+		st.phase, st.message, st.reason = api.PhaseFailed, err.Error(), retryReason(err)
 		st.nextRetry = time.Now().Add(delay)
 		st.lastErr = err
 		d.metrics.pulls.WithLabelValues(scheme, "failed").Inc()
 		d.log.Error("pull failed", "artifact", ds.Name, "uri", ds.URI, "attempt", st.attempts, "retry_in", delay.Round(time.Second), "err", err)
-		// A version that lost its blobs and cannot be re-fetched says why.
-		if a, gerr := d.store.Summary(ds.Name); gerr == nil && len(a.Versions) > 0 && a.Versions[0].State != cachestore.StateReady {
-			d.store.SetState(ds.Name, a.Versions[0].Revision, cachestore.StateFailed, "re-fetch failed: "+err.Error())
-		}
 		d.kick()
 	}
 	d.notify()
 	// An old revision may be free to go, or a partial download abandoned.
 	d.kickCapacity()
+}
+
+// retry is the backoff between the attempts of one desire's pulls (each
+// attempt retries its own requests with d.backoff first).
+func (d *Daemon) retry() fetchers.Backoff {
+	return fetchers.Backoff{Initial: d.cfg.RetryInitial, Max: d.cfg.RetryMax, MaxRetryAfter: d.cfg.RetryMax}
+}
+
+// retryReason is the reason of a failure that is retried.
+func retryReason(err error) string {
+	switch {
+	case errors.As(err, new(*capacityError)):
+		return api.ReasonInsufficientCapacity
+	case errors.As(err, new(*signatureError)):
+		return api.ReasonSignatureFailed
+	}
+	return api.ReasonPullFailed
 }

@@ -46,7 +46,20 @@ func TestOneDownloadPerBlob(t *testing.T) {
 	for _, n := range []string{"a", "b", "c"} {
 		h.waitPhase(n, api.PhaseDownloading)
 	}
-	time.Sleep(100 * time.Millisecond) // let all three reach the blob
+	// All three reach the blob: one downloads it, two wait for its flight.
+	deadline := time.Now().Add(30 * time.Second)
+	for waiting := 0; waiting != 2; {
+		h.d.mu.Lock()
+		waiting = 0
+		for _, fw := range h.d.flights {
+			waiting += fw.waiters
+		}
+		h.d.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("%d pulls wait for the blob's download, want 2", waiting)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	close(gate)
 	for _, n := range []string{"a", "b", "c"} {
 		if _, err := h.c.Wait(context.Background(), n, 30*time.Second, nil); err != nil {

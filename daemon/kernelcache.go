@@ -61,9 +61,10 @@ func expandKernelCaches(out map[string]api.Desire, model api.Desire) {
 // is fetched: the signature first (nothing of an untrusted image is
 // downloaded), then the summary label against the GPUs (an image for other
 // GPUs is not downloaded either).
-func (d *Daemon) kernelCacheBefore(ctx context.Context, ds api.Desire, res *fetchers.Resolved, f fetchers.Fetcher) (*api.KernelCacheInfo, error) {
+func (p *pull) kernelCacheBefore(ctx context.Context) (*api.KernelCacheInfo, error) {
+	d, ds, res, f := p.d, p.ds, p.res, p.f
 	info := &api.KernelCacheInfo{Serves: ds.Serves}
-	if s, _ := fetchers.Scheme(ds.URI); s != "oci" {
+	if p.src.scheme != "oci" {
 		return info, fetchers.Permanent(fmt.Errorf("%s: a kernel cache is an OCI image; write oci://<registry>/<repo>:<tag>", ds.URI))
 	}
 	digest := "sha256:" + res.Revision
@@ -185,7 +186,8 @@ func signaturePolicy(p api.SignaturePolicy) (ocifetcher.SignaturePolicy, error) 
 // kernelCacheAfter checks the extracted tree before it is committed: it
 // must hold a cache directory, its manifest decides compatibility per GPU,
 // and its bytes must match what the image's labels promise.
-func (d *Daemon) kernelCacheAfter(info *api.KernelCacheInfo, res *fetchers.Resolved, m cachestore.Manifest, started time.Time) error {
+func (p *pull) kernelCacheAfter(m cachestore.Manifest) error {
+	d, info, res, started := p.d, p.kc, p.res, p.fetched
 	var ts []gpu.Target
 	manifests := 0
 	for _, k := range kernelCacheDirs {

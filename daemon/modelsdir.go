@@ -70,6 +70,8 @@ func (d *Daemon) loadModelsDir() {
 		problems[i] = fetchers.RedactText(p) // status shows them to every local user
 		d.log.Error("models dir", "problem", problems[i])
 	}
+	d.desireMu.Lock()
+	defer d.desireMu.Unlock()
 	d.mu.Lock()
 	d.fileDesires, d.fileErrors = desires, problems
 	d.notify()

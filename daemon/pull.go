@@ -21,102 +21,114 @@ import (
 // flight is one download of one blob; pulls that want the same blob wait
 // for it instead of fetching it again.
 type flight struct {
-	done   chan struct{}
-	digest string
-	size   int64
-	err    error
+	done    chan struct{}
+	digest  string
+	size    int64
+	err     error
+	waiters int // pulls waiting for it; under d.mu
 }
 
-// runPull resolves the desire, fetches the files the store lacks, and
-// commits the version. The old version stays current until the commit.
-func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artState, prog *progress) error {
+// pull is one pull of one desire, from the slot it waits for to the
+// commit. It carries what it pulls (the desire, its URI parsed once into
+// src), how (the fetcher, the lease that keeps its blobs from GC, its
+// share of the pull slots and the backoff that gives the slot up), and
+// how far it got (prog, which views show). startPull makes one and runs
+// it; finish (failure.go) records its outcome. The old version of the
+// artifact stays current until commit.
+type pull struct {
+	d    *Daemon
+	ds   api.Desire
+	spec string    // fingerprint(ds)
+	src  source    // ds.URI, parsed once
+	st   *artState // the artifact's state (its fields under d.mu)
+	prog *progress
+
+	slot    *slot
+	backoff fetchers.Backoff // fetchers' backoff; its sleeps give the slot up
+
+	// Set as the pull goes.
+	f       fetchers.Fetcher     // resolve
+	res     *fetchers.Resolved   // resolve
+	kc      *api.KernelCacheInfo // resolve, for a kernel cache
+	lease   *cachestore.Lease    // holds what the pull wrote until commit
+	fetched time.Time            // when the first byte was asked for
+}
+
+// source is a desire's URI parsed once: scheme picks the fetcher and
+// labels the metrics; redacted is what is shown and stored; ref names it
+// in the refs of its partial downloads.
+type source struct {
+	uri      string // as given; may carry credentials, never shown
+	scheme   string
+	redacted string
+	ref      string
+}
+
+func parseSource(uri string) (source, error) {
+	scheme, err := fetchers.Scheme(uri)
+	if err != nil {
+		return source{uri: uri, redacted: fetchers.RedactURI(uri)}, err
+	}
+	return source{uri: uri, scheme: scheme, redacted: fetchers.RedactURI(uri), ref: ingestSource(uri)}, nil
+}
+
+// startPull makes the pull of ds and runs it; called with d.mu held.
+func (d *Daemon) startPull(ctx context.Context, ds api.Desire, st *artState, fp string) {
+	pctx, cancel := context.WithCancel(ctx)
+	st.cancel, st.spec, st.force, st.permanent = cancel, fp, false, false
+	st.done = make(chan struct{})
+	st.phase, st.message = api.PhasePending, "waiting for a pull slot"
+	st.prog = &progress{started: time.Now()}
+	st.prog.total.Store(-1)
+	p := &pull{d: d, ds: ds, spec: fp, st: st, prog: st.prog, slot: &slot{sem: d.pullSem}, backoff: d.backoff}
+	p.backoff.Sleep = p.slot.sleeper(d.backoff.Sleep)
+	src, srcErr := parseSource(ds.URI)
+	p.src = src
+	d.notify()
+	d.pulls.Add(1)
+	go func() {
+		defer d.pulls.Done()
+		defer cancel()
+		err := srcErr
+		if err == nil {
+			err = p.run(pctx)
+		}
+		p.finish(ctx, pctx, err)
+	}()
+}
+
+// run resolves the source, fetches the files the store lacks, and
+// commits the version.
+func (p *pull) run(ctx context.Context) error {
 	// The pull takes a slot for as long as it transfers; its backoff and
 	// its waits for other pulls' downloads give the slot up (slot.go).
-	sl := prog.slot
 	holding := true
 	defer func() {
 		if holding {
-			sl.leave()
+			p.slot.leave()
 		}
 	}()
-	if err := sl.enter(ctx); err != nil {
+	if err := p.slot.enter(ctx); err != nil {
 		return err
 	}
-	d.setPhase(st, api.PhaseDownloading, "resolving "+ds.URI)
-	if err := lostCredentials(ds); err != nil {
+	p.setPhase(api.PhaseDownloading, "resolving "+p.ds.URI)
+	if err := p.resolve(ctx); err != nil {
 		return err
 	}
-	f, err := d.fetcherFor(ds)
+	p.fetched = time.Now()
+	files, err := p.files()
 	if err != nil {
 		return err
 	}
-	scheme, _ := fetchers.Scheme(ds.URI)
-	kernel := ds.Kind == api.KindKernelCache
-	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: kernel, As: identity(ds.Requester)}
-	var res *fetchers.Resolved
-	err = prog.backoff.Do(ctx, func(int) error {
-		var err error
-		res, err = f.Resolve(ctx, src)
-		return err
-	}, func(n int, err error, wait time.Duration) {
-		d.log.Warn("resolve failed; retrying", "artifact", ds.Name, "attempt", n, "wait", wait, "err", err)
-	})
-	if err != nil {
-		return fmt.Errorf("resolve %s: %w", ds.URI, err)
-	}
-	var kc *api.KernelCacheInfo
-	if kernel {
-		kc, err = d.kernelCacheBefore(ctx, ds, res, f)
-		d.mu.Lock()
-		st.kc = kc
-		d.mu.Unlock()
-		if err != nil {
-			return err
-		}
-	}
-	started := time.Now()
-	files, err := fetchers.Filter(res.Files, ds.Include, ds.Exclude)
-	if err != nil {
-		return fmt.Errorf("%s: %w", ds.URI, err)
-	}
-	for _, fl := range files {
-		if err := cachestore.ValidatePath(fl.Path); err != nil {
-			return fmt.Errorf("%s: refusing a file name from the source: %w", ds.URI, err)
-		}
-	}
-	prog.filesTotal.Store(int32(len(files)))
-	var total int64
-	for _, fl := range files {
-		if fl.Size < 0 {
-			total = -1
-			break
-		}
-		total += fl.Size
-	}
-	prog.total.Store(total)
-	// Admission: what the store lacks must fit in free space plus what
-	// eviction can free, and stays reserved while it downloads. (An archive
-	// counts by its layer size; compressed layers may unpack larger.)
-	// A file of unknown size may write what is usable beyond that when the
-	// pull is admitted (its budget), and no more.
-	var need int64
-	unknown := false
-	for _, fl := range files {
-		if fl.Digest != "" && d.store.HasBlob(fl.Digest) {
-			continue
-		}
-		need += max(fl.Size, 0)
-		unknown = unknown || fl.Size < 0
-	}
-	release, err := d.admit(ctx, ds.Name, need, unknown, prog)
+	release, err := p.admit(ctx, files)
 	if err != nil {
 		return err
 	}
 	defer release()
-	d.setPhase(st, api.PhaseDownloading, fmt.Sprintf("fetching %d files", len(files)))
+	p.setPhase(api.PhaseDownloading, fmt.Sprintf("fetching %d files", len(files)))
 
-	lease := d.store.NewLease()
-	defer lease.Release()
+	p.lease = p.d.store.NewLease()
+	defer p.lease.Release()
 	// Archive layers (OCI tar layers) are unpacked in order; the rest are files.
 	var archives, plain []fetchers.File
 	for _, fl := range files {
@@ -126,35 +138,127 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 			plain = append(plain, fl)
 		}
 	}
-	files = plain
-	unpacked, err := d.unpack(ctx, f, scheme, archives, lease, prog)
+	unpacked, err := p.unpack(ctx, archives)
 	if err != nil {
 		return err
 	}
+	// The workers transfer under the pull's slot; this goroutine only
+	// waits for them, and the commit after them needs none.
+	holding = false
+	entries, err := p.fetchAll(ctx, plain)
+	if err != nil {
+		return err
+	}
+	if len(archives) > 0 {
+		if entries, err = p.merge(entries, unpacked); err != nil {
+			return err
+		}
+	}
+	return p.commit(ctx, entries)
+}
+
+// resolve picks the fetcher and resolves the source to an immutable
+// revision and its files (retried with the backoff); a kernel cache's
+// signature and GPU compatibility are checked here, before any layer is
+// fetched.
+func (p *pull) resolve(ctx context.Context) error {
+	ds := p.ds
+	if err := lostCredentials(ds); err != nil {
+		return err
+	}
+	f, err := p.d.fetcherFor(ds, p.src)
+	if err != nil {
+		return err
+	}
+	p.f = f
+	kernel := ds.Kind == api.KindKernelCache
+	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: kernel, As: identity(ds.Requester)}
+	err = p.backoff.Do(ctx, func(int) error {
+		var err error
+		p.res, err = f.Resolve(ctx, src)
+		return err
+	}, func(n int, err error, wait time.Duration) {
+		p.d.log.Warn("resolve failed; retrying", "artifact", ds.Name, "attempt", n, "wait", wait, "err", err)
+	})
+	if err != nil {
+		return fmt.Errorf("resolve %s: %w", ds.URI, err)
+	}
+	if kernel {
+		kc, err := p.kernelCacheBefore(ctx)
+		p.d.mu.Lock()
+		p.kc, p.st.kc = kc, kc
+		p.d.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// files is what the pull fetches: the resolved files its include and
+// exclude globs keep, each name checked; the totals go to the progress.
+func (p *pull) files() ([]fetchers.File, error) {
+	files, err := fetchers.Filter(p.res.Files, p.ds.Include, p.ds.Exclude)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.ds.URI, err)
+	}
+	var total int64
+	for _, fl := range files {
+		if err := cachestore.ValidatePath(fl.Path); err != nil {
+			return nil, fmt.Errorf("%s: refusing a file name from the source: %w", p.ds.URI, err)
+		}
+		if fl.Size < 0 || total < 0 {
+			total = -1
+			continue
+		}
+		total += fl.Size
+	}
+	p.prog.filesTotal.Store(int32(len(files)))
+	p.prog.total.Store(total)
+	return files, nil
+}
+
+// admit asks admission (admission.go) for the space the pull needs: what
+// the store lacks must fit in free space plus what eviction can free, and
+// stays reserved while it downloads. (An archive counts by its layer
+// size; compressed layers may unpack larger.) A file of unknown size may
+// write what is usable beyond that when the pull is admitted (its
+// budget), and no more.
+func (p *pull) admit(ctx context.Context, files []fetchers.File) (release func(), err error) {
+	var need int64
+	unknown := false
+	for _, fl := range files {
+		if fl.Digest != "" && p.d.store.HasBlob(fl.Digest) {
+			continue
+		}
+		need += max(fl.Size, 0)
+		unknown = unknown || fl.Size < 0
+	}
+	return p.d.admit(ctx, p.ds.Name, need, unknown, p.prog)
+}
+
+// fetchAll fetches the plain files, FilesPerPull at a time, under the
+// pull's slot (the caller hands its hold of the slot to the workers).
+func (p *pull) fetchAll(ctx context.Context, files []fetchers.File) (cachestore.Manifest, error) {
 	entries := make(cachestore.Manifest, len(files))
 	work := make(chan int)
 	errs := make(chan error, len(files))
 	var wg sync.WaitGroup
-	// The workers transfer under the pull's slot; this goroutine only
-	// waits for them, and the commit after them needs none.
-	workers := min(d.cfg.FilesPerPull, len(files))
-	sl.add(workers)
-	holding = false
-	sl.leave()
+	workers := min(p.d.cfg.FilesPerPull, len(files))
+	p.slot.add(workers)
+	p.slot.leave()
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer sl.leave()
+			defer p.slot.leave()
 			for i := range work {
 				fl := files[i]
-				digest, size, err := d.fetchFile(ctx, f, scheme, ds.URI, fl, lease, prog)
+				digest, size, err := p.fetchFile(ctx, fl, p.lease)
 				if err != nil {
 					errs <- fmt.Errorf("%s: %w", fl.Path, err)
 					continue
 				}
 				entries[i] = cachestore.Entry{Path: fl.Path, Digest: digest, Size: size, Mode: fl.Mode, Etag: fl.Etag}
-				prog.filesDone.Add(1)
+				p.prog.filesDone.Add(1)
 			}
 		}()
 	}
@@ -168,44 +272,51 @@ func (d *Daemon) runPull(ctx context.Context, ds api.Desire, fp string, st *artS
 	wg.Wait()
 	close(errs)
 	if err := errors.Join(collect(errs)...); err != nil {
-		return err
+		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
-		return err
+	return entries, ctx.Err()
+}
+
+// merge adds the archive members to the plain files: a raw file wins over
+// a member of the same path; the include and exclude globs apply to
+// members too.
+func (p *pull) merge(entries cachestore.Manifest, unpacked map[string]cachestore.Entry) (cachestore.Manifest, error) {
+	have := map[string]bool{}
+	for _, e := range entries {
+		have[e.Path] = true
 	}
-	if len(archives) > 0 {
-		// Raw files win over archive members of the same path; the include
-		// and exclude globs apply to members too.
-		have := map[string]bool{}
-		for _, e := range entries {
-			have[e.Path] = true
-		}
-		var members []fetchers.File
-		for _, e := range unpacked {
-			if !have[e.Path] {
-				members = append(members, fetchers.File{Path: e.Path})
-			}
-		}
-		kept, err := fetchers.Filter(members, ds.Include, ds.Exclude)
-		if err != nil {
-			return fmt.Errorf("%s: %w", ds.URI, err)
-		}
-		for _, m := range kept {
-			entries = append(entries, unpacked[m.Path])
+	var members []fetchers.File
+	for _, e := range unpacked {
+		if !have[e.Path] {
+			members = append(members, fetchers.File{Path: e.Path})
 		}
 	}
+	kept, err := fetchers.Filter(members, p.ds.Include, p.ds.Exclude)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.ds.URI, err)
+	}
+	for _, m := range kept {
+		entries = append(entries, unpacked[m.Path])
+	}
+	return entries, nil
+}
+
+// commit makes the version visible in one index transaction (the store
+// verifies and fsyncs first); a kernel cache's tree is checked before.
+func (p *pull) commit(ctx context.Context, entries cachestore.Manifest) error {
+	ds := p.ds
 	spec := cachestore.VersionSpec{
-		Name: ds.Name, Source: fetchers.RedactURI(ds.URI), Revision: res.Revision, Manifest: entries,
-		ExpectedDigest: ds.Digest, Pin: ds.Pin, Spec: fp, HFRepo: res.Repo, HFRef: res.Ref,
+		Name: ds.Name, Source: p.src.redacted, Revision: p.res.Revision, Manifest: entries,
+		ExpectedDigest: ds.Digest, Pin: ds.Pin, Spec: p.spec, HFRepo: p.res.Repo, HFRef: p.res.Ref,
 	}
-	if kernel {
-		if err := d.kernelCacheAfter(kc, res, entries, started); err != nil {
+	if ds.Kind == api.KindKernelCache {
+		if err := p.kernelCacheAfter(entries); err != nil {
 			return err
 		}
 		spec.Kind = cachestore.KindKernelCache
-		spec.Annotations, _ = json.Marshal(kc)
+		spec.Annotations, _ = json.Marshal(p.kc)
 	}
-	_, err = d.store.CommitVersion(ctx, spec)
+	_, err := p.d.store.CommitVersion(ctx, spec)
 	return err
 }
 
@@ -217,11 +328,12 @@ func collect(c chan error) []error {
 	return out
 }
 
-func (d *Daemon) setPhase(st *artState, p api.Phase, msg string) {
-	d.mu.Lock()
-	st.phase, st.message = p, msg
-	d.notify()
-	d.mu.Unlock()
+// setPhase shows where the pull is.
+func (p *pull) setPhase(ph api.Phase, msg string) {
+	p.d.mu.Lock()
+	p.st.phase, p.st.message = ph, msg
+	p.d.notify()
+	p.d.mu.Unlock()
 }
 
 // ingestSource names a source in an ingest's ref (written beside the
@@ -237,10 +349,12 @@ func ingestSource(uri string) string {
 }
 
 // fetchFile makes sure the file's blob is in the store and returns its
-// digest and size. A known digest already present costs nothing; a blob
-// another pull is fetching is waited for, not fetched twice.
-func (d *Daemon) fetchFile(ctx context.Context, f fetchers.Fetcher, scheme, uri string, fl fetchers.File, lease *cachestore.Lease, prog *progress) (string, int64, error) {
-	ref := "src:" + ingestSource(uri) + "#" + fl.Path
+// digest and size; lease holds it (the pull's, or an unpacked layer's
+// own). A known digest already present costs nothing; a blob another
+// pull is fetching is waited for, not fetched twice.
+func (p *pull) fetchFile(ctx context.Context, fl fetchers.File, lease *cachestore.Lease) (string, int64, error) {
+	d, prog := p.d, p.prog
+	ref := "src:" + p.src.ref + "#" + fl.Path
 	if fl.Validator != "" {
 		// Partial data is of one version of the file: a later resolve that
 		// sees another validator must not continue it.
@@ -257,8 +371,9 @@ func (d *Daemon) fetchFile(ctx context.Context, f fetchers.Fetcher, scheme, uri 
 	for {
 		d.mu.Lock()
 		if fw, ok := d.flights[ref]; ok {
+			fw.waiters++
 			d.mu.Unlock()
-			err := prog.slot.wait(ctx, func() error { // not a transfer of this pull: the slot is free meanwhile
+			err := p.slot.wait(ctx, func() error { // not a transfer of this pull: the slot is free meanwhile
 				select {
 				case <-fw.done:
 					return nil
@@ -282,7 +397,7 @@ func (d *Daemon) fetchFile(ctx context.Context, f fetchers.Fetcher, scheme, uri 
 		d.flights[ref] = fw
 		d.mu.Unlock()
 
-		fw.digest, fw.size, fw.err = d.download(ctx, f, scheme, ref, fl, lease, prog)
+		fw.digest, fw.size, fw.err = p.download(ctx, ref, fl, lease)
 		d.mu.Lock()
 		delete(d.flights, ref)
 		d.mu.Unlock()
@@ -296,8 +411,9 @@ func (d *Daemon) fetchFile(ctx context.Context, f fetchers.Fetcher, scheme, uri 
 // says it cannot continue from the offset (fetchers.ErrCannotResume: the
 // file changed), the partial data is discarded and the file starts over
 // from byte 0.
-func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref string, fl fetchers.File, lease *cachestore.Lease, prog *progress) (string, int64, error) {
-	opts := cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check, Owner: prog.owner}
+func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease *cachestore.Lease) (string, int64, error) {
+	d, f, scheme, prog := p.d, p.f, p.src.scheme, p.prog
+	opts := cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check, Owner: p.ds.Name}
 	w, err := d.store.Writer(ctx, opts)
 	if err != nil {
 		return "", 0, err
@@ -309,7 +425,7 @@ func (d *Daemon) download(ctx context.Context, f fetchers.Fetcher, scheme, ref s
 	}
 	start := time.Now()
 	var fetched atomic.Int64
-	err = prog.backoff.Do(ctx, func(int) error {
+	err = p.backoff.Do(ctx, func(int) error {
 		rc, err := f.Open(ctx, fl, w.Offset())
 		if errors.Is(err, fetchers.ErrCannotResume) && w.Offset() > 0 {
 			d.log.Warn("source cannot continue the partial download; starting the file over", "ref", ref, "offset", w.Offset(), "err", err)
@@ -406,6 +522,8 @@ func (b budgetReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// progress is how far a pull got: what views show, and what admission
+// counts against its reservation.
 type progress struct {
 	done, skipped atomic.Int64
 	total         atomic.Int64 // -1 while unknown
@@ -413,14 +531,8 @@ type progress struct {
 	filesTotal    atomic.Int32
 	started       time.Time
 
-	// What the stages of the pull share besides the counts, set before it
-	// starts: the artifact its partial downloads belong to, its share of
-	// the pull slots, and the backoff that gives the slot up while it
-	// waits. budget is what admission allows its files of unknown size
+	// budget is what admission allows the pull's files of unknown size
 	// (set before any download starts); unknown is what they have written.
-	owner   string
-	slot    *slot
-	backoff fetchers.Backoff
 	budget  int64
 	unknown atomic.Int64
 }
@@ -437,24 +549,4 @@ func (p *progress) view() *api.Progress {
 		v.BytesPerSecond = float64(v.BytesDone) / el
 	}
 	return v
-}
-
-// startPull launches a pull; called with d.mu held.
-func (d *Daemon) startPull(ctx context.Context, ds api.Desire, st *artState, fp string) {
-	pctx, cancel := context.WithCancel(ctx)
-	st.cancel, st.spec, st.force, st.permanent = cancel, fp, false, false
-	st.done = make(chan struct{})
-	st.phase, st.message = api.PhasePending, "waiting for a pull slot"
-	st.prog = &progress{started: time.Now(), owner: ds.Name, slot: &slot{sem: d.pullSem}, backoff: d.backoff}
-	st.prog.backoff.Sleep = st.prog.slot.sleeper(d.backoff.Sleep)
-	st.prog.total.Store(-1)
-	prog := st.prog
-	d.notify()
-	d.pulls.Add(1)
-	go func() {
-		defer d.pulls.Done()
-		defer cancel()
-		err := d.runPull(pctx, ds, fp, st, prog)
-		d.finishPull(ctx, pctx, ds, st, err)
-	}()
 }

@@ -38,7 +38,7 @@ func (d *Daemon) credentialsFor(name string) map[string]string {
 // made with the desire's credentials from a Secret (HF_TOKEN;
 // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN;
 // .dockerconfigjson), kept while the credentials stay the same.
-func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
+func (d *Daemon) fetcherFor(ds api.Desire, src source) (fetchers.Fetcher, error) {
 	creds := d.credentialsFor(ds.Name)
 	if ds.CredentialsFile != "" && strings.HasPrefix(ds.Origin, originFile) {
 		var err error
@@ -46,9 +46,9 @@ func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
 			return nil, fetchers.Permanent(fmt.Errorf("credentials of %s: %w", ds.Name, err))
 		}
 	}
-	scheme, err := fetchers.Scheme(ds.URI)
-	if err != nil || len(creds) == 0 {
-		return d.fetchers.For(ds.URI)
+	scheme := src.scheme
+	if len(creds) == 0 {
+		return d.sharedFetcher(ds, src)
 	}
 	b, _ := json.Marshal(creds)
 	sum := sha256.Sum256(append([]byte(scheme+"\x00"), b...))
@@ -63,7 +63,7 @@ func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
 	case "hf":
 		tok := creds["HF_TOKEN"]
 		if tok == "" {
-			return d.fetchers.For(ds.URI)
+			return d.sharedFetcher(ds, src)
 		}
 		hub, err := d.newHub(hffetcher.WithToken(tok))
 		if err != nil {
@@ -72,13 +72,13 @@ func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
 		f = hub
 	case "s3":
 		if creds["AWS_ACCESS_KEY_ID"] == "" {
-			return d.fetchers.For(ds.URI)
+			return d.sharedFetcher(ds, src)
 		}
 		f = d.newS3().WithStaticCredentials(creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], creds["AWS_SESSION_TOKEN"])
 	case "oci":
 		cfg := creds[".dockerconfigjson"]
 		if cfg == "" {
-			return d.fetchers.For(ds.URI)
+			return d.sharedFetcher(ds, src)
 		}
 		kc, err := ocifetcher.DockerConfigKeychain([]byte(cfg))
 		if err != nil {
@@ -88,11 +88,11 @@ func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
 	case "http", "https":
 		auth := creds["HTTP_AUTHORIZATION"]
 		if auth == "" {
-			return d.fetchers.For(ds.URI)
+			return d.sharedFetcher(ds, src)
 		}
 		f = d.newHTTP(httpfetcher.WithAuthorization(auth))
 	default:
-		return d.fetchers.For(ds.URI)
+		return d.sharedFetcher(ds, src)
 	}
 	d.mu.Lock()
 	d.credFetchers[key] = f
@@ -116,4 +116,12 @@ func (d *Daemon) newHTTP(extra ...httpfetcher.Option) *httpfetcher.Fetcher {
 
 func (d *Daemon) newS3() *s3fetcher.Fetcher {
 	return s3fetcher.New(max(d.cfg.RangeConnections, 1), 8<<20).WithInternal(d.cfg.InternalAddress)
+}
+
+// sharedFetcher is the daemon's fetcher of the source's scheme.
+func (d *Daemon) sharedFetcher(ds api.Desire, src source) (fetchers.Fetcher, error) {
+	if f, ok := d.fetchers[src.scheme]; ok {
+		return f, nil
+	}
+	return d.fetchers.For(ds.URI) // its error names the schemes this daemon knows
 }

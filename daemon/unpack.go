@@ -39,17 +39,17 @@ const layerRefPrefix = "layer:"
 
 // unpack unpacks each archive layer in order (unpackLayer). Later layers
 // override earlier ones; whiteouts delete. Members are blobs held by the
-// lease; if the pull fails they stay unreferenced (GC takes them):
+// pull's lease; if the pull fails they stay unreferenced (GC takes them):
 // nothing becomes visible.
-func (d *Daemon) unpack(ctx context.Context, f fetchers.Fetcher, scheme string, archives []fetchers.File, lease *cachestore.Lease, prog *progress) (map[string]cachestore.Entry, error) {
+func (p *pull) unpack(ctx context.Context, archives []fetchers.File) (map[string]cachestore.Entry, error) {
 	merged := map[string]cachestore.Entry{}
 	for _, fl := range archives {
-		layer, err := d.unpackLayer(ctx, f, scheme, fl, merged, lease, prog)
+		layer, err := p.unpackLayer(ctx, fl, merged)
 		if err != nil {
 			return nil, err
 		}
 		maps.Copy(merged, layer)
-		prog.filesDone.Add(1)
+		p.prog.filesDone.Add(1)
 	}
 	return merged, nil
 }
@@ -63,7 +63,8 @@ func (d *Daemon) unpack(ctx context.Context, f fetchers.Fetcher, scheme string, 
 // layer's own blob goes when it is unpacked (or refused), unless
 // something else uses it. merged holds the lower layers' files; the
 // result is this layer's.
-func (d *Daemon) unpackLayer(ctx context.Context, f fetchers.Fetcher, scheme string, fl fetchers.File, merged map[string]cachestore.Entry, lease *cachestore.Lease, prog *progress) (map[string]cachestore.Entry, error) {
+func (p *pull) unpackLayer(ctx context.Context, fl fetchers.File, merged map[string]cachestore.Entry) (map[string]cachestore.Entry, error) {
+	d, lease := p.d, p.lease
 	held := d.store.NewLease()
 	defer func() {
 		held.Release()
@@ -73,7 +74,7 @@ func (d *Daemon) unpackLayer(ctx context.Context, f fetchers.Fetcher, scheme str
 	}()
 	whole := fl
 	whole.Archive = nil
-	dg, _, err := d.fetchFile(ctx, f, scheme, "", whole, held, prog)
+	dg, _, err := p.fetchFile(ctx, whole, held)
 	if err != nil {
 		return nil, fmt.Errorf("layer %s: %w", fl.Digest, err)
 	}
