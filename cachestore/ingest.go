@@ -417,6 +417,7 @@ func (w *Writer) Commit(ctx context.Context, size int64, expected string) (strin
 	if err != nil {
 		return "", err
 	}
+	defer w.s.unlockRef(w.opts.Ref) // the ingest stays open (never abandoned) until adopted
 	if err := w.s.adoptIngest(ctx, filepath.Join(w.dir, ingestData), got, w.offset, w.opts.Lease); err != nil {
 		return "", err
 	}
@@ -426,9 +427,11 @@ func (w *Writer) Commit(ctx context.Context, size int64, expected string) (strin
 
 // finish stops writing and checks what was written: fsync (when sync),
 // size, digest, the second check. It returns the digest; the data stays
-// in the ingest dir for the caller to adopt. On a mismatch the partial
-// data is deleted.
-func (w *Writer) finish(ctx context.Context, size int64, expected string, sync bool) (string, error) {
+// in the ingest dir for the caller to adopt, and the ref stays locked
+// (the ingest open, so no sweep of abandoned ingests takes it) until the
+// caller unlocks it. On an error the ref is unlocked; on a mismatch the
+// partial data is deleted.
+func (w *Writer) finish(ctx context.Context, size int64, expected string, sync bool) (got string, err error) {
 	if expected != "" {
 		var err error
 		if expected, err = NormalizeDigest(expected); err != nil {
@@ -436,7 +439,7 @@ func (w *Writer) finish(ctx context.Context, size int64, expected string, sync b
 			return "", err
 		}
 	}
-	err := w.drain()
+	err = w.drain()
 	if err == nil && sync {
 		w.s.hit("ingest.fsync")
 		if err = w.f.Sync(); err != nil {
@@ -444,7 +447,11 @@ func (w *Writer) finish(ctx context.Context, size int64, expected string, sync b
 		}
 	}
 	w.f.Close()
-	defer w.s.unlockRef(w.opts.Ref)
+	defer func() {
+		if err != nil {
+			w.s.unlockRef(w.opts.Ref)
+		}
+	}()
 	if err != nil {
 		return "", err // already names the ingest; the partial data stays for a resume
 	}
@@ -452,7 +459,7 @@ func (w *Writer) finish(ctx context.Context, size int64, expected string, sync b
 		os.RemoveAll(w.dir)
 		return "", fmt.Errorf("ingest %s: %w: got %d bytes, want %d", w.opts.Ref, ErrSizeMismatch, w.offset, size)
 	}
-	got := DigestPrefix + hex.EncodeToString(w.h.Sum(nil))
+	got = DigestPrefix + hex.EncodeToString(w.h.Sum(nil))
 	if expected != "" && got != expected {
 		os.RemoveAll(w.dir)
 		return "", fmt.Errorf("ingest %s: %w: got %s, want %s", w.opts.Ref, ErrDigestMismatch, got, expected)
@@ -493,14 +500,18 @@ func (s *Store) CommitBatch(ctx context.Context, ws []*Writer, sizes []int64) ([
 			abort(i + 1)
 			for _, w := range ws[:i] {
 				os.RemoveAll(w.dir)
+				s.unlockRef(w.opts.Ref)
 			}
 			return nil, err
 		}
 		digests[i] = d
 	}
+	// The refs stay locked (their ingests open) until each is adopted or
+	// removed: a sweep of abandoned ingests must not take one in between.
 	cleanup := func() {
 		for _, w := range ws {
 			os.RemoveAll(w.dir)
+			s.unlockRef(w.opts.Ref)
 		}
 	}
 	s.hit("batch.sync")

@@ -101,3 +101,56 @@ func TestGCBlobs(t *testing.T) {
 		t.Fatalf("after the lease: %+v", rep)
 	}
 }
+
+// TestSweepNeverTakesAnIngestBeingCommitted: an abandoned ingest (an
+// archive member) stays open from its writer's start to its adoption as a
+// blob, so a sweep that runs while its commit syncs (the slow part) cannot
+// remove its data from under the rename.
+func TestSweepNeverTakesAnIngestBeingCommitted(t *testing.T) {
+	ctx := context.Background()
+	var s *cachestore.Store
+	swept := map[string]int{}
+	sweep := func(point string) {
+		if point == "batch.sync" || point == "ingest.fsync" {
+			n, _ := s.RemoveAbandoned()
+			swept[point] += n
+		}
+	}
+	s, _, err := cachestore.Open(ctx, t.TempDir(), cachestore.WithHook(sweep),
+		cachestore.WithAbandoned(func(cachestore.IngestInfo) bool { return true }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	write := func(ref, body string) *cachestore.Writer {
+		w, err := s.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: int64(len(body))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Write([]byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	ws := []*cachestore.Writer{write("layer:m1", "one"), write("layer:m2", "two")}
+	dgs, err := s.CommitBatch(ctx, ws, []int64{3, 3})
+	if err != nil {
+		t.Fatalf("a batch swept while it synced: %v", err)
+	}
+	if dg, err := write("layer:big", "three").Commit(ctx, 5, ""); err != nil {
+		t.Fatalf("a commit swept while it synced: %v", err)
+	} else {
+		dgs = append(dgs, dg)
+	}
+	for _, dg := range dgs {
+		if !s.HasBlob(dg) {
+			t.Fatalf("blob %s missing", dg)
+		}
+	}
+	if swept["batch.sync"] != 0 || swept["ingest.fsync"] != 0 {
+		t.Fatalf("sweeps removed ingests being committed: %v", swept)
+	}
+	if ing, _ := s.Ingests(); len(ing) != 0 {
+		t.Fatalf("ingests left after the commits: %v", ing)
+	}
+}
