@@ -27,7 +27,27 @@ const (
 	// have. Not a failure; nothing is downloaded and nothing is retried
 	// until the desire or the node's GPUs change.
 	PhaseIncompatible Phase = "Incompatible"
+	// PhaseEvicted: an ad-hoc entry evicted to make room (Artifact.Evicted
+	// says for what and when); nothing desires it any more. Pull it again
+	// to bring it back.
+	PhaseEvicted Phase = "Evicted"
 )
+
+// Entries: a declared artifact (a ModelCache, a models.d file, pull --pin
+// or pull --keep) is kept until its declaration goes; an ad-hoc one (a
+// plain modelctl pull) is a cache entry that admission may evict, least
+// recently used first, to make room for another pull.
+const (
+	EntryDeclared = "declared"
+	EntryAdHoc    = "ad-hoc"
+)
+
+// EvictionNote says why an ad-hoc entry went.
+type EvictionNote struct {
+	At     time.Time `json:"at"`
+	For    string    `json:"for,omitempty"` // the pull it made room for
+	Reason string    `json:"reason"`        // admission, or space (disk pressure)
+}
 
 // Reasons: why an artifact is Failed or Incompatible (Artifact.Reason),
 // the same strings in ModelCacheNodeStatus, Events and conditions. Every
@@ -65,10 +85,12 @@ const (
 // Desire is one wanted artifact: from `modelctl pull` (persisted in the
 // index) or from a YAML file in the models dir.
 type Desire struct {
-	Name    string   `json:"name"`
-	URI     string   `json:"uri"`
-	Digest  string   `json:"digest,omitempty"` // expected manifest digest (folder checksum)
-	Pin     bool     `json:"pin,omitempty"`
+	Name   string `json:"name"`
+	URI    string `json:"uri"`
+	Digest string `json:"digest,omitempty"` // expected manifest digest (folder checksum)
+	Pin    bool   `json:"pin,omitempty"`
+	// Keep: a socket desire declared (pull --keep) rather than ad-hoc.
+	Keep    bool     `json:"keep,omitempty"`
 	State   string   `json:"state,omitempty"` // present (default) | absent
 	Include []string `json:"include,omitempty"`
 	Exclude []string `json:"exclude,omitempty"`
@@ -246,6 +268,12 @@ type Artifact struct {
 	// KernelCache is what was checked of a kernel cache: signature,
 	// compatibility per GPU, extraction.
 	KernelCache *KernelCacheInfo `json:"kernelCache,omitempty"`
+	// Entry is EntryDeclared or EntryAdHoc for a desired artifact, "" for
+	// one nothing desires.
+	Entry string `json:"entry,omitempty"`
+	// Evicted says when and for what an ad-hoc entry was evicted
+	// (PhaseEvicted).
+	Evicted *EvictionNote `json:"evicted,omitempty"`
 }
 
 // PullStats describes a finished pull.
@@ -306,10 +334,13 @@ type Event struct {
 // field names a path on the node that the daemon would open (keys and
 // trusted roots travel as their content). Unknown fields are refused.
 type PullRequest struct {
-	Name    string   `json:"name"`
-	URI     string   `json:"uri"`
-	Digest  string   `json:"digest,omitempty"`
-	Pin     bool     `json:"pin,omitempty"`
+	Name   string `json:"name"`
+	URI    string `json:"uri"`
+	Digest string `json:"digest,omitempty"`
+	Pin    bool   `json:"pin,omitempty"`
+	// Keep declares the entry (kept until evicted by hand) without
+	// pinning it: disk pressure may still take it, admission may not.
+	Keep    bool     `json:"keep,omitempty"`
 	State   string   `json:"state,omitempty"`
 	Include []string `json:"include,omitempty"`
 	Exclude []string `json:"exclude,omitempty"`
@@ -323,7 +354,7 @@ type PullRequest struct {
 // Desire is the desire the request asks for, before the daemon fills in
 // its origin and requester.
 func (r PullRequest) Desire() Desire {
-	return Desire{Name: r.Name, URI: r.URI, Digest: r.Digest, Pin: r.Pin, State: r.State, Include: r.Include,
+	return Desire{Name: r.Name, URI: r.URI, Digest: r.Digest, Pin: r.Pin, Keep: r.Keep, State: r.State, Include: r.Include,
 		Exclude: r.Exclude, Kind: r.Kind, Signature: r.Signature, KernelCaches: r.KernelCaches}
 }
 

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/modelcache/modelcache/api"
@@ -91,7 +92,13 @@ func (d *Daemon) evictPass(ctx context.Context, extra int64, protect ...string) 
 	d.evictMu.Lock()
 	defer d.evictMu.Unlock()
 	d.evictor.Protect = protect
-	d.evictor.SpareDesired = extra > 0 // making room for a pull: never at another desired model's expense
+	// Making room for a pull: ad-hoc entries may go, never a declared
+	// model (that would thrash). Pressure alone may take declared ones.
+	d.evictor.SpareDeclared = extra > 0
+	d.evictFor = ""
+	if extra > 0 && len(protect) > 0 {
+		d.evictFor = protect[0]
+	}
 	rep, err := d.evictor.Run(ctx, extra)
 	if rep != nil && (len(rep.Evicted) > 0 || len(rep.Failed) > 0 || rep.Short > 0) {
 		d.lastEviction.Store(&evictionRecord{at: time.Now(), rep: rep})
@@ -101,9 +108,16 @@ func (d *Daemon) evictPass(ctx context.Context, extra int64, protect ...string) 
 	}
 	if rep != nil && len(rep.Evicted) > 0 {
 		d.mu.Lock()
+		want := d.desired()
 		for _, v := range rep.Evicted {
-			if st := d.arts[v.Name]; st != nil && v.Reason == capacity.ReasonSpace {
-				st.message = "evicted for space (" + v.Revision + ")"
+			if v.Reason != capacity.ReasonSpace || v.AdHoc {
+				continue // an ad-hoc entry's note says why (dropAdHoc)
+			}
+			if st := d.arts[v.Name]; st != nil {
+				st.message = "evicted for disk space (" + v.Revision + "); pulled again when there is room"
+			}
+			if ds, ok := want[v.Name]; ok && declared(ds) {
+				d.log.Warn("disk pressure evicted a declared artifact; it is pulled again when there is room", "artifact", v.Name, "revision", v.Revision, "bytes", v.Bytes)
 			}
 		}
 		d.notify()
@@ -149,13 +163,13 @@ func (d *Daemon) admit(ctx context.Context, name string, need int64, unknown boo
 			return nil, err
 		}
 		in.Skip = capacity.Protect(in.Artifacts, name)
-		in.SpareDesired = true
+		in.SpareDeclared = true
 		evictable := capacity.Evictable(in)
 		if need > room+evictable {
 			d.metrics.admissions.WithLabelValues("rejected").Inc()
 			_, free, _ := d.store.FSStat()
-			return nil, &capacityError{fmt.Sprintf("%s: needs %s more; %s free on the filesystem (%s usable under the policy, %s reserved by pulls in flight); evictable now %s (pinned, in-use, desired and younger-than-%s versions are not); free space, raise the quota or unpin/evict artifacts",
-				api.ReasonInsufficientCapacity, api.FormatBytes(need), api.FormatBytes(free), api.FormatBytes(max(room, 0)), api.FormatBytes(d.reservedLocked()), api.FormatBytes(evictable), d.cfg.Capacity.MinAge)}
+			return nil, &capacityError{fmt.Sprintf("%s: %s needs %s more; %s free on the filesystem (%s usable under the policy, %s reserved by pulls in flight); evictable now %s (pinned, in-use, declared and younger-than-%s versions are not)%s; free space, raise the quota, or evict or unpin artifacts (modelctl evict, modelctl unpin)",
+				api.ReasonInsufficientCapacity, name, api.FormatBytes(need), api.FormatBytes(free), api.FormatBytes(max(room, 0)), api.FormatBytes(d.reservedLocked()), api.FormatBytes(evictable), d.cfg.Capacity.MinAge, takersText(in))}
 		}
 		if _, err := d.evictPass(ctx, need-max(room, 0), name); err != nil {
 			return nil, err
@@ -196,4 +210,22 @@ func (d *Daemon) roomWith(extra int64) (int64, error) {
 	}
 	outstanding, total := d.reservedBoth()
 	return d.cfg.Capacity.Room(sb+total, capa, free+extra-outstanding), nil
+}
+
+// takersText names what holds the space admission may not free.
+func takersText(in capacity.Inputs) string {
+	const n = 5
+	ts := capacity.Takers(in, n+1)
+	if len(ts) == 0 {
+		return ""
+	}
+	var parts []string
+	for i, t := range ts {
+		if i == n {
+			parts = append(parts, "…")
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s, %s)", t.Name, t.Why, api.FormatBytes(t.Bytes)))
+	}
+	return "; the space is held by " + strings.Join(parts, ", ")
 }

@@ -34,7 +34,7 @@ import (
 // Locks, in the order they are taken (a lock is never taken while one
 // after it in this list is held):
 //
-//	desireMu → capMu → evictMu → mu → scanMu;  scanRun → scanMu
+//	capMu → evictMu → desireMu → mu → scanMu;  scanRun → scanMu
 //
 // mu, the daemon lock, guards the in-memory state that API reads join
 // (desires, artifact states, leases, flights) and is held only for
@@ -56,7 +56,7 @@ type Daemon struct {
 	oci      *ocifetcher.Fetcher
 	ociOpts  []ocifetcher.Option
 	gpus     gpu.Inventory
-	evictor  *capacity.Evictor // its Protect and SpareDesired change under evictMu
+	evictor  *capacity.Evictor // its Protect and SpareDeclared change under evictMu
 	scanner  *capacity.Scanner // under scanRun
 	pullSem  chan struct{}     // the node's pull slots (slot.go)
 	wake     chan struct{}     // kicks the reconciler
@@ -85,10 +85,12 @@ type Daemon struct {
 	flights         map[string]*flight           // one download per blob (pull.go)
 	leases          map[string]map[string]*lease // name → holder → lease
 	changed         chan struct{}                // closed and replaced on every state change
+	evicted         map[string]api.EvictionNote  // ad-hoc entries evicted to make room (evict.go)
 
 	capMu        sync.Mutex // admission and reservations
 	reservations map[*reservation]struct{}
 	evictMu      sync.Mutex // one eviction pass at a time
+	evictFor     string     // the pull an eviction pass makes room for; under evictMu
 	scanMu       sync.Mutex // guards scanUses
 	scanRun      sync.Mutex // one scan at a time; guards scanner and touched
 	scanUses     map[string][]capacity.Holder
@@ -145,6 +147,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		credFetchers:   map[string]fetchers.Fetcher{},
 		arts:           map[string]*artState{},
 		flights:        map[string]*flight{},
+		evicted:        map[string]api.EvictionNote{},
 		changed:        make(chan struct{}),
 		wake:           make(chan struct{}, 1),
 		pullSem:        make(chan struct{}, cfg.MaxConcurrentPulls),
@@ -166,6 +169,23 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 				out[n] = ds.State != api.StateAbsent
 			}
 			return out
+		},
+		Declared: func() map[string]bool {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			out := map[string]bool{}
+			for n, ds := range d.desired() {
+				out[n] = ds.State != api.StateAbsent && declared(ds)
+			}
+			return out
+		},
+		// An ad-hoc entry's desire goes before its version does (under
+		// evictMu, as evictFor is set), so nothing pulls it back.
+		Evicting: func(v capacity.Victim) error {
+			if !v.AdHoc {
+				return nil
+			}
+			return d.dropAdHoc(v, d.evictFor)
 		},
 		Evicted: func(v capacity.Victim) { d.metrics.evictions.WithLabelValues(v.Reason).Inc() },
 		// Under evictMu, as Protect is: the partials of a pull being admitted stay.

@@ -16,6 +16,14 @@ import (
 	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 )
 
+// declared: the node's configuration declares the desire (a ModelCache,
+// a models.d file, a model's kernel cache) or its requester did (pull
+// --pin, pull --keep); the rest are ad-hoc entries, which admission may
+// evict to make room (docs/operator.md: Who may evict what).
+func declared(ds api.Desire) bool {
+	return ds.Origin != originAPI || ds.Pin || ds.Keep || ds.Serves != ""
+}
+
 // fingerprint identifies what a desire asks the store for; a change of it
 // means a new pull.
 func fingerprint(ds api.Desire) string {
@@ -108,6 +116,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	}
 	d.mu.Lock()
 	d.apiDesires[ds.Name] = ds
+	delete(d.evicted, ds.Name)
 	st := d.arts[ds.Name]
 	if st == nil {
 		st = &artState{phase: api.PhasePending}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
@@ -74,6 +75,7 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; set state: absent there or remove the file", name, strings.TrimPrefix(fd.Origin, originFile))
 	}
 	_, hadDesire := d.apiDesires[name]
+	_, noted := d.evicted[name] // an ad-hoc entry evicted for space: evicting it clears the note
 	var kernels []string // the kernel caches the model's desire lists go with it
 	if rev == "" {
 		for n, ds := range d.desired() {
@@ -125,6 +127,7 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 		}
 		d.mu.Lock()
 		delete(d.apiDesires, name)
+		delete(d.evicted, name)
 		if st := d.arts[name]; st != nil && st.cancel != nil {
 			st.cancel()
 			inFlight = st.done
@@ -144,7 +147,7 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 	res := api.EvictResult{Name: name, Revisions: []string{}}
 	revs, err := d.store.Evict(r.Context(), name, rev, force)
 	switch {
-	case errors.Is(err, cachestore.ErrNotFound) && hadDesire && rev == "":
+	case errors.Is(err, cachestore.ErrNotFound) && (hadDesire || noted) && rev == "":
 	case err != nil:
 		return err
 	default:
@@ -191,4 +194,53 @@ func (d *Daemon) handleGC(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return writeJSON(w, api.GCResult{BlobsRemoved: rep.BlobsRemoved, BytesFreed: rep.BytesFreed, BlobsKept: rep.BlobsKept, Removed: rep.Removed, DryRun: dry, IngestsRemoved: rep.IngestsRemoved, IngestBytesFreed: rep.IngestBytesFreed})
+}
+
+// maxEvictionNotes bounds the notes kept of evicted ad-hoc entries (in
+// memory only: a restart forgets them); the oldest go first.
+const maxEvictionNotes = 1000
+
+// dropAdHoc removes the desire of an ad-hoc entry about to be evicted
+// for space (forName names the pull it makes room for, "" under
+// pressure) and leaves a note in its place, shown by list and inspect
+// until the name is pulled again or evicted by hand. An entry declared
+// meanwhile (pinned, kept) stays. Called under evictMu.
+func (d *Daemon) dropAdHoc(v capacity.Victim, forName string) error {
+	d.desireMu.Lock()
+	defer d.desireMu.Unlock()
+	d.mu.Lock()
+	ds, ok := d.apiDesires[v.Name]
+	d.mu.Unlock()
+	if ok && declared(ds) {
+		return fmt.Errorf("%s was declared meanwhile", v.Name)
+	}
+	if ok {
+		if err := d.store.DeleteDesire(v.Name); err != nil { // an index write: outside the daemon lock
+			return err
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.apiDesires, v.Name)
+	if st := d.arts[v.Name]; st != nil && st.cancel != nil {
+		st.cancel() // a refresh in flight goes with the entry
+	}
+	delete(d.arts, v.Name)
+	if len(d.evicted) >= maxEvictionNotes {
+		oldest := ""
+		for n, note := range d.evicted {
+			if oldest == "" || note.At.Before(d.evicted[oldest].At) {
+				oldest = n
+			}
+		}
+		delete(d.evicted, oldest)
+	}
+	d.evicted[v.Name] = api.EvictionNote{At: time.Now().UTC(), For: forName, Reason: v.Reason}
+	d.notify()
+	if forName != "" {
+		d.log.Info("evicted an ad-hoc entry to make room", "artifact", v.Name, "revision", v.Revision, "for", forName, "bytes", v.Bytes)
+	} else {
+		d.log.Warn("disk pressure evicted an ad-hoc entry", "artifact", v.Name, "revision", v.Revision, "bytes", v.Bytes)
+	}
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"sort"
+	"time"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
@@ -118,6 +119,12 @@ func (d *Daemon) list() ([]api.Artifact, error) {
 	}
 	for name, ds := range want {
 		if !seen[name] && ds.State != api.StateAbsent {
+			seen[name] = true
+			out = append(out, d.viewLocked(name, nil, want, false))
+		}
+	}
+	for name := range d.evicted {
+		if !seen[name] {
 			out = append(out, d.viewLocked(name, nil, want, false))
 		}
 	}
@@ -139,7 +146,7 @@ func (d *Daemon) view(name string, files bool) (*api.Artifact, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	want := d.desired()
-	if _, ok := want[name]; !ok && a == nil {
+	if _, ok := want[name]; !ok && a == nil && d.evicted[name].At.IsZero() {
 		return nil, api.Errorf(api.CodeNotFound, "artifact %s: not in the cache and not desired; pull it with: modelctl pull URI --name %s", name, name)
 	}
 	v := d.viewLocked(name, a, want, files)
@@ -154,6 +161,10 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 	if ds, ok := want[name]; ok {
 		ds := ds
 		out.Desire, out.URI, out.Pinned = &ds, ds.URI, ds.Pin
+		out.Entry = api.EntryAdHoc
+		if declared(ds) {
+			out.Entry = api.EntryDeclared
+		}
 		if ds.Kind == api.KindKernelCache {
 			out.Kind = api.KindKernelCache
 		}
@@ -224,6 +235,14 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 	} else if out.Desire == nil && cur != nil && cur.State != cachestore.StateReady {
 		out.Message = cur.Message + " (no desire to re-fetch from: pull it again)"
 	}
+	if note, ok := d.evicted[name]; ok && out.Desire == nil && cur == nil {
+		n := note
+		out.Phase, out.Evicted, out.Reason = api.PhaseEvicted, &n, n.Reason
+		out.Message = fmt.Sprintf("ad-hoc entry evicted at %s for disk space; pull it again to bring it back", n.At.Format(time.RFC3339))
+		if n.For != "" {
+			out.Message = fmt.Sprintf("ad-hoc entry evicted at %s to make room for %s; pull it again (with --keep to keep it) to bring it back", n.At.Format(time.RFC3339), n.For)
+		}
+	}
 	redactView(&out) // every local user reads views: no credentials in them
 	return out
 }
@@ -232,6 +251,9 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 func settledErr(a *api.Artifact) error {
 	if a.Phase == api.PhaseFailed {
 		return api.Errorf(api.CodeFailed, "artifact %s failed: %s", a.Name, a.Message)
+	}
+	if a.Phase == api.PhaseEvicted {
+		return api.Errorf(api.CodeFailed, "artifact %s: %s", a.Name, a.Message)
 	}
 	if a.Phase == api.PhaseIncompatible {
 		return api.Errorf(api.CodeFailed, "artifact %s is not for this node: %s", a.Name, a.Message)

@@ -66,7 +66,7 @@ func (d *Daemon) streamUntil(w http.ResponseWriter, r *http.Request, name string
 			}
 			a = &api.Artifact{Name: name, Phase: api.PhasePending, Message: "not desired yet; waiting for a pull or a desire"}
 		}
-		settled := a.Phase == api.PhaseReady || a.Phase == api.PhaseFailed || a.Phase == api.PhaseIncompatible
+		settled := a.Phase == api.PhaseReady || a.Phase == api.PhaseFailed || a.Phase == api.PhaseIncompatible || a.Phase == api.PhaseEvicted
 		if fin && pullErr != nil {
 			msg := fmt.Sprintf("pull of %s failed: %v", name, pullErr)
 			if a.Path != "" { // an older version is Ready

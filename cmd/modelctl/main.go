@@ -150,7 +150,7 @@ func commands() []*cli.Command {
 				}
 				return output(c, list, func(w io.Writer) {
 					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "NAME\tPHASE\tREVISION\tSIZE\tPINNED\tIN USE\tSOURCE / MESSAGE")
+					fmt.Fprintln(tw, "NAME\tPHASE\tENTRY\tREVISION\tSIZE\tPINNED\tIN USE\tSOURCE / MESSAGE")
 					for _, a := range list {
 						detail := a.URI
 						if a.Phase != api.PhaseReady && a.Message != "" {
@@ -159,7 +159,11 @@ func commands() []*cli.Command {
 						if a.Progress != nil && a.Phase == api.PhaseDownloading {
 							detail = progressText(a.Progress)
 						}
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%s\t%s\n", a.Name, a.Phase, short(a.Revision), api.FormatBytes(a.Bytes), a.Pinned, inUseText(a.InUse), detail)
+						entry := a.Entry
+						if entry == "" {
+							entry = "-"
+						}
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\n", a.Name, a.Phase, entry, short(a.Revision), api.FormatBytes(a.Bytes), a.Pinned, inUseText(a.InUse), detail)
 					}
 					tw.Flush()
 				})
@@ -182,13 +186,16 @@ func commands() []*cli.Command {
 			Name: "pull", Usage: "fetch an artifact into the cache and keep it desired", ArgsUsage: "URI",
 			Description: "URI is hf://org/repo[@revision], s3://bucket/prefix, oci://registry/repo:tag|@sha256:<hex>,\n" +
 				"http(s)://host/path[#sha256=<hex>] or file:///abs/path (a file or a directory tree).\n" +
-				"The desire is persisted: the daemon keeps the artifact present and retries failures until 'modelctl evict';\n" +
+				"The desire is persisted: the daemon keeps the artifact present and retries failures until 'modelctl evict'.\n" +
+				"A plain pull is an ad-hoc cache entry: to admit another pull the daemon may evict it, least recently used\n" +
+				"first (list shows ENTRY ad-hoc); --keep or --pin declare it, and only disk pressure (--keep) or nothing (--pin) evicts it;\n" +
 				"a source that does not exist or refuses access is not retried until the desire changes or it is pulled again.\n" +
 				"Kernel caches (oci:// images in GKM's MCV layout) must be signed: --key cosign.pub, or keyless\n" +
 				"--identity/--issuer/--trusted-root; see docs/operator.md (GPUs and kernel caches).",
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "name", Usage: "artifact name (letters, digits, '.', '_', '-')"},
 				&cli.BoolFlag{Name: "pin", Usage: "never evict it by policy"},
+				&cli.BoolFlag{Name: "keep", Usage: "declare it: never evicted to make room for another pull (disk pressure still may; --pin never)"},
 				&cli.StringFlag{Name: "digest", Usage: "expected manifest digest (sha256:…), the folder checksum; a mismatch fails the pull"},
 				&cli.StringSliceFlag{Name: "include", Usage: "only files matching this glob (repeatable)"},
 				&cli.StringSliceFlag{Name: "exclude", Usage: "skip files matching this glob (repeatable)"},
@@ -211,7 +218,7 @@ func commands() []*cli.Command {
 					return usagef("pull: --name NAME is required (the name the model will have under models/)")
 				}
 				req := api.PullRequest{
-					Name: c.String("name"), URI: c.Args().First(), Digest: c.String("digest"), Pin: c.Bool("pin"),
+					Name: c.String("name"), URI: c.Args().First(), Digest: c.String("digest"), Pin: c.Bool("pin"), Keep: c.Bool("keep"),
 					Include: c.StringSlice("include"), Exclude: c.StringSlice("exclude"),
 				}
 				sig, err := signatureFlags(c)

@@ -353,20 +353,46 @@ func TestScanFindsOpenAndMappedFiles(t *testing.T) {
 	}
 }
 
-func TestSpareDesired(t *testing.T) {
+// TestSpareDeclared: admission (SpareDeclared) may take ad-hoc entries,
+// least recently used first, never a declared model; pressure may take
+// both, declared last.
+func TestSpareDeclared(t *testing.T) {
 	in := Inputs{
 		Now: t0.Add(time.Hour), Policy: Policy{},
 		Artifacts: []cachestore.Artifact{
 			{Name: "wanted", Current: "r", Versions: []cachestore.Version{ver("r", "W", 100, 0, 0, false)}},
-			{Name: "stray", Current: "r", Versions: []cachestore.Version{ver("r", "S", 50, 0, time.Minute, false)}},
+			{Name: "casual", Current: "r", Versions: []cachestore.Version{ver("r", "C", 30, 0, 2*time.Minute, false)}},
+			{Name: "older", Current: "r", Versions: []cachestore.Version{ver("r", "O", 20, 0, time.Minute, false)}},
+			{Name: "stray", Current: "r", Versions: []cachestore.Version{ver("r", "S", 50, 0, 3*time.Minute, false)}},
 		},
-		Desired: map[string]bool{"wanted": true},
+		Desired:  map[string]bool{"wanted": true, "casual": true, "older": true},
+		Declared: map[string]bool{"wanted": true},
 	}
-	if n := Evictable(in); n != 150 {
+	if n := Evictable(in); n != 200 {
 		t.Fatalf("under pressure everything eligible counts: %d", n)
 	}
-	in.SpareDesired = true
-	if n := Evictable(in); n != 50 {
-		t.Fatalf("making room for a pull must spare desired models: %d", n)
+	vs, _ := PlanSpace(in, 200, nil)
+	if got := victimNames(vs); got != "stray older casual wanted" {
+		t.Fatalf("pressure order %q: the unwanted first, then ad-hoc LRU, declared last", got)
 	}
+	in.SpareDeclared = true
+	if n := Evictable(in); n != 100 {
+		t.Fatalf("making room for a pull must spare declared models, not ad-hoc ones: %d", n)
+	}
+	vs, _ = PlanSpace(in, 60, nil)
+	if got := victimNames(vs); got != "stray older" || vs[0].AdHoc || !vs[1].AdHoc {
+		t.Fatalf("admission victims %q %+v: the unwanted, then the least recently used ad-hoc entry", got, vs)
+	}
+	tk := Takers(in, 5)
+	if len(tk) != 1 || tk[0].Name != "wanted" || tk[0].Why != "declared" || tk[0].Bytes != 100 {
+		t.Fatalf("takers %+v: want the declared model", tk)
+	}
+}
+
+func victimNames(vs []Victim) string {
+	var out []string
+	for _, v := range vs {
+		out = append(out, v.Name)
+	}
+	return strings.Join(out, " ")
 }

@@ -47,13 +47,19 @@ type Evictor struct {
 	Now     func() time.Time
 	InUse   func() map[string][]Holder // by Key; nil: nothing in use
 	Desired func() map[string]bool     // nil: nothing desired
-	Log     *slog.Logger
+	// Declared: see Inputs.Declared; nil: every desired artifact is.
+	Declared func() map[string]bool
+	Log      *slog.Logger
+	// Evicting, when set, is told of each version before it is removed;
+	// an error leaves the version (recorded as failed). The daemon drops
+	// an ad-hoc entry's desire there, so nothing pulls it back.
+	Evicting func(v Victim) error
 	// Evicted, when set, is told of every version removed (for metrics).
 	Evicted func(v Victim)
 	// Protect names artifacts none of whose versions this pass may evict.
 	Protect []string
-	// SpareDesired: see Inputs.SpareDesired.
-	SpareDesired bool
+	// SpareDeclared: see Inputs.SpareDeclared.
+	SpareDeclared bool
 	// Reclaim, when set, frees space that is not in any version (partial
 	// downloads that no pull is writing now) and returns the bytes freed;
 	// under pressure a pass calls it first, asking for need bytes, and
@@ -73,6 +79,10 @@ func (e *Evictor) Inputs() (Inputs, error) {
 	}
 	if e.Desired != nil {
 		in.Desired = e.Desired()
+	}
+	in.Declared = in.Desired
+	if e.Declared != nil {
+		in.Declared = e.Declared()
 	}
 	return in, nil
 }
@@ -133,7 +143,7 @@ func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	in.SpareDesired = e.SpareDesired
+	in.SpareDeclared = e.SpareDeclared
 	in.Skip = Protect(in.Artifacts, e.Protect...)
 	victims := PlanRevisions(in)
 	var done []Victim // evicted so far, their references released in later plans
@@ -145,6 +155,11 @@ func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
 		}
 		if need := pr.Need + extra - freed - planned; need > 0 {
 			more, got := PlanSpace(in, need, append(append([]Victim(nil), done...), victims...))
+			if extra > 0 {
+				for i := range more {
+					more[i].Reason = ReasonAdmission
+				}
+			}
 			victims = append(victims, more...)
 			rep.Short = max(need-got, 0)
 		} else {
@@ -154,6 +169,14 @@ func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
 		for _, v := range victims {
 			if err := ctx.Err(); err != nil {
 				return rep, err
+			}
+			if e.Evicting != nil {
+				if err := e.Evicting(v); err != nil {
+					rep.Failed = append(rep.Failed, fmt.Sprintf("%s: %v", Key(v.Name, v.Revision), err))
+					in.Skip[Key(v.Name, v.Revision)] = true
+					failed = true
+					continue
+				}
 			}
 			if _, err := e.Store.Evict(ctx, v.Name, v.Revision, false); err != nil {
 				if !errors.Is(err, cachestore.ErrNotFound) {

@@ -14,6 +14,9 @@ const (
 	ReasonAge    = "age"    // an old revision beyond KeepRevisions
 	ReasonAbsent = "absent" // the desire says absent
 	ReasonManual = "manual" // modelctl evict
+	// ReasonAdmission: chosen to make room for a pull being admitted
+	// (never a declared model).
+	ReasonAdmission = "admission"
 )
 
 // Holder is one reason an artifact version is in use.
@@ -34,22 +37,31 @@ type Victim struct {
 	Revision string `json:"revision"`
 	Reason   string `json:"reason"`
 	Bytes    int64  `json:"bytes"`
+	// AdHoc: the current version of an ad-hoc entry (desired by a plain
+	// modelctl pull); its desire goes with it.
+	AdHoc bool `json:"adHoc,omitempty"`
 }
 
 // Inputs is what a plan is made from. Desired names artifacts that a
-// present desire wants: their current versions go last.
+// present desire wants: their current versions go last, those Declared
+// last of all.
 type Inputs struct {
 	Now       time.Time
 	Policy    Policy
 	Artifacts []cachestore.Artifact // with manifests
 	InUse     map[string][]Holder   // by Key
 	Desired   map[string]bool
-	Skip      map[string]bool // by Key: versions not to pick (an eviction of them failed)
-	// SpareDesired keeps current versions of desired artifacts out of a
-	// space plan: a pull may make room by evicting what nobody wants, never
-	// by evicting another desired model (that would thrash). Disk pressure
-	// from outside the store may still take them, last.
-	SpareDesired bool
+	// Declared names the desired artifacts that the node's configuration
+	// declares (a ModelCache, a models.d file, a pin, pull --keep, a
+	// model's kernel caches); the other desired ones are ad-hoc entries
+	// (a plain modelctl pull), which a cache may drop to admit new ones.
+	Declared map[string]bool
+	Skip     map[string]bool // by Key: versions not to pick (an eviction of them failed)
+	// SpareDeclared keeps current versions of declared artifacts out of a
+	// space plan: a pull may make room by evicting what nobody wants and
+	// ad-hoc entries, least recently used first, never a declared model
+	// (that would thrash). Disk pressure may still take them, last.
+	SpareDeclared bool
 }
 
 // refcounts counts, per blob, the versions that use it.
@@ -144,9 +156,30 @@ type candidate struct {
 	tier int
 }
 
+// Tiers of a space plan, taken in this order.
+const (
+	tierOld      = iota // a revision that is not current
+	tierUnwanted        // the current version of an artifact nobody desires
+	tierAdHoc           // the current version of an ad-hoc entry
+	tierDeclared        // the current version of a declared artifact
+)
+
+func (in Inputs) tier(a cachestore.Artifact, v cachestore.Version) int {
+	switch {
+	case v.Revision != a.Current:
+		return tierOld
+	case !in.Desired[a.Name]:
+		return tierUnwanted
+	case in.Declared[a.Name]:
+		return tierDeclared
+	}
+	return tierAdHoc
+}
+
 // PlanSpace picks versions to evict until need bytes would be freed:
-// old revisions first, then current versions nobody desires, then current
-// versions of desired artifacts; within a tier least recently used first,
+// old revisions first, then current versions nobody desires, then those of
+// ad-hoc entries, then (unless SpareDeclared) those of declared
+// artifacts; within a tier least recently used first,
 // ties broken by first seen (created), then name. It never picks a pinned
 // version, one in use, or one younger than MinAge. exclude names versions
 // already chosen by another plan. It returns the victims and the bytes
@@ -173,14 +206,8 @@ func PlanSpace(in Inputs, need int64, exclude []Victim) ([]Victim, int64) {
 			if ok, _ := in.eligible(a, v); !ok {
 				continue
 			}
-			tier := 0
-			if v.Revision == a.Current {
-				tier = 1
-				if in.Desired[a.Name] {
-					tier = 2
-				}
-			}
-			if tier == 2 && in.SpareDesired {
+			tier := in.tier(a, v)
+			if tier == tierDeclared && in.SpareDeclared {
 				continue
 			}
 			cands = append(cands, candidate{a, v, tier})
@@ -208,7 +235,7 @@ func PlanSpace(in Inputs, need int64, exclude []Victim) ([]Victim, int64) {
 		}
 		n := release(c.v, refs, sizes)
 		freed += n
-		out = append(out, Victim{Name: c.art.Name, Revision: c.v.Revision, Reason: ReasonSpace, Bytes: n})
+		out = append(out, Victim{Name: c.art.Name, Revision: c.v.Revision, Reason: ReasonSpace, Bytes: n, AdHoc: c.tier == tierAdHoc})
 	}
 	return out, freed
 }
@@ -216,5 +243,52 @@ func PlanSpace(in Inputs, need int64, exclude []Victim) ([]Victim, int64) {
 // Evictable is how many bytes eviction could free right now.
 func Evictable(in Inputs) int64 {
 	_, n := PlanSpace(in, math.MaxInt64, nil)
+	return n
+}
+
+// Taker is an artifact holding space that a space plan may not free, and
+// why.
+type Taker struct {
+	Name  string
+	Bytes int64
+	Why   string // "declared", "pinned", "in use", ...
+}
+
+// Takers lists the current versions a space plan of in cannot take, the
+// largest first, at most n: what an operator must act on to make room.
+func Takers(in Inputs, n int) []Taker {
+	var out []Taker
+	for _, a := range in.Artifacts {
+		for _, v := range a.Versions {
+			if v.Revision != a.Current {
+				continue
+			}
+			ok, why := in.eligible(a, v)
+			if ok && in.SpareDeclared && in.tier(a, v) == tierDeclared {
+				ok, why = false, "declared"
+			}
+			if !ok {
+				out = append(out, Taker{Name: a.Name, Bytes: versionBytes(v), Why: why})
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Bytes != out[j].Bytes {
+			return out[i].Bytes > out[j].Bytes
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out[:min(n, len(out))]
+}
+
+// versionBytes is the logical size of v (its files, shared or not).
+func versionBytes(v cachestore.Version) int64 {
+	if v.Bytes > 0 {
+		return v.Bytes
+	}
+	var n int64
+	for _, e := range v.Manifest {
+		n += e.Size
+	}
 	return n
 }

@@ -4,13 +4,17 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"github.com/modelcache/modelcache/internal/testenv"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/modelcache/modelcache/internal/testenv"
 
 	"github.com/modelcache/modelcache/api"
 )
@@ -96,10 +100,12 @@ func TestEvictionOnASmallFilesystem(t *testing.T) {
 			t.Fatalf("%s was evicted; only c (unpinned, unused, least recently used) should go\n%s", n, e.log)
 		}
 	}
-	// c is still desired: its re-pull is refused by admission, not started.
-	e.eventually("c refused for capacity", func() bool {
+	// c was an ad-hoc entry (a plain pull): its desire went with it, so
+	// nothing pulls it back into the pressure; list says why. (Before
+	// issue 16 the desire stayed and its re-pull was refused for ever.)
+	e.eventually("c shown as evicted for disk space", func() bool {
 		c := e.list()["c"]
-		return c.Phase == api.PhaseFailed && c.Reason == api.ReasonInsufficientCapacity
+		return c.Phase == api.PhaseEvicted && c.Evicted != nil && c.Evicted.Reason == "space" && strings.Contains(c.Message, "disk space")
 	})
 	t0 := time.Now()
 	r := e.ctl(nil, "pull", uri("e"), "--name", "e")
@@ -155,5 +161,122 @@ func TestEvictionOnASmallFilesystem(t *testing.T) {
 	e.eventually("lease released", func() bool { return len(e.list()["b"].InUse) == 0 })
 	if out := e.mustCtl("gc", "--dry-run"); !strings.Contains(out, "would remove") {
 		t.Fatalf("gc --dry-run: %q", out)
+	}
+}
+
+// metricsAddr is where this daemon serves /metrics (from its log).
+func (e *env) metricsAddr() string {
+	e.t.Helper()
+	m := regexp.MustCompile(`msg=metrics addr=(\S+)`).FindStringSubmatch(e.log.String())
+	if m == nil {
+		e.t.Fatalf("no metrics address in the log\n%s", e.log)
+	}
+	return m[1]
+}
+
+// TestAdHocEntriesMakeRoom is issue 16 as a user meets it, on a 40 MiB
+// tmpfs: a plain pull is an ad-hoc cache entry. Filled with ad-hoc pulls,
+// the node admits one more by evicting the least recently used ad-hoc
+// entry (its desire goes; list says for what); a pinned one, one held by a
+// lease and a declared one (models.d) stay; a declared model that cannot
+// fit fails at once, names what holds the space, and evicts nothing.
+func TestAdHocEntriesMakeRoom(t *testing.T) {
+	mnt := testenv.Tmpfs(t, "40m")
+	e := newEnv(t)
+	e.root = filepath.Join(mnt, "root")
+	e.flags = []string{"--min-age", "0s", "--capacity-interval", "100ms"}
+	files := map[string][]byte{}
+	for i, n := range []string{"pinned", "leased", "decl", "x1", "x2", "x3", "huge"} {
+		size := 5 << 20
+		if n == "huge" {
+			size = 30 << 20
+		}
+		files[n+"/w.bin"] = data(size, byte(80+i))
+	}
+	srv := newServer(t, files)
+	uri := func(n string) string { return srv.URL + "/" + n + "/w.bin#sha256=" + sha(files[n+"/w.bin"]) }
+	md := filepath.Join(e.dir, "models.d")
+	if err := os.MkdirAll(md, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(md, "decl.yaml"), []byte("name: decl\nuri: "+uri("decl")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	e.mustCtl("wait", "decl", "--timeout", "30s")
+	e.mustCtl("pull", uri("pinned"), "--name", "pinned", "--pin")
+	e.mustCtl("pull", uri("leased"), "--name", "leased")
+	e.mustCtl("pull", uri("x1"), "--name", "x1")
+	time.Sleep(20 * time.Millisecond) // distinct last-use times
+	e.mustCtl("pull", uri("x2"), "--name", "x2")
+	lease := exec.Command(filepath.Join(binDir, "modelctl"), "--socket", e.socket, "lease", "leased", "--holder", "job-1", "--ttl", "30s")
+	if err := lease.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Process.Kill()
+	e.eventually("leased shows its lease", func() bool { return len(e.list()["leased"].InUse) == 1 })
+
+	l := e.list()
+	for n, want := range map[string]string{"decl": api.EntryDeclared, "pinned": api.EntryDeclared, "leased": api.EntryAdHoc, "x1": api.EntryAdHoc} {
+		if l[n].Entry != want {
+			t.Fatalf("%s: entry %q, want %q", n, l[n].Entry, want)
+		}
+	}
+	if out := e.mustCtl("list"); !strings.Contains(out, "ENTRY") || !strings.Contains(out, "ad-hoc") {
+		t.Fatalf("list shows no entry column:\n%s", out)
+	}
+
+	// 25 MiB of models and 6 MiB of other data: x3 (5 MiB) does not fit
+	// under the high mark (34 MiB) until an ad-hoc entry goes: x1, the
+	// least recently used one nothing holds.
+	fill(t, filepath.Join(mnt, "filler"), 6<<20)
+	e.mustCtl("pull", uri("x3"), "--name", "x3")
+	x1 := e.list()["x1"]
+	if x1.Phase != api.PhaseEvicted || x1.Evicted == nil || x1.Evicted.For != "x3" || x1.Evicted.Reason != "admission" ||
+		!strings.Contains(x1.Message, "to make room for x3") {
+		t.Fatalf("x1 after x3's admission: %+v", x1)
+	}
+	for _, n := range []string{"pinned", "leased", "decl", "x2", "x3"} {
+		if !present(e, n) {
+			t.Fatalf("%s was evicted; only x1 should have gone\n%s", n, e.log)
+		}
+	}
+	if r := e.ctl(nil, "inspect", "x1"); !strings.Contains(r.stdout+r.stderr, "make room for x3") {
+		t.Fatalf("inspect x1 does not say why it went: %q %q", r.stdout, r.stderr)
+	}
+	resp, err := http.Get("http://" + e.metricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !regexp.MustCompile(`modelcache_evictions_total\{reason="admission"\} [1-9]`).Match(body) {
+		t.Fatalf("no admission eviction counted:\n%s", body)
+	}
+	// x1 stays gone: its desire went with it.
+	time.Sleep(300 * time.Millisecond) // several reconcile and eviction passes
+	if present(e, "x1") || e.list()["x1"].Phase != api.PhaseEvicted {
+		t.Fatalf("x1 came back: %+v", e.list()["x1"])
+	}
+
+	// A declared model that cannot fit: refused at once, naming what holds
+	// the space, and no other model goes for it.
+	if err := os.WriteFile(filepath.Join(md, "huge.yaml"), []byte("name: huge\nuri: "+uri("huge")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("huge refused for capacity", func() bool {
+		h := e.list()["huge"]
+		return h.Phase == api.PhaseFailed && h.Reason == api.ReasonInsufficientCapacity
+	})
+	msg := e.list()["huge"].Message
+	for _, want := range []string{"huge needs 30.0 MiB", "held by", "decl (declared", "pinned (pinned", "leased (in use"} {
+		if !strings.Contains(msg, want) {
+			t.Fatalf("huge's message %q lacks %q", msg, want)
+		}
+	}
+	for _, n := range []string{"pinned", "leased", "decl", "x2", "x3"} {
+		if !present(e, n) {
+			t.Fatalf("%s was evicted for a declared model that cannot fit\n%s", n, e.log)
+		}
 	}
 }
