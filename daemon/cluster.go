@@ -152,7 +152,7 @@ func isClusterKey(k string) (string, bool) { return strings.CutPrefix(k, cluster
 // fetcherFor returns the fetcher of a desire: the shared one, or one
 // made with the desire's credentials from a Secret (HF_TOKEN;
 // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN;
-// .dockerconfigjson), kept while the credentials stay the same.
+// .dockerconfigjson; NGC_API_KEY), kept while the credentials stay the same.
 func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
 	creds := d.credentialsFor(ds.Name)
 	if ds.CredentialsFile != "" && strings.HasPrefix(ds.Origin, originFile) {
@@ -200,6 +200,12 @@ func (d *Daemon) fetcherFor(ds api.Desire) (fetchers.Fetcher, error) {
 			return nil, fetchers.Permanent(fmt.Errorf("credentials of %s: %w", ds.Name, err))
 		}
 		f = ocifetcher.New(append(d.ociOpts, ocifetcher.WithKeychain(kc))...)
+	case "ngc":
+		if f, err = d.ngcWithCredentials(creds); err != nil {
+			return nil, err
+		} else if f == nil {
+			return d.fetchers.For(ds.URI)
+		}
 	case "http", "https":
 		auth := creds["HTTP_AUTHORIZATION"]
 		if auth == "" {
