@@ -214,23 +214,9 @@ func New(opts ...Option) (*Fetcher, error) {
 	}
 	f := &Fetcher{api: strings.TrimRight(o.api, "/"), auth: strings.TrimRight(o.auth, "/"), key: o.key, pageSize: o.pageSize,
 		conns: o.conns, chunk: o.chunk, now: o.now, tokens: map[string]token{}}
-	f.client = &nethttp.Client{Transport: o.guard.Transport(o.transport, nil), CheckRedirect: checkRedirect}
+	f.client = &nethttp.Client{Transport: o.guard.Transport(o.transport, nil), CheckRedirect: fetchers.DropAuthAcrossOrigins}
 	f.get = httpfetcher.New(httpfetcher.WithClient(f.client), httpfetcher.WithIdleTimeout(o.idleTimeout), httpfetcher.WithUserAgent("modelcached"))
 	return f, nil
-}
-
-// checkRedirect follows at most 10 redirects and drops the token when a
-// redirect leaves the origin (downloads go to object storage). Where a
-// redirect may lead is the transport's fetchers.Guard.
-func checkRedirect(req *nethttp.Request, via []*nethttp.Request) error {
-	if len(via) >= 10 {
-		return fmt.Errorf("stopped after 10 redirects (last to %s)", req.URL.Redacted())
-	}
-	first := via[0].URL
-	if req.URL.Scheme != first.Scheme || req.URL.Host != first.Host {
-		req.Header.Del("Authorization")
-	}
-	return nil
 }
 
 // Ref is a parsed ngc:// URI.
@@ -559,7 +545,7 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 			if e.SizeInBytes < 0 {
 				return nil, fetchers.Permanent(fmt.Errorf("%s: file %q: negative size %d", r, e.Path, e.SizeInBytes))
 			}
-			fl := fetchers.File{Path: e.Path, Size: e.SizeInBytes, Mode: 0o644, Locator: vbase + "/files/" + escapePath(e.Path)}
+			fl := fetchers.File{Path: e.Path, Size: e.SizeInBytes, Mode: 0o644, Locator: vbase + "/files/" + fetchers.EscapePath(e.Path)}
 			if e.SHA256 != "" {
 				hx, err := sha256Hex(e.SHA256)
 				if err != nil {
@@ -595,14 +581,6 @@ func sha256Hex(s string) (string, error) {
 		return hex.EncodeToString(b), nil
 	}
 	return "", fmt.Errorf("sha256 %q is neither 64 hex digits nor the base64 of 32 bytes", s)
-}
-
-func escapePath(p string) string {
-	segs := strings.Split(p, "/")
-	for i, s := range segs {
-		segs[i] = url.PathEscape(s)
-	}
-	return strings.Join(segs, "/")
 }
 
 // refOf reads the Ref back from a file's Locator (made by Resolve).
