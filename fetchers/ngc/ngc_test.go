@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/fetchers/ngc/ngctest"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 const testKey = "k3y-0f-the-test-ngc-4711"
@@ -350,5 +352,54 @@ func TestKeyFromFileAndEnvironment(t *testing.T) {
 	}
 	if _, err := New(WithAPIEndpoint("ftp://x")); err == nil || !strings.Contains(err.Error(), "NGC_API_ENDPOINT") {
 		t.Fatalf("a bad endpoint: %v", err)
+	}
+}
+
+func TestParallelRangesWithTokenMatchOneStream(t *testing.T) {
+	r := newReg(t)
+	big := make([]byte, 5<<20+777)
+	for i := range big {
+		big[i] = byte(i*13 + i>>9)
+	}
+	r.s.AddVersion("acme/big", "1", map[string][]byte{"w.bin": big}, false, true)
+	r.s.Keys[testKey] = []string{"group/ngc:acme"}
+	f := r.fetcher(testKey, WithConnections(3), WithChunk(1<<20))
+	res, err := f.Resolve(context.Background(), fetchers.Source{URI: "ngc://acme/big:1"})
+	if r.note(err) != nil {
+		t.Fatal(err)
+	}
+	for _, off := range []int64{0, 1<<20 + 5} {
+		before := r.s.StorageGets.Load()
+		if got := r.readAll(f, res.Files[0], off); !bytes.Equal(got, big[off:]) {
+			t.Fatalf("from %d: not the file", off)
+		}
+		if n := r.s.StorageGets.Load() - before; n < 4 {
+			t.Fatalf("from %d: %d requests; want one per 1 MiB chunk", off, n)
+		}
+	}
+	if r.s.StorageSawAuth.Load() {
+		t.Fatal("a token reached storage")
+	}
+}
+
+// TestRedirectToInternalRefused: a registry (127.0.0.2 stands in for a
+// remote one) whose download redirects to an address of this node is not
+// followed.
+func TestRedirectToInternalRefused(t *testing.T) {
+	r := newReg(t)
+	r.s.AddVersion("org/m", "1", files(1), true, true)
+	api := testenv.ServeOn(t, "127.0.0.2", r.s.API.Config.Handler)
+	remote := func(ip netip.Addr) bool { return ip != netip.MustParseAddr("127.0.0.2") && fetchers.IsInternal(ip) }
+	f, err := New(WithAPIEndpoint(api.URL), WithAuthEndpoint(r.s.Auth.URL), WithAPIKey(""), WithInternal(remote))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.Resolve(context.Background(), fetchers.Source{URI: "ngc://org/m:1"})
+	if r.note(err) != nil {
+		t.Fatal(err)
+	}
+	_, err = f.Open(context.Background(), res.Files[0], 0)
+	if r.note(err); !errors.Is(err, fetchers.ErrInternalAddress) || !fetchers.IsPermanent(err) {
+		t.Fatalf("a download redirected to loopback: %v; want a permanent refusal", err)
 	}
 }
