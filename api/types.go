@@ -115,7 +115,7 @@ type Desire struct {
 	// CredentialsFile (models.d only) is a file on the node holding the
 	// source's credentials as KEY=VALUE lines, the keys of a ModelCache's
 	// Secret: HF_TOKEN, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-	// AWS_SESSION_TOKEN, HTTP_AUTHORIZATION. Read at every pull, kept in
+	// AWS_SESSION_TOKEN, HTTP_AUTHORIZATION, NGC_API_KEY. Read at every pull, kept in
 	// memory only; so no credential has to be written into a URI.
 	CredentialsFile string `json:"credentialsFile,omitempty"`
 }

@@ -89,6 +89,7 @@ const (
 // Secret) may hold.
 var credentialKeys = map[string]bool{
 	"HF_TOKEN": true, "AWS_ACCESS_KEY_ID": true, "AWS_SECRET_ACCESS_KEY": true, "AWS_SESSION_TOKEN": true, "HTTP_AUTHORIZATION": true,
+	"NGC_API_KEY": true,
 }
 
 // readCredentialsFile reads a models.d desire's credentialsFile: KEY=VALUE

@@ -199,6 +199,12 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	d.fetchers["hf"] = hub
+	ngc, err := d.newNGC()
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	d.fetchers["ngc"] = ngc
 	d.fetchers["http"], d.fetchers["https"] = d.newHTTP(), d.newHTTP()
 	d.fetchers["s3"] = d.newS3()
 	ociOpts := []ocifetcher.Option{ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...), ocifetcher.WithInternal(cfg.InternalAddress)}

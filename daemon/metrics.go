@@ -75,7 +75,7 @@ func newMetrics(d *Daemon) *metrics {
 	}
 	// Every known label value starts at zero, so rates and alerts see the
 	// series before the first event.
-	for _, sc := range []string{"file", "http", "https", "hf", "s3", "oci"} {
+	for _, sc := range []string{"file", "http", "https", "hf", "s3", "oci", "ngc"} {
 		m.fetchedBytes.WithLabelValues(sc)
 		m.fetchErrors.WithLabelValues(sc)
 		m.fetchDuration.WithLabelValues(sc)

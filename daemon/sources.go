@@ -11,6 +11,7 @@ import (
 	"github.com/modelcache/modelcache/fetchers"
 	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
 	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
+	ngcfetcher "github.com/modelcache/modelcache/fetchers/ngc"
 	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 	s3fetcher "github.com/modelcache/modelcache/fetchers/s3"
 )
@@ -37,7 +38,7 @@ func (d *Daemon) credentialsFor(name string) map[string]string {
 // fetcherFor returns the fetcher of a desire: the shared one, or one
 // made with the desire's credentials from a Secret (HF_TOKEN;
 // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN;
-// .dockerconfigjson), kept while the credentials stay the same.
+// .dockerconfigjson; NGC_API_KEY), kept while the credentials stay the same.
 func (d *Daemon) fetcherFor(ds api.Desire, src source) (fetchers.Fetcher, error) {
 	creds := d.credentialsFor(ds.Name)
 	if ds.CredentialsFile != "" && strings.HasPrefix(ds.Origin, originFile) {
@@ -85,6 +86,15 @@ func (d *Daemon) fetcherFor(ds api.Desire, src source) (fetchers.Fetcher, error)
 			return nil, fetchers.Permanent(fmt.Errorf("credentials of %s: %w", ds.Name, err))
 		}
 		f = ocifetcher.New(append(d.ociOpts, ocifetcher.WithKeychain(kc))...)
+	case "ngc":
+		nf, err := d.ngcWithCredentials(creds)
+		if err != nil {
+			return nil, err
+		}
+		if nf == nil {
+			return d.sharedFetcher(ds, src)
+		}
+		f = nf
 	case "http", "https":
 		auth := creds["HTTP_AUTHORIZATION"]
 		if auth == "" {
@@ -124,4 +134,27 @@ func (d *Daemon) sharedFetcher(ds api.Desire, src source) (fetchers.Fetcher, err
 		return f, nil
 	}
 	return d.fetchers.For(ds.URI) // its error names the schemes this daemon knows
+}
+
+// newNGC makes an ngc:// fetcher with the daemon's settings (and extra):
+// endpoints and key from NGC_API_ENDPOINT, NGC_AUTH_ENDPOINT, NGC_API_KEY
+// (or NGC_CLI_API_KEY, or the file NGC_API_KEY_FILE names).
+func (d *Daemon) newNGC(extra ...ngcfetcher.Option) (*ngcfetcher.Fetcher, error) {
+	return ngcfetcher.New(append([]ngcfetcher.Option{ngcfetcher.WithIdleTimeout(d.cfg.IdleTimeout),
+		ngcfetcher.WithConnections(max(d.cfg.RangeConnections, 1)), ngcfetcher.WithInternal(d.cfg.InternalAddress)}, extra...)...)
+}
+
+// ngcWithCredentials is the ngc:// fetcher of a desire whose credentials
+// (a ModelCache Secret, a models.d credentialsFile) hold NGC_API_KEY; nil
+// when they do not.
+func (d *Daemon) ngcWithCredentials(creds map[string]string) (fetchers.Fetcher, error) {
+	key := creds["NGC_API_KEY"]
+	if key == "" {
+		return nil, nil
+	}
+	f, err := d.newNGC(ngcfetcher.WithAPIKey(key))
+	if err != nil {
+		return nil, fetchers.Permanent(err)
+	}
+	return f, nil
 }

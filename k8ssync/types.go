@@ -30,7 +30,7 @@ type ModelCache struct {
 
 // ModelCacheSpec is the desired state.
 type ModelCacheSpec struct {
-	// Source URI: hf://, s3://, oci://, http(s)://, file://.
+	// Source URI: hf://, s3://, oci://, ngc://, http(s)://, file://.
 	Source  string   `json:"source"`
 	Include []string `json:"include,omitempty"`
 	Exclude []string `json:"exclude,omitempty"`
@@ -38,8 +38,8 @@ type ModelCacheSpec struct {
 	Digest string `json:"digest,omitempty"`
 	// SecretRef names a Secret with the source's credentials: HF_TOKEN,
 	// AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY(/AWS_SESSION_TOKEN),
-	// HTTP_AUTHORIZATION (an http(s) source's Authorization header) or
-	// .dockerconfigjson.
+	// HTTP_AUTHORIZATION (an http(s) source's Authorization header),
+	// NGC_API_KEY (an ngc:// source) or .dockerconfigjson.
 	SecretRef *SecretRef `json:"secretRef,omitempty"`
 	// NodeSelector selects nodes by their labels; empty selects every node.
 	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`

@@ -185,6 +185,7 @@ func commands() []*cli.Command {
 		{
 			Name: "pull", Usage: "fetch an artifact into the cache and keep it desired", ArgsUsage: "URI",
 			Description: "URI is hf://org/repo[@revision], s3://bucket/prefix, oci://registry/repo:tag|@sha256:<hex>,\n" +
+				"ngc://org[/team]/model[:version] (NVIDIA NGC; no version: the latest, then pinned),\n" +
 				"http(s)://host/path[#sha256=<hex>] or file:///abs/path (a file or a directory tree).\n" +
 				"The desire is persisted: the daemon keeps the artifact present and retries failures until 'modelctl evict'.\n" +
 				"A plain pull is an ad-hoc cache entry: to admit another pull the daemon may evict it, least recently used\n" +

@@ -130,24 +130,9 @@ func New(opts ...Option) (*Fetcher, error) {
 		return nil, fmt.Errorf("hf: connections %d (want 1..64), chunk %d (want >= 1 MiB)", o.conns, o.chunk)
 	}
 	f := &Fetcher{endpoint: strings.TrimRight(o.endpoint, "/"), token: o.token, conns: o.conns, chunk: o.chunk}
-	f.client = &nethttp.Client{Transport: o.guard.Transport(o.transport, nil), CheckRedirect: checkRedirect}
+	f.client = &nethttp.Client{Transport: o.guard.Transport(o.transport, nil), CheckRedirect: fetchers.DropAuthAcrossOrigins}
 	f.get = httpfetcher.New(httpfetcher.WithClient(f.client), httpfetcher.WithIdleTimeout(o.idleTimeout), httpfetcher.WithUserAgent("modelcached"))
 	return f, nil
-}
-
-// checkRedirect follows at most 10 redirects and drops the token when a
-// redirect leaves the origin (the hub sends LFS files to a CDN), as the
-// official clients do. Where a redirect may lead is the transport's
-// fetchers.Guard.
-func checkRedirect(req *nethttp.Request, via []*nethttp.Request) error {
-	if len(via) >= 10 {
-		return fmt.Errorf("stopped after 10 redirects (last to %s)", req.URL.Redacted())
-	}
-	first := via[0].URL
-	if req.URL.Scheme != first.Scheme || req.URL.Host != first.Host {
-		req.Header.Del("Authorization")
-	}
-	return nil
 }
 
 var (
@@ -298,7 +283,7 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 				continue
 			}
 			fl := fetchers.File{Path: e.Path, Size: e.Size, Mode: 0o644,
-				Locator: f.endpoint + "/" + repo + "/resolve/" + info.SHA + "/" + escapePath(e.Path)}
+				Locator: f.endpoint + "/" + repo + "/resolve/" + info.SHA + "/" + fetchers.EscapePath(e.Path)}
 			if e.LFS != nil {
 				if !regexp.MustCompile(`^[0-9a-f]{64}$`).MatchString(e.LFS.OID) {
 					return nil, fetchers.Permanent(fmt.Errorf("hf://%s: %s: LFS oid %q is not a sha256", repo, e.Path, e.LFS.OID))
@@ -325,14 +310,6 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 		return nil, fetchers.Permanent(fmt.Errorf("hf://%s@%s: %w: the revision has no files", repo, rev, fetchers.ErrNotFound))
 	}
 	return &fetchers.Resolved{URI: src.URI, Revision: info.SHA, Files: files, Repo: repo, Ref: rev}, nil
-}
-
-func escapePath(p string) string {
-	segs := strings.Split(p, "/")
-	for i, s := range segs {
-		segs[i] = url.PathEscape(s)
-	}
-	return strings.Join(segs, "/")
 }
 
 // nextLink reads `Link: <url>; rel="next"`; the next page must be on the
