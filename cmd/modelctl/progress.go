@@ -126,7 +126,7 @@ func (p *progress) finish() {
 }
 
 // statusLine renders one artifact's state in at most width columns (0:
-// no limit). A download with a known size is a bar with percent, bytes,
+// no limit, and no bar: a log). A download with a known size is a bar with percent, bytes,
 // rate and ETA; as the width shrinks the bytes go first, then the ETA and
 // rate, then the bar narrows down to nothing.
 func statusLine(a *api.Artifact, width int, now time.Time) string {
@@ -141,8 +141,11 @@ func statusLine(a *api.Artifact, width int, now time.Time) string {
 		}
 		return fit(line, width)
 	}
+	if pr.FilesTotal == 0 && pr.BytesDone == 0 {
+		return fit(fmt.Sprintf("%s: %s — resolving the source", a.Name, a.Phase), width)
+	}
 	if pr.BytesTotal <= 0 {
-		return fit(fmt.Sprintf("%s: %s", a.Name, progressText(pr)), width)
+		return fit(fmt.Sprintf("%s: %s %s", a.Name, a.Phase, progressText(pr)), width)
 	}
 	have := pr.BytesDone + pr.BytesSkipped
 	frac := min(1, float64(have)/float64(pr.BytesTotal))
@@ -155,6 +158,9 @@ func statusLine(a *api.Artifact, width int, now time.Time) string {
 	eta := "ETA --"
 	if pr.BytesPerSecond > 0 {
 		eta = "ETA " + humanDuration(time.Duration(float64(pr.BytesTotal-have)/pr.BytesPerSecond*float64(time.Second)))
+	}
+	if width <= 0 { // a log, not a terminal: words, no bar
+		return fmt.Sprintf("%s: %s %s %s, %s, %s", a.Name, a.Phase, strings.TrimSpace(pct), size, rate, eta)
 	}
 	// As the width shrinks the sizes go first, then the ETA, then the rate.
 	return barLine(a.Name, frac, width, pct, []string{size, rate, eta}, []string{rate, eta}, []string{eta})

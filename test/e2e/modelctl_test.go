@@ -95,7 +95,7 @@ func TestModelctlEndToEnd(t *testing.T) {
 	e.mustCtl("evict", "bad")
 	e.mustCtl("pull", "file://"+src, "--name", "later", "--no-wait")
 	e.mustCtl("wait", "later", "--timeout", "20s")
-	if r := e.ctl(nil, "wait", "nosuch", "--timeout", "300ms"); r.code != 1 || !strings.Contains(r.stderr, "still Pending") {
+	if r := e.ctl(nil, "wait", "nosuch", "--timeout", "300ms"); r.code != 1 || !strings.Contains(r.stderr, "nothing desires it") {
 		t.Fatalf("wait for a name nobody wants: %d %q", r.code, r.stderr)
 	}
 	if out := e.mustCtl("-o", "yaml", "gc"); !strings.Contains(out, "blobsRemoved") {
