@@ -65,6 +65,10 @@ func main() {
 // that what was written reaches stdout first.
 func run(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
+	if len(args) > 1 && args[1] == completeCommand { // the shell asks what may follow
+		complete(app, args[2:], stdout)
+		return exitOK
+	}
 	inv := split(app, args)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -454,6 +458,7 @@ func commands() []*cli.Command {
 			},
 		},
 		leaseCommand(),
+		completionCommand(),
 		{
 			Name: "du", Usage: "disk use per artifact (unique and shared bytes), of the store and its filesystem",
 			Action: func(c *cli.Context) error {

@@ -113,3 +113,44 @@ func TestSocketPermissionAndWaitUnknown(t *testing.T) {
 		t.Fatalf("wait nosuch --for-create: exit %d\n%s", r.code, r.stderr)
 	}
 }
+
+// modelctl completion bash, sourced by a real bash, completes commands,
+// flags, flag values and the daemon's artifact names.
+func TestBashCompletion(t *testing.T) {
+	bash := testenv.Require(t, "bash", "apt-get install bash")
+	e := newEnv(t)
+	e.start()
+	src := filepath.Join(e.dir, "src")
+	writeTree(t, src, map[string][]byte{"w.bin": []byte("weights")})
+	e.mustCtl("pull", "file://"+src, "--name", "llama-8b")
+	e.mustCtl("pull", "file://"+src, "--name", "llama-70b")
+	ctl := filepath.Join(binDir, "modelctl")
+	complete := func(line ...string) string {
+		t.Helper()
+		script := `source <("$CTL" completion bash)
+COMP_WORDS=("$CTL" "$@"); COMP_CWORD=$#; COMP_LINE="${COMP_WORDS[*]}"
+_modelctl; printf '%s\n' "${COMPREPLY[@]}"`
+		cmd := exec.Command(bash, append([]string{"-c", script, "bash"}, line...)...)
+		cmd.Env = append(os.Environ(), "CTL="+ctl, "MODELCACHE_SOCKET="+e.socket)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("bash completion of %q: %v\n%s", line, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	for _, tc := range []struct {
+		line []string
+		want string
+	}{
+		{[]string{"ev"}, "evict"},
+		{[]string{"inspect", "llama-"}, "llama-70b\nllama-8b"},
+		{[]string{"evict", "--fo"}, "--force"},
+		{[]string{"-o", "ya"}, "yaml"},
+		{[]string{"pull", "--kind", ""}, "kernelcache\nmodel"},
+		{[]string{"completion", "f"}, "fish"},
+	} {
+		if got := complete(tc.line...); got != tc.want {
+			t.Errorf("complete %q = %q, want %q", tc.line, got, tc.want)
+		}
+	}
+}
