@@ -198,37 +198,23 @@ func client(c *cli.Context) *api.Client { return &api.Client{Socket: c.String("s
 func commands() []*cli.Command {
 	return []*cli.Command{
 		{
-			Name: "list", Aliases: []string{"ls"}, Usage: "list artifacts with their phase, revision and size",
+			Name: "list", Aliases: []string{"ls"}, Usage: "list artifacts with their phase, revision, size and age (-o wide: the full source)",
 			Action: func(c *cli.Context) error {
 				list, err := client(c).List(c.Context)
 				if err != nil {
 					return err
 				}
-				return output(c, list, func(w io.Writer) {
-					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "NAME\tPHASE\tREVISION\tSIZE\tPINNED\tIN USE\tSOURCE / MESSAGE")
-					for _, a := range list {
-						detail := a.URI
-						if a.Phase != api.PhaseReady && a.Message != "" {
-							detail = a.Message
-						}
-						if a.Progress != nil && a.Phase == api.PhaseDownloading {
-							detail = progressText(a.Progress)
-						}
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%s\t%s\n", a.Name, a.Phase, short(a.Revision), api.FormatBytes(a.Bytes), a.Pinned, inUseText(a.InUse), detail)
-					}
-					tw.Flush()
-				})
+				return output(c, list, func(w io.Writer) { listTable(w, list, time.Now(), c.String("output") == "wide") })
 			},
 		},
 		{
-			Name: "inspect", Usage: "show one artifact: desire, versions, files", ArgsUsage: "NAME",
+			Name: "inspect", Usage: "show one artifact: desire, versions, files (-o json or yaml: every field, exact numbers)", ArgsUsage: "NAME",
 			Action: func(c *cli.Context) error {
 				a, err := client(c).Get(c.Context, c.Args().First())
 				if err != nil {
 					return err
 				}
-				return output(c, a, nil) // the table format shows YAML: one artifact has no rows
+				return output(c, a, func(w io.Writer) { describe(w, a, time.Now()) })
 			},
 		},
 		{
@@ -457,6 +443,28 @@ func commands() []*cli.Command {
 				})
 			},
 		},
+		{
+			Name: "version", Usage: "the versions of modelctl and of the daemon it talks to",
+			Action: func(c *cli.Context) error {
+				v := struct {
+					Client string `json:"client"`
+					Daemon string `json:"daemon,omitempty"`
+				}{Client: version}
+				s, err := client(c).Status(c.Context)
+				if err == nil {
+					v.Daemon = s.Version
+				}
+				if oerr := output(c, v, func(w io.Writer) {
+					fmt.Fprintf(w, "modelctl:    %s\n", v.Client)
+					if err == nil {
+						fmt.Fprintf(w, "modelcached: %s\n", v.Daemon)
+					}
+				}); oerr != nil {
+					return oerr
+				}
+				return err // the daemon's side could not be read
+			},
+		},
 		leaseCommand(),
 		completionCommand(),
 		{
@@ -536,7 +544,8 @@ func pinCommand(name, usage string, pin bool) *cli.Command {
 	}
 }
 
-// output writes v as JSON or YAML, or calls table for the table format.
+// output writes v as JSON or YAML, or calls table for the table (and
+// wide) formats.
 func output(c *cli.Context, v any, table func(io.Writer)) error {
 	w := c.App.Writer
 	format := c.String("output")
@@ -545,7 +554,7 @@ func output(c *cli.Context, v any, table func(io.Writer)) error {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
-	case format == "yaml" || table == nil:
+	case format == "yaml":
 		b, err := yaml.Marshal(v)
 		if err != nil {
 			return err

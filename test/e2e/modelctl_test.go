@@ -60,8 +60,19 @@ func TestModelctlEndToEnd(t *testing.T) {
 	if len(a.Versions) != 1 || len(a.Versions[0].Files) != 2 || a.Versions[0].Files[1].Path != "model/w.safetensors" {
 		t.Fatalf("inspect: %+v", a)
 	}
-	if y := e.mustCtl("inspect", "m"); !strings.Contains(y, "phase: Ready") {
+	if y := e.mustCtl("inspect", "m", "-o", "yaml"); !strings.Contains(y, "phase: Ready") {
 		t.Fatalf("inspect as yaml: %q", y)
+	}
+	// For people: units, no raw floats, the digest explained.
+	if d := e.mustCtl("inspect", "m"); !strings.Contains(d, "Phase:") || !strings.Contains(d, "Ready") || !strings.Contains(d, "1.0 MiB") ||
+		strings.Contains(d, "e+0") || !strings.Contains(d, "pull --digest") || !strings.Contains(d, "Path:") {
+		t.Fatalf("inspect: %q", d)
+	}
+	if l := e.mustCtl("list"); !strings.Contains(l, "AGE") || !strings.Contains(l, "1.0 MiB") {
+		t.Fatalf("list: %q", l)
+	}
+	if v := e.mustCtl("version"); !strings.Contains(v, "modelctl:") || !strings.Contains(v, "modelcached:") {
+		t.Fatalf("version: %q", v)
 	}
 	if out := e.mustCtl("wait", "m", "--timeout", "5s"); !strings.Contains(out, "Ready") {
 		t.Fatalf("wait: %q", out)
