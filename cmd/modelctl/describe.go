@@ -59,7 +59,12 @@ func humanAge(d time.Duration) string {
 // carry the exact numbers.
 func describe(w io.Writer, a *api.Artifact, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
-	field := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{k}, args...)...) }
+	field := func(k, format string, args ...any) {
+		if k != "" { // "": a further line of the field above
+			k += ":"
+		}
+		fmt.Fprintf(tw, "%s\t"+format+"\n", append([]any{k}, args...)...)
+	}
 	ago := func(t time.Time) string { return t.Local().Format("2006-01-02 15:04:05") + " (" + humanAge(now.Sub(t)) + " ago)" }
 	field("Name", "%s", a.Name)
 	field("Kind", "%s", a.Kind)
@@ -148,6 +153,26 @@ func describe(w io.Writer, a *api.Artifact, now time.Time) {
 	if kc := a.KernelCache; kc != nil {
 		if s := kc.Signature; s != nil {
 			field("Signature", "policy %s, verified %v %s %s", s.Policy, s.Verified, s.Format, s.Signer)
+		}
+		if c := kc.Compatibility; c != nil {
+			v := "compatible"
+			if !c.Compatible {
+				v = "incompatible"
+			}
+			if c.Simulated {
+				v += " (simulated GPUs)"
+			}
+			if c.Reason != "" {
+				v += ": " + c.Reason
+			}
+			field("This node", "%s", v)
+			for _, d := range c.Devices {
+				line := fmt.Sprintf("GPU %d %s: compatible %v, %d entries", d.Index, d.Name, d.Compatible, d.Entries)
+				if d.Reason != "" {
+					line += " (" + d.Reason + ")"
+				}
+				field("", "%s", line)
+			}
 		}
 		if kc.CacheBytes > 0 {
 			field("Kernel cache", "%s in %d entries under %s", api.FormatBytes(kc.CacheBytes), kc.Entries, strings.Join(kc.Dirs, ", "))
