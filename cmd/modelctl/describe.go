@@ -65,7 +65,9 @@ func describe(w io.Writer, a *api.Artifact, now time.Time) {
 		}
 		fmt.Fprintf(tw, "%s\t"+format+"\n", append([]any{k}, args...)...)
 	}
-	ago := func(t time.Time) string { return t.Local().Format("2006-01-02 15:04:05") + " (" + humanAge(now.Sub(t)) + " ago)" }
+	ago := func(t time.Time) string {
+		return t.Local().Format("2006-01-02 15:04:05") + " (" + humanAge(now.Sub(t)) + " ago)"
+	}
 	field("Name", "%s", a.Name)
 	field("Kind", "%s", a.Kind)
 	field("Phase", "%s", a.Phase)
