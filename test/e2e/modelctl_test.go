@@ -116,17 +116,13 @@ func TestModelctlEndToEnd(t *testing.T) {
 
 // TestPeerCanReadNotMutate runs modelctl as uid 65534: it may list, not evict.
 func TestPeerCanReadNotMutate(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "root (to run a peer as another uid with setpriv)", "run the tests as root, as CI does")
-	}
-	setpriv := testenv.Require(t, "setpriv", "apt-get install util-linux")
+	nobody := asNobody(t)
 	e := newEnv(t)
 	e.start()
 	src := filepath.Join(e.dir, "src")
 	writeTree(t, src, map[string][]byte{"w.bin": []byte("weights")})
 	e.mustCtl("pull", "file://"+src, "--name", "m")
 
-	nobody := []string{setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"}
 	if r := e.ctl(nobody, "list"); r.code != 0 || !strings.Contains(r.stdout, "m ") {
 		t.Fatalf("uid 65534 list: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -168,4 +164,14 @@ func TestLeaseWhileCommandRuns(t *testing.T) {
 	if r := e.ctl(nil, "lease", "nosuch", "--ttl", "10s"); r.code != 1 {
 		t.Fatalf("lease of an unknown artifact: exit %d", r.code)
 	}
+}
+
+// asNobody is the command prefix that runs modelctl as uid 65534 with no
+// groups; it skips a test that cannot (not root, no setpriv).
+func asNobody(t *testing.T) []string {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (to run a peer as another uid with setpriv)", "run the tests as root, as CI does")
+	}
+	setpriv := testenv.Require(t, "setpriv", "apt-get install util-linux")
+	return []string{setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"}
 }
