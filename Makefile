@@ -16,6 +16,7 @@ build:
 
 # The daemon on an embedded default: a local root, no cluster, no root privileges needed.
 run: build
+	mkdir -p $(ROOT)/models.d
 	$(BIN)/modelcached --root $(ROOT) --socket $(ROOT)/modelcached.sock \
 		--metrics-addr 127.0.0.1:9477 --models-dir $(ROOT)/models.d --socket-group ""
 
@@ -44,7 +45,7 @@ vet:
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-# Benchmarks against curl and cp on loopback; see bench/README.md. BENCH_SIZE_MIB sets the model size.
+# Benchmarks against curl and cp on loopback; see README.md (Benchmarks). BENCH_SIZE_MIB sets the model size.
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./cachestore/ ./daemon/capacity/
 	$(GO) run ./bench/pullbench -bin $(BIN)

@@ -263,6 +263,8 @@ type Artifact struct {
 	// LastUsed is when the current version was last used (read by a
 	// process, leased, pulled).
 	LastUsed *time.Time `json:"lastUsed,omitempty"`
+	// Created is when the current version was committed (list's AGE).
+	Created *time.Time `json:"created,omitempty"`
 	// LastPull is how the last successful pull of this daemon went.
 	LastPull *PullStats `json:"lastPull,omitempty"`
 	// KernelCache is what was checked of a kernel cache: signature,

@@ -199,6 +199,10 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 			lu := cur.LastUsed
 			out.LastUsed = &lu
 		}
+		if !cur.Created.IsZero() {
+			cr := cur.Created
+			out.Created = &cr
+		}
 		if out.URI == "" {
 			out.URI = cur.Source
 		}

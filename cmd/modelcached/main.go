@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 	"github.com/modelcache/modelcache/daemon"
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/internal/cliutil"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -35,7 +37,7 @@ func main() {
 		Version: version,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "config", Usage: "YAML config file (capacity policy and more); flags override it"},
-			&cli.StringFlag{Name: "quota", Usage: "byte quota of the store, e.g. 500Gi (default none)"},
+			&cli.GenericFlag{Name: "quota", Value: &sizeFlag{}, Usage: "byte quota of the store: bytes or a size such as 500Gi or 2T (default none)"},
 			&cli.IntFlag{Name: "high-watermark", Value: def.Capacity.HighPercent, Usage: "filesystem use percent that starts eviction (0 disables watermarks)"},
 			&cli.IntFlag{Name: "low-watermark", Value: def.Capacity.LowPercent, Usage: "filesystem use percent where eviction stops"},
 			&cli.DurationFlag{Name: "min-age", Value: def.Capacity.MinAge, Usage: "versions younger than this are never evicted"},
@@ -57,7 +59,7 @@ func main() {
 			&cli.IntFlag{Name: "max-concurrent-pulls", Value: def.MaxConcurrentPulls, Usage: "artifacts pulled at once"},
 			&cli.IntFlag{Name: "files-per-pull", Value: def.FilesPerPull, Usage: "files of one artifact fetched at once"},
 			&cli.BoolFlag{Name: "direct-io", Value: def.DirectIO, Usage: "write blobs with O_DIRECT where the filesystem allows (--direct-io=false: buffered)"},
-			&cli.Int64Flag{Name: "bandwidth-limit", Usage: "bytes per second over all pulls; 0 = unlimited"},
+			&cli.GenericFlag{Name: "bandwidth-limit", Value: &sizeFlag{}, Usage: "bytes per second over all pulls: bytes or a size such as 500M or 1Gi; 0 = unlimited"},
 			&cli.DurationFlag{Name: "retry-initial", Value: def.RetryInitial, Usage: "first delay after a failed pull"},
 			&cli.DurationFlag{Name: "retry-max", Value: def.RetryMax, Usage: "longest delay between pull attempts"},
 			&cli.IntFlag{Name: "range-connections", Value: def.RangeConnections, Usage: "parallel Range requests per large file from a hub or S3 (1: one stream)"},
@@ -76,10 +78,15 @@ func main() {
 			&cli.IntFlag{Name: "pv-burst", Value: 5, Usage: "burst of that bucket"},
 			&cli.DurationFlag{Name: "status-interval", Value: 2 * time.Second, Usage: "least time between two writes of this node's ModelCacheNode status"},
 			&cli.DurationFlag{Name: "idle-timeout", Value: def.IdleTimeout, Usage: "a download that delivers nothing this long is resumed on a new request"},
-			&cli.StringFlag{Name: "progress-floor", Value: "1Mi", Usage: "a download that delivers less than this in a --progress-window of reading fails the attempt as too slow (retried, its pull slot given up meanwhile); 0 = off"},
+			&cli.GenericFlag{Name: "progress-floor", Value: &sizeFlag{n: 1 << 20, set: true}, DefaultText: "1Mi", Usage: "a download that delivers less than this in a --progress-window of reading fails the attempt as too slow (retried, its pull slot given up meanwhile); 0 = off"},
 			&cli.DurationFlag{Name: "progress-window", Value: def.ProgressWindow, Usage: "the window of --progress-floor"},
 		},
 		Action: run,
+		// Bad flags are found by checkArgs first; what urfave/cli still
+		// finds is one line too, not the whole help.
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return cli.Exit(fmt.Sprintf("modelcached: %v\nRun 'modelcached --help' for usage.", err), 2)
+		},
 	}
 	if len(os.Args) == 2 && os.Args[1] == "--print-man" { // for packaging
 		m, err := app.ToMan()
@@ -90,16 +97,64 @@ func main() {
 		fmt.Print(m)
 		return
 	}
+	if problems := checkArgs(app, os.Args[1:]); len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintln(os.Stderr, "modelcached:", p)
+		}
+		fmt.Fprintln(os.Stderr, "Run 'modelcached --help' for usage.")
+		os.Exit(2)
+	}
 	if err := app.Run(os.Args); err != nil {
 		fmt.Fprintln(os.Stderr, "modelcached:", err)
 		os.Exit(1)
 	}
 }
 
-func run(c *cli.Context) error {
-	if c.NArg() > 0 {
-		return cli.Exit(fmt.Sprintf("modelcached: unexpected argument %q (flags only; see --help)", c.Args().First()), 2)
+// checkArgs returns every usage error of args: each bad flag (unknown,
+// without its value, a value its type refuses) and any argument (the
+// daemon takes flags only).
+func checkArgs(app *cli.App, args []string) []string {
+	pos, problems := cliutil.CheckFlags(app.Flags, args, true)
+	if len(pos) > 0 {
+		problems = append(problems, fmt.Sprintf("unexpected argument %q: modelcached takes flags only", pos[0]))
 	}
+	return problems
+}
+
+// sizeFlag is a byte size flag: bytes or a number with a unit (500Gi,
+// 2T), as the config file takes them.
+type sizeFlag struct {
+	n   int64
+	set bool
+}
+
+func (f *sizeFlag) Set(s string) error {
+	n, err := capacity.ParseBytes(s)
+	if err != nil {
+		return err
+	}
+	f.n, f.set = n, true
+	return nil
+}
+
+// Check implements cliutil.Checker.
+func (f *sizeFlag) Check(s string) error {
+	if _, err := capacity.ParseBytes(s); err != nil {
+		return errors.New("want bytes or a size with a unit such as 500M, 2Gi or 1T")
+	}
+	return nil
+}
+
+func (f *sizeFlag) String() string {
+	if f == nil || !f.set {
+		return ""
+	}
+	return strconv.FormatInt(f.n, 10)
+}
+
+func size(c *cli.Context, name string) int64 { return c.Generic(name).(*sizeFlag).n }
+
+func run(c *cli.Context) error {
 	logger, err := newLogger(c.String("log-format"), c.String("log-level"))
 	if err != nil {
 		return cli.Exit("modelcached: "+err.Error(), 2)
@@ -116,11 +171,7 @@ func run(c *cli.Context) error {
 	}
 	// Flags override the file only where given.
 	if c.IsSet("quota") {
-		n, err := capacity.ParseBytes(c.String("quota"))
-		if err != nil {
-			return cli.Exit("modelcached: --quota: "+err.Error(), 2)
-		}
-		cfg.Capacity.QuotaBytes = n
+		cfg.Capacity.QuotaBytes = size(c, "quota")
 	}
 	// Without a config file every flag (default or given) counts; with one,
 	// only flags given on the command line override it.
@@ -141,14 +192,10 @@ func run(c *cli.Context) error {
 		cfg.MaxConcurrentPulls = c.Int("max-concurrent-pulls")
 	}
 	if flag("bandwidth-limit") {
-		cfg.BandwidthLimit = c.Int64("bandwidth-limit")
+		cfg.BandwidthLimit = size(c, "bandwidth-limit")
 	}
 	if flag("progress-floor") {
-		n, err := capacity.ParseBytes(c.String("progress-floor"))
-		if err != nil {
-			return cli.Exit("modelcached: --progress-floor: "+err.Error(), 2)
-		}
-		cfg.ProgressFloor = n
+		cfg.ProgressFloor = size(c, "progress-floor")
 	}
 	if flag("progress-window") {
 		cfg.ProgressWindow = c.Duration("progress-window")
@@ -170,8 +217,20 @@ func run(c *cli.Context) error {
 		cfg.MaxConnectionsPerUID = c.Int("max-connections-per-uid")
 	}
 	cfg.CapacityInterval = c.Duration("capacity-interval")
-	cfg.Root = c.String("root")
-	cfg.Socket = c.String("socket")
+	// Absolute paths: status, list and inspect show them to clients that
+	// run elsewhere, and a relative one would follow the daemon's cwd.
+	for _, p := range []struct {
+		flag string
+		dst  *string
+	}{{"root", &cfg.Root}, {"socket", &cfg.Socket}, {"models-dir", &cfg.ModelsDir}} {
+		v := c.String(p.flag)
+		if v != "" {
+			if v, err = filepath.Abs(v); err != nil {
+				return cli.Exit(fmt.Sprintf("modelcached: --%s: %v", p.flag, err), 2)
+			}
+		}
+		*p.dst = v
+	}
 	cfg.SocketMode = os.FileMode(mode)
 	cfg.SocketGroup = c.String("socket-group")
 	cfg.SystemdSocket = c.Bool("systemd-socket")
@@ -179,7 +238,6 @@ func run(c *cli.Context) error {
 	cfg.SocketIdleTimeout = c.Duration("socket-idle-timeout")
 	cfg.SocketWriteTimeout = c.Duration("socket-write-timeout")
 	cfg.MetricsAddr = c.String("metrics-addr")
-	cfg.ModelsDir = c.String("models-dir")
 	cfg.FilesPerPull = c.Int("files-per-pull")
 	cfg.DirectIO = c.Bool("direct-io")
 	cfg.RetryInitial = c.Duration("retry-initial")

@@ -1,86 +1,189 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/modelcache/modelcache/internal/cliutil"
 )
 
-// intersperse moves a command's flags in front of its arguments, so that
-// "modelctl pull URI --name x" works: urfave/cli v2 stops reading flags at
-// the first argument. Global flags stay where they are.
-func intersperse(app *cli.App, args []string) []string {
-	if len(args) < 2 {
-		return args
-	}
-	lookup := func(flags []cli.Flag, tok string) cli.Flag {
-		name, _, _ := strings.Cut(strings.TrimLeft(tok, "-"), "=")
-		for _, f := range flags {
-			for _, n := range f.Names() {
-				if n == name {
-					return f
-				}
-			}
-		}
-		return nil
-	}
-	takesValue := func(flags []cli.Flag, tok string) bool {
-		f := lookup(flags, tok)
-		_, isBool := f.(*cli.BoolFlag)
-		return f != nil && !isBool && !strings.Contains(tok, "=")
-	}
-	out := []string{args[0]}
+// invocation is a command line taken apart: global flags, the command,
+// its flags and its positional arguments. urfave/cli v2 stops reading
+// flags at the first argument and reports only the first bad flag; the
+// parts are checked here, whole, before anything runs, and put back in
+// the order urfave/cli reads ("modelctl pull URI --name x" works).
+type invocation struct {
+	globals []string
+	cmdName string // as typed (an alias stays an alias)
+	cmd     *cli.Command
+	flags   []string
+	pos     []string
+	help    bool // -h/--help among the command's flags
+}
+
+// split takes args (args[0] is the program) apart. A global flag after
+// the command ("inspect m -o json") moves in front of it.
+func split(app *cli.App, args []string) invocation {
+	var inv invocation
 	i := 1
 	for ; i < len(args); i++ { // global flags up to the command
 		tok := args[i]
-		if !strings.HasPrefix(tok, "-") || tok == "-" || tok == "--" {
+		if !cliutil.IsFlag(tok) {
 			break
 		}
-		out = append(out, tok)
-		if takesValue(app.Flags, tok) && i+1 < len(args) {
+		inv.globals = append(inv.globals, tok)
+		if takesValue(app.Flags, tok) && i+1 < len(args) && !cliutil.IsFlag(args[i+1]) {
 			i++
-			out = append(out, args[i])
+			inv.globals = append(inv.globals, args[i])
 		}
 	}
 	if i >= len(args) {
-		return out
+		return inv
 	}
-	cmd := app.Command(args[i])
-	if cmd == nil {
-		return append(out, args[i:]...)
+	inv.cmdName = args[i]
+	inv.cmd = app.Command(args[i])
+	if inv.cmd == nil {
+		inv.pos = args[i+1:]
+		return inv
 	}
-	cmdName := args[i]
-	var flags, pos []string
 	for j := i + 1; j < len(args); j++ {
 		tok := args[j]
 		if tok == "--" {
-			pos = append(pos, args[j+1:]...)
+			inv.pos = append(inv.pos, args[j+1:]...)
 			break
 		}
-		if strings.HasPrefix(tok, "-") && tok != "-" && lookup(cmd.Flags, tok) == nil && lookup(app.Flags, tok) != nil {
-			// A global flag after the command ("inspect m -o json"): move it in front.
-			out = append(out, tok)
-			if takesValue(app.Flags, tok) && j+1 < len(args) {
-				j++
-				out = append(out, args[j])
-			}
+		if !cliutil.IsFlag(tok) {
+			inv.pos = append(inv.pos, tok)
 			continue
 		}
-		if strings.HasPrefix(tok, "-") && tok != "-" {
-			flags = append(flags, tok)
-			if takesValue(cmd.Flags, tok) && j+1 < len(args) {
-				j++
-				flags = append(flags, args[j])
-			}
-			continue
+		flags := &inv.flags
+		fs := inv.cmd.Flags
+		if lookup(inv.cmd.Flags, tok) == nil && lookup(app.Flags, tok) != nil {
+			flags, fs = &inv.globals, app.Flags
 		}
-		pos = append(pos, tok)
+		*flags = append(*flags, tok)
+		if takesValue(fs, tok) && j+1 < len(args) && !cliutil.IsFlag(args[j+1]) {
+			j++
+			*flags = append(*flags, args[j])
+		}
+		if n := flagName(tok); n == "h" || n == "help" {
+			inv.help = true
+		}
 	}
-	out = append(out, cmdName)
-	out = append(out, flags...)
-	if len(pos) > 0 {
-		out = append(out, "--")
-		out = append(out, pos...)
+	return inv
+}
+
+// argv puts the parts back in the order urfave/cli reads.
+func (inv invocation) argv(prog string) []string {
+	out := append([]string{prog}, inv.globals...)
+	if inv.cmdName == "" {
+		return out
+	}
+	out = append(out, inv.cmdName)
+	out = append(out, inv.flags...)
+	if len(inv.pos) > 0 {
+		if inv.cmd != nil {
+			out = append(out, "--")
+		}
+		out = append(out, inv.pos...)
 	}
 	return out
+}
+
+// intersperse is split followed by argv.
+func intersperse(app *cli.App, args []string) []string {
+	if len(args) == 0 {
+		return args
+	}
+	return split(app, args).argv(args[0])
+}
+
+// check returns the usage errors of the invocation, all of them: bad
+// global flags, an unknown command, bad command flags, a wrong number of
+// arguments.
+func (inv invocation) check(app *cli.App) error {
+	_, problems := cliutil.CheckFlags(app.Flags, inv.globals, true)
+	if inv.cmdName != "" && inv.cmd == nil && inv.cmdName != "help" && inv.cmdName != "h" {
+		p := fmt.Sprintf("unknown command %q", inv.cmdName)
+		var names []string
+		for _, c := range app.Commands {
+			if !c.Hidden {
+				names = append(names, c.Names()...)
+			}
+		}
+		if s := cliutil.Suggest(names, inv.cmdName); s != "" {
+			p += fmt.Sprintf(" (did you mean %q?)", s)
+		}
+		problems = append(problems, p)
+	}
+	cmd := "" // the help that explains the problems: the command's when it has some
+	if inv.cmd != nil {
+		_, cp := cliutil.CheckFlags(inv.cmd.Flags, inv.flags, false)
+		// After a bad flag the count of arguments means little ("--nmae x"
+		// leaves x as an argument): report the flag alone.
+		if p := arity(inv.cmd, inv.pos); p != "" && !inv.help && len(cp) == 0 {
+			cp = append(cp, p)
+		}
+		if len(cp) > 0 {
+			cmd = inv.cmd.Name
+		}
+		problems = append(problems, cp...)
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return usageError{msgs: problems, cmd: cmd}
+}
+
+// arity checks the number of positional arguments against the command's
+// ArgsUsage: none, exactly one NAME/URI, "[NAME...]" any number, and
+// "NAME [-- COMMAND ...]" at least one.
+func arity(cmd *cli.Command, pos []string) string {
+	want := cmd.ArgsUsage
+	switch {
+	case strings.HasPrefix(want, "["):
+		return ""
+	case want == "":
+		if len(pos) > 0 {
+			return fmt.Sprintf("%s takes no arguments (got %s)", cmd.Name, quoteAll(pos))
+		}
+	case strings.Contains(want, "..."):
+		if len(pos) == 0 {
+			return fmt.Sprintf("%s: want %s", cmd.Name, want)
+		}
+	default:
+		n := len(strings.Fields(want))
+		if len(pos) < n {
+			return fmt.Sprintf("%s: want %s", cmd.Name, want)
+		}
+		if len(pos) > n {
+			return fmt.Sprintf("%s takes one %s; unexpected %s", cmd.Name, want, quoteAll(pos[n:]))
+		}
+	}
+	return ""
+}
+
+func quoteAll(s []string) string {
+	q := make([]string, len(s))
+	for i, x := range s {
+		q[i] = fmt.Sprintf("%q", x)
+	}
+	return strings.Join(q, " ")
+}
+
+func flagName(tok string) string {
+	n, _, _ := strings.Cut(strings.TrimLeft(tok, "-"), "=")
+	return n
+}
+
+func lookup(flags []cli.Flag, tok string) cli.Flag { return cliutil.Lookup(flags, flagName(tok)) }
+
+// takesValue says whether the flag tok reads the next argument; a
+// mistyped flag ("--sockt /s") is taken for the one it is close to, so
+// that its value is not read as an argument.
+func takesValue(flags []cli.Flag, tok string) bool {
+	f := cliutil.Meant(flags, flagName(tok))
+	return f != nil && cliutil.TakesValue(f) && !strings.Contains(tok, "=")
 }

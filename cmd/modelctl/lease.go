@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/internal/cliutil"
 )
 
 // leaseCommand holds a lease on an artifact while modelctl runs: until a
@@ -26,19 +27,19 @@ func leaseCommand() *cli.Command {
 		ArgsUsage: "NAME [-- COMMAND [ARGS...]]",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "holder", Usage: "who holds the lease (a pod, a job, host:pid); default host:pid"},
-			&cli.DurationFlag{Name: "ttl", Value: time.Minute, Usage: "lease lifetime; renewed at a third of it"},
+			&cli.GenericFlag{Name: "ttl", Value: &cliutil.Duration{D: time.Minute}, Usage: "lease lifetime: 90s, 5m, 1h (a bare number is seconds); renewed at a third of it"},
 		},
 		Action: func(c *cli.Context) error {
-			if c.NArg() < 1 {
-				return usagef("lease: want NAME [-- COMMAND ...]")
-			}
 			name := c.Args().First()
 			holder := c.String("holder")
 			if holder == "" {
 				h, _ := os.Hostname()
 				holder = fmt.Sprintf("%s:%d", h, os.Getpid())
 			}
-			ttl := c.Duration("ttl")
+			ttl := c.Generic("ttl").(*cliutil.Duration).D
+			if ttl < 3*time.Millisecond {
+				return usageError{msgs: []string{fmt.Sprintf("--ttl %s: too short to renew", ttl)}, cmd: "lease"}
+			}
 			cl := client(c)
 			l, err := cl.Lease(c.Context, name, holder, ttl)
 			if err != nil {

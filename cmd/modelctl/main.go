@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"sort"
 	"strings"
 	"syscall"
@@ -18,26 +19,40 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
-	"golang.org/x/term"
 	"sigs.k8s.io/yaml"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/internal/cliutil"
 )
 
 var version = "dev"
 
 // Exit codes.
 const (
-	exitOK      = 0
-	exitFailure = 1
-	exitUsage   = 2
+	exitOK          = 0
+	exitFailure     = 1
+	exitUsage       = 2
+	exitInterrupted = 130 // 128 + SIGINT, as a shell reports it
 )
 
-type usageError struct{ msg string }
+// usageError is a command line modelctl cannot run: one line per
+// problem, then where to look.
+type usageError struct {
+	msgs []string
+	cmd  string // the command whose help explains it; "" for the top level
+}
 
-func (u usageError) Error() string { return u.msg }
+func (u usageError) Error() string { return strings.Join(u.msgs, "; ") }
 
-func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+func usagef(format string, args ...any) error {
+	return usageError{msgs: []string{fmt.Sprintf(format, args...)}}
+}
+
+// detachedError ends a command that a signal interrupted while the
+// daemon goes on with the work.
+type detachedError struct{ msg string }
+
+func (d detachedError) Error() string { return d.msg }
 
 func main() {
 	out := bufio.NewWriterSize(os.Stdout, 64<<10) // a table of 10,000 rows is one write, not 10,000
@@ -46,21 +61,58 @@ func main() {
 	os.Exit(code)
 }
 
+// run is modelctl: it returns the exit code and never exits itself, so
+// that what was written reaches stdout first.
 func run(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
+	if len(args) > 1 && args[1] == completeCommand { // the shell asks what may follow
+		complete(app, args[2:], stdout)
+		return exitOK
+	}
+	inv := split(app, args)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := app.RunContext(ctx, intersperse(app, args))
+	err := inv.check(app)
+	if err == nil {
+		err = app.RunContext(ctx, inv.argv(args[0]))
+	}
+	return report(ctx, err, stderr, app.Metadata["socket"])
+}
+
+// report writes err for people and returns the exit code.
+func report(ctx context.Context, err error, stderr io.Writer, socket any) int {
 	if err == nil {
 		return exitOK
 	}
 	var ue usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintln(stderr, "modelctl:", ue.msg)
-		fmt.Fprintln(stderr, "Run 'modelctl --help' for usage.")
+		for _, m := range ue.msgs {
+			fmt.Fprintln(stderr, "modelctl:", m)
+		}
+		where := "modelctl --help"
+		if ue.cmd != "" {
+			where = "modelctl " + ue.cmd + " --help"
+		}
+		fmt.Fprintf(stderr, "Run '%s' for usage.\n", where)
 		return exitUsage
 	}
-	fmt.Fprintln(stderr, "modelctl:", explain(err, app.Metadata["socket"]))
+	var de detachedError
+	if errors.As(err, &de) {
+		fmt.Fprintln(stderr, "modelctl:", de.msg)
+		return exitInterrupted
+	}
+	if ctx.Err() != nil { // SIGINT or SIGTERM while a command waited
+		fmt.Fprintln(stderr, "modelctl: interrupted")
+		return exitInterrupted
+	}
+	var ec cli.ExitCoder
+	if errors.As(err, &ec) {
+		if m := ec.Error(); m != "" {
+			fmt.Fprintln(stderr, "modelctl:", m)
+		}
+		return ec.ExitCode()
+	}
+	fmt.Fprintln(stderr, "modelctl:", explain(err, socket))
 	return exitFailure
 }
 
@@ -69,7 +121,7 @@ func explain(err error, socket any) string {
 	var ua *api.UnavailableError
 	switch {
 	case errors.As(err, &ua):
-		return fmt.Sprintf("%v\n  Is modelcached running? Start it with 'make run' (development) or 'sudo systemctl start modelcached',\n  or point --socket / MODELCACHE_SOCKET at the socket it serves.", err)
+		return unreachable(ua)
 	case errors.Is(err, api.ErrForbidden):
 		return err.Error()
 	case errors.Is(err, api.ErrNotFound):
@@ -101,85 +153,68 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Metadata:  map[string]any{},
-		// modelctl --generate-bash-completion lists what may follow; the
-		// shell scripts in packaging/deb/completions call it.
-		EnableBashCompletion: true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "socket", Value: api.DefaultSocket, EnvVars: []string{"MODELCACHE_SOCKET"}, Usage: "the daemon's unix socket"},
-			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table, json or yaml"},
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table, wide (list: the full source), json or yaml"},
 		},
 		Before: func(c *cli.Context) error {
 			switch c.String("output") {
-			case "table", "json", "yaml":
+			case "table", "wide", "json", "yaml":
 			default:
-				return usagef("-o %q: want table, json or yaml", c.String("output"))
+				return usagef("-o %q: want table, wide, json or yaml", c.String("output"))
 			}
 			c.App.Metadata["socket"] = c.String("socket")
 			return nil
 		},
-		OnUsageError: func(c *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
-		CommandNotFound: func(c *cli.Context, cmd string) {
-			fmt.Fprintf(stderr, "modelctl: no command %q. Run 'modelctl --help' for usage.\n", cmd)
-			os.Exit(exitUsage)
+		// The command line was checked whole before (invocation.check);
+		// what urfave/cli still finds is reported the same way.
+		OnUsageError: func(c *cli.Context, err error, _ bool) error {
+			return usageError{msgs: []string{dashes(err.Error())}}
 		},
-		Commands: commands(),
+		// Errors come back to run, which flushes stdout before exiting.
+		ExitErrHandler: func(*cli.Context, error) {},
+		Commands:       commands(),
 	}
 	for _, c := range app.Commands {
-		c.OnUsageError = app.OnUsageError
+		c.OnUsageError = func(cc *cli.Context, err error, _ bool) error {
+			return usageError{msgs: []string{dashes(err.Error())}, cmd: cc.Command.Name}
+		}
 	}
 	return app
 }
 
-func client(c *cli.Context) *api.Client { return &api.Client{Socket: c.String("socket")} }
-
-func needArgs(c *cli.Context, n int, what string) error {
-	if c.NArg() != n {
-		return usagef("%s: want %s", c.Command.Name, what)
-	}
-	return nil
+// dashes rewrites the flag package's "-name" as "--name".
+func dashes(msg string) string {
+	return flagInMsg.ReplaceAllStringFunc(msg, func(m string) string {
+		name := strings.TrimLeft(m[strings.Index(m, "-"):], "-")
+		return m[:strings.Index(m, "-")] + cliutil.Flag(name)
+	})
 }
+
+var flagInMsg = regexp.MustCompile(`(^|[\s:])-{1,2}[A-Za-z][\w-]*`)
+
+func client(c *cli.Context) *api.Client { return &api.Client{Socket: c.String("socket")} }
 
 func commands() []*cli.Command {
 	return []*cli.Command{
 		{
-			Name: "list", Aliases: []string{"ls"}, Usage: "list artifacts with their phase, revision and size",
+			Name: "list", Aliases: []string{"ls"}, Usage: "list artifacts with their phase, revision, size and age (-o wide: the full source)",
 			Action: func(c *cli.Context) error {
 				list, err := client(c).List(c.Context)
 				if err != nil {
 					return err
 				}
-				return output(c, list, func(w io.Writer) {
-					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "NAME\tPHASE\tENTRY\tREVISION\tSIZE\tPINNED\tIN USE\tSOURCE / MESSAGE")
-					for _, a := range list {
-						detail := a.URI
-						if a.Phase != api.PhaseReady && a.Message != "" {
-							detail = a.Message
-						}
-						if a.Progress != nil && a.Phase == api.PhaseDownloading {
-							detail = progressText(a.Progress)
-						}
-						entry := a.Entry
-						if entry == "" {
-							entry = "-"
-						}
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\n", a.Name, a.Phase, entry, short(a.Revision), api.FormatBytes(a.Bytes), a.Pinned, inUseText(a.InUse), detail)
-					}
-					tw.Flush()
-				})
+				return output(c, list, func(w io.Writer) { listTable(w, list, time.Now(), c.String("output") == "wide") })
 			},
 		},
 		{
-			Name: "inspect", Usage: "show one artifact: desire, versions, files", ArgsUsage: "NAME",
+			Name: "inspect", Usage: "show one artifact: desire, versions, files (-o json or yaml: every field, exact numbers)", ArgsUsage: "NAME",
 			Action: func(c *cli.Context) error {
-				if err := needArgs(c, 1, "NAME"); err != nil {
-					return err
-				}
 				a, err := client(c).Get(c.Context, c.Args().First())
 				if err != nil {
 					return err
 				}
-				return output(c, a, nil) // the table format shows YAML: one artifact has no rows
+				return output(c, a, func(w io.Writer) { describe(w, a, time.Now()) })
 			},
 		},
 		{
@@ -212,9 +247,6 @@ func commands() []*cli.Command {
 				&cli.StringFlag{Name: "signature-policy", Value: api.PolicyRequired, Usage: "kernel caches: required (a signature the policy trusts) or off"},
 			},
 			Action: func(c *cli.Context) error {
-				if err := needArgs(c, 1, "one URI"); err != nil {
-					return err
-				}
 				if c.String("name") == "" {
 					return usagef("pull: --name NAME is required (the name the model will have under models/)")
 				}
@@ -249,6 +281,10 @@ func commands() []*cli.Command {
 				p := newProgress(c.App.ErrWriter)
 				a, err := client(c).Pull(c.Context, req, true, p.event)
 				p.finish()
+				if err != nil && c.Context.Err() != nil && a != nil {
+					// Interrupted once the daemon took the desire: it pulls on.
+					return detachedError{fmt.Sprintf("detached; the pull continues — `modelctl wait %s` to follow, `modelctl evict %s` to cancel", req.Name, req.Name)}
+				}
 				if err != nil {
 					return pullFailed(req.Name, a, err)
 				}
@@ -283,9 +319,6 @@ func commands() []*cli.Command {
 			Description: "For a model: MODEL_PATH, HF_HUB_CACHE and HF_HUB_OFFLINE for hub models, and the cache directories of its\n" +
 				"Ready, compatible kernel caches. For a kernel cache: its cache directories. Use: eval \"$(modelctl env NAME)\"",
 			Action: func(c *cli.Context) error {
-				if err := needArgs(c, 1, "NAME"); err != nil {
-					return err
-				}
 				env, err := client(c).Env(c.Context, c.Args().First())
 				if err != nil {
 					return err
@@ -304,13 +337,25 @@ func commands() []*cli.Command {
 		},
 		{
 			Name: "wait", Usage: "wait until an artifact is Ready (exit 0) or Failed (exit 1); for init containers", ArgsUsage: "NAME",
-			Flags: []cli.Flag{&cli.DurationFlag{Name: "timeout", Usage: "give up after this long (0: never)"}},
+			Description: "A NAME that nothing desires (no pull, models.d file or ModelCache) fails at once, unless --for-create\n" +
+				"waits for a desire to appear. --timeout takes 90s, 5m, 1h30m or a bare number of seconds.",
+			Flags: []cli.Flag{
+				&cli.GenericFlag{Name: "timeout", Value: &cliutil.Duration{}, Usage: "give up after this long: 90s, 5m, 1h (a bare number is seconds; 0: never)", DefaultText: "0, never"},
+				&cli.BoolFlag{Name: "for-create", Usage: "wait for NAME to be desired if nothing desires it yet, instead of failing at once"},
+			},
 			Action: func(c *cli.Context) error {
-				if err := needArgs(c, 1, "NAME"); err != nil {
-					return err
+				name := c.Args().First()
+				cl := client(c)
+				if !c.Bool("for-create") {
+					if _, err := cl.Get(c.Context, name); errors.Is(err, api.ErrNotFound) {
+						return fmt.Errorf("%s: nothing desires it and the cache does not hold it\n"+
+							"  Pull it ('modelctl pull URI --name %s'), or wait for a models.d file or ModelCache to ask for it with --for-create.", name, name)
+					} else if err != nil {
+						return err
+					}
 				}
 				p := newProgress(c.App.ErrWriter)
-				a, err := client(c).Wait(c.Context, c.Args().First(), c.Duration("timeout"), p.event)
+				a, err := cl.Wait(c.Context, name, c.Generic("timeout").(*cliutil.Duration).D, p.event)
 				p.finish()
 				if err != nil {
 					return err
@@ -327,9 +372,6 @@ func commands() []*cli.Command {
 				&cli.BoolFlag{Name: "force", Usage: "remove even if pinned"},
 			},
 			Action: func(c *cli.Context) error {
-				if err := needArgs(c, 1, "NAME"); err != nil {
-					return err
-				}
 				r, err := client(c).Evict(c.Context, c.Args().First(), c.String("revision"), c.Bool("force"))
 				if err != nil {
 					return err
@@ -405,7 +447,30 @@ func commands() []*cli.Command {
 				})
 			},
 		},
+		{
+			Name: "version", Usage: "the versions of modelctl and of the daemon it talks to",
+			Action: func(c *cli.Context) error {
+				v := struct {
+					Client string `json:"client"`
+					Daemon string `json:"daemon,omitempty"`
+				}{Client: version}
+				s, err := client(c).Status(c.Context)
+				if err == nil {
+					v.Daemon = s.Version
+				}
+				if oerr := output(c, v, func(w io.Writer) {
+					fmt.Fprintf(w, "modelctl:    %s\n", v.Client)
+					if err == nil {
+						fmt.Fprintf(w, "modelcached: %s\n", v.Daemon)
+					}
+				}); oerr != nil {
+					return oerr
+				}
+				return err // the daemon's side could not be read
+			},
+		},
 		leaseCommand(),
+		completionCommand(),
 		{
 			Name: "du", Usage: "disk use per artifact (unique and shared bytes), of the store and its filesystem",
 			Action: func(c *cli.Context) error {
@@ -469,9 +534,6 @@ func pinCommand(name, usage string, pin bool) *cli.Command {
 	return &cli.Command{
 		Name: name, Usage: usage, ArgsUsage: "NAME",
 		Action: func(c *cli.Context) error {
-			if err := needArgs(c, 1, "NAME"); err != nil {
-				return err
-			}
 			cl := client(c)
 			call := cl.Unpin
 			if pin {
@@ -486,7 +548,8 @@ func pinCommand(name, usage string, pin bool) *cli.Command {
 	}
 }
 
-// output writes v as JSON or YAML, or calls table for the table format.
+// output writes v as JSON or YAML, or calls table for the table (and
+// wide) formats.
 func output(c *cli.Context, v any, table func(io.Writer)) error {
 	w := c.App.Writer
 	format := c.String("output")
@@ -495,7 +558,7 @@ func output(c *cli.Context, v any, table func(io.Writer)) error {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
-	case format == "yaml" || table == nil:
+	case format == "yaml":
 		b, err := yaml.Marshal(v)
 		if err != nil {
 			return err
@@ -535,54 +598,4 @@ func progressText(p *api.Progress) string {
 		s += fmt.Sprintf(", %s already cached", api.FormatBytes(p.BytesSkipped))
 	}
 	return s + fmt.Sprintf(", %s/s", api.FormatBytes(int64(p.BytesPerSecond)))
-}
-
-// progress draws a bar on a terminal and plain lines otherwise.
-type progress struct {
-	w    io.Writer
-	tty  bool
-	last string
-	drew bool
-}
-
-func newProgress(w io.Writer) *progress {
-	p := &progress{w: w}
-	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		p.tty = true
-	}
-	return p
-}
-
-func (p *progress) event(ev api.Event) {
-	a := ev.Artifact
-	if a == nil {
-		return
-	}
-	line := fmt.Sprintf("%s: %s", a.Name, a.Phase)
-	if a.Progress != nil && a.Phase == api.PhaseDownloading {
-		line += " " + progressText(a.Progress)
-	} else if a.Message != "" {
-		line += " " + a.Message
-	}
-	if p.tty {
-		bar := ""
-		if pr := a.Progress; pr != nil && pr.BytesTotal > 0 {
-			frac := float64(pr.BytesDone+pr.BytesSkipped) / float64(pr.BytesTotal)
-			n := int(frac * 30)
-			bar = "[" + strings.Repeat("=", min(n, 30)) + strings.Repeat(" ", 30-min(n, 30)) + "] "
-		}
-		fmt.Fprintf(p.w, "\r\033[K%s%s", bar, line)
-		p.drew = true
-		return
-	}
-	if line != p.last {
-		fmt.Fprintln(p.w, line)
-		p.last = line
-	}
-}
-
-func (p *progress) finish() {
-	if p.tty && p.drew {
-		fmt.Fprintln(p.w)
-	}
 }

@@ -28,16 +28,9 @@ func TestPullFailureSaysTheDesireStays(t *testing.T) {
 			[]string{"desire for typo stays", "retries it with backoff", "modelctl evict typo"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sock := filepath.Join(t.TempDir(), "s.sock")
-			ln, err := net.Listen("unix", sock)
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			sock := fakeDaemon(t, func(w http.ResponseWriter, r *http.Request) {
 				json.NewEncoder(w).Encode(api.Event{Artifact: &tc.art, Error: &api.Error{Code: api.CodeFailed, Message: "pull of typo failed: https://h/x: not found (HTTP 404); check the URL"}})
-			})}
-			go srv.Serve(ln)
-			defer srv.Close()
+			})
 			var stdout, stderr bytes.Buffer
 			code := run([]string{"modelctl", "--socket", sock, "pull", "--name", "typo", "https://h/x"}, &stdout, &stderr)
 			if code == exitOK {
@@ -50,4 +43,18 @@ func TestPullFailureSaysTheDesireStays(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fakeDaemon serves h on a unix socket in a temp dir and returns its path.
+func fakeDaemon(t *testing.T, h http.HandlerFunc) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return sock
 }

@@ -59,7 +59,10 @@ func TestModelctlGPUAndKernelCache(t *testing.T) {
 	if out := e.mustCtl("env", "kc"); out != "export TRITON_CACHE_DIR='"+filepath.Join(e.root, "kernels/kc/current/io.triton.cache")+"'\n" {
 		t.Fatalf("modelctl env: %q", out)
 	}
-	out = e.mustCtl("inspect", "kc")
+	if out := e.mustCtl("inspect", "kc"); !strings.Contains(out, "This node:") || !strings.Contains(out, "compatible (simulated GPUs)") {
+		t.Errorf("inspect for people lacks the verdict:\n%s", out)
+	}
+	out = e.mustCtl("inspect", "kc", "-o", "yaml")
 	for _, want := range []string{"verified: true", "format: cosign-sig-tag", "compatible: true", "extractSeconds:", "simulated: true"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("inspect lacks %q:\n%s", want, out)

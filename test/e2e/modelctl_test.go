@@ -60,8 +60,19 @@ func TestModelctlEndToEnd(t *testing.T) {
 	if len(a.Versions) != 1 || len(a.Versions[0].Files) != 2 || a.Versions[0].Files[1].Path != "model/w.safetensors" {
 		t.Fatalf("inspect: %+v", a)
 	}
-	if y := e.mustCtl("inspect", "m"); !strings.Contains(y, "phase: Ready") {
+	if y := e.mustCtl("inspect", "m", "-o", "yaml"); !strings.Contains(y, "phase: Ready") {
 		t.Fatalf("inspect as yaml: %q", y)
+	}
+	// For people: units, no raw floats, the digest explained.
+	if d := e.mustCtl("inspect", "m"); !strings.Contains(d, "Phase:") || !strings.Contains(d, "Ready") || !strings.Contains(d, "1.0 MiB") ||
+		strings.Contains(d, "e+0") || !strings.Contains(d, "pull --digest") || !strings.Contains(d, "Path:") {
+		t.Fatalf("inspect: %q", d)
+	}
+	if l := e.mustCtl("list"); !strings.Contains(l, "AGE") || !strings.Contains(l, "1.0 MiB") {
+		t.Fatalf("list: %q", l)
+	}
+	if v := e.mustCtl("version"); !strings.Contains(v, "modelctl:") || !strings.Contains(v, "modelcached:") {
+		t.Fatalf("version: %q", v)
 	}
 	if out := e.mustCtl("wait", "m", "--timeout", "5s"); !strings.Contains(out, "Ready") {
 		t.Fatalf("wait: %q", out)
@@ -95,7 +106,7 @@ func TestModelctlEndToEnd(t *testing.T) {
 	e.mustCtl("evict", "bad")
 	e.mustCtl("pull", "file://"+src, "--name", "later", "--no-wait")
 	e.mustCtl("wait", "later", "--timeout", "20s")
-	if r := e.ctl(nil, "wait", "nosuch", "--timeout", "300ms"); r.code != 1 || !strings.Contains(r.stderr, "still Pending") {
+	if r := e.ctl(nil, "wait", "nosuch", "--timeout", "300ms"); r.code != 1 || !strings.Contains(r.stderr, "nothing desires it") {
 		t.Fatalf("wait for a name nobody wants: %d %q", r.code, r.stderr)
 	}
 	if out := e.mustCtl("-o", "yaml", "gc"); !strings.Contains(out, "blobsRemoved") {
@@ -105,17 +116,13 @@ func TestModelctlEndToEnd(t *testing.T) {
 
 // TestPeerCanReadNotMutate runs modelctl as uid 65534: it may list, not evict.
 func TestPeerCanReadNotMutate(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "root (to run a peer as another uid with setpriv)", "run the tests as root, as CI does")
-	}
-	setpriv := testenv.Require(t, "setpriv", "apt-get install util-linux")
+	nobody := asNobody(t)
 	e := newEnv(t)
 	e.start()
 	src := filepath.Join(e.dir, "src")
 	writeTree(t, src, map[string][]byte{"w.bin": []byte("weights")})
 	e.mustCtl("pull", "file://"+src, "--name", "m")
 
-	nobody := []string{setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"}
 	if r := e.ctl(nobody, "list"); r.code != 0 || !strings.Contains(r.stdout, "m ") {
 		t.Fatalf("uid 65534 list: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -157,4 +164,14 @@ func TestLeaseWhileCommandRuns(t *testing.T) {
 	if r := e.ctl(nil, "lease", "nosuch", "--ttl", "10s"); r.code != 1 {
 		t.Fatalf("lease of an unknown artifact: exit %d", r.code)
 	}
+}
+
+// asNobody is the command prefix that runs modelctl as uid 65534 with no
+// groups; it skips a test that cannot (not root, no setpriv).
+func asNobody(t *testing.T) []string {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (to run a peer as another uid with setpriv)", "run the tests as root, as CI does")
+	}
+	setpriv := testenv.Require(t, "setpriv", "apt-get install util-linux")
+	return []string{setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"}
 }

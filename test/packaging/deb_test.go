@@ -59,19 +59,20 @@ func TestDebPackage(t *testing.T) {
 	dpkg("-i", deb)
 
 	modes := map[string]os.FileMode{
-		"usr/bin/modelcached":                            0o755,
-		"usr/bin/modelctl":                               0o755,
-		"usr/lib/systemd/system/modelcached.service":     0o644,
-		"usr/lib/systemd/system/modelcached.socket":      0o644,
-		"usr/lib/sysusers.d/modelcache.conf":             0o644,
-		"usr/lib/tmpfiles.d/modelcache.conf":             0o644,
-		"etc/modelcached/config.yaml":                    0o644,
-		"etc/modelcached/models.d":                       0o755 | os.ModeDir,
-		"usr/share/bash-completion/completions/modelctl": 0o644,
-		"usr/share/zsh/vendor-completions/_modelctl":     0o644,
-		"usr/share/man/man1/modelctl.1.gz":               0o644,
-		"usr/share/man/man8/modelcached.8.gz":            0o644,
-		"var/lib/modelcache":                             0o755 | os.ModeDir,
+		"usr/bin/modelcached":                               0o755,
+		"usr/bin/modelctl":                                  0o755,
+		"usr/lib/systemd/system/modelcached.service":        0o644,
+		"usr/lib/systemd/system/modelcached.socket":         0o644,
+		"usr/lib/sysusers.d/modelcache.conf":                0o644,
+		"usr/lib/tmpfiles.d/modelcache.conf":                0o644,
+		"etc/modelcached/config.yaml":                       0o644,
+		"etc/modelcached/models.d":                          0o755 | os.ModeDir,
+		"usr/share/bash-completion/completions/modelctl":    0o644,
+		"usr/share/zsh/vendor-completions/_modelctl":        0o644,
+		"usr/share/fish/vendor_completions.d/modelctl.fish": 0o644,
+		"usr/share/man/man1/modelctl.1.gz":                  0o644,
+		"usr/share/man/man8/modelcached.8.gz":               0o644,
+		"var/lib/modelcache":                                0o755 | os.ModeDir,
 	}
 	for p, want := range modes {
 		fi, err := os.Stat(filepath.Join(root, p))
@@ -81,6 +82,14 @@ func TestDebPackage(t *testing.T) {
 		}
 		if fi.Mode() != want {
 			t.Errorf("%s: mode %v, want %v", p, fi.Mode(), want)
+		}
+	}
+	// The shipped completions are what 'modelctl completion SHELL' prints.
+	for sh, p := range map[string]string{"bash": "usr/share/bash-completion/completions/modelctl", "zsh": "usr/share/zsh/vendor-completions/_modelctl", "fish": "usr/share/fish/vendor_completions.d/modelctl.fish"} {
+		want, err := exec.Command(filepath.Join(bin, "modelctl"), "completion", sh).Output()
+		got, _ := os.ReadFile(filepath.Join(root, p))
+		if err != nil || len(want) == 0 || string(got) != string(want) {
+			t.Errorf("%s: not the script of 'modelctl completion %s' (%v)", p, sh, err)
 		}
 	}
 	if g, _ := os.ReadFile(filepath.Join(root, "etc/group")); !strings.Contains(string(g), "modelcache:x:") {

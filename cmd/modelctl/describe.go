@@ -1,0 +1,223 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// listTable is modelctl list for people: the source cut to keep a row on
+// one line of a terminal, unless wide.
+func listTable(w io.Writer, list []api.Artifact, now time.Time, wide bool) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tPHASE\tENTRY\tREVISION\tSIZE\tAGE\tPINNED\tIN USE\tSOURCE / MESSAGE")
+	for _, a := range list {
+		detail := a.URI
+		if a.Phase != api.PhaseReady && a.Message != "" {
+			detail = a.Message
+		}
+		size := api.FormatBytes(a.Bytes)
+		if pr := a.Progress; pr != nil && a.Phase == api.PhaseDownloading {
+			detail = progressText(pr)
+			if pr.BytesTotal > 0 { // what it will be, not the 0 B it is
+				size = api.FormatBytes(pr.BytesTotal)
+			}
+		}
+		if !wide {
+			detail = fit(detail, 60)
+		}
+		age := "-"
+		if a.Created != nil {
+			age = humanAge(now.Sub(*a.Created))
+		}
+		entry := a.Entry // declared or ad-hoc (docs/operator.md, Capacity)
+		if entry == "" {
+			entry = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\n", a.Name, a.Phase, entry, short(a.Revision), size, age, a.Pinned, inUseText(a.InUse), detail)
+	}
+	tw.Flush()
+}
+
+// humanAge is kubectl's AGE: 45s, 12m, 5h, 3d.
+func humanAge(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < 2*time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < 2*time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+// describe is modelctl inspect for people, in the manner of kubectl
+// describe: sizes and rates in units, times as ages; -o json and -o yaml
+// carry the exact numbers.
+func describe(w io.Writer, a *api.Artifact, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
+	field := func(k, format string, args ...any) {
+		if k != "" { // "": a further line of the field above
+			k += ":"
+		}
+		fmt.Fprintf(tw, "%s\t"+format+"\n", append([]any{k}, args...)...)
+	}
+	ago := func(t time.Time) string {
+		return t.Local().Format("2006-01-02 15:04:05") + " (" + humanAge(now.Sub(t)) + " ago)"
+	}
+	field("Name", "%s", a.Name)
+	field("Kind", "%s", a.Kind)
+	field("Phase", "%s", a.Phase)
+	if a.Message != "" {
+		field("Message", "%s", a.Message)
+	}
+	if a.Reason != "" {
+		field("Reason", "%s", a.Reason)
+	}
+	if a.NextRetry != nil {
+		field("Next retry", "in %s (attempt %d failed)", humanDuration(a.NextRetry.Sub(now)), a.Attempts)
+	}
+	if pr := a.Progress; pr != nil && a.Phase == api.PhaseDownloading {
+		field("Progress", "%s", progressText(pr))
+	}
+	field("Source", "%s", a.URI)
+	if a.Revision != "" {
+		field("Revision", "%s (the source's immutable version: a commit, a manifest digest, an object version)", a.Revision)
+	}
+	if a.ManifestDigest != "" {
+		field("Manifest digest", "%s (the folder checksum of the files; give it to pull --digest to require exactly this content)", a.ManifestDigest)
+	}
+	if a.Bytes > 0 {
+		field("Size", "%s", api.FormatBytes(a.Bytes))
+	}
+	field("Pinned", "%v", a.Pinned)
+	if a.Path != "" {
+		field("Path", "%s", a.Path)
+	}
+	if a.Created != nil {
+		field("Created", "%s", ago(*a.Created))
+	}
+	if a.LastUsed != nil {
+		field("Last used", "%s", ago(*a.LastUsed))
+	}
+	if lp := a.LastPull; lp != nil {
+		field("Last pull", "%s fetched in %s (%s/s), %s", api.FormatBytes(lp.BytesFetched), humanDuration(time.Duration(lp.Seconds*float64(time.Second))), api.FormatBytes(int64(lp.BytesPerSecond)), ago(lp.At))
+	}
+	if len(a.InUse) > 0 {
+		var hs []string
+		for _, h := range a.InUse {
+			hs = append(hs, h.Kind+" "+h.ID)
+		}
+		field("In use by", "%s", strings.Join(hs, ", "))
+	}
+	if d := a.Desire; d != nil {
+		s := "from " + d.Origin
+		if d.Digest != "" {
+			s += ", digest " + d.Digest
+		}
+		if len(d.Include) > 0 {
+			s += ", include " + strings.Join(d.Include, " ")
+		}
+		if len(d.Exclude) > 0 {
+			s += ", exclude " + strings.Join(d.Exclude, " ")
+		}
+		if d.Serves != "" {
+			s += ", serves " + d.Serves
+		}
+		for _, kc := range d.KernelCaches {
+			s += ", kernel cache " + kc.URI
+		}
+		field("Desired", "%s", s)
+	}
+	if m := a.Metadata; m != nil {
+		if len(m.Architectures) > 0 || m.ModelType != "" {
+			field("Architecture", "%s %s", strings.Join(m.Architectures, ", "), m.ModelType)
+		}
+		if m.TorchDtype != "" {
+			field("Dtype", "%s", m.TorchDtype)
+		}
+		if m.Parameters > 0 {
+			field("Parameters", "%s (%d)", humanCount(m.Parameters), m.Parameters)
+		}
+		if m.TensorBytes > 0 {
+			field("Tensors", "%s in %d safetensors file(s)", api.FormatBytes(m.TensorBytes), m.SafetensorsFiles)
+		}
+		if m.MaxPositionEmbeddings > 0 {
+			field("Context", "%d tokens", m.MaxPositionEmbeddings)
+		}
+		for _, p := range m.Problems {
+			field("Metadata problem", "%s", p)
+		}
+	}
+	if kc := a.KernelCache; kc != nil {
+		if s := kc.Signature; s != nil {
+			field("Signature", "policy %s, verified %v %s %s", s.Policy, s.Verified, s.Format, s.Signer)
+		}
+		if c := kc.Compatibility; c != nil {
+			v := "compatible"
+			if !c.Compatible {
+				v = "incompatible"
+			}
+			if c.Simulated {
+				v += " (simulated GPUs)"
+			}
+			if c.Reason != "" {
+				v += ": " + c.Reason
+			}
+			field("This node", "%s", v)
+			for _, d := range c.Devices {
+				line := fmt.Sprintf("GPU %d %s: compatible %v, %d entries", d.Index, d.Name, d.Compatible, d.Entries)
+				if d.Reason != "" {
+					line += " (" + d.Reason + ")"
+				}
+				field("", "%s", line)
+			}
+		}
+		if kc.CacheBytes > 0 {
+			field("Kernel cache", "%s in %d entries under %s", api.FormatBytes(kc.CacheBytes), kc.Entries, strings.Join(kc.Dirs, ", "))
+		}
+	}
+	tw.Flush()
+	if len(a.Versions) > 0 {
+		fmt.Fprintln(w, "Versions:")
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  REVISION\tSTATE\tSIZE\tPINNED\tAGE\tMANIFEST DIGEST")
+		for _, v := range a.Versions {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%v\t%s\t%s\n", short(v.Revision), v.State, api.FormatBytes(v.Bytes), v.Pinned, humanAge(now.Sub(v.Created)), v.ManifestDigest)
+		}
+		tw.Flush()
+		for _, v := range a.Versions {
+			if v.Revision != a.Revision || len(v.Files) == 0 {
+				continue
+			}
+			fmt.Fprintf(w, "Files (%d):\n", len(v.Files))
+			tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			for _, f := range v.Files {
+				fmt.Fprintf(tw, "  %s\t%s\t%s\n", f.Path, api.FormatBytes(f.Size), f.Digest)
+			}
+			tw.Flush()
+		}
+	}
+}
+
+// humanCount is a parameter count as model cards write it: 8.03B, 350M.
+func humanCount(n int64) string {
+	switch {
+	case n >= 1e12:
+		return fmt.Sprintf("%.2fT", float64(n)/1e12)
+	case n >= 1e9:
+		return fmt.Sprintf("%.2fB", float64(n)/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.1fM", float64(n)/1e6)
+	case n >= 1e3:
+		return fmt.Sprintf("%.1fK", float64(n)/1e3)
+	}
+	return fmt.Sprint(n)
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// Usage errors exit 2 with one line per problem, flags with two dashes,
+// a suggestion where a name is close, and the help that explains them.
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"lsit"}, []string{`unknown command "lsit" (did you mean "list"?)`, "Run 'modelctl --help'"}},
+		{[]string{"pull", "--nmae", "x", "file:///m"}, []string{"unknown flag --nmae (did you mean --name?)", "Run 'modelctl pull --help'"}},
+		{[]string{"pull", "file:///m", "--name", "x", "extra"}, []string{`pull takes one URI; unexpected "extra"`, "modelctl pull --help"}},
+		{[]string{"list", "extra"}, []string{`list takes no arguments (got "extra")`, "modelctl list --help"}},
+		{[]string{"inspect", "a", "b"}, []string{`unexpected "b"`}},
+		{[]string{"wait", "m", "--timeout", "soon"}, []string{`--timeout "soon": want a duration such as 30s, 5m or 1h30m (a bare number is seconds)`, "modelctl wait --help"}},
+		{[]string{"--sockt", "/s", "list"}, []string{"unknown flag --sockt (did you mean --socket?)", "Run 'modelctl --help'"}},
+		{[]string{"-o", "xml", "list"}, []string{`-o "xml": want table, wide, json or yaml`}},
+		// Every bad flag, not only the first.
+		{[]string{"evict", "m", "--revison", "r", "--forse"}, []string{"unknown flag --revison (did you mean --revision?)", "unknown flag --forse (did you mean --force?)"}},
+		{[]string{"lease", "m", "--ttl", "x"}, []string{`--ttl "x"`}},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(append([]string{"modelctl", "--socket", "/nonexistent"}, tc.args...), &stdout, &stderr)
+		if code != exitUsage {
+			t.Errorf("%q: exit %d, want %d\n%s", tc.args, code, exitUsage, stderr.String())
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stderr.String(), w) {
+				t.Errorf("%q: stderr lacks %q:\n%s", tc.args, w, stderr.String())
+			}
+		}
+		if strings.Contains(stderr.String(), " -nmae") || strings.Contains(stderr.String(), "USAGE") {
+			t.Errorf("%q: one dash or the whole help:\n%s", tc.args, stderr.String())
+		}
+	}
+	// A bare number is seconds; help needs no arguments.
+	for _, args := range [][]string{{"wait", "--help"}, {"pull", "-h"}, {"--help"}, {"--version"}} {
+		var stdout, stderr bytes.Buffer
+		if code := run(append([]string{"modelctl"}, args...), &stdout, &stderr); code != exitOK {
+			t.Errorf("%q: exit %d\n%s", args, code, stderr.String())
+		}
+	}
+}
+
+// verify that finds damage prints its whole report and exits 1 through
+// run (urfave/cli's own exit would skip the flush of stdout).
+func TestVerifyReportsDamageThenExits1(t *testing.T) {
+	sock := fakeDaemon(t, func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(api.VerifyResult{BlobsChecked: 3, Corrupt: []string{"sha256:aa"}, Refetching: []string{"m"}, Problems: []string{"tree m: extra file"}})
+	})
+	for _, args := range [][]string{{"verify"}, {"verify", "--fsck"}} {
+		var stdout, stderr bytes.Buffer
+		code := run(append([]string{"modelctl", "--socket", sock}, args...), &stdout, &stderr)
+		if code != exitFailure {
+			t.Errorf("%q: exit %d, want 1", args, code)
+		}
+		if !strings.Contains(stdout.String(), "corrupt: sha256:aa") && !strings.Contains(stdout.String(), "tree m: extra file") {
+			t.Errorf("%q: report missing:\n%s", args, stdout.String())
+		}
+		if stderr.Len() > 0 {
+			t.Errorf("%q: stderr %q", args, stderr.String())
+		}
+	}
+}
+
+// wait for a name nothing desires fails at once and says how to wait for
+// it anyway.
+func TestWaitUnknownNameFailsFast(t *testing.T) {
+	sock := fakeDaemon(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNotFound)
+		json.NewEncoder(w).Encode(api.Error{Code: api.CodeNotFound, Message: "artifact nosuch: not in the cache"})
+	})
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"modelctl", "--socket", sock, "wait", "nosuch", "--timeout", "5"}, &stdout, &stderr); code != exitFailure {
+		t.Fatalf("exit %d", code)
+	}
+	if !strings.Contains(stderr.String(), "nothing desires it") || !strings.Contains(stderr.String(), "--for-create") {
+		t.Errorf("stderr: %s", stderr.String())
+	}
+}
