@@ -30,13 +30,39 @@ import (
 var version = "dev"
 
 func main() {
+	app := newApp()
+	if len(os.Args) == 2 && os.Args[1] == "--print-man" { // for packaging
+		m, err := app.ToMan()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Print(m)
+		return
+	}
+	if problems := checkArgs(app, os.Args[1:]); len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintln(os.Stderr, "modelcached:", p)
+		}
+		fmt.Fprintln(os.Stderr, "Run 'modelcached --help' for usage.")
+		os.Exit(2)
+	}
+	if err := app.Run(os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "modelcached:", err)
+		os.Exit(1)
+	}
+}
+
+// newApp is modelcached's command line: its flags are also the keys of
+// the config file (config.go).
+func newApp() *cli.App {
 	def := daemon.DefaultConfig()
-	app := &cli.App{
+	return &cli.App{
 		Name:    "modelcached",
 		Usage:   "node-local cache of model weights and GPU kernel caches",
 		Version: version,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", Usage: "YAML config file (capacity policy and more); flags override it"},
+			&cli.StringFlag{Name: "config", Usage: "YAML config file: any flag below, by its name (quota: 500Gi, min-age: 2m, file-roots: [/srv/models]); the command line overrides it"},
 			&cli.GenericFlag{Name: "quota", Value: &sizeFlag{}, Usage: "byte quota of the store: bytes or a size such as 500Gi or 2T (default none)"},
 			&cli.IntFlag{Name: "high-watermark", Value: def.Capacity.HighPercent, Usage: "filesystem use percent that starts eviction (0 disables watermarks)"},
 			&cli.IntFlag{Name: "low-watermark", Value: def.Capacity.LowPercent, Usage: "filesystem use percent where eviction stops"},
@@ -88,26 +114,6 @@ func main() {
 			return cli.Exit(fmt.Sprintf("modelcached: %v\nRun 'modelcached --help' for usage.", err), 2)
 		},
 	}
-	if len(os.Args) == 2 && os.Args[1] == "--print-man" { // for packaging
-		m, err := app.ToMan()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		fmt.Print(m)
-		return
-	}
-	if problems := checkArgs(app, os.Args[1:]); len(problems) > 0 {
-		for _, p := range problems {
-			fmt.Fprintln(os.Stderr, "modelcached:", p)
-		}
-		fmt.Fprintln(os.Stderr, "Run 'modelcached --help' for usage.")
-		os.Exit(2)
-	}
-	if err := app.Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "modelcached:", err)
-		os.Exit(1)
-	}
 }
 
 // checkArgs returns every usage error of args: each bad flag (unknown,
@@ -155,6 +161,11 @@ func (f *sizeFlag) String() string {
 func size(c *cli.Context, name string) int64 { return c.Generic(name).(*sizeFlag).n }
 
 func run(c *cli.Context) error {
+	if f := c.String("config"); f != "" {
+		if err := applyConfigFile(c, c.App.Flags, f); err != nil {
+			return cli.Exit("modelcached: "+err.Error(), 2)
+		}
+	}
 	logger, err := newLogger(c.String("log-format"), c.String("log-level"))
 	if err != nil {
 		return cli.Exit("modelcached: "+err.Error(), 2)
@@ -164,58 +175,25 @@ func run(c *cli.Context) error {
 		return cli.Exit(fmt.Sprintf("modelcached: --socket-mode %q: want octal bits such as 0666 or 0660", c.String("socket-mode")), 2)
 	}
 	cfg := daemon.DefaultConfig()
-	if f := c.String("config"); f != "" {
-		if err := daemon.LoadConfigFile(f, &cfg); err != nil {
-			return cli.Exit("modelcached: "+err.Error(), 2)
-		}
-	}
-	// Flags override the file only where given.
-	if c.IsSet("quota") {
-		cfg.Capacity.QuotaBytes = size(c, "quota")
-	}
-	// Without a config file every flag (default or given) counts; with one,
-	// only flags given on the command line override it.
-	flag := func(n string) bool { return c.IsSet(n) || c.String("config") == "" }
-	if flag("high-watermark") {
-		cfg.Capacity.HighPercent = c.Int("high-watermark")
-	}
-	if flag("low-watermark") {
-		cfg.Capacity.LowPercent = c.Int("low-watermark")
-	}
-	if flag("min-age") {
-		cfg.Capacity.MinAge = c.Duration("min-age")
-	}
-	if flag("keep-revisions") {
-		cfg.Capacity.KeepRevisions = c.Int("keep-revisions")
-	}
-	if flag("max-concurrent-pulls") {
-		cfg.MaxConcurrentPulls = c.Int("max-concurrent-pulls")
-	}
-	if flag("bandwidth-limit") {
-		cfg.BandwidthLimit = size(c, "bandwidth-limit")
-	}
-	if flag("progress-floor") {
-		cfg.ProgressFloor = size(c, "progress-floor")
-	}
-	if flag("progress-window") {
-		cfg.ProgressWindow = c.Duration("progress-window")
-	}
-	if flag("kernel-cache-signature-policy") {
-		cfg.KernelCacheSignaturePolicy = c.String("kernel-cache-signature-policy")
-	}
-	if c.IsSet("file-roots") {
-		cfg.FileRoots = nil
-		for _, r := range c.StringSlice("file-roots") {
-			for _, x := range strings.Split(r, ",") {
-				if x = strings.TrimSpace(x); x != "" {
-					cfg.FileRoots = append(cfg.FileRoots, x)
-				}
+	cfg.Capacity.QuotaBytes = size(c, "quota")
+	cfg.Capacity.HighPercent = c.Int("high-watermark")
+	cfg.Capacity.LowPercent = c.Int("low-watermark")
+	cfg.Capacity.MinAge = c.Duration("min-age")
+	cfg.Capacity.KeepRevisions = c.Int("keep-revisions")
+	cfg.MaxConcurrentPulls = c.Int("max-concurrent-pulls")
+	cfg.BandwidthLimit = size(c, "bandwidth-limit")
+	cfg.ProgressFloor = size(c, "progress-floor")
+	cfg.ProgressWindow = c.Duration("progress-window")
+	cfg.KernelCacheSignaturePolicy = c.String("kernel-cache-signature-policy")
+	cfg.FileRoots = nil
+	for _, r := range c.StringSlice("file-roots") {
+		for _, x := range strings.Split(r, ",") {
+			if x = strings.TrimSpace(x); x != "" {
+				cfg.FileRoots = append(cfg.FileRoots, x)
 			}
 		}
 	}
-	if flag("max-connections-per-uid") {
-		cfg.MaxConnectionsPerUID = c.Int("max-connections-per-uid")
-	}
+	cfg.MaxConnectionsPerUID = c.Int("max-connections-per-uid")
 	cfg.CapacityInterval = c.Duration("capacity-interval")
 	// Absolute paths: status, list and inspect show them to clients that
 	// run elsewhere, and a relative one would follow the daemon's cwd.

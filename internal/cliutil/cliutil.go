@@ -137,6 +137,9 @@ func FlagNames(flags []cli.Flag) []string {
 	return out
 }
 
+// CheckValue says whether f would accept v, without setting anything.
+func CheckValue(f cli.Flag, v string) error { return checkValue(f, v) }
+
 func checkValue(f cli.Flag, v string) error {
 	var err error
 	switch f := f.(type) {

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/urfave/cli/v2"
+)
+
+// withConfig runs modelcached's command line with a config file holding
+// body and the extra args, and returns what the flags read then.
+func withConfig(t *testing.T, body string, args ...string) (*cli.Context, error) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(f, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	app := newApp()
+	var got *cli.Context
+	var aerr error
+	app.Action = func(c *cli.Context) error {
+		got, aerr = c, applyConfigFile(c, c.App.Flags, f)
+		return nil
+	}
+	if err := app.Run(append([]string{"modelcached", "--config", f}, args...)); err != nil {
+		t.Fatal(err)
+	}
+	return got, aerr
+}
+
+// TestConfigFileKeysAreFlags: every key is a flag's name and takes what
+// the flag takes (sizes with units, durations, lists); the command line
+// wins; the keys of earlier releases still work.
+func TestConfigFileKeysAreFlags(t *testing.T) {
+	c, err := withConfig(t, `
+quota: 500Gi
+min-age: 10m
+high-watermark: 90
+bandwidth-limit: 100M
+file-roots: [/srv/models, /mnt/nfs]
+direct-io: false
+maxConnectionsPerUID: 8
+`, "--min-age", "5m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := size(c, "quota"); q != 500<<30 {
+		t.Errorf("quota %d, want 500Gi", q)
+	}
+	if b := size(c, "bandwidth-limit"); b != 100_000_000 {
+		t.Errorf("bandwidth-limit %d, want 100M", b)
+	}
+	if d := c.Duration("min-age"); d != 5*time.Minute {
+		t.Errorf("min-age %s: the command line's 5m must win over the file's 10m", d)
+	}
+	if h := c.Int("high-watermark"); h != 90 {
+		t.Errorf("high-watermark %d", h)
+	}
+	if r := c.StringSlice("file-roots"); strings.Join(r, ",") != "/srv/models,/mnt/nfs" {
+		t.Errorf("file-roots %v", r)
+	}
+	if c.Bool("direct-io") {
+		t.Error("direct-io: false was not applied")
+	}
+	if n := c.Int("max-connections-per-uid"); n != 8 {
+		t.Errorf("the old key maxConnectionsPerUID gave %d, want 8", n)
+	}
+}
+
+// TestConfigFileErrors: every bad key and value is named, unknown keys
+// with the valid ones (and a close match), and a syntax error says YAML.
+func TestConfigFileErrors(t *testing.T) {
+	_, err := withConfig(t, "qouta: 5G\nmin-age: 5\nhigh-watermark: [1, 2]\nconfig: other.yaml\n")
+	if err == nil {
+		t.Fatal("a config with four bad keys was accepted")
+	}
+	for _, want := range []string{
+		`unknown key "qouta" (did you mean "quota"?)`, "the keys are the flags' names:", "min-age, ", // the valid keys are listed
+		`min-age: "5": want a duration`, "high-watermark: want one value, not a list", `unknown key "config"`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	_, err = withConfig(t, "quota: [unclosed\n")
+	if err == nil || !strings.Contains(err.Error(), "not valid YAML") || strings.Contains(err.Error(), "JSON") {
+		t.Fatalf("syntax error: %v; want it to say YAML and not JSON", err)
+	}
+	_, err = withConfig(t, "- quota\n")
+	if err == nil || !strings.Contains(err.Error(), "want a YAML mapping") {
+		t.Fatalf("a list instead of a mapping: %v", err)
+	}
+}
+
+// TestPackagedConfigKeys: every example key of the config file the .deb
+// ships, uncommented, is a flag modelcached accepts.
+func TestPackagedConfigKeys(t *testing.T) {
+	raw, err := os.ReadFile("../../packaging/deb/config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		kv, ok := strings.CutPrefix(line, "# ")
+		if k, _, isKey := strings.Cut(kv, ": "); ok && isKey && !strings.Contains(k, " ") {
+			keys = append(keys, strings.TrimSpace(kv))
+		}
+	}
+	if len(keys) < 10 {
+		t.Fatalf("found %d example keys in the packaged config", len(keys))
+	}
+	if _, err := withConfig(t, strings.Join(keys, "\n")+"\n"); err != nil {
+		t.Fatalf("the packaged config's examples, uncommented: %v", err)
+	}
+	if _, err := withConfig(t, string(raw)); err != nil {
+		t.Fatalf("the packaged config as shipped: %v", err)
+	}
+}
