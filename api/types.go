@@ -351,6 +351,9 @@ type PullRequest struct {
 	// policy, never loosen it.
 	Signature    *SignaturePolicy `json:"signature,omitempty"`
 	KernelCaches []KernelCacheRef `json:"kernelCaches,omitempty"`
+	// Replace allows a pull that names another source than the name's
+	// desire has; without it such a pull is refused (CodeConflict).
+	Replace bool `json:"replace,omitempty"`
 }
 
 // Desire is the desire the request asks for, before the daemon fills in

@@ -444,3 +444,32 @@ func TestBadRequests(t *testing.T) {
 		t.Fatalf("garbage body answered %q", buf[:n])
 	}
 }
+
+// TestPullOfAnotherSourceNeedsReplace: a pull that names another source
+// under an existing name is refused, naming both, until it says
+// --replace; the same source again (a retry, a rotated credential) is not
+// a replacement.
+func TestPullOfAnotherSourceNeedsReplace(t *testing.T) {
+	one, two := data(1<<10, 61), data(1<<10, 62)
+	srv := newFileServer(t, map[string][]byte{"one.bin": one, "two.bin": two})
+	h := start(t, testConfig(t))
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/one.bin"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/one.bin?token=rotated"}); err != nil {
+		t.Fatalf("the same source with another credential: %v", err)
+	}
+	_, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/two.bin"})
+	if !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), "one.bin") || !strings.Contains(err.Error(), "two.bin") || !strings.Contains(err.Error(), "--replace") {
+		t.Fatalf("another source under the same name: %v; want a conflict naming both and --replace", err)
+	}
+	if h.read("m", "one.bin") != string(one) {
+		t.Fatal("a refused replacement changed what is served")
+	}
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/two.bin", Replace: true}); err != nil {
+		t.Fatalf("--replace: %v", err)
+	}
+	if h.read("m", "two.bin") != string(two) {
+		t.Fatal("--replace did not serve the new source")
+	}
+}

@@ -94,6 +94,9 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	}
 	d.mu.Lock()
 	err = d.pullConflicts(ds)
+	if err == nil && !req.Replace {
+		err = d.replaces(ds)
+	}
 	d.mu.Unlock()
 	if err != nil {
 		return err
@@ -106,6 +109,9 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	d.desireMu.Lock()
 	d.mu.Lock()
 	err = d.pullConflicts(ds)
+	if err == nil && !req.Replace {
+		err = d.replaces(ds)
+	}
 	d.mu.Unlock()
 	if err == nil {
 		err = d.persistDesire(ds.Name, ds)
@@ -161,6 +167,22 @@ func (d *Daemon) pullConflict(name string) error {
 		return api.Errorf(api.CodeConflict, "artifact %s is the kernel cache of %s, declared in %s; pull under another name", name, w.Serves, w.Origin)
 	}
 	return nil
+}
+
+// replaces refuses a socket pull that would silently change the source of
+// an existing desire of the same name (PullRequest.Replace allows it).
+// Called with d.mu held.
+func (d *Daemon) replaces(ds api.Desire) error {
+	old, ok := d.apiDesires[ds.Name]
+	if !ok || old.State == api.StateAbsent {
+		return nil
+	}
+	was, now := fetchers.RedactURI(old.URI), fetchers.RedactURI(ds.URI)
+	if was == now { // the same source (a rotated credential is not another one)
+		return nil
+	}
+	return api.Errorf(api.CodeConflict, "artifact %s is pulled from %s; this pull names %s: add --replace to replace it (the current version is served until the new one is Ready), or pull under another --name",
+		ds.Name, was, now)
 }
 
 // pullConflicts checks the desire's name and the names of the kernel

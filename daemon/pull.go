@@ -77,10 +77,22 @@ func (d *Daemon) startPull(ctx context.Context, ds api.Desire, st *artState, fp 
 	pctx, cancel := context.WithCancel(ctx)
 	st.cancel, st.spec, st.force, st.permanent = cancel, fp, false, false
 	st.done = make(chan struct{})
-	st.phase, st.message = api.PhasePending, "waiting for a pull slot"
+	st.phase, st.message = api.PhasePending, "starting"
 	st.prog = &progress{started: time.Now()}
 	st.prog.total.Store(-1)
 	p := &pull{d: d, ds: ds, spec: fp, st: st, prog: st.prog, slot: &slot{sem: d.pullSem}, backoff: d.backoff}
+	// The phase says so only while every slot is really taken.
+	var before struct {
+		phase api.Phase
+		msg   string
+	}
+	p.slot.waiting = func() {
+		d.mu.Lock()
+		before.phase, before.msg = st.phase, st.message
+		d.mu.Unlock()
+		p.setPhase(api.PhasePending, fmt.Sprintf("waiting for a pull slot: all %d are taken (--max-concurrent-pulls)", cap(d.pullSem)))
+	}
+	p.slot.waited = func() { p.setPhase(before.phase, before.msg) }
 	p.backoff.Sleep = p.slot.sleeper(d.backoff.Sleep)
 	src, srcErr := parseSource(ds.URI)
 	p.src = src
@@ -179,6 +191,7 @@ func (p *pull) resolve(ctx context.Context) error {
 		return err
 	}, func(n int, err error, wait time.Duration) {
 		p.d.log.Warn("resolve failed; retrying", "artifact", ds.Name, "attempt", n, "wait", wait, "err", err)
+		p.setPhase(api.PhaseDownloading, fmt.Sprintf("resolving %s: attempt %d failed (%v); retrying in %s", p.src.redacted, n, redactedError{err}, wait.Round(time.Second)))
 	})
 	if err != nil {
 		return fmt.Errorf("resolve %s: %w", ds.URI, err)
@@ -467,6 +480,7 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 	}, func(n int, err error, wait time.Duration) {
 		d.metrics.fetchErrors.WithLabelValues(scheme).Inc()
 		d.log.Warn("download interrupted; resuming", "ref", ref, "offset", w.Offset(), "attempt", n, "wait", wait.Round(time.Millisecond), "err", err)
+		p.setPhase(api.PhaseDownloading, fmt.Sprintf("%s: attempt %d interrupted at byte %d (%v); resuming in %s", fl.Path, n, w.Offset(), redactedError{err}, wait.Round(time.Second)))
 	})
 	if err != nil {
 		d.metrics.fetchErrors.WithLabelValues(scheme).Inc()

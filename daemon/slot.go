@@ -20,6 +20,9 @@ type slot struct {
 	mu     sync.Mutex
 	active int  // goroutines of the pull that count as transferring
 	held   bool // the pull holds a token; held implies active > 0
+	// waiting, when set, is called when the pull must wait for a token
+	// (every slot is taken), and waited when it got one after waiting.
+	waiting, waited func()
 }
 
 // enter counts one more goroutine of the pull as transferring and waits
@@ -37,8 +40,18 @@ func (s *slot) enter(ctx context.Context) error {
 	}
 	select {
 	case s.sem <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+	default:
+		if s.waiting != nil {
+			s.waiting()
+		}
+		select {
+		case s.sem <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if s.waited != nil {
+			s.waited()
+		}
 	}
 	s.mu.Lock()
 	s.held = true
