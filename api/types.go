@@ -83,7 +83,8 @@ const (
 )
 
 // Desire is one wanted artifact: from `modelctl pull` (persisted in the
-// index) or from a YAML file in the models dir.
+// index), from a YAML file in the models dir, or from a ModelCache object
+// selected for this node (k8ssync; persisted too, without credentials).
 type Desire struct {
 	Name   string `json:"name"`
 	URI    string `json:"uri"`

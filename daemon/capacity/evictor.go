@@ -38,8 +38,12 @@ type Report struct {
 	Short int64 `json:"shortBytes,omitempty"`
 }
 
-// Evictor runs eviction passes. Its fields are set once; Run is safe to
-// call from one goroutine at a time.
+// Evictor runs eviction passes. Policy, Store, FS, Now, InUse, Desired,
+// Log, Evicted and Reclaim are set once, before the first pass; Protect and
+// SpareDesired are set before each pass, under the same lock that keeps
+// passes one at a time (Reclaim may read Protect). Run is safe to call
+// from one goroutine at a time; Pressure and Inputs read only the
+// fields set once and may be called concurrently with it.
 type Evictor struct {
 	Policy  Policy
 	Store   Store
