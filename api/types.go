@@ -303,8 +303,8 @@ type Metadata struct {
 
 // Holder is one reason an artifact version is in use.
 type Holder struct {
-	Kind     string     `json:"kind"` // lease | process
-	ID       string     `json:"id"`   // lease holder, or "pid 123 (python3)"
+	Kind     string     `json:"kind"` // lease, process or pod
+	ID       string     `json:"id"`   // the lease holder, "pid 123 (python3)", or "pod ns/name"
 	Revision string     `json:"revision"`
 	Expires  *time.Time `json:"expires,omitempty"`
 }

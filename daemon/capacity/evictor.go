@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 )
 
@@ -49,8 +50,8 @@ type Evictor struct {
 	Store   Store
 	FS      FSStats
 	Now     func() time.Time
-	InUse   func() map[string][]Holder // by Key; nil: nothing in use
-	Desired func() map[string]bool     // nil: nothing desired
+	InUse   func() map[string][]api.Holder // by Key; nil: nothing in use
+	Desired func() map[string]bool         // nil: nothing desired
 	// Declared: see Inputs.Declared; nil: every desired artifact is.
 	Declared func() map[string]bool
 	Log      *slog.Logger
@@ -77,7 +78,7 @@ func (e *Evictor) Inputs() (Inputs, error) {
 	if err != nil {
 		return Inputs{}, err
 	}
-	in := Inputs{Now: e.Now(), Policy: e.Policy, Artifacts: arts, InUse: map[string][]Holder{}, Desired: map[string]bool{}}
+	in := Inputs{Now: e.Now(), Policy: e.Policy, Artifacts: arts, InUse: map[string][]api.Holder{}, Desired: map[string]bool{}}
 	if e.InUse != nil {
 		in.InUse = e.InUse()
 	}
