@@ -20,11 +20,6 @@ const (
 	ReasonAdmission = "admission"
 )
 
-// Holder is api.Holder, the one type of a reason a version is in use.
-//
-// Deprecated: use api.Holder; this alias goes once the daemon does.
-type Holder = api.Holder
-
 // Key names a version in in-use maps: "name@revision".
 func Key(name, rev string) string { return name + "@" + rev }
 
