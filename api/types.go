@@ -76,7 +76,8 @@ const (
 	ReasonInvalidSpec = "InvalidSpec"
 )
 
-// Artifact kinds.
+// Artifact kinds. cachestore names the same values for the index (it
+// imports no project package); TestArtifactKindsAgree holds them equal.
 const (
 	KindModel       = "model"
 	KindKernelCache = "kernelcache"

@@ -25,6 +25,8 @@ const (
 	indexFile     = "index.db"
 
 	// KindModel artifacts live under models/, KindKernelCache under kernels/.
+	// They are api.KindModel and api.KindKernelCache, the same values
+	// (this package imports no project package; TestArtifactKindsAgree).
 	KindModel       = "model"
 	KindKernelCache = "kernelcache"
 )
