@@ -31,6 +31,7 @@ var banned = map[string][]string{
 	"fetchers/file": {"k8s.io/", "github.com/aws/", "github.com/sigstore/", "github.com/google/go-containerregistry"},
 	"fetchers/http": {"k8s.io/", "github.com/aws/", "github.com/sigstore/", "github.com/google/go-containerregistry"},
 	"fetchers/hf":   {"k8s.io/", "github.com/aws/", "github.com/sigstore/", "github.com/google/go-containerregistry"},
+	"fetchers/ngc":  {"k8s.io/", "github.com/aws/", "github.com/sigstore/", "github.com/google/go-containerregistry"},
 	"fetchers/s3":   {"k8s.io/", "github.com/sigstore/", "github.com/google/go-containerregistry"},
 	"fetchers/oci":  {"k8s.io/", "github.com/aws/"},
 	"fetchers/...":  {"mod:cachestore", "mod:daemon", "mod:api", "mod:k8ssync", "mod:gpu"},
