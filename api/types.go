@@ -76,14 +76,16 @@ const (
 	ReasonInvalidSpec = "InvalidSpec"
 )
 
-// Artifact kinds.
+// Artifact kinds. cachestore names the same values for the index (it
+// imports no project package); TestArtifactKindsAgree holds them equal.
 const (
 	KindModel       = "model"
 	KindKernelCache = "kernelcache"
 )
 
 // Desire is one wanted artifact: from `modelctl pull` (persisted in the
-// index) or from a YAML file in the models dir.
+// index), from a YAML file in the models dir, or from a ModelCache object
+// selected for this node (k8ssync; persisted too, without credentials).
 type Desire struct {
 	Name   string `json:"name"`
 	URI    string `json:"uri"`
@@ -302,8 +304,8 @@ type Metadata struct {
 
 // Holder is one reason an artifact version is in use.
 type Holder struct {
-	Kind     string     `json:"kind"` // lease | process
-	ID       string     `json:"id"`   // lease holder, or "pid 123 (python3)"
+	Kind     string     `json:"kind"` // lease, process or pod
+	ID       string     `json:"id"`   // the lease holder, "pid 123 (python3)", or "pod ns/name"
 	Revision string     `json:"revision"`
 	Expires  *time.Time `json:"expires,omitempty"`
 }

@@ -20,23 +20,48 @@
 //	<root>/models/<name>/<revision>/…        hardlinks into blobs; appears by rename
 //	<root>/models/<name>/current -> <revision>
 //	<root>/kernels/<name>/<revision>/…       the same for kind "kernelcache"
+//	<root>/kernels/<name>/current -> <revision>
+//	<root>/hf/models--<org>--<repo>/         the Hugging Face hub cache view of versions with hfRepo:
+//	    blobs/<oid>                          hardlinks of store blobs; oid is the entry's etag, else its sha256 hex
+//	    snapshots/<commit>/<path>            relative symlinks to ../../blobs/<oid>
+//	    refs/<ref>                           the commit a ref names, no trailing newline
 //
 // # Index schema (bbolt, version 2)
 //
+// Every bucket, key and stored field; TestDocDrawsSchema fails when a
+// bucket or key of index.go, or a JSON field of a stored record, is
+// missing here.
+//
 //	meta/
-//	    version            -> uint64, big-endian: the schema version
+//	    version              -> uint64, big-endian: the schema version
 //	blobs/
-//	    <sha256:hex>       -> JSON blobRecord{size, created}
+//	    <sha256:hex>         -> JSON blobRecord{size, created}
 //	artifacts/
-//	    <name>/            (bucket, one per artifact)
-//	        current        -> revision (the one models/<name>/current points to)
-//	        versions/      (bucket)
-//	            <revision> -> JSON Version{source, revision, manifest digest, state,
-//	                          message, pinned, created, last used, bytes, spec}
-//	        manifests/     (bucket; since schema 2)
-//	            <revision> -> JSON Manifest [{path, digest, size, mode}], sorted by path
+//	    <name>/              (bucket, one per artifact)
+//	        current          -> revision (the one <kind dir>/<name>/current points to)
+//	        versions/        (bucket)
+//	            <revision>   -> JSON Version, the summary (no manifest since schema 2):
+//	                            {name, kind, source, revision, manifestDigest,
+//	                             state (Ready|Missing|Failed), message, pinned,
+//	                             created, lastUsed, bytes, spec, hfRepo, hfRef,
+//	                             metadata, annotations}
+//	                            metadata: Metadata{architectures, modelType,
+//	                             torchDtype, maxPositionEmbeddings,
+//	                             quantizationConfig, parameters,
+//	                             parametersByDtype, tensorBytes,
+//	                             safetensorsFiles, problems}
+//	                            annotations: opaque JSON of the committer (the
+//	                             daemon's api.KernelCacheInfo for a kernel cache)
+//	        manifests/       (bucket; since schema 2)
+//	            <revision>   -> JSON Manifest [{path, digest, size, mode, etag}], sorted by path
 //	desires/
-//	    <name>             -> opaque bytes owned by the daemon (the desired state)
+//	    <name>               -> opaque to the store: the daemon's JSON api.Desire
+//	                            (source URIs with credentials redacted) of a
+//	                            socket pull or pin; models.d files are never stored
+//	    cluster:<name>       -> the same, for a desire from a ModelCache object
+//	                            (a colon is never part of an artifact name)
+//
+// Fields marked omitempty in the structs are absent when empty.
 //
 // Migrations are listed in order in migrations; each takes the index from
 // version i to i+1 inside the transaction that also records the new version.

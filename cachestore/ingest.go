@@ -258,6 +258,9 @@ func (w *Writer) writeBuf(b *ioBuf) error {
 		_, err = w.f.WriteAt(b.mem[:b.n], b.pos)
 	}
 	if err == nil {
+		if w.direct {
+			w.s.directBytes.Add(int64(b.n))
+		}
 		w.unsynced += int64(b.n)
 		if w.unsynced >= syncEvery {
 			// Flush as we go, off the caller's path: the fsync at Commit

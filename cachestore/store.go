@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/renameio/v2"
@@ -25,6 +26,8 @@ const (
 	indexFile     = "index.db"
 
 	// KindModel artifacts live under models/, KindKernelCache under kernels/.
+	// They are api.KindModel and api.KindKernelCache, the same values
+	// (this package imports no project package; TestArtifactKindsAgree).
 	KindModel       = "model"
 	KindKernelCache = "kernelcache"
 )
@@ -41,6 +44,8 @@ type Store struct {
 	hook     func(point string)
 	directIO bool
 	now      func() time.Time
+
+	directBytes atomic.Int64 // blob bytes written with O_DIRECT since Open
 
 	mu     sync.Mutex // serialises tree and version mutations and GC
 	refMu  sync.Mutex
@@ -73,6 +78,12 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 // inference processes on the same node. Filesystems that refuse it (tmpfs)
 // get buffered writes either way.
 func WithDirectIO(on bool) Option { return func(o *options) { o.directIO = on } }
+
+// DirectIOBytes is how many bytes of blob data this store has written
+// with O_DIRECT since Open: 0 when WithDirectIO(false) or when the
+// filesystem refused O_DIRECT; the unaligned tail of each blob is always
+// written buffered. Safe for concurrent use.
+func (s *Store) DirectIOBytes() int64 { return s.directBytes.Load() }
 
 // WithLockTimeout bounds how long Open waits for another process to release
 // the index; default 1s.

@@ -111,7 +111,8 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate checks the config and resolves the socket group.
+// Validate checks the config; it looks nothing up (New resolves the socket
+// group).
 func (c *Config) Validate() error {
 	var errs []error
 	if c.Root == "" {

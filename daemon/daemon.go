@@ -93,7 +93,7 @@ type Daemon struct {
 	evictFor     string     // the pull an eviction pass makes room for; under evictMu
 	scanMu       sync.Mutex // guards scanUses
 	scanRun      sync.Mutex // one scan at a time; guards scanner and touched
-	scanUses     map[string][]capacity.Holder
+	scanUses     map[string][]api.Holder
 	touched      map[string]time.Time
 
 	metricsAddr  atomic.Value // string: where /metrics listens once Run serves
@@ -154,7 +154,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 
 		leases:       map[string]map[string]*lease{},
 		reservations: map[*reservation]struct{}{},
-		scanUses:     map[string][]capacity.Holder{},
+		scanUses:     map[string][]api.Holder{},
 		touched:      map[string]time.Time{},
 		capKick:      make(chan struct{}, 1),
 	}

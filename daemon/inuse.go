@@ -17,15 +17,15 @@ type lease struct {
 }
 
 // inUse merges live leases and the last /proc scan, by version key.
-func (d *Daemon) inUse() map[string][]capacity.Holder {
+func (d *Daemon) inUse() map[string][]api.Holder {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.inUseLocked()
 }
 
 // inUseLocked is inUse with d.mu held (d.mu before scanMu, never after).
-func (d *Daemon) inUseLocked() map[string][]capacity.Holder {
-	out := map[string][]capacity.Holder{}
+func (d *Daemon) inUseLocked() map[string][]api.Holder {
+	out := map[string][]api.Holder{}
 	now := time.Now()
 	for name, ls := range d.leases {
 		for holder, l := range ls {
@@ -35,7 +35,7 @@ func (d *Daemon) inUseLocked() map[string][]capacity.Holder {
 			}
 			exp := l.expires
 			k := capacity.Key(name, l.rev)
-			out[k] = append(out[k], capacity.Holder{Kind: "lease", ID: holder, Revision: l.rev, Expires: &exp})
+			out[k] = append(out[k], api.Holder{Kind: "lease", ID: holder, Revision: l.rev, Expires: &exp})
 		}
 	}
 	d.podUses(out)
@@ -56,8 +56,8 @@ func (d *Daemon) scan() error {
 	if err != nil {
 		return err
 	}
-	found := map[string][]capacity.Holder{}
-	blobs := map[string][]capacity.Holder{}
+	found := map[string][]api.Holder{}
+	blobs := map[string][]api.Holder{}
 	for _, u := range uses {
 		if name, rev, ok := capacity.VersionOf(u.Rel); ok {
 			h := u.Holder
@@ -99,7 +99,7 @@ func (d *Daemon) scan() error {
 	return nil
 }
 
-func appendHolder(hs []capacity.Holder, h capacity.Holder) []capacity.Holder {
+func appendHolder(hs []api.Holder, h api.Holder) []api.Holder {
 	for _, x := range hs {
 		if x.ID == h.ID && x.Revision == h.Revision {
 			return hs
@@ -118,7 +118,7 @@ func splitKey(k string) (string, string) {
 }
 
 // holdersOf lists what holds any version of name, sorted.
-func holdersOf(all map[string][]capacity.Holder, name string) []api.Holder {
+func holdersOf(all map[string][]api.Holder, name string) []api.Holder {
 	var out []api.Holder
 	for k, hs := range all {
 		if n, _ := splitKey(k); n != name {
@@ -135,7 +135,7 @@ func holdersOf(all map[string][]capacity.Holder, name string) []api.Holder {
 // podUses adds pod holders to an in-use map (name@rev keys); a pod holds
 // the version that is current (what its mount resolves to). Called with
 // d.mu held.
-func (d *Daemon) podUses(out map[string][]capacity.Holder) {
+func (d *Daemon) podUses(out map[string][]api.Holder) {
 	for name, hs := range d.podHolders {
 		a, err := d.store.Summary(name)
 		if err != nil || a.Current == "" {
@@ -143,7 +143,7 @@ func (d *Daemon) podUses(out map[string][]capacity.Holder) {
 		}
 		for _, h := range hs {
 			k := capacity.Key(name, a.Current)
-			out[k] = append(out[k], capacity.Holder{Kind: h.Kind, ID: h.ID, Revision: a.Current})
+			out[k] = append(out[k], api.Holder{Kind: h.Kind, ID: h.ID, Revision: a.Current})
 		}
 	}
 }

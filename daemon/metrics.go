@@ -121,21 +121,25 @@ var (
 		[]string{"index", "name", "uuid", "compute_capability", "architecture", "driver_version", "cuda_driver_version", "source"}, nil)
 	descGPUs        = prometheus.NewDesc("modelcache_gpus", "GPUs in this node's inventory, by source (nvml, simulated, none).", []string{"source"}, nil)
 	descKernelBytes = prometheus.NewDesc("modelcache_kernelcache_bytes", "Bytes of the current Ready kernel cache versions (shared blobs counted in each).", nil, nil)
+	descSourceOK    = prometheus.NewDesc("modelcache_scrape_collector_success", "1 when a source read at scrape time answered, 0 when it failed and its series are left out (artifacts, store, filesystem, pressure, versions).", []string{"collector"}, nil)
 )
 
 // stateCollector reads the store and the daemon at scrape time. A failing
-// source leaves its metrics out; it never fails the scrape.
+// source leaves its metrics out and shows 0 in
+// modelcache_scrape_collector_success{collector=…} (node_exporter's
+// node_scrape_collector_success); it never fails the scrape.
 type stateCollector struct{ d *Daemon }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descArtifacts, descStoreBytes, descBlobs, descFSCap, descFSFree, descInfo, descReserved, descPinned, descInUse, descPressure, descQuota, descWatermark, descGPU, descGPUs, descKernelBytes} {
+	for _, d := range []*prometheus.Desc{descArtifacts, descStoreBytes, descBlobs, descFSCap, descFSFree, descInfo, descReserved, descPinned, descInUse, descPressure, descQuota, descWatermark, descGPU, descGPUs, descKernelBytes, descSourceOK} {
 		ch <- d
 	}
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descInfo, prometheus.GaugeValue, 1, c.d.cfg.Version)
-	if list, err := c.d.list(); err == nil {
+	list, err := c.d.list()
+	if err == nil {
 		counts := map[api.Phase]int{api.PhasePending: 0, api.PhaseDownloading: 0, api.PhaseReady: 0, api.PhaseFailed: 0, api.PhaseIncompatible: 0, api.PhaseEvicted: 0}
 		for _, a := range list {
 			counts[a.Phase]++
@@ -144,24 +148,32 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descArtifacts, prometheus.GaugeValue, float64(n), string(p))
 		}
 	}
-	if n, count, err := c.d.store.BlobStats(); err == nil { // blob records only: no manifests per scrape
+	c.answered(ch, "artifacts", err)
+	n, count, err := c.d.store.BlobStats() // blob records only: no manifests per scrape
+	if err == nil {
 		ch <- prometheus.MustNewConstMetric(descStoreBytes, prometheus.GaugeValue, float64(n))
 		ch <- prometheus.MustNewConstMetric(descBlobs, prometheus.GaugeValue, float64(count))
 	}
-	if capa, free, err := c.d.store.FSStat(); err == nil {
+	c.answered(ch, "store", err)
+	capa, free, err := c.d.store.FSStat()
+	if err == nil {
 		ch <- prometheus.MustNewConstMetric(descFSCap, prometheus.GaugeValue, float64(capa))
 		ch <- prometheus.MustNewConstMetric(descFSFree, prometheus.GaugeValue, float64(free))
 	}
+	c.answered(ch, "filesystem", err)
 	p := c.d.cfg.Capacity
 	ch <- prometheus.MustNewConstMetric(descReserved, prometheus.GaugeValue, float64(c.d.reserved()))
 	ch <- prometheus.MustNewConstMetric(descQuota, prometheus.GaugeValue, float64(p.QuotaBytes))
 	ch <- prometheus.MustNewConstMetric(descWatermark, prometheus.GaugeValue, float64(p.HighPercent)/100, "high")
 	ch <- prometheus.MustNewConstMetric(descWatermark, prometheus.GaugeValue, float64(p.LowPercent)/100, "low")
-	if pr, err := c.d.evictor.Pressure(); err == nil {
+	pr, err := c.d.evictor.Pressure()
+	if err == nil {
 		ch <- prometheus.MustNewConstMetric(descPressure, prometheus.GaugeValue, b2f(pr.OverQuota), "quota")
 		ch <- prometheus.MustNewConstMetric(descPressure, prometheus.GaugeValue, b2f(pr.AboveHigh), "watermark")
 	}
-	if arts, err := c.d.store.ListSummaries(); err == nil {
+	c.answered(ch, "pressure", err)
+	arts, err := c.d.store.ListSummaries()
+	if err == nil {
 		n, kb := 0, int64(0)
 		for _, a := range arts {
 			for _, v := range a.Versions {
@@ -176,6 +188,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPinned, prometheus.GaugeValue, float64(n))
 		ch <- prometheus.MustNewConstMetric(descKernelBytes, prometheus.GaugeValue, float64(kb))
 	}
+	c.answered(ch, "versions", err)
 	inv := c.d.gpus
 	ch <- prometheus.MustNewConstMetric(descGPUs, prometheus.GaugeValue, float64(len(inv.Devices)), inv.Source)
 	for _, g := range inv.Devices {
@@ -195,6 +208,18 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for k, n := range byKind {
 		ch <- prometheus.MustNewConstMetric(descInUse, prometheus.GaugeValue, float64(n), k)
 	}
+}
+
+// answered reports whether the source name answered this scrape. The
+// reason goes to the debug log: the gauge is the signal, and a scrape
+// every few seconds would repeat the same warning.
+func (c *stateCollector) answered(ch chan<- prometheus.Metric, name string, err error) {
+	ok := 1.0
+	if err != nil {
+		ok = 0
+		c.d.log.Debug("metrics source failed; its series are left out of this scrape", "collector", name, "err", err)
+	}
+	ch <- prometheus.MustNewConstMetric(descSourceOK, prometheus.GaugeValue, ok, name)
 }
 
 // metricsHandler serves /metrics and /healthz on the metrics address.

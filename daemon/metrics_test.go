@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -47,6 +48,11 @@ func TestMetricsExposition(t *testing.T) {
 		`modelcache_artifacts_pinned 0`,
 		`modelcache_watermark_ratio{mark="high"} 0.85`,
 		`modelcache_pull_admissions_total{result="admitted"} 1`,
+		`modelcache_scrape_collector_success{collector="artifacts"} 1`,
+		`modelcache_scrape_collector_success{collector="store"} 1`,
+		`modelcache_scrape_collector_success{collector="filesystem"} 1`,
+		`modelcache_scrape_collector_success{collector="pressure"} 1`,
+		`modelcache_scrape_collector_success{collector="versions"} 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
@@ -68,5 +74,40 @@ func TestMetricsExposition(t *testing.T) {
 	resp, err = http.Get("http://" + h.d.MetricsAddr() + "/healthz")
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("healthz: %v %v", resp, err)
+	}
+}
+
+// TestMetricsShowFailingSource: with the index closed under it, the
+// collector's index sources fail; the scrape still succeeds, their series
+// are left out, and modelcache_scrape_collector_success says which failed.
+func TestMetricsShowFailingSource(t *testing.T) {
+	h := start(t, testConfig(t))
+	h.stop() // Run closes the index on the way out; the root stays
+	mfs, err := h.d.metrics.reg.Gather()
+	if err != nil {
+		t.Fatalf("a failing source failed the scrape: %v", err)
+	}
+	got := map[string]float64{}
+	present := map[string]bool{}
+	for _, mf := range mfs {
+		present[mf.GetName()] = true
+		if mf.GetName() != "modelcache_scrape_collector_success" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "collector" {
+					got[l.GetValue()] = m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	want := map[string]float64{"artifacts": 0, "store": 0, "pressure": 0, "versions": 0, "filesystem": 1}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("modelcache_scrape_collector_success: %v, want %v", got, want)
+	}
+	if present["modelcache_store_bytes"] || !present["modelcache_filesystem_free_bytes"] {
+		t.Errorf("series present: store bytes %v (want none: its source failed), free bytes %v (want one)",
+			present["modelcache_store_bytes"], present["modelcache_filesystem_free_bytes"])
 	}
 }

@@ -1,7 +1,7 @@
 // Package fetchers defines how a source is resolved to an immutable
 // revision and a file list, and how one file is streamed from an offset.
-// One sub-package per scheme implements Fetcher (file, http; hf, s3, oci
-// later). The package also holds what every fetcher shares: retry with
+// One sub-package per scheme implements Fetcher: file, http (and https),
+// hf, ngc, s3 and oci. The package also holds what every fetcher shares: retry with
 // backoff and jitter that honours Retry-After, include/exclude globs,
 // progress counting, bandwidth limits and per-read idle timeouts.
 //

@@ -36,8 +36,9 @@ func ParseRetryAfter(h string, now time.Time) time.Duration {
 	return 0
 }
 
-// Backoff is a retry policy: exponential from Initial to Max with full
-// jitter, at most Attempts tries (0: until ctx ends). A server's
+// Backoff is a retry policy: exponential from Initial to Max with equal
+// jitter (each wait is half its delay plus a random part of the other
+// half), at most Attempts tries (0: until ctx ends). A server's
 // Retry-After overrides the computed delay, capped at MaxRetryAfter.
 type Backoff struct {
 	Initial       time.Duration

@@ -327,6 +327,15 @@ func TestClusterSync(t *testing.T) {
 		}
 		return nil
 	})
+	eventually(t, "node-a has the Absent desire", 20*time.Second, func() error {
+		x, err := a.c.Get(ctx, "both")
+		if err != nil || x.Desire == nil || x.Desire.State != api.StateAbsent {
+			return fmt.Errorf("%+v %v", x, err)
+		}
+		return nil
+	})
+	// The daemon shows no sign of the pass that keeps it ("kept while in
+	// use" is not in the view of a Ready version): give that pass time.
 	time.Sleep(500 * time.Millisecond)
 	if _, err := os.Stat(filepath.Join(a.root, "models", "both", "current")); err != nil {
 		t.Fatalf("a model a running pod mounts was evicted: %v", err)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 )
 
@@ -56,7 +57,7 @@ func BenchmarkScan500Processes(b *testing.B) {
 // down to the low mark, and the evictable total admission asks for) over
 // 10,000 artifacts of 6 files each, 500 of them with an old revision.
 func BenchmarkEvictionPlan10000(b *testing.B) {
-	in := Inputs{Now: t0.Add(100 * time.Hour), Policy: Policy{HighPercent: 85, LowPercent: 80, MinAge: time.Minute}, InUse: map[string][]Holder{}, Desired: map[string]bool{}}
+	in := Inputs{Now: t0.Add(100 * time.Hour), Policy: Policy{HighPercent: 85, LowPercent: 80, MinAge: time.Minute}, InUse: map[string][]api.Holder{}, Desired: map[string]bool{}}
 	for i := 0; i < 10000; i++ {
 		a := cachestore.Artifact{Name: fmt.Sprintf("model-%05d", i), Current: "r2"}
 		mk := func(rev string) cachestore.Version {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 )
 
@@ -278,16 +279,16 @@ func TestEvictionPass(t *testing.T) {
 			for _, f := range c.failing {
 				st.failing[f] = true
 			}
-			inUse := map[string][]Holder{}
+			inUse := map[string][]api.Holder{}
 			for _, k := range c.inUse {
-				inUse[k] = []Holder{{Kind: "process", ID: "pid 1 (test)"}}
+				inUse[k] = []api.Holder{{Kind: "process", ID: "pid 1 (test)"}}
 			}
 			desired := map[string]bool{}
 			for _, n := range c.desired {
 				desired[n] = true
 			}
 			e := &Evictor{Policy: c.policy, Store: st, FS: fs, Now: func() time.Time { return t0.Add(2 * hour) },
-				InUse: func() map[string][]Holder { return inUse }, Desired: func() map[string]bool { return desired }}
+				InUse: func() map[string][]api.Holder { return inUse }, Desired: func() map[string]bool { return desired }}
 			rep, err := e.Run(context.Background(), 0)
 			if err != nil {
 				t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 )
 
@@ -38,15 +39,19 @@ type Report struct {
 	Short int64 `json:"shortBytes,omitempty"`
 }
 
-// Evictor runs eviction passes. Its fields are set once; Run is safe to
-// call from one goroutine at a time.
+// Evictor runs eviction passes. Policy, Store, FS, Now, InUse, Desired,
+// Log, Evicted and Reclaim are set once, before the first pass; Protect and
+// SpareDesired are set before each pass, under the same lock that keeps
+// passes one at a time (Reclaim may read Protect). Run is safe to call
+// from one goroutine at a time; Pressure and Inputs read only the
+// fields set once and may be called concurrently with it.
 type Evictor struct {
 	Policy  Policy
 	Store   Store
 	FS      FSStats
 	Now     func() time.Time
-	InUse   func() map[string][]Holder // by Key; nil: nothing in use
-	Desired func() map[string]bool     // nil: nothing desired
+	InUse   func() map[string][]api.Holder // by Key; nil: nothing in use
+	Desired func() map[string]bool         // nil: nothing desired
 	// Declared: see Inputs.Declared; nil: every desired artifact is.
 	Declared func() map[string]bool
 	Log      *slog.Logger
@@ -73,7 +78,7 @@ func (e *Evictor) Inputs() (Inputs, error) {
 	if err != nil {
 		return Inputs{}, err
 	}
-	in := Inputs{Now: e.Now(), Policy: e.Policy, Artifacts: arts, InUse: map[string][]Holder{}, Desired: map[string]bool{}}
+	in := Inputs{Now: e.Now(), Policy: e.Policy, Artifacts: arts, InUse: map[string][]api.Holder{}, Desired: map[string]bool{}}
 	if e.InUse != nil {
 		in.InUse = e.InUse()
 	}

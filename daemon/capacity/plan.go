@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 )
 
@@ -18,14 +19,6 @@ const (
 	// (never a declared model).
 	ReasonAdmission = "admission"
 )
-
-// Holder is one reason an artifact version is in use.
-type Holder struct {
-	Kind     string     `json:"kind"` // "lease" or "process"
-	ID       string     `json:"id"`   // the lease holder, or "pid 123 (python3)"
-	Revision string     `json:"revision"`
-	Expires  *time.Time `json:"expires,omitempty"`
-}
 
 // Key names a version in in-use maps: "name@revision".
 func Key(name, rev string) string { return name + "@" + rev }
@@ -48,8 +41,8 @@ type Victim struct {
 type Inputs struct {
 	Now       time.Time
 	Policy    Policy
-	Artifacts []cachestore.Artifact // with manifests
-	InUse     map[string][]Holder   // by Key
+	Artifacts []cachestore.Artifact   // with manifests
+	InUse     map[string][]api.Holder // by Key
 	Desired   map[string]bool
 	// Declared names the desired artifacts that the node's configuration
 	// declares (a ModelCache, a models.d file, a pin, pull --keep, a

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/modelcache/modelcache/api"
 )
 
 // Scanner finds processes that hold files under the store root open or
@@ -23,7 +25,7 @@ type Scanner struct {
 // Use is one process's hold on one path under the root.
 type Use struct {
 	Rel    string // path relative to the root
-	Holder Holder
+	Holder api.Holder
 }
 
 // ScanStats says what a scan read.
@@ -64,7 +66,7 @@ func (s *Scanner) Scan() ([]Use, ScanStats, error) {
 				comm, _ := os.ReadFile(filepath.Join(proc, e.Name(), "comm"))
 				who = "pid " + e.Name() + " (" + strings.TrimSpace(string(comm)) + ")"
 			}
-			out = append(out, Use{Rel: p[len(prefix):], Holder: Holder{Kind: "process", ID: who}})
+			out = append(out, Use{Rel: p[len(prefix):], Holder: api.Holder{Kind: "process", ID: who}})
 		}
 		fdDir := filepath.Join(proc, e.Name(), "fd")
 		fds, err := os.ReadDir(fdDir)

@@ -137,8 +137,16 @@ func TestEvictionOnASmallFilesystem(t *testing.T) {
 		}
 		return false
 	})
+	filled := time.Now()
 	fill(t, filepath.Join(mnt, "filler-2"), 4<<20) // past the high mark again: d would be next
-	time.Sleep(600 * time.Millisecond)             // several eviction passes
+	e.eventually("an eviction pass after the fill, short of bytes", func() bool {
+		var st api.Status
+		if err := json.Unmarshal([]byte(e.mustCtl("-o", "json", "status")), &st); err != nil {
+			e.t.Fatal(err)
+		}
+		le := st.LastEviction
+		return le != nil && le.At.After(filled) && le.ShortBytes > 0
+	})
 	if !present(e, "d") {
 		t.Fatalf("d was evicted while a process mapped it\n%s", e.log)
 	}

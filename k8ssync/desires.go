@@ -1,0 +1,128 @@
+package k8ssync
+
+import (
+	"context"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// modelCaches lists the informer's ModelCaches as typed objects.
+func (s *Syncer) modelCaches() []*ModelCache {
+	var out []*ModelCache
+	for _, o := range s.mcInf.GetStore().List() {
+		u, ok := o.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		var mc ModelCache
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &mc); err != nil {
+			s.log.Warn("k8s sync: unreadable ModelCache", "name", u.GetName(), "err", err)
+			continue
+		}
+		out = append(out, &mc)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Selected says whether mc selects a node with these labels.
+func Selected(mc *ModelCache, nodeLabels map[string]string) (bool, error) {
+	if mc.Spec.NodeSelector == nil {
+		return true, nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(mc.Spec.NodeSelector)
+	if err != nil {
+		return false, err
+	}
+	return sel.Matches(labels.Set(nodeLabels)), nil
+}
+
+// desires turns the selected ModelCaches into desires; owners maps every
+// artifact name (with kernel caches and extra versions) to its ModelCache.
+func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCache) (map[string]api.Desire, map[string]map[string]string, map[string]string) {
+	want := map[string]api.Desire{}
+	creds := map[string]map[string]string{}
+	owners := map[string]string{}
+	var nodeLabels map[string]string
+	if node != nil {
+		nodeLabels = node.Labels
+	}
+	for _, mc := range all {
+		ok, err := Selected(mc, nodeLabels)
+		if err != nil {
+			s.log.Warn("k8s sync: bad nodeSelector", "modelcache", mc.Name, "err", err)
+			continue
+		}
+		if !ok {
+			continue // deselected: no longer desired here; eviction may take it
+		}
+		state := api.StatePresent
+		if mc.Spec.State == StateAbsent {
+			state = api.StateAbsent
+		}
+		base := api.Desire{Name: mc.Name, URI: mc.Spec.Source, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude, Digest: mc.Spec.Digest,
+			Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name}
+		for i, kc := range mc.Spec.KernelCaches {
+			ref := api.KernelCacheRef{Name: kc.Name, URI: kc.Image, Signature: kc.Signature}
+			base.KernelCaches = append(base.KernelCaches, ref)
+			owners[base.KernelCacheName(i)] = mc.Name
+		}
+		want[mc.Name], owners[mc.Name] = base, mc.Name
+		for _, v := range mc.Spec.Versions {
+			n := mc.Name + "-" + v.Suffix
+			want[n] = api.Desire{Name: n, URI: v.Source, Digest: v.Digest, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude,
+				Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name}
+			owners[n] = mc.Name
+		}
+		if ref := mc.Spec.SecretRef; ref != nil {
+			data, err := s.secret(ctx, ref.Namespace, ref.Name)
+			if err != nil {
+				s.log.Warn("k8s sync: credentials", "modelcache", mc.Name, "secret", ref.Namespace+"/"+ref.Name, "err", err)
+			}
+			if data != nil {
+				for n, o := range owners {
+					if o == mc.Name {
+						creds[n] = data
+					}
+				}
+			}
+		}
+	}
+	return want, creds, owners
+}
+
+// secret reads one referenced Secret (only those; cached for a minute).
+func (s *Syncer) secret(ctx context.Context, ns, name string) (map[string]string, error) {
+	key := ns + "/" + name
+	s.mu.Lock()
+	e, ok := s.secretCache[key]
+	s.mu.Unlock()
+	if ok && time.Since(e.at) < time.Minute {
+		return e.data, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	sec, err := s.kc.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		if ok {
+			return e.data, err // keep the last known while the API server is away
+		}
+		return nil, err
+	}
+	data := map[string]string{}
+	for k, v := range sec.Data {
+		data[k] = string(v)
+	}
+	s.mu.Lock()
+	s.secretCache[key] = secretEntry{data: data, at: time.Now()}
+	s.mu.Unlock()
+	return data, nil
+}

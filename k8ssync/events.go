@@ -1,0 +1,83 @@
+package k8ssync
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers"
+)
+
+// Event reasons.
+const (
+	EventDownloaded           = "Downloaded"
+	EventFailed               = "Failed"
+	EventIncompatible         = "Incompatible"
+	EventSignature            = "SignatureVerificationFailed"
+	EventInsufficientCapacity = "InsufficientCapacity"
+	EventEvicted              = "Evicted"
+	EventInvalidSpec          = api.ReasonInvalidSpec
+	EventAggregation          = "AggregationDisabled"
+)
+
+// events emits an Event on the ModelCache for each transition of one of
+// its artifacts on this node. The recorder's correlator merges repeats.
+func (s *Syncer) events(arts []api.Artifact, owners map[string]string, all []*ModelCache) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := map[string]string{}
+	byName := map[string]api.Artifact{}
+	for _, a := range arts {
+		byName[a.Name] = a
+		if _, ok := owners[a.Name]; ok {
+			now[a.Name] = string(a.Phase)
+		}
+	}
+	mcs := map[string]*ModelCache{}
+	for _, mc := range all {
+		mcs[mc.Name] = mc
+	}
+	emit := func(name, typ, reason, msg string) {
+		mc := mcs[owners[name]]
+		if mc == nil {
+			return
+		}
+		ref := &corev1.ObjectReference{APIVersion: Group + "/" + Version, Kind: "ModelCache", Name: mc.Name, UID: mc.UID}
+		s.rec.Event(ref, typ, reason, fetchers.RedactText(fmt.Sprintf("node %s: %s: %s", s.cfg.NodeName, name, msg)))
+	}
+	for name, p := range now {
+		old := s.phases[name]
+		if old == p {
+			continue
+		}
+		a := byName[name]
+		switch api.Phase(p) {
+		case api.PhaseReady:
+			emit(name, corev1.EventTypeNormal, EventDownloaded, "Ready at revision "+a.Revision)
+		case api.PhaseIncompatible:
+			emit(name, corev1.EventTypeNormal, EventIncompatible, a.Message)
+		case api.PhaseFailed:
+			reason := EventFailed
+			switch a.Reason {
+			case "SignatureVerificationFailed":
+				reason = EventSignature
+			case "InsufficientCapacity":
+				reason = EventInsufficientCapacity
+			case api.ReasonInvalidSpec:
+				reason = EventInvalidSpec
+			}
+			emit(name, corev1.EventTypeWarning, reason, a.Message)
+		case api.PhasePending:
+			if old == string(api.PhaseReady) {
+				emit(name, corev1.EventTypeNormal, EventEvicted, "evicted from this node")
+			}
+		}
+	}
+	for name, old := range s.phases {
+		if _, ok := now[name]; !ok && old == string(api.PhaseReady) {
+			emit(name, corev1.EventTypeNormal, EventEvicted, "evicted from this node")
+		}
+	}
+	s.phases = now
+}

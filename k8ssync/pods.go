@@ -1,0 +1,101 @@
+package k8ssync
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// podHolders maps the artifacts that pods on this node mount (a hostPath
+// under the store root, or a PV the loop made) to the pods.
+func (s *Syncer) podHolders() map[string][]api.Holder {
+	out := map[string][]api.Holder{}
+	root := strings.TrimRight(s.node.Root(), "/")
+	var names []string // every artifact, listed once and only for a pod that mounts a whole directory
+	listed := false
+	all := func() []string {
+		if !listed {
+			names, listed = s.allNames(), true
+		}
+		return names
+	}
+	for _, o := range s.podInf.GetStore().List() {
+		p, ok := o.(*corev1.Pod)
+		if !ok || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		id := "pod " + p.Namespace + "/" + p.Name
+		add := func(name string) {
+			for _, h := range out[name] {
+				if h.ID == id {
+					return
+				}
+			}
+			out[name] = append(out[name], api.Holder{Kind: "pod", ID: id})
+		}
+		for _, v := range p.Spec.Volumes {
+			switch {
+			case v.HostPath != nil:
+				for _, n := range artifactsUnder(root, v.HostPath.Path, all) {
+					add(n)
+				}
+			case v.PersistentVolumeClaim != nil:
+				// A claim bound to one of our PVs: the PV's model label.
+				if name := s.pvModel(p.Namespace, v.PersistentVolumeClaim.ClaimName); name != "" {
+					add(name)
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (s *Syncer) allNames() []string {
+	arts, err := s.node.Artifacts()
+	if err != nil {
+		return nil
+	}
+	out := make([]string, len(arts))
+	for i, a := range arts {
+		out[i] = a.Name
+	}
+	return out
+}
+
+// artifactsUnder maps a hostPath to the artifacts it exposes: a path in
+// models/<name> or kernels/<name> holds that one; the root, models/ or
+// kernels/ hold all of theirs.
+func artifactsUnder(root, p string, names func() []string) []string {
+	p = strings.TrimRight(p, "/")
+	rel, ok := strings.CutPrefix(p, root)
+	if !ok || (rel != "" && !strings.HasPrefix(rel, "/")) {
+		return nil
+	}
+	parts := strings.Split(strings.TrimPrefix(rel, "/"), "/")
+	switch {
+	case rel == "" || ((parts[0] == "models" || parts[0] == "kernels") && len(parts) == 1):
+		return names()
+	case (parts[0] == "models" || parts[0] == "kernels") && len(parts) >= 2:
+		return []string{parts[1]}
+	}
+	return nil
+}
+
+func (s *Syncer) pvModel(ns, claim string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pvc, err := s.kc.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claim, metav1.GetOptions{})
+	if err != nil || pvc.Spec.VolumeName == "" {
+		return ""
+	}
+	pv, err := s.kc.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil || pv.Labels[LabelNode] != s.cfg.NodeName {
+		return ""
+	}
+	return pv.Labels[LabelModel]
+}

@@ -1,0 +1,123 @@
+package k8ssync
+
+import (
+	"context"
+	"encoding/json"
+	"sort"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers"
+)
+
+// writeStatus applies this node's ModelCacheNode when it changed, at most
+// once per StatusInterval, and at least once per Heartbeat. Server-side
+// apply: no read, no conflict.
+func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners map[string]string, want map[string]api.Desire) {
+	st := ModelCacheNodeStatus{}
+	inv := s.node.GPUs()
+	st.GPUs, st.GPUSource = inv.Devices, inv.Source
+	if ds, err := s.node.StatusNow(); err == nil {
+		st.CapacityBytes, st.UsedBytes, st.ReservedBytes, st.FreeBytes = ds.FSCapacityBytes, ds.StoreBytes, ds.ReservedBytes, ds.FSFreeBytes
+	}
+	seen := map[string]bool{}
+	for _, a := range arts {
+		seen[a.Name] = true
+		as := ArtifactStatus{Name: a.Name, ModelCache: owners[a.Name], Kind: a.Kind, Phase: string(a.Phase), Revision: a.Revision,
+			Digest: a.ManifestDigest, Bytes: a.Bytes, Message: fetchers.RedactText(a.Message), Reason: a.Reason}
+		for _, h := range a.InUse {
+			as.InUseBy = append(as.InUseBy, h.Kind+" "+h.ID)
+		}
+		if a.LastPull != nil {
+			as.DownloadSeconds, as.BytesPerSecond = round(a.LastPull.Seconds), round(a.LastPull.BytesPerSecond)
+		}
+		if a.LastUsed != nil {
+			as.LastUsed = a.LastUsed.UTC().Truncate(time.Minute).Format(time.RFC3339) // minutes: no status churn on every read
+		}
+		st.Artifacts = append(st.Artifacts, as)
+	}
+	// A selected ModelCache is listed even before anything is known of it,
+	// so the aggregator counts this node in its total.
+	for name := range want {
+		if !seen[name] && want[name].State != api.StateAbsent {
+			st.Artifacts = append(st.Artifacts, ArtifactStatus{Name: name, ModelCache: owners[name], Phase: string(api.PhasePending)})
+		}
+	}
+	sort.Slice(st.Artifacts, func(i, j int) bool { return st.Artifacts[i].Name < st.Artifacts[j].Name })
+	s.mu.Lock()
+	if s.aggProblem != "" {
+		st.Problems = append(st.Problems, s.aggProblem)
+	}
+	s.mu.Unlock()
+	body, _ := json.Marshal(st)
+	s.mu.Lock()
+	same := string(body) == string(s.lastStatus)
+	due := time.Since(s.lastWrite) >= s.cfg.StatusInterval
+	heartbeat := time.Since(s.lastWrite) >= s.cfg.Heartbeat
+	backoff := s.cfg.StatusInterval << min(s.writeErrs, 6) // 2s, 4s, … 128s while writes fail
+	if s.writeErrs > 0 && time.Since(s.lastWrite) < backoff {
+		due = false
+	}
+	s.mu.Unlock()
+	if (same && !heartbeat) || !due {
+		if !same {
+			s.later(s.cfg.StatusInterval)
+		}
+		return
+	}
+	st.Heartbeat = metav1.Now()
+	obj := map[string]any{
+		"apiVersion": Group + "/" + Version, "kind": "ModelCacheNode",
+		"metadata": map[string]any{"name": s.cfg.NodeName, "labels": map[string]any{LabelNode: s.cfg.NodeName}},
+	}
+	raw, _ := json.Marshal(st)
+	var status map[string]any
+	json.Unmarshal(raw, &status)
+	obj["status"] = status
+	u := &unstructured.Unstructured{Object: obj}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	opts := metav1.ApplyOptions{FieldManager: managerName, Force: true}
+	res := s.dyn.Resource(ModelCacheNodeGVR)
+	var err error
+	s.mu.Lock()
+	exists := s.created
+	s.mu.Unlock()
+	if !exists { // the object once; then only its status
+		_, err = res.Apply(ctx, s.cfg.NodeName, &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": obj["metadata"]}}, opts)
+	}
+	if err == nil {
+		_, err = res.ApplyStatus(ctx, s.cfg.NodeName, u, opts)
+	}
+	if apierrors.IsNotFound(err) {
+		s.mu.Lock()
+		s.created = false // deleted meanwhile: make it again next time
+		s.mu.Unlock()
+	} else if err == nil {
+		s.mu.Lock()
+		s.created = true
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastWrite = time.Now()
+	if err != nil {
+		if s.writeErrs == 0 || s.writeErrs%10 == 0 {
+			s.log.Warn("k8s sync: writing node status (retrying with backoff)", "err", err, "failures", s.writeErrs+1)
+		}
+		s.writeErrs++
+		return
+	}
+	if s.writeErrs > 0 {
+		s.log.Info("k8s sync: node status written again", "after_failures", s.writeErrs)
+	}
+	s.writeErrs = 0
+	s.lastStatus = body
+}
+
+func round(f float64) float64 { return float64(int64(f*100)) / 100 }

@@ -1,0 +1,96 @@
+package k8ssync
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// PVName is the local PV of a model on a node: DNS-1123, at most 63.
+func PVName(node, model string) string {
+	n := strings.ToLower("modelcache-" + node + "-" + model)
+	n = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '.' {
+			return r
+		}
+		return '-'
+	}, n)
+	if len(n) > 63 {
+		sum := fmt.Sprintf("%x", sha(n))
+		n = n[:50] + "-" + sum[:12]
+	}
+	return strings.Trim(n, "-.")
+}
+
+// syncPVs makes a read-only local PV for each Ready model of a ModelCache
+// and deletes those of models no longer Ready; each create or delete
+// takes a token from the bucket, so a fleet never bursts the API server.
+func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[string]string) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pvs := s.kc.CoreV1().PersistentVolumes()
+	have, err := pvs.List(ctx, metav1.ListOptions{LabelSelector: LabelNode + "=" + s.cfg.NodeName})
+	if err != nil {
+		return
+	}
+	existing := map[string]corev1.PersistentVolume{}
+	for _, pv := range have.Items {
+		existing[pv.Name] = pv
+	}
+	wantPV := map[string]api.Artifact{}
+	for _, a := range arts {
+		if a.Phase == api.PhaseReady && a.Kind == api.KindModel && owners[a.Name] != "" && a.Path != "" {
+			wantPV[PVName(s.cfg.NodeName, a.Name)] = a
+		}
+	}
+	throttled := false
+	for name, a := range wantPV {
+		if _, ok := existing[name]; ok {
+			continue
+		}
+		if !s.pvRL.TryAccept() {
+			throttled = true
+			break
+		}
+		pv := &corev1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelNode: s.cfg.NodeName, LabelModel: a.Name}},
+			Spec: corev1.PersistentVolumeSpec{
+				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: *resourceBytes(a.Bytes)},
+				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadOnlyMany},
+				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+				StorageClassName:              s.cfg.StorageClass,
+				MountOptions:                  nil,
+				PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: a.Path}},
+				NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+					MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{s.cfg.NodeName}}},
+				}}}},
+			},
+		}
+		if _, err := pvs.Create(ctx, pv, metav1.CreateOptions{FieldManager: managerName}); err != nil && !apierrors.IsAlreadyExists(err) {
+			s.log.Warn("k8s sync: create local PV", "pv", name, "err", err)
+		}
+	}
+	for name, pv := range existing {
+		if _, ok := wantPV[name]; ok || pv.DeletionTimestamp != nil {
+			continue
+		}
+		if !s.pvRL.TryAccept() {
+			throttled = true
+			break
+		}
+		pre := metav1.Preconditions{UID: &pv.UID}
+		if err := pvs.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &pre}); err != nil && !apierrors.IsNotFound(err) {
+			s.log.Warn("k8s sync: delete local PV", "pv", name, "err", err)
+		}
+	}
+	if throttled { // the rest at the bucket's pace
+		s.later(time.Duration(float32(time.Second) / s.cfg.PVQPS))
+	}
+}
