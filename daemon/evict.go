@@ -76,7 +76,7 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 	}
 	_, hadDesire := d.apiDesires[name]
 	_, noted := d.evicted[name] // an ad-hoc entry evicted for space: evicting it clears the note
-	var kernels []string // the kernel caches the model's desire lists go with it
+	var kernels []string        // the kernel caches the model's desire lists go with it
 	if rev == "" {
 		for n, ds := range d.desired() {
 			if ds.Serves == name {
