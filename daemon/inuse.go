@@ -124,9 +124,7 @@ func holdersOf(all map[string][]api.Holder, name string) []api.Holder {
 		if n, _ := splitKey(k); n != name {
 			continue
 		}
-		for _, h := range hs {
-			out = append(out, api.Holder{Kind: h.Kind, ID: h.ID, Revision: h.Revision, Expires: h.Expires})
-		}
+		out = append(out, hs...)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Kind+out[i].ID < out[j].Kind+out[j].ID })
 	return out

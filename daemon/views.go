@@ -157,7 +157,7 @@ func (d *Daemon) view(name string, files bool) (*api.Artifact, error) {
 // viewLocked builds the API view, its URIs and messages redacted; called
 // with d.mu held.
 func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string]api.Desire, files bool) api.Artifact {
-	out := api.Artifact{Name: name, Kind: cachestore.KindModel, Phase: api.PhasePending}
+	out := api.Artifact{Name: name, Kind: api.KindModel, Phase: api.PhasePending}
 	if ds, ok := want[name]; ok {
 		ds := ds
 		out.Desire, out.URI, out.Pinned = &ds, ds.URI, ds.Pin
