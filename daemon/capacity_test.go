@@ -67,7 +67,9 @@ func TestReservationsStopDoubleAdmission(t *testing.T) {
 	cfg.MaxConcurrentPulls = 2
 	cfg.Capacity = capacity.Policy{QuotaBytes: 5 << 20, HighPercent: 85, LowPercent: 80}
 	h := start(t, cfg)
-	h.c.Pull(context.Background(), api.PullRequest{Name: "one", URI: srv.URL + "/one.bin#sha256=" + sha(one)}, false, nil)
+	// one is declared (--keep): as an ad-hoc entry two's retry would,
+	// rightly, evict it once Ready (issue 16) and hold a reservation of its own.
+	h.c.Pull(context.Background(), api.PullRequest{Name: "one", URI: srv.URL + "/one.bin#sha256=" + sha(one), Keep: true}, false, nil)
 	h.waitPhase("one", api.PhaseDownloading)
 	for h.d.reserved() == 0 {
 		time.Sleep(5 * time.Millisecond)
@@ -181,7 +183,8 @@ func TestOldRevisionPrunedOnceUnused(t *testing.T) {
 	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/v1/w.bin#sha256=" + sha(v1)}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/v2/w.bin#sha256=" + sha(v2)}); err != nil {
+	// Another path under the same name: a replacement says so (issue 21).
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/v2/w.bin#sha256=" + sha(v2), Replace: true}); err != nil {
 		t.Fatal(err)
 	}
 	// The pass evicts the version, then collects its blob: wait for both.

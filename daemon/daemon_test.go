@@ -304,7 +304,8 @@ func TestNewRevisionFetchedWhileOldServed(t *testing.T) {
 	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/v1/w.bin#sha256=" + sha(v1)}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.c.Pull(context.Background(), api.PullRequest{Name: "m", URI: srv.URL + "/v2/w.bin#sha256=" + sha(v2)}, false, nil); err != nil {
+	// Another path under the same name: a replacement says so (issue 21).
+	if _, err := h.c.Pull(context.Background(), api.PullRequest{Name: "m", URI: srv.URL + "/v2/w.bin#sha256=" + sha(v2), Replace: true}, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	h.waitPhase("m", api.PhaseDownloading)
@@ -453,11 +454,11 @@ func TestPullOfAnotherSourceNeedsReplace(t *testing.T) {
 	one, two := data(1<<10, 61), data(1<<10, 62)
 	srv := newFileServer(t, map[string][]byte{"one.bin": one, "two.bin": two})
 	h := start(t, testConfig(t))
-	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/one.bin"}); err != nil {
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/one.bin?token=first"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/one.bin?token=rotated"}); err != nil {
-		t.Fatalf("the same source with another credential: %v", err)
+	if _, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/one.bin?token=rotated#sha256=" + sha(one)}); err != nil {
+		t.Fatalf("the same source with another credential and a digest: %v", err)
 	}
 	_, err := h.pull(api.PullRequest{Name: "m", URI: srv.URL + "/two.bin"})
 	if !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), "one.bin") || !strings.Contains(err.Error(), "two.bin") || !strings.Contains(err.Error(), "--replace") {
@@ -471,5 +472,29 @@ func TestPullOfAnotherSourceNeedsReplace(t *testing.T) {
 	}
 	if h.read("m", "two.bin") != string(two) {
 		t.Fatal("--replace did not serve the new source")
+	}
+}
+
+func TestSourceOf(t *testing.T) {
+	for _, tc := range []struct{ a, b string }{
+		{"hf://org/repo", "hf://org/repo@main"},
+		{"hf://org/repo@v1.0", "hf://org/repo@0123abcd"},
+		{"oci://reg:5000/ns/img:v1", "oci://reg:5000/ns/img@sha256:abcd"},
+		{"ngc://org/team/model:1.0", "ngc://org/team/model"},
+		{"https://h/w.bin", "https://h/w.bin#sha256=ab"},
+	} {
+		if sourceOf(tc.a) != sourceOf(tc.b) {
+			t.Errorf("%s and %s are one source: %s != %s", tc.a, tc.b, sourceOf(tc.a), sourceOf(tc.b))
+		}
+	}
+	for _, tc := range []struct{ a, b string }{
+		{"hf://org/repo", "hf://org/other"},
+		{"oci://reg:5000/ns/img:v1", "oci://reg:5001/ns/img:v1"},
+		{"https://h/v1/w.bin", "https://h/v2/w.bin"},
+		{"s3://b/p1/", "s3://b/p2/"},
+	} {
+		if sourceOf(tc.a) == sourceOf(tc.b) {
+			t.Errorf("%s and %s are two sources", tc.a, tc.b)
+		}
 	}
 }

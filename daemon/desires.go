@@ -178,11 +178,36 @@ func (d *Daemon) replaces(ds api.Desire) error {
 		return nil
 	}
 	was, now := fetchers.RedactURI(old.URI), fetchers.RedactURI(ds.URI)
-	if was == now { // the same source (a rotated credential is not another one)
+	if sourceOf(was) == sourceOf(now) { // the same source at another revision, or with a rotated credential
 		return nil
 	}
 	return api.Errorf(api.CodeConflict, "artifact %s is pulled from %s; this pull names %s: add --replace to replace it (the current version is served until the new one is Ready), or pull under another --name",
 		ds.Name, was, now)
+}
+
+// sourceOf is a redacted URI without what picks a revision of its source:
+// a fragment (#sha256=…), a query, an hf or OCI @revision, an OCI tag, an
+// NGC :version. Two URIs of one source are one repo, bucket path or URL.
+func sourceOf(uri string) string {
+	uri, _, _ = strings.Cut(uri, "#")
+	uri, _, _ = strings.Cut(uri, "?")
+	scheme, rest, ok := strings.Cut(uri, "://")
+	if !ok {
+		return uri
+	}
+	switch scheme {
+	case "hf", "oci":
+		rest, _, _ = strings.Cut(rest, "@")
+	}
+	switch scheme {
+	case "oci", "ngc": // a :tag or :version after the last slash (a registry's :port comes before it)
+		if i := strings.LastIndex(rest, "/"); i >= 0 {
+			if j := strings.Index(rest[i:], ":"); j >= 0 {
+				rest = rest[:i+j]
+			}
+		}
+	}
+	return scheme + "://" + rest
 }
 
 // pullConflicts checks the desire's name and the names of the kernel

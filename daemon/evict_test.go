@@ -87,7 +87,7 @@ func TestRefusedEvictChangesNothing(t *testing.T) {
 		}
 		return false
 	}
-	if _, err := h.c.Pull(context.Background(), api.PullRequest{Name: "m", URI: srv.URL + "/v2.bin#sha256=" + sha(v2), Pin: true}, false, nil); err != nil {
+	if _, err := h.c.Pull(context.Background(), api.PullRequest{Name: "m", URI: srv.URL + "/v2.bin#sha256=" + sha(v2), Pin: true, Replace: true}, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	h.waitPhase("m", api.PhaseDownloading)

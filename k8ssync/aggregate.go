@@ -157,7 +157,7 @@ func Aggregate(mc *ModelCache, nodes []ModelCacheNodeStatus) ModelCacheStatus {
 	}
 	degraded := metav1.Condition{Type: "Degraded", Status: metav1.ConditionFalse, Reason: "NoFailures", ObservedGeneration: mc.Generation}
 	if st.Nodes.Failed > 0 {
-		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, "PullFailed", strconv.Itoa(st.Nodes.Failed)+" nodes failed to pull it"
+		degraded.Status, degraded.Reason, degraded.Message = metav1.ConditionTrue, api.ReasonPullFailed, strconv.Itoa(st.Nodes.Failed)+" nodes failed to pull it"
 	}
 	conds := append([]metav1.Condition(nil), mc.Status.Conditions...)
 	meta.SetStatusCondition(&conds, ready)

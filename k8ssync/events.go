@@ -13,9 +13,9 @@ import (
 const (
 	EventDownloaded           = "Downloaded"
 	EventFailed               = "Failed"
-	EventIncompatible         = "Incompatible"
-	EventSignature            = "SignatureVerificationFailed"
-	EventInsufficientCapacity = "InsufficientCapacity"
+	EventIncompatible         = api.ReasonIncompatible
+	EventSignature            = api.ReasonSignatureFailed
+	EventInsufficientCapacity = api.ReasonInsufficientCapacity
 	EventEvicted              = "Evicted"
 	EventInvalidSpec          = api.ReasonInvalidSpec
 	EventAggregation          = "AggregationDisabled"
@@ -60,9 +60,9 @@ func (s *Syncer) events(arts []api.Artifact, owners map[string]string, all []*Mo
 		case api.PhaseFailed:
 			reason := EventFailed
 			switch a.Reason {
-			case "SignatureVerificationFailed":
+			case api.ReasonSignatureFailed:
 				reason = EventSignature
-			case "InsufficientCapacity":
+			case api.ReasonInsufficientCapacity:
 				reason = EventInsufficientCapacity
 			case api.ReasonInvalidSpec:
 				reason = EventInvalidSpec
@@ -70,7 +70,13 @@ func (s *Syncer) events(arts []api.Artifact, owners map[string]string, all []*Mo
 			emit(name, corev1.EventTypeWarning, reason, a.Message)
 		case api.PhasePending:
 			if old == string(api.PhaseReady) {
-				emit(name, corev1.EventTypeNormal, EventEvicted, "evicted from this node")
+				// Disk pressure took a declared model: the daemon says so
+				// in the message ("evicted for disk space …").
+				msg := "evicted from this node"
+				if a.Message != "" {
+					msg += ": " + a.Message
+				}
+				emit(name, corev1.EventTypeWarning, EventEvicted, msg)
 			}
 		}
 	}
