@@ -25,7 +25,7 @@ var banned = map[string][]string{
 		"mod:daemon", "mod:fetchers", "mod:k8ssync", "mod:cachestore", "mod:gpu"},
 	// The store knows nothing about networks, Kubernetes or GPUs.
 	"cachestore/...": {"net", "k8s.io/", "github.com/aws/", "github.com/sigstore/", "github.com/NVIDIA/go-nvml", "github.com/google/go-containerregistry"},
-	"gpu":            {"k8s.io/", "github.com/aws/", "github.com/sigstore/", "go.etcd.io/bbolt"},
+	"gpu":            {"k8s.io/", "github.com/aws/", "github.com/sigstore/", "go.etcd.io/bbolt", "net"},
 	// A scheme's SDK stays in its own sub-package.
 	"fetchers":      {"k8s.io/", "github.com/aws/", "github.com/sigstore/", "github.com/google/go-containerregistry"},
 	"fetchers/file": {"k8s.io/", "github.com/aws/", "github.com/sigstore/", "github.com/google/go-containerregistry"},
@@ -42,10 +42,9 @@ var banned = map[string][]string{
 var only = map[string][]string{
 	"api/...":        {},
 	"cachestore/...": {"mod:cachestore"},
-	// gpu's Inventory and Report are aliases of api's wire types, so
-	// modelctl shows them without linking NVML; api links nothing of the
-	// module, so gpu's closure is api and the standard library.
-	"gpu/...":      {"mod:api"},
+	// gpu mirrors api's GPU types (the daemon converts) and links
+	// nothing else of the module.
+	"gpu/...":      {"mod:gpu"},
 	"fetchers/...": {"mod:fetchers", "mod:internal/testenv"},
 }
 

@@ -88,7 +88,7 @@ func (d *Daemon) Artifacts() ([]api.Artifact, error) { return d.list() }
 func (d *Daemon) StatusNow() (*api.Status, error) { return d.status() }
 
 // GPUs is the node's inventory.
-func (d *Daemon) GPUs() api.GPUInventory { return d.gpus }
+func (d *Daemon) GPUs() api.GPUInventory { return gpuView(d.gpus) }
 
 // Root is the store root.
 func (d *Daemon) Root() string { return d.store.Root() }

@@ -98,7 +98,7 @@ func (p *pull) kernelCacheBefore(ctx context.Context) (*api.KernelCacheInfo, err
 
 func (d *Daemon) checkCompat(info *api.KernelCacheInfo, ts []gpu.Target) error {
 	rep := gpu.Check(d.gpus, ts)
-	info.Compatibility = &rep
+	info.Compatibility = compatView(rep)
 	if rep.Compatible {
 		d.metrics.compatChecks.WithLabelValues("compatible").Inc()
 		return nil
@@ -333,4 +333,26 @@ func currentVersion(a *cachestore.Artifact) *cachestore.Version {
 		}
 	}
 	return nil
+}
+
+// gpuView is the node's inventory as the socket API shows it. gpu mirrors
+// api's types so that it links nothing else of the module; the device
+// conversion compiles only while their fields agree, and a test holds the
+// rest (TestGPUViewsKeepEveryField).
+func gpuView(inv gpu.Inventory) api.GPUInventory {
+	devs := make([]api.GPUDevice, len(inv.Devices))
+	for i, dv := range inv.Devices {
+		devs[i] = api.GPUDevice(dv)
+	}
+	return api.GPUInventory{Source: inv.Source, Simulated: inv.Simulated, Reason: inv.Reason, DriverVersion: inv.DriverVersion,
+		CUDADriverVersion: inv.CUDADriverVersion, Devices: devs, DetectedAt: inv.DetectedAt}
+}
+
+// compatView is a compatibility report as the socket API shows it.
+func compatView(r gpu.Report) *api.Compatibility {
+	devs := make([]api.GPUCompat, len(r.Devices))
+	for i, dv := range r.Devices {
+		devs[i] = api.GPUCompat(dv)
+	}
+	return &api.Compatibility{Compatible: r.Compatible, Simulated: r.Simulated, Targets: r.Targets, Devices: devs, Reason: r.Reason}
 }

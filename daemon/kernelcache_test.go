@@ -3,16 +3,20 @@ package daemon
 import (
 	"archive/tar"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/fetchers/oci/ocitest"
+	"github.com/modelcache/modelcache/gpu"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
 
@@ -253,4 +257,29 @@ func metricValue(body, series string) float64 {
 		}
 	}
 	return -1
+}
+
+// TestGPUViewsKeepEveryField: gpu mirrors api's GPU types; the views
+// between them keep every field (a field added on one side only fails
+// here, or fails to compile in the device conversions).
+func TestGPUViewsKeepEveryField(t *testing.T) {
+	inv := gpu.Inventory{Source: "simulated", Simulated: true, Reason: "r", DriverVersion: "550.1", CUDADriverVersion: "12.4",
+		DetectedAt: time.Unix(1700000000, 0).UTC(), Devices: []gpu.Device{{Index: 1, Name: "H100", UUID: "GPU-1", ComputeCapability: "9.0",
+			Architecture: "Hopper", MemoryBytes: 80 << 30, Backend: "cuda", Arch: "90", WarpSize: 32}}}
+	rep := gpu.Report{Compatible: true, Simulated: true, Targets: 2, Reason: "r",
+		Devices: []gpu.DeviceResult{{Index: 1, UUID: "GPU-1", Name: "H100", Compatible: true, Entries: 3, Reason: "ok"}}}
+	for _, pair := range [][2]any{{inv, gpuView(inv)}, {rep, compatView(rep)}} {
+		a, _ := json.Marshal(pair[0])
+		b, _ := json.Marshal(pair[1])
+		if string(a) != string(b) {
+			t.Errorf("the view drops or renames a field:\n gpu %s\n api %s", a, b)
+		}
+		for _, v := range []any{pair[0]} {
+			var m map[string]any
+			json.Unmarshal(a, &m)
+			if n := reflect.TypeOf(v).NumField(); len(m) != n {
+				t.Errorf("%T: %d fields, %d set in the sample: set them all", v, n, len(m))
+			}
+		}
+	}
 }

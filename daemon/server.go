@@ -201,7 +201,7 @@ func (d *Daemon) handleVerify(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (d *Daemon) handleGPU(w http.ResponseWriter, r *http.Request) error {
-	return writeJSON(w, d.gpus)
+	return writeJSON(w, gpuView(d.gpus))
 }
 
 func (d *Daemon) handleEnv(w http.ResponseWriter, r *http.Request) error {

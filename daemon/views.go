@@ -229,6 +229,8 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 			if st.message != "" {
 				out.Message = st.message
 			}
+		case out.Desire != nil && out.Desire.State == api.StateAbsent && st.message != "":
+			out.Message = st.message // why an absent artifact is still here ("kept while in use by …")
 		}
 		out.Attempts = st.attempts
 		out.LastPull = st.last

@@ -3,7 +3,6 @@ package gpu
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/modelcache/modelcache/api"
 	"sort"
 	"strconv"
 	"strings"
@@ -137,11 +136,28 @@ func targets(raw []entry) ([]Target, error) {
 	return out, nil
 }
 
-// DeviceResult and Report are wire types too.
-type (
-	DeviceResult = api.GPUCompat
-	Report       = api.Compatibility
-)
+// DeviceResult is the verdict of a kernel cache for one GPU
+// (api.GPUCompat).
+type DeviceResult struct {
+	Index      int    `json:"index"`
+	UUID       string `json:"uuid,omitempty"`
+	Name       string `json:"name,omitempty"`
+	Compatible bool   `json:"compatible"`
+	// Entries is how many of the cache's entries this GPU can run.
+	Entries int    `json:"entries"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// Report is the verdict of a kernel cache against the inventory
+// (api.Compatibility).
+type Report struct {
+	// Compatible: at least one GPU runs at least one entry of the cache.
+	Compatible bool           `json:"compatible"`
+	Simulated  bool           `json:"simulated,omitempty"`
+	Targets    int            `json:"targets"`
+	Devices    []DeviceResult `json:"devices"`
+	Reason     string         `json:"reason,omitempty"`
+}
 
 // Check decides, per GPU, whether the cache's entries can run on it. A
 // GPU matches an entry when backend, arch and warp size are equal and the

@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/modelcache/modelcache/api"
 	"os"
 	"strconv"
 	"strings"
@@ -27,12 +26,41 @@ const (
 	SourceNone      = "none"
 )
 
-// Inventory and Device are the wire types of the socket API: modelctl
-// shows them without linking NVML.
-type (
-	Inventory = api.GPUInventory
-	Device    = api.GPUDevice
-)
+// Inventory is what this node's GPUs are. It mirrors the socket API's
+// api.GPUInventory field for field (the daemon converts; a conversion
+// that no longer compiles says the two drifted), so that this package
+// links nothing else of the module and modelctl shows GPUs without NVML.
+type Inventory struct {
+	// Source is nvml, simulated (from --gpu-inventory) or none.
+	Source    string `json:"source"`
+	Simulated bool   `json:"simulated,omitempty"`
+	// Reason says why the inventory is empty or partial (no driver, NVML
+	// error on one device).
+	Reason            string    `json:"reason,omitempty"`
+	DriverVersion     string    `json:"driverVersion,omitempty"`
+	CUDADriverVersion string    `json:"cudaDriverVersion,omitempty"` // e.g. "12.4"
+	Devices           []Device  `json:"devices"`
+	DetectedAt        time.Time `json:"detectedAt"`
+}
+
+// Device is one GPU (api.GPUDevice).
+type Device struct {
+	Index int    `json:"index"`
+	Name  string `json:"name"`
+	UUID  string `json:"uuid"`
+	// ComputeCapability is major.minor, e.g. "9.0" (sm_90).
+	ComputeCapability string `json:"computeCapability"`
+	// Architecture is the family: Volta, Turing, Ampere, Ada, Hopper,
+	// Blackwell (or an AMD gfx name in a simulated inventory).
+	Architecture string `json:"architecture"`
+	MemoryBytes  uint64 `json:"memoryBytes"`
+	// Backend is what kernels target: cuda (every NVML device) or hip.
+	Backend string `json:"backend"`
+	// Arch is the kernel target as Triton names it: "90" for sm_90,
+	// "gfx90a" for an AMD device.
+	Arch     string `json:"arch"`
+	WarpSize int    `json:"warpSize"`
+}
 
 // Detect reads the inventory from NVML. Without the driver it returns an
 // empty inventory whose Reason says so.

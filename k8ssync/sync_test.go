@@ -334,9 +334,14 @@ func TestClusterSync(t *testing.T) {
 		}
 		return nil
 	})
-	// The daemon shows no sign of the pass that keeps it ("kept while in
-	// use" is not in the view of a Ready version): give that pass time.
-	time.Sleep(500 * time.Millisecond)
+	// The pass that keeps it says why in the view.
+	eventually(t, "node-a keeps both while the pod mounts it", 20*time.Second, func() error {
+		x, err := a.c.Get(ctx, "both")
+		if err != nil || !strings.Contains(x.Message, "kept while in use by pod") {
+			return fmt.Errorf("%+v %v", x, err)
+		}
+		return nil
+	})
 	if _, err := os.Stat(filepath.Join(a.root, "models", "both", "current")); err != nil {
 		t.Fatalf("a model a running pod mounts was evicted: %v", err)
 	}
