@@ -44,8 +44,8 @@ func newMetrics(d *Daemon) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
 		}, []string{"scheme"}),
 		pullStages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "modelcache_pull_stage_seconds",
-			Help: "Time spent in each stage of a pull, one observation per file downloaded (resolve and publish: per pull). Stages: resolve, read (waiting on the source), buffer_wait (the reader waiting for hashing or the disk), hash, write, fsync, commit (verify, rename, record of one blob), publish (the version's tree and index transaction). hash and write run beside read, so the sums overlap.",
+			Name:    "modelcache_pull_stage_seconds",
+			Help:    "Time spent in each stage of a pull, one observation per file downloaded (resolve and publish: per pull). Stages: resolve, read (waiting on the source), buffer_wait (the reader waiting for hashing or the disk), hash, write, fsync, commit (verify, rename, record of one blob), publish (the version's tree and index transaction). hash and write run beside read, so the sums overlap.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 11),
 		}, []string{"stage"}),
 		pulls: prometheus.NewCounterVec(prometheus.CounterOpts{
