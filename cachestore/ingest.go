@@ -69,30 +69,58 @@ type Writer struct {
 	h        hash.Hash
 	cur      *ioBuf
 	free     chan *ioBuf
+	bufs     int // buffers taken from bufPool, at most ioBuffers
 	hashCh   chan *ioBuf
 	writeCh  chan *ioBuf
 	wg       sync.WaitGroup
 	unsynced int64 // bytes written since the last fdatasync (write goroutine only)
+	times    stageTimes
 	errMu    sync.Mutex
 	err      error
 	closed   bool
 }
 
-type ioBuf struct {
-	mem  []byte // aligned, len ioBufSize
-	n    int
-	pos  int64
-	refs atomic.Int32
+// Stages is where a Writer's time went, summed over its life: hashing
+// (on its own goroutine), writing the data (on another), and fsync (the
+// periodic fdatasyncs while writing and the one at Commit). Hash and
+// write run beside the caller's reads, so they overlap each other and
+// the network; a stage that takes as long as the whole transfer is the
+// one that bounds it.
+// Wait is the time the caller's Write or ReadFrom waited for a free
+// buffer: hashing or the disk falling behind.
+type Stages struct {
+	Hash, Write, Sync, Wait time.Duration
 }
 
-var bufPool = sync.Pool{New: func() any {
-	raw := make([]byte, ioBufSize+ioAlign)
+type stageTimes struct{ hash, write, sync, wait atomic.Int64 } // nanoseconds
+
+// Stages returns the time spent so far in each stage; safe to call at any
+// time, final after Commit, Close or Abort.
+func (w *Writer) Stages() Stages {
+	return Stages{
+		Hash:  time.Duration(w.times.hash.Load()),
+		Write: time.Duration(w.times.write.Load()),
+		Sync:  time.Duration(w.times.sync.Load()),
+		Wait:  time.Duration(w.times.wait.Load()),
+	}
+}
+
+type ioBuf struct {
+	mem    []byte // aligned, len ioBufSize
+	mapped bool   // mem is an anonymous mapping (bufPool)
+	n      int
+	pos    int64
+	refs   atomic.Int32
+}
+
+// alignOffset is how far into raw the first ioAlign-aligned byte is.
+func alignOffset(raw []byte) int {
 	off := int(uintptr(unsafe.Pointer(&raw[0])) & (ioAlign - 1))
 	if off != 0 {
 		off = ioAlign - off
 	}
-	return &ioBuf{mem: raw[off : off+ioBufSize]}
-}}
+	return off
+}
 
 func ingestDirName(ref string) string {
 	sum := sha256.Sum256([]byte(ref))
@@ -169,12 +197,7 @@ func (s *Store) openWriter(ctx context.Context, opts WriterOpts) (*Writer, error
 		w.f = f
 	}
 
-	w.free = make(chan *ioBuf, ioBuffers)
-	for i := 0; i < ioBuffers; i++ {
-		b := bufPool.Get().(*ioBuf)
-		b.n = 0
-		w.free <- b
-	}
+	w.free = make(chan *ioBuf, ioBuffers) // filled as needed (next): a small blob takes one buffer
 	w.hashCh = make(chan *ioBuf, ioBuffers)
 	w.writeCh = make(chan *ioBuf, ioBuffers)
 	w.wg.Add(2)
@@ -229,7 +252,9 @@ func (w *Writer) release(b *ioBuf) {
 func (w *Writer) hashLoop() {
 	defer w.wg.Done()
 	for b := range w.hashCh {
+		t0 := time.Now()
 		w.h.Write(b.mem[:b.n])
+		w.times.hash.Add(int64(time.Since(t0)))
 		w.release(b)
 	}
 }
@@ -251,21 +276,25 @@ func (w *Writer) writeBuf(b *ioBuf) error {
 		// The tail of a blob: leave O_DIRECT for the rest of this file.
 		w.clearDirect()
 	}
+	t0 := time.Now()
 	_, err := w.f.WriteAt(b.mem[:b.n], b.pos)
 	if err != nil && w.direct && errors.Is(err, syscall.EINVAL) {
 		// The filesystem accepted O_DIRECT at open but refuses the write.
 		w.clearDirect()
 		_, err = w.f.WriteAt(b.mem[:b.n], b.pos)
 	}
+	w.times.write.Add(int64(time.Since(t0)))
 	if err == nil {
 		if w.direct {
 			w.s.directBytes.Add(int64(b.n))
 		}
 		w.unsynced += int64(b.n)
-		if w.unsynced >= syncEvery {
+		if w.unsynced >= syncEvery && !w.direct {
 			// Flush as we go, off the caller's path: the fsync at Commit
 			// then has little left to do.
+			t0 = time.Now()
 			err = unix.Fdatasync(int(w.f.Fd()))
+			w.times.sync.Add(int64(time.Since(t0)))
 			w.unsynced = 0
 		}
 	}
@@ -304,8 +333,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 	n := 0
 	for n < len(p) {
 		if w.cur == nil {
-			w.cur = <-w.free
-			w.cur.pos = w.offset
+			w.next()
 		}
 		c := copy(w.cur.mem[w.cur.n:], p[n:])
 		w.cur.n += c
@@ -326,8 +354,7 @@ func (w *Writer) ReadFrom(r io.Reader) (int64, error) {
 			return total, err
 		}
 		if w.cur == nil {
-			w.cur = <-w.free
-			w.cur.pos = w.offset
+			w.next()
 		}
 		room := w.cur.mem[w.cur.n:]
 		if w.opts.Size >= 0 {
@@ -355,6 +382,23 @@ func (w *Writer) ReadFrom(r io.Reader) (int64, error) {
 	}
 }
 
+// next takes a free buffer for the caller to fill, counting the wait.
+func (w *Writer) next() {
+	select {
+	case w.cur = <-w.free:
+	default:
+		if w.bufs < ioBuffers {
+			w.bufs++
+			w.cur = bufPool.get()
+			break
+		}
+		t0 := time.Now()
+		w.cur = <-w.free
+		w.times.wait.Add(int64(time.Since(t0)))
+	}
+	w.cur.pos = w.offset
+}
+
 func (w *Writer) submit() {
 	b := w.cur
 	w.cur = nil
@@ -380,7 +424,7 @@ func (w *Writer) drain() error {
 	close(w.writeCh)
 	w.wg.Wait()
 	for len(w.free) > 0 {
-		bufPool.Put(<-w.free)
+		bufPool.put(<-w.free)
 	}
 	return w.getErr()
 }
@@ -445,7 +489,10 @@ func (w *Writer) finish(ctx context.Context, size int64, expected string, sync b
 	err = w.drain()
 	if err == nil && sync {
 		w.s.hit("ingest.fsync")
-		if err = w.f.Sync(); err != nil {
+		t0 := time.Now()
+		err = w.f.Sync()
+		w.times.sync.Add(int64(time.Since(t0)))
+		if err != nil {
 			err = fmt.Errorf("ingest %s: fsync: %w", w.opts.Ref, err)
 		}
 	}

@@ -17,6 +17,7 @@ type metrics struct {
 	fetchedBytes  *prometheus.CounterVec
 	fetchErrors   *prometheus.CounterVec
 	fetchDuration *prometheus.HistogramVec
+	pullStages    *prometheus.HistogramVec
 	pulls         *prometheus.CounterVec
 	verifications *prometheus.CounterVec
 	evictions     *prometheus.CounterVec
@@ -42,6 +43,11 @@ func newMetrics(d *Daemon) *metrics {
 			Name: "modelcache_fetch_duration_seconds", Help: "Time to fetch and verify one file, by URI scheme.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
 		}, []string{"scheme"}),
+		pullStages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "modelcache_pull_stage_seconds",
+			Help:    "Time spent in each stage of a pull, one observation per file downloaded (resolve and publish: per pull). Stages: resolve, read (waiting on the source), buffer_wait (the reader waiting for hashing or the disk), hash, write, fsync, commit (verify, rename, record of one blob), publish (the version's tree and index transaction). hash and write run beside read, so the sums overlap.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 11),
+		}, []string{"stage"}),
 		pulls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "modelcache_pulls_total", Help: "Finished pulls of artifact versions, by scheme and result (ok, failed).",
 		}, []string{"scheme", "result"}),
@@ -83,6 +89,9 @@ func newMetrics(d *Daemon) *metrics {
 			m.pulls.WithLabelValues(sc, r)
 		}
 	}
+	for _, st := range pullStages {
+		m.pullStages.WithLabelValues(st)
+	}
 	for _, r := range []string{"ok", "mismatch", "corrupt", "missing"} {
 		m.verifications.WithLabelValues(r)
 	}
@@ -98,11 +107,14 @@ func newMetrics(d *Daemon) *metrics {
 	for _, r := range []string{"compatible", "incompatible"} {
 		m.compatChecks.WithLabelValues(r)
 	}
-	m.reg.MustRegister(m.fetchedBytes, m.fetchErrors, m.fetchDuration, m.pulls, m.verifications, m.evictions, m.apiRequests, m.freedBytes, m.admissions, m.signatures, m.compatChecks, m.apiConns, m.apiRefused,
+	m.reg.MustRegister(m.fetchedBytes, m.fetchErrors, m.fetchDuration, m.pullStages, m.pulls, m.verifications, m.evictions, m.apiRequests, m.freedBytes, m.admissions, m.signatures, m.compatChecks, m.apiConns, m.apiRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{d: d})
 	return m
 }
+
+// pullStages are the stage label values of modelcache_pull_stage_seconds.
+var pullStages = []string{"resolve", "read", "buffer_wait", "hash", "write", "fsync", "commit", "publish"}
 
 var (
 	descArtifacts  = prometheus.NewDesc("modelcache_artifacts", "Artifacts by phase.", []string{"phase"}, nil)

@@ -43,6 +43,8 @@ func TestMetricsExposition(t *testing.T) {
 		`modelcache_filesystem_free_bytes`,
 		`modelcache_api_requests_total{code="200",route="POST /v1/verify"} 1`,
 		`modelcache_reserved_bytes 0`,
+		`modelcache_pull_stage_seconds_count{stage="hash"} 1`,
+		`modelcache_pull_stage_seconds_count{stage="publish"} 1`,
 		`modelcache_disk_pressure{cause="watermark"}`,
 		`modelcache_artifacts_in_use{kind="lease"} 0`,
 		`modelcache_artifacts_pinned 0`,

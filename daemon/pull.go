@@ -124,9 +124,11 @@ func (p *pull) run(ctx context.Context) error {
 		return err
 	}
 	p.setPhase(api.PhaseDownloading, "resolving "+p.ds.URI)
+	t0 := time.Now()
 	if err := p.resolve(ctx); err != nil {
 		return err
 	}
+	p.stage("resolve", time.Since(t0))
 	p.fetched = time.Now()
 	files, err := p.files()
 	if err != nil {
@@ -329,8 +331,31 @@ func (p *pull) commit(ctx context.Context, entries cachestore.Manifest) error {
 		spec.Kind = cachestore.KindKernelCache
 		spec.Annotations, _ = json.Marshal(p.kc)
 	}
+	t0 := time.Now()
 	_, err := p.d.store.CommitVersion(ctx, spec)
+	if err == nil {
+		p.stage("publish", time.Since(t0))
+	}
 	return err
+}
+
+// stage records time spent in one stage of the pull
+// (modelcache_pull_stage_seconds).
+func (p *pull) stage(name string, d time.Duration) {
+	p.d.metrics.pullStages.WithLabelValues(name).Observe(d.Seconds())
+}
+
+// timedReader sums the time spent inside Read: waiting on the source.
+type timedReader struct {
+	r  io.Reader
+	ns *int64
+}
+
+func (t timedReader) Read(b []byte) (int, error) {
+	t0 := time.Now()
+	n, err := t.r.Read(b)
+	*t.ns += int64(time.Since(t0))
+	return n, err
 }
 
 func collect(c chan error) []error {
@@ -438,6 +463,7 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 	}
 	start := time.Now()
 	var fetched atomic.Int64
+	var readNs int64 // time inside the source's Read, over every attempt
 	err = p.backoff.Do(ctx, func(int) error {
 		rc, err := f.Open(ctx, fl, w.Offset())
 		if errors.Is(err, fetchers.ErrCannotResume) && w.Offset() > 0 {
@@ -456,7 +482,7 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 		}
 		rc = fetchers.MinRate(rc, d.cfg.ProgressFloor, d.cfg.ProgressWindow)
 		defer rc.Close()
-		var r io.Reader = fetchers.CountingReader{R: rc, N: &fetched}
+		var r io.Reader = fetchers.CountingReader{R: timedReader{rc, &readNs}, N: &fetched}
 		if fl.Size < 0 {
 			r = budgetReader{r: r, p: prog}
 		}
@@ -494,7 +520,15 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 		return "", 0, err
 	}
 	size := w.Offset()
+	before, t0 := w.Stages(), time.Now()
 	digest, err := w.Commit(ctx, fl.Size, fl.Digest)
+	commitTime := time.Since(t0)
+	st := w.Stages()
+	p.stage("read", time.Duration(readNs))
+	p.stage("buffer_wait", st.Wait)
+	p.stage("hash", st.Hash)
+	p.stage("write", st.Write)
+	p.stage("fsync", st.Sync)
 	if errors.Is(err, syscall.ENOSPC) {
 		d.store.RemoveIngest(ref) // what the full disk refused is missing from it
 		err = d.diskFull(err)
@@ -506,6 +540,7 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 		return "", 0, err
 	}
 	d.metrics.verifications.WithLabelValues("ok").Inc()
+	p.stage("commit", commitTime-(st.Sync-before.Sync)) // Commit's own fsync counts as fsync
 	d.metrics.fetchDuration.WithLabelValues(scheme).Observe(time.Since(start).Seconds())
 	return digest, size, nil
 }

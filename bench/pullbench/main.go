@@ -57,6 +57,7 @@ var (
 	binDir  = flag.String("bin", "bin", "directory with modelcached and modelctl")
 	sizeMiB = flag.Int64("size-mib", envInt("BENCH_SIZE_MIB", 2048), "model size in MiB (four shards); env BENCH_SIZE_MIB")
 	runs    = flag.Int("runs", int(envInt("BENCH_RUNS", 3)), "alternating runs of each pull variant; env BENCH_RUNS")
+	bigMiB  = flag.Int64("big-mib", envInt("BENCH_BIG_MIB", 4096), "size of the one-file pull for peak RSS and the kill/restart test; env BENCH_BIG_MIB")
 	nArts   = flag.Int("artifacts", int(envInt("BENCH_ARTIFACTS", 10000)), "artifacts in the index for the list/restart test")
 	only    = flag.String("only", os.Getenv("BENCH_ONLY"), "run one scenario: kernelcache (default: all); env BENCH_ONLY")
 	workDir = flag.String("dir", os.Getenv("BENCH_DIR"), "scratch directory (default: a temp dir on the same filesystem as /var/tmp)")
@@ -91,22 +92,51 @@ func main() {
 		fmt.Println("note: cannot drop the page cache (not root): cold runs are warm on the server side")
 	}
 
+	origin := originDir(dir)
+	defer syscall.Unmount(origin, 0)
+
 	switch *only {
-	case "":
+	case "", "http":
+	case "big":
+		bigPull(dir, *bigMiB, canDrop)
+		printTable()
+		return
 	case "kernelcache":
 		kernelCacheBench(dir, canDrop)
 		printTable()
 		return
 	case "s3":
-		src := filepath.Join(dir, "src")
+		src := filepath.Join(origin, "src")
 		s3Bench(dir, src, makeModel(src, *sizeMiB<<20), canDrop)
 		printTable()
 		return
 	default:
-		must(fmt.Errorf("-only %q: the scenarios that run alone are kernelcache and s3", *only))
+		must(fmt.Errorf("-only %q: the scenarios that run alone are http, big, kernelcache and s3", *only))
 	}
-	src := filepath.Join(dir, "src")
+	src := filepath.Join(origin, "src")
 	files := makeModel(src, *sizeMiB<<20)
+	if *only == "http" {
+		httpBench(dir, src, files, canDrop)
+		printTable()
+		return
+	}
+	httpBench(dir, src, files, canDrop)
+	defer printTable()
+	bigPull(dir, *bigMiB, canDrop)
+
+	hfBench(dir, src, files, canDrop)
+	ociBench(dir, src, files, canDrop)
+	s3Bench(dir, src, files, canDrop)
+	kernelCacheBench(dir, canDrop)
+	materializeVsCp(dir, src, files)
+	listAndRestart(dir, *nArts)
+}
+
+// httpBench alternates curl -o (+ sync) with modelctl pull of the four
+// shards over plain HTTP, O_DIRECT and buffered; the origin is a Go file
+// server over the model on tmpfs, so the node's disk holds only what is
+// pulled.
+func httpBench(dir, src string, files []file, canDrop bool) {
 	var total int64
 	for _, f := range files {
 		total += f.size
@@ -118,7 +148,8 @@ func main() {
 	base := "http://" + ln.Addr().String()
 
 	curlRes, curlNoSync, directRes, bufRes := []float64{}, []float64{}, []float64{}, []float64{}
-	var rss, cpuPerGB []float64
+	var rss, cpuPerGB, wall []float64
+	var directStages, bufStages []map[string]float64
 	for i := 0; i < *runs; i++ {
 		// curl
 		out := filepath.Join(dir, "curl")
@@ -147,10 +178,13 @@ func main() {
 			pullAll(d, base, files, "m")
 			el := time.Since(t0).Seconds()
 			if direct {
+				directStages = append(directStages, d.stages())
+				wall = append(wall, el)
 				directRes = append(directRes, float64(total)/el)
 				rss = append(rss, float64(d.peakRSS()))
 				cpuPerGB = append(cpuPerGB, (d.cpuSeconds()-cpu0)/(float64(total)/1e9))
 			} else {
+				bufStages = append(bufStages, d.stages())
 				bufRes = append(bufRes, float64(total)/el)
 			}
 			if i == *runs-1 && direct {
@@ -167,16 +201,27 @@ func main() {
 	fmt.Printf("  modelctl pull, O_DIRECT    %.2f  %v  vs curl+sync %.2fx, vs curl %.2fx\n", median(directRes)/1e9, gbps(directRes), median(ratios(directRes, curlRes)), median(ratios(directRes, curlNoSync)))
 	fmt.Printf("  modelctl pull, buffered    %.2f  %v  vs curl+sync %.2fx, vs curl %.2fx\n", median(bufRes)/1e9, gbps(bufRes), median(ratios(bufRes, curlRes)), median(ratios(bufRes, curlNoSync)))
 	fmt.Printf("  daemon peak RSS (O_DIRECT) %s; daemon CPU per GB %.2f s\n", api.FormatBytes(int64(median(rss))), median(cpuPerGB))
+	fmt.Printf("  where the seconds go (daemon's modelcache_pull_stage_seconds, summed over the 4 shards, which run side by side; wall %.2fs):\n", median(wall))
+	fmt.Printf("    O_DIRECT: %s\n    buffered: %s\n", stageLine(directStages), stageLine(bufStages))
 	addRow("http pull of "+api.FormatBytes(total)+" (4 shards), cold, incl. sync", gb(median(directRes)), "curl -o + sync "+gb(median(curlRes)), fmt.Sprintf("%.2fx", median(ratios(directRes, curlRes))))
-	addRow("daemon peak RSS / CPU per GB during that pull", api.FormatBytes(int64(median(rss)))+" / "+fmt.Sprintf("%.2f s", median(cpuPerGB)), "", "")
-	defer printTable()
+	addRow("http pull of "+api.FormatBytes(total)+" (4 shards), cold, buffered (--direct-io=false)", gb(median(bufRes)), "curl -o + sync "+gb(median(curlRes)), fmt.Sprintf("%.2fx", median(ratios(bufRes, curlRes))))
+}
 
-	hfBench(dir, src, files, canDrop)
-	ociBench(dir, src, files, canDrop)
-	s3Bench(dir, src, files, canDrop)
-	kernelCacheBench(dir, canDrop)
-	materializeVsCp(dir, src, files)
-	listAndRestart(dir, *nArts)
+// originDir is where the origins keep their data: a tmpfs under dir
+// (root only), so that an origin serves from memory as a real one across
+// the network would, and the node's disk carries only the pull's writes.
+// The model and one origin's copy of it fit (2 × size + slack). Without
+// root it is a plain directory and the run says so.
+func originDir(dir string) string {
+	o := filepath.Join(dir, "origin")
+	must(os.MkdirAll(o, 0o755))
+	size := fmt.Sprintf("size=%dm", 2**sizeMiB+512)
+	if err := syscall.Mount("tmpfs", o, "tmpfs", 0, size); err != nil {
+		fmt.Printf("note: origins serve from the same disk as the store (tmpfs: %v): cold reads of the origin share the disk\n", err)
+	} else {
+		fmt.Printf("origins serve from tmpfs (%s); the store is on %s\n", size, dir)
+	}
+	return o
 }
 
 func gbps(xs []float64) []string {
@@ -261,15 +306,18 @@ func countBytes(h http.Handler, n *atomic.Int64) http.Handler {
 var daemonArgs []string
 
 type daemon struct {
-	cmd    *exec.Cmd
-	socket string
-	start  time.Duration
+	cmd     *exec.Cmd
+	socket  string
+	metrics string // host:port of /metrics
+	start   time.Duration
 }
 
 func startDaemon(root, sock string, direct bool, env ...string) *daemon {
 	t0 := time.Now()
+	maddr, err := testenv.FreeAddr()
+	must(err)
 	cmd := exec.Command(filepath.Join(*binDir, "modelcached"), "--root", root, "--socket", sock,
-		"--metrics-addr", "", "--models-dir", "", "--socket-group", "", "--log-level", "warn",
+		"--metrics-addr", maddr, "--models-dir", "", "--socket-group", "", "--log-level", "warn",
 		"--direct-io="+strconv.FormatBool(direct), "--max-concurrent-pulls", "4")
 	cmd.Args = append(cmd.Args, daemonArgs...)
 	cmd.Stderr = os.Stderr
@@ -282,7 +330,47 @@ func startDaemon(root, sock string, direct bool, env ...string) *daemon {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	return &daemon{cmd: cmd, socket: sock, start: time.Since(t0)}
+	return &daemon{cmd: cmd, socket: sock, metrics: maddr, start: time.Since(t0)}
+}
+
+// stages reads the daemon's modelcache_pull_stage_seconds sums: seconds
+// spent in each stage of its pulls so far.
+func (d *daemon) stages() map[string]float64 {
+	out := map[string]float64{}
+	resp, err := http.Get("http://" + d.metrics + "/metrics")
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), `modelcache_pull_stage_seconds_sum{stage="`)
+		if !ok {
+			continue
+		}
+		name, v, ok := strings.Cut(rest, `"} `)
+		if f, err := strconv.ParseFloat(v, 64); ok && err == nil {
+			out[name] = f
+		}
+	}
+	return out
+}
+
+// stageOrder is how the bench prints the stages (the daemon's labels).
+var stageOrder = []string{"resolve", "read", "buffer_wait", "hash", "write", "fsync", "commit", "publish"}
+
+// stageLine says where a pull's seconds went, from the daemon's own
+// histogram: the sums over its files (read, hash and write overlap).
+func stageLine(st []map[string]float64) string {
+	var b strings.Builder
+	for _, k := range stageOrder {
+		var xs []float64
+		for _, m := range st {
+			xs = append(xs, m[k])
+		}
+		fmt.Fprintf(&b, " %s %.2fs", k, median(xs))
+	}
+	return strings.TrimSpace(b.String())
 }
 
 func (d *daemon) stop() {
@@ -351,7 +439,7 @@ func secondArtifact(d *daemon, base string, files []file, served *atomic.Int64) 
 	el := time.Since(t0)
 	fmt.Printf("second artifact set with the same %d files: %d bytes fetched, %s (%s per artifact, modelctl process included)\n",
 		len(files), served.Load()-before, el.Round(time.Millisecond), (el / time.Duration(len(files))).Round(time.Microsecond))
-	addRow("dedup: the same files as new artifacts", fmt.Sprintf("%d bytes fetched, %s", served.Load()-before, el.Round(time.Millisecond)), "a plain downloader fetches them again", "")
+	addRow("dedup: the same files as new artifacts", fmt.Sprintf("%d bytes fetched, %s per artifact", served.Load()-before, (el/time.Duration(len(files))).Round(time.Millisecond)), "goal: 0 bytes, < 100 ms", fmt.Sprintf("%.2fx the goal", el.Seconds()/float64(len(files))/0.1))
 }
 
 // materializeVsCp times building a tree of hardlinks for the model against
@@ -610,7 +698,7 @@ func ociBench(dir, src string, files []file, canDrop bool) {
 		fmt.Println("oci: docker-registry or oras missing; skipped (see .ci/run)")
 		return
 	}
-	host, stop, err := testenv.StartRegistry(reg, dir)
+	host, stop, err := testenv.StartRegistry(reg, filepath.Dir(src)) // its data beside the model, on the origin tmpfs
 	must(err)
 	defer stop()
 	args := []string{"push", "--plain-http", host + "/bench/model:v1"}
@@ -645,7 +733,7 @@ func s3Bench(dir, src string, files []file, canDrop bool) {
 	}
 	host, err := testenv.FreeAddr()
 	must(err)
-	data := filepath.Join(dir, "s3data")
+	data := filepath.Join(filepath.Dir(src), "s3data") // on the origin tmpfs
 	os.MkdirAll(data, 0o755)
 	cmd := exec.Command(gw, "--port", host, "posix", data)
 	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY=bench", "ROOT_SECRET_KEY=bench-secret-key")

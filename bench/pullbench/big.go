@@ -1,0 +1,111 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// genFile is a large file made in memory on the fly: a 16 MiB random
+// block repeated. Its origin holds 16 MiB whatever the size, so a 4 GiB
+// pull costs the bench no disk and no 4 GiB of memory.
+type genFile struct {
+	block []byte
+	size  int64
+	off   int64
+}
+
+func (g *genFile) Read(p []byte) (int, error) {
+	if g.off >= g.size {
+		return 0, io.EOF
+	}
+	i := g.off % int64(len(g.block))
+	n := copy(p[:min(int64(len(p)), g.size-g.off)], g.block[i:])
+	g.off += int64(n)
+	return n, nil
+}
+
+func (g *genFile) Seek(off int64, whence int) (int64, error) {
+	switch whence {
+	case io.SeekStart:
+		g.off = off
+	case io.SeekCurrent:
+		g.off += off
+	case io.SeekEnd:
+		g.off = g.size + off
+	}
+	return g.off, nil
+}
+
+// bigPull pulls one file of sizeMiB from an in-memory origin: the
+// daemon's peak RSS and CPU per GB over the pull (one pull, one stream),
+// then the same pull killed (SIGKILL) halfway and started again: the
+// bytes fetched twice.
+func bigPull(dir string, sizeMiB int64, canDrop bool) {
+	size := sizeMiB << 20
+	block := make([]byte, 16<<20)
+	rand.NewChaCha8([32]byte{4}).Read(block)
+	h := sha256.New()
+	io.Copy(h, &genFile{block: block, size: size})
+	sum := hex.EncodeToString(h.Sum(nil))
+	var served atomic.Int64
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(err)
+	srv := &http.Server{Handler: countBytes(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("ETag", `"gen-`+sum[:16]+`"`)
+		http.ServeContent(w, r, "big.safetensors", time.Time{}, &genFile{block: block, size: size})
+	}), &served)}
+	go srv.Serve(ln)
+	defer srv.Close()
+	uri := "http://" + ln.Addr().String() + "/big.safetensors#sha256=" + sum
+	root, sock := filepath.Join(dir, "broot"), filepath.Join(dir, "b.sock")
+
+	// Whole pull: peak RSS, CPU.
+	d := startDaemon(root, sock, true)
+	coldPrep(canDrop)
+	idle := d.peakRSS()
+	cpu0 := d.cpuSeconds()
+	t0 := time.Now()
+	d.ctl("pull", uri, "--name", "big")
+	el := time.Since(t0).Seconds()
+	rss, anon := d.peakRSS(), d.status("RssAnon")
+	cpu := (d.cpuSeconds() - cpu0) / (float64(size) / 1e9)
+	st := d.stages()
+	d.stop()
+	os.RemoveAll(root)
+	fmt.Printf("pull of one %s file from memory: %.2f GB/s; daemon peak RSS %s (idle before it %s; anonymous at the end %s); CPU %.2f s per GB\n",
+		api.FormatBytes(size), float64(size)/el/1e9, api.FormatBytes(rss), api.FormatBytes(idle), api.FormatBytes(anon), cpu)
+	fmt.Printf("  where the seconds go: %s (wall %.2fs)\n", stageLine([]map[string]float64{st}), el)
+	addRow(fmt.Sprintf("daemon peak RSS during a %s pull (one stream)", api.FormatBytes(size)), api.FormatBytes(rss)+fmt.Sprintf(" (%s idle)", api.FormatBytes(idle)), "goal: < 64 MiB", fmt.Sprintf("%.2fx the goal", float64(rss)/float64(64<<20)))
+	addRow("daemon CPU per GB, that pull (O_DIRECT)", fmt.Sprintf("%.2f s", cpu), "goal: ≤ 1.0 s", fmt.Sprintf("%.2fx the goal", cpu))
+
+	// Killed halfway, started again.
+	d = startDaemon(root, sock, true)
+	before := served.Load()
+	d.ctl("pull", uri, "--name", "big", "--no-wait")
+	for served.Load()-before < size/2 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	d.cmd.Wait()
+	first := served.Load() - before
+	d = startDaemon(root, sock, true)
+	d.ctl("pull", uri, "--name", "big")
+	again := served.Load() - before - size
+	d.stop()
+	os.RemoveAll(root)
+	fmt.Printf("pull of %s killed (SIGKILL) after %s were served, then started again: %s fetched twice\n",
+		api.FormatBytes(size), api.FormatBytes(first), api.FormatBytes(again))
+	addRow(fmt.Sprintf("restart of a half-done %s pull (SIGKILL at half)", api.FormatBytes(size)), api.FormatBytes(again)+" fetched again", "goal: ≤ one chunk (2 MiB)", fmt.Sprintf("%.2fx the goal", float64(again)/float64(2<<20)))
+}
