@@ -52,6 +52,6 @@ for b in "${missing[@]}"; do
   [ "$b" = etcd ] && continue
   go build -ldflags "-X k8s.io/component-base/version.gitVersion=$K8S -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34" \
     -o "$DEST/$b" "k8s.io/kubernetes/cmd/$b"
-  "$DEST/$b" --version
+  if [ "$b" = kubectl ]; then "$DEST/$b" version --client; else "$DEST/$b" --version; fi
 done
 "$DEST/etcd" --version | head -1
