@@ -5,7 +5,7 @@ LDFLAGS  := -s -w -X main.version=$(VERSION)
 ROOT     ?= ./.modelcache
 BIN      := bin
 
-.PHONY: build run test test-short bench fmt vet clean deb fuzz
+.PHONY: build run test test-short bench fmt vet clean deb fuzz image
 
 # Debian's versions must start with a digit: 0.1.0~git<commit> unless tagged.
 DEB_VERSION ?= $(shell v=$$(git describe --tags --exact-match 2>/dev/null | sed 's/^v//'); [ -n "$$v" ] && echo $$v || echo 0.1.0~git$$(git rev-parse --short HEAD 2>/dev/null || echo 0))
@@ -54,6 +54,14 @@ bench: build
 # tmpfiles, a default config, an empty models.d, completions, man pages.
 deb: build
 	packaging/deb/build.sh $(BIN) $(DEB_VERSION) $(BIN)
+
+# The daemon image without a container engine (internal/mkimage, with
+# go-containerregistry): both binaries on a glibc base of this Debian host's
+# libc6 files, as an OCI image archive (docs/operator.md: Image).
+IMAGE     ?= ghcr.io/modelcache/modelcached:$(VERSION)
+IMAGE_TAR ?= $(BIN)/modelcached.oci.tar
+image: build
+	$(GO) run ./internal/mkimage -out $(IMAGE_TAR) -ref $(IMAGE) -base "$$(dpkg -L libc6)" $(BIN)/modelcached $(BIN)/modelctl
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

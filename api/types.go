@@ -305,7 +305,7 @@ type Metadata struct {
 // Holder is one reason an artifact version is in use.
 type Holder struct {
 	Kind     string     `json:"kind"` // lease, process or pod
-	ID       string     `json:"id"`   // the lease holder, "pid 123 (python3)", or "pod ns/name"
+	ID       string     `json:"id"`   // the lease holder, "pid 123 (python3)", or "ns/name" of a pod
 	Revision string     `json:"revision"`
 	Expires  *time.Time `json:"expires,omitempty"`
 }

@@ -12,7 +12,8 @@ import (
 )
 
 // podHolders maps the artifacts that pods on this node mount (a hostPath
-// under the store root, or a PV the loop made) to the pods.
+// under the store root, or a PV the loop made) to the pods. The daemon's
+// own pod (Config.Self) mounts the whole store and is never a holder.
 func (s *Syncer) podHolders() map[string][]api.Holder {
 	out := map[string][]api.Holder{}
 	root := strings.TrimRight(s.node.Root(), "/")
@@ -29,7 +30,10 @@ func (s *Syncer) podHolders() map[string][]api.Holder {
 		if !ok || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		id := "pod " + p.Namespace + "/" + p.Name
+		id := p.Namespace + "/" + p.Name
+		if s.cfg.Self != "" && id == s.cfg.Self {
+			continue
+		}
 		add := func(name string) {
 			for _, h := range out[name] {
 				if h.ID == id {

@@ -75,7 +75,11 @@ type Config struct {
 	// Aggregate takes part in the election of the daemon that writes the
 	// ModelCache status counts.
 	Aggregate bool
-	Log       *slog.Logger
+	// Self is the daemon's own pod, "namespace/name" (POD_NAMESPACE and
+	// POD_NAME from the downward API); empty outside a pod. It mounts the
+	// whole store, so it is never counted as a holder.
+	Self string
+	Log  *slog.Logger
 }
 
 // Labels on what the loop makes.

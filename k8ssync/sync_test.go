@@ -56,7 +56,7 @@ func startNodeIn(t *testing.T, kcfg *rest.Config, name string, gpus string, loca
 	inv := filepath.Join(dir, "gpus.json")
 	os.WriteFile(inv, []byte(gpus), 0o644)
 	cfg.GPUInventory = inv
-	cfg.Cluster = &k8ssync.Config{NodeName: name, Kube: kcfg, Namespace: namespace, StatusInterval: 200 * time.Millisecond,
+	cfg.Cluster = &k8ssync.Config{NodeName: name, Kube: kcfg, Namespace: namespace, Self: namespace + "/modelcached-" + name, StatusInterval: 200 * time.Millisecond,
 		LocalPVs: localPVs, PVQPS: 1, PVBurst: 1, Aggregate: true}
 	d, err := daemon.New(context.Background(), cfg)
 	if err != nil {
@@ -299,6 +299,15 @@ func TestClusterSync(t *testing.T) {
 		t.Errorf("PVs of one node created %v apart; the bucket allows one a second", d)
 	}
 
+	// The daemon's own pod mounts the whole store: never a holder.
+	selfPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "modelcached-node-a", Namespace: "modelcache-system"}, Spec: corev1.PodSpec{
+		NodeName:   "node-a",
+		Containers: []corev1.Container{{Name: "modelcached", Image: "modelcached"}},
+		Volumes:    []corev1.Volume{{Name: "store", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: a.root}}}},
+	}}
+	if _, err := kc.CoreV1().Pods("modelcache-system").Create(ctx, selfPod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	// A running pod on node-a mounts "both" by hostPath: Absent evicts it
 	// from node-b, not from node-a, until the pod goes.
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "vllm", Namespace: "default"}, Spec: corev1.PodSpec{
@@ -311,8 +320,8 @@ func TestClusterSync(t *testing.T) {
 	}
 	eventually(t, "the pod holds both on node-a", 20*time.Second, func() error {
 		x, err := a.c.Get(ctx, "both")
-		if err != nil || len(x.InUse) == 0 || x.InUse[0].Kind != "pod" {
-			return fmt.Errorf("%+v %v", x, err)
+		if err != nil || len(x.InUse) != 1 || x.InUse[0].Kind != "pod" || x.InUse[0].ID != "default/vllm" {
+			return fmt.Errorf("want the one holder pod default/vllm (the daemon's own pod is none): %+v %v", x, err)
 		}
 		return nil
 	})

@@ -97,6 +97,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "cluster", Value: "auto", Usage: "sync with Kubernetes: auto (when a node name and a kubeconfig or in-cluster config exist), on, off"},
 			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file; default in-cluster config", EnvVars: []string{"KUBECONFIG"}},
 			&cli.StringFlag{Name: "node-name", Usage: "this node's name (from the downward API: spec.nodeName)", EnvVars: []string{"NODE_NAME"}},
+			&cli.StringFlag{Name: "pod-name", Usage: "the daemon's own pod when it runs in one (from the downward API: metadata.name); never counted as a holder", EnvVars: []string{"POD_NAME"}},
 			&cli.StringFlag{Name: "lease-namespace", Value: "modelcache-system", Usage: "namespace of the Lease that elects the status aggregator", EnvVars: []string{"POD_NAMESPACE"}},
 			&cli.BoolFlag{Name: "local-pvs", Usage: "make a read-only local PersistentVolume for each Ready model of a ModelCache"},
 			&cli.StringFlag{Name: "pv-storage-class", Value: "modelcache-local", Usage: "storage class of those PVs"},
@@ -317,5 +318,16 @@ func clusterConfig(c *cli.Context) (*k8ssync.Config, error) {
 	}
 	return &k8ssync.Config{NodeName: node, Kube: rc, Namespace: c.String("lease-namespace"), LocalPVs: c.Bool("local-pvs"),
 		StorageClass: c.String("pv-storage-class"), PVQPS: float32(c.Float64("pv-qps")), PVBurst: c.Int("pv-burst"),
-		StatusInterval: c.Duration("status-interval"), Aggregate: true}, nil
+		StatusInterval: c.Duration("status-interval"), Aggregate: true, Self: self(c)}, nil
+}
+
+// self names the daemon's own pod, "namespace/name", from POD_NAMESPACE and
+// POD_NAME (--lease-namespace's environment variable and --pod-name); empty
+// when either is missing.
+func self(c *cli.Context) string {
+	ns, name := os.Getenv("POD_NAMESPACE"), c.String("pod-name")
+	if ns == "" || name == "" {
+		return ""
+	}
+	return ns + "/" + name
 }
