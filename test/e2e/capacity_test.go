@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -172,14 +173,15 @@ func TestEvictionOnASmallFilesystem(t *testing.T) {
 	}
 }
 
-// metricsAddr is where this daemon serves /metrics (from its log).
-func (e *env) metricsAddr() string {
-	e.t.Helper()
-	m := regexp.MustCompile(`msg=metrics addr=(\S+)`).FindStringSubmatch(e.log.String())
-	if m == nil {
-		e.t.Fatalf("no metrics address in the log\n%s", e.log)
+// freeAddr is a loopback address no one listens on now (for a daemon's
+// --metrics-addr that the test reads).
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-	return m[1]
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // TestAdHocEntriesMakeRoom is issue 16 as a user meets it, on a 40 MiB
@@ -192,7 +194,8 @@ func TestAdHocEntriesMakeRoom(t *testing.T) {
 	mnt := testenv.Tmpfs(t, "40m")
 	e := newEnv(t)
 	e.root = filepath.Join(mnt, "root")
-	e.flags = []string{"--min-age", "0s", "--capacity-interval", "100ms"}
+	metrics := freeAddr(t)
+	e.flags = []string{"--min-age", "0s", "--capacity-interval", "100ms", "--metrics-addr", metrics} // the last --metrics-addr wins
 	files := map[string][]byte{}
 	for i, n := range []string{"pinned", "leased", "decl", "x1", "x2", "x3", "huge"} {
 		size := 5 << 20
@@ -252,7 +255,7 @@ func TestAdHocEntriesMakeRoom(t *testing.T) {
 	if r := e.ctl(nil, "inspect", "x1"); !strings.Contains(r.stdout+r.stderr, "make room for x3") {
 		t.Fatalf("inspect x1 does not say why it went: %q %q", r.stdout, r.stderr)
 	}
-	resp, err := http.Get("http://" + e.metricsAddr() + "/metrics")
+	resp, err := http.Get("http://" + metrics + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
