@@ -778,3 +778,26 @@ func (s *Store) Desires() (map[string][]byte, error) {
 	})
 	return out, err
 }
+
+// PutHold stores the daemon's opaque record of a hold under key (a pod's
+// CSI volume holding a version): it outlives restarts until DeleteHold.
+func (s *Store) PutHold(key string, raw []byte) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketHolds).Put([]byte(key), raw) })
+}
+
+// DeleteHold removes the hold record under key; none there is no error.
+func (s *Store) DeleteHold(key string) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketHolds).Delete([]byte(key)) })
+}
+
+// Holds returns every hold record by key.
+func (s *Store) Holds() (map[string][]byte, error) {
+	out := map[string][]byte{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketHolds).ForEach(func(k, v []byte) error {
+			out[string(k)] = append([]byte(nil), v...)
+			return nil
+		})
+	})
+	return out, err
+}
