@@ -73,7 +73,7 @@ type Config struct {
 	// desires, this node's status is written); nil: standalone.
 	Cluster *k8ssync.Config
 	// CSI, when set, serves the CSI node plugin (csi.go); nil: off.
-	CSI *csi.Config
+	CSI     *csi.Config
 	Logger  *slog.Logger // nil = silent
 	Version string       // reported by status and metrics
 	// Hook is called at the store's named commit points; for crash tests.

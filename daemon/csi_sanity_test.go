@@ -55,7 +55,7 @@ func TestCSISanity(t *testing.T) {
 	sc := sanity.NewTestConfig()
 	sc.Address = "unix://" + drvCfg.Socket
 	sc.TargetPath = filepath.Join(cfg.CSI.PodsDir, "sanity-pod") // the suite makes it and publishes at <it>/target
-	sc.StagingPath = filepath.Join(t.TempDir(), "staging") // never used: no staging
+	sc.StagingPath = filepath.Join(t.TempDir(), "staging")       // never used: no staging
 	sc.IdempotentCount = 3
 	sc.TestVolumeSize = 0
 	sanity.GinkgoTest(&sc)
