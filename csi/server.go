@@ -295,21 +295,15 @@ func (d *Driver) volumeFrom(req *csipb.NodePublishVolumeRequest) (Volume, error)
 		return v, err
 	}
 	attrs := req.GetVolumeContext()
+	fields := map[string]*string{AttrModelCache: &v.Model, AttrRevision: &v.Revision, AttrKernelCaches: &v.KernelCaches,
+		attrPodName: &v.PodName, attrPodNamespace: &v.PodNamespace, attrPodUID: &v.PodUID}
 	var unknown []string
 	for k, val := range attrs {
+		if f, ok := fields[k]; ok {
+			*f = val
+			continue
+		}
 		switch k {
-		case AttrModelCache:
-			v.Model = val
-		case AttrRevision:
-			v.Revision = val
-		case AttrKernelCaches:
-			v.KernelCaches = val
-		case attrPodName:
-			v.PodName = val
-		case attrPodNamespace:
-			v.PodNamespace = val
-		case attrPodUID:
-			v.PodUID = val
 		case attrEphemeral:
 			if val != "true" {
 				return v, status.Errorf(codes.InvalidArgument, "%s=%q: %s serves inline ephemeral volumes only (volumeLifecycleModes: [Ephemeral]); declare the volume in the pod's spec.volumes[].csi", attrEphemeral, val, DriverName)
