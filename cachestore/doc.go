@@ -26,7 +26,7 @@
 //	    snapshots/<commit>/<path>            relative symlinks to ../../blobs/<oid>
 //	    refs/<ref>                           the commit a ref names, no trailing newline
 //
-// # Index schema (bbolt, version 2)
+// # Index schema (bbolt, version 3)
 //
 // Every bucket, key and stored field; TestDocDrawsSchema fails when a
 // bucket or key of index.go, or a JSON field of a stored record, is
@@ -60,6 +60,10 @@
 //	                            socket pull or pin; models.d files are never stored
 //	    cluster:<name>       -> the same, for a desire from a ModelCache object
 //	                            (a colon is never part of an artifact name)
+//	holds/               (bucket; since schema 3)
+//	    <key>                -> opaque to the store: the daemon's JSON record of a
+//	                            hold that outlives restarts (csi:<volume id>: a
+//	                            pod's CSI volume and the version it mounts)
 //
 // Fields marked omitempty in the structs are absent when empty.
 //

@@ -14,6 +14,7 @@ var (
 	bucketBlobs     = []byte("blobs")
 	bucketArtifacts = []byte("artifacts")
 	bucketDesires   = []byte("desires")
+	bucketHolds     = []byte("holds")
 	bucketVersions  = []byte("versions")
 	bucketManifests = []byte("manifests")
 	keyVersion      = []byte("version")
@@ -111,6 +112,12 @@ var migrations = []migration{
 			}
 			return nil
 		})
+	},
+	// 2 → 3: holds, the daemon's records of what holds a version across
+	// restarts (a pod's CSI volume).
+	func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(bucketHolds)
+		return err
 	},
 }
 

@@ -759,19 +759,39 @@ func (s *Store) Evict(ctx context.Context, name, rev string, force bool) ([]stri
 
 // PutDesire stores the daemon's opaque desired-state record for name.
 func (s *Store) PutDesire(name string, raw []byte) error {
-	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketDesires).Put([]byte(name), raw) })
+	return s.putRecord(bucketDesires, name, raw)
 }
 
 // DeleteDesire removes the desired-state record for name.
-func (s *Store) DeleteDesire(name string) error {
-	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketDesires).Delete([]byte(name)) })
-}
+func (s *Store) DeleteDesire(name string) error { return s.deleteRecord(bucketDesires, name) }
 
 // Desires returns every desired-state record.
-func (s *Store) Desires() (map[string][]byte, error) {
+func (s *Store) Desires() (map[string][]byte, error) { return s.records(bucketDesires) }
+
+// PutHold stores the daemon's opaque record of a hold under key (a pod's
+// CSI volume holding a version): it outlives restarts until DeleteHold.
+func (s *Store) PutHold(key string, raw []byte) error { return s.putRecord(bucketHolds, key, raw) }
+
+// DeleteHold removes the hold record under key; none there is no error.
+func (s *Store) DeleteHold(key string) error { return s.deleteRecord(bucketHolds, key) }
+
+// Holds returns every hold record by key.
+func (s *Store) Holds() (map[string][]byte, error) { return s.records(bucketHolds) }
+
+// putRecord, deleteRecord and records keep the daemon's opaque records
+// of a top-level bucket (desires, holds).
+func (s *Store) putRecord(bucket []byte, key string, raw []byte) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put([]byte(key), raw) })
+}
+
+func (s *Store) deleteRecord(bucket []byte, key string) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucket).Delete([]byte(key)) })
+}
+
+func (s *Store) records(bucket []byte) (map[string][]byte, error) {
 	out := map[string][]byte{}
 	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketDesires).ForEach(func(k, v []byte) error {
+		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
 			out[string(k)] = append([]byte(nil), v...)
 			return nil
 		})

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/csi"
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/k8ssync"
 )
@@ -71,6 +72,8 @@ type Config struct {
 	// Cluster, when set, syncs with Kubernetes (ModelCache objects become
 	// desires, this node's status is written); nil: standalone.
 	Cluster *k8ssync.Config
+	// CSI, when set, serves the CSI node plugin (csi.go); nil: off.
+	CSI     *csi.Config
 	Logger  *slog.Logger // nil = silent
 	Version string       // reported by status and metrics
 	// Hook is called at the store's named commit points; for crash tests.
@@ -174,6 +177,11 @@ func (c *Config) Validate() error {
 	}
 	if c.ProgressFloor < 0 || (c.ProgressFloor > 0 && c.ProgressWindow <= 0) {
 		errs = append(errs, fmt.Errorf("--progress-floor %d per --progress-window %s: want a floor >= 0 (0 = off) and a window > 0, e.g. 1Mi per 1m", c.ProgressFloor, c.ProgressWindow))
+	}
+	if c.CSI != nil {
+		if err := c.CSI.Validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if c.BandwidthLimit < 0 {
 		errs = append(errs, fmt.Errorf("--bandwidth-limit %d: want >= 0", c.BandwidthLimit))

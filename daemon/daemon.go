@@ -21,6 +21,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/csi"
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
 	filefetcher "github.com/modelcache/modelcache/fetchers/file"
@@ -84,6 +85,7 @@ type Daemon struct {
 	arts            map[string]*artState
 	flights         map[string]*flight           // one download per blob (pull.go)
 	leases          map[string]map[string]*lease // name → holder → lease
+	csiHolds        map[string]csi.Volume        // CSI volume id → what it holds (csi.go)
 	changed         chan struct{}                // closed and replaced on every state change
 	evicted         map[string]api.EvictionNote  // ad-hoc entries evicted to make room (evict.go)
 
@@ -255,6 +257,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.apiDesires[name] = trustSocketDesire(ds, log)
 	}
 	d.loadModelsDir()
+	d.loadCSIHolds()
 	return d, nil
 }
 
@@ -294,7 +297,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		ReadHeaderTimeout: d.cfg.SocketReadTimeout, ReadTimeout: d.cfg.SocketReadTimeout, IdleTimeout: d.cfg.SocketIdleTimeout,
 		ErrorLog: slog.NewLogLogger(d.log.With("component", "api").Handler(), slog.LevelWarn),
 	}
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- srv.Serve(pl) }()
 
 	var msrv *http.Server
@@ -311,6 +314,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 
 	var bg sync.WaitGroup
+	if d.cfg.CSI != nil {
+		bg.Add(1)
+		go func() { defer bg.Done(); errc <- d.serveCSI(ctx) }()
+	}
 	bg.Add(3)
 	go func() { defer bg.Done(); d.watchModelsDir(ctx) }()
 	go func() { defer bg.Done(); d.capacityLoop(ctx) }()

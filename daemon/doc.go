@@ -25,7 +25,9 @@
 //	kernelcache.go kernel caches: expansion, signature, GPU compatibility, env
 //	admission.go   capacity: admission of a pull, reservations, eviction passes
 //	               (the victims are chosen by capacity.PlanSpace, in capacity/plan.go)
-//	inuse.go       what is in use: leases, pod holders, the /proc scan
+//	inuse.go       what is in use: leases, pod holders, CSI volumes, the /proc scan
+//	csi.go         the daemon as the CSI driver sees it (csi.Backend): a pod's volume
+//	               holds one exact revision, recorded in the index (holds/csi:<id>)
 //	ingests.go     partial downloads: abandoned, resumable, reclaimed
 //	evict.go       how artifacts leave: modelctl evict, absent desires, gc
 //	views.go       the read views (list, inspect, status, usage); wait.go the streams of them

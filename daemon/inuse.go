@@ -39,6 +39,7 @@ func (d *Daemon) inUseLocked() map[string][]api.Holder {
 		}
 	}
 	d.podUses(out)
+	d.csiUses(out)
 	d.scanMu.Lock()
 	for k, hs := range d.scanUses {
 		out[k] = append(out[k], hs...)

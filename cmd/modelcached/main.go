@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/modelcache/modelcache/csi"
 	"github.com/modelcache/modelcache/daemon"
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
@@ -107,6 +108,9 @@ func newApp() *cli.App {
 			&cli.DurationFlag{Name: "idle-timeout", Value: def.IdleTimeout, Usage: "a download that delivers nothing this long is resumed on a new request"},
 			&cli.GenericFlag{Name: "progress-floor", Value: &sizeFlag{n: 1 << 20, set: true}, DefaultText: "1Mi", Usage: "a download that delivers less than this in a --progress-window of reading fails the attempt as too slow (retried, its pull slot given up meanwhile); 0 = off"},
 			&cli.DurationFlag{Name: "progress-window", Value: def.ProgressWindow, Usage: "the window of --progress-floor"},
+			&cli.StringFlag{Name: "csi-socket", Usage: "serve the CSI node plugin csi.modelcache.io on this unix socket, e.g. /var/lib/kubelet/plugins/csi.modelcache.io/csi.sock (default off)"},
+			&cli.StringFlag{Name: "csi-pods-dir", Value: csi.DefaultPodsDir, Usage: "kubelet's pods directory: every CSI target path must lie under it"},
+			&cli.StringFlag{Name: "csi-registration-dir", Value: "/var/lib/kubelet/plugins_registry", Usage: "kubelet's plugin registration directory, where the daemon registers the CSI driver itself (empty: leave it to a node-driver-registrar)"},
 		},
 		Action: run,
 		// Bad flags are found by checkArgs first; what urfave/cli still
@@ -228,6 +232,9 @@ func run(c *cli.Context) error {
 	cfg.GPUInventory = c.String("gpu-inventory")
 	if cfg.Cluster, err = clusterConfig(c); err != nil {
 		return err
+	}
+	if p := c.String("csi-socket"); p != "" {
+		cfg.CSI = &csi.Config{Socket: p, PodsDir: c.String("csi-pods-dir"), RegistrationDir: c.String("csi-registration-dir"), NodeID: c.String("node-name")}
 	}
 	cfg.Logger = logger
 	cfg.Version = version

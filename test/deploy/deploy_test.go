@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -72,7 +73,7 @@ func TestDeployBundleServerSideDryRun(t *testing.T) {
 			kinds[u.GetKind()]++
 		}
 	}
-	for _, want := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "CustomResourceDefinition", "DaemonSet", "StorageClass", "PodMonitor", "ModelCache", "Pod", "PersistentVolumeClaim"} {
+	for _, want := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "CustomResourceDefinition", "DaemonSet", "StorageClass", "CSIDriver", "PodMonitor", "ModelCache", "Pod", "PersistentVolumeClaim"} {
 		if kinds[want] == 0 {
 			t.Errorf("the bundle has no %s: %v", want, kinds)
 		}
@@ -127,6 +128,31 @@ func TestDeployBundleServerSideDryRun(t *testing.T) {
 		}
 		if !found {
 			t.Error("the DaemonSet does not set NODE_NAME from the downward API")
+		}
+		// The CSI node plugin: its socket on, the pods directory mounted
+		// at its host path with Bidirectional propagation.
+		args, _ := c["args"].([]any)
+		csiOn := false
+		for _, a := range args {
+			csiOn = csiOn || strings.HasPrefix(a.(string), "--csi-socket=/var/lib/kubelet/plugins/csi.modelcache.io/")
+		}
+		mounts, _ := c["volumeMounts"].([]any)
+		bidi := false
+		for _, m := range mounts {
+			mm := m.(map[string]any)
+			bidi = bidi || mm["mountPath"] == "/var/lib/kubelet/pods" && mm["mountPropagation"] == "Bidirectional"
+		}
+		if !csiOn || !bidi {
+			t.Errorf("the DaemonSet does not serve the CSI driver (--csi-socket %v) with kubelet's pods directory mounted Bidirectional (%v)", csiOn, bidi)
+		}
+	}
+	for _, u := range objs {
+		if u.GetKind() != "CSIDriver" {
+			continue
+		}
+		spec, _, _ := unstructured.NestedMap(u.Object, "spec")
+		if u.GetName() != "csi.modelcache.io" || spec["podInfoOnMount"] != true || spec["attachRequired"] != false || fmt.Sprint(spec["volumeLifecycleModes"]) != "[Ephemeral]" {
+			t.Errorf("CSIDriver %s: %v; want csi.modelcache.io with podInfoOnMount, no attach, Ephemeral only", u.GetName(), spec)
 		}
 	}
 }

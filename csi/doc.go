@@ -1,0 +1,40 @@
+// Package csi is modelcached's CSI node plugin: the Identity and Node
+// services of the Container Storage Interface (spec v1) for inline
+// ephemeral volumes, driver csi.modelcache.io, and kubelet's plugin
+// registration service, so no node-driver-registrar sidecar is needed.
+//
+// A pod asks for a model by name:
+//
+//	volumes:
+//	- name: model
+//	  csi:
+//	    driver: csi.modelcache.io
+//	    readOnly: true
+//	    volumeAttributes:
+//	      modelCache: llama-3-8b      # a ModelCache name or a local artifact name
+//	      revision: 5f0b02c7…         # optional: one the node holds
+//	      kernelCaches: none          # none (the default) or auto
+//
+// NodePublishVolume validates the request (target under kubelet's pods
+// directory, no "..", no symlink out of it; attributes by name), asks the
+// Backend for the tree of one exact revision, which the Backend holds from
+// then on, and bind-mounts that tree read-only (nosuid, nodev) at the
+// target. A repeated call for a mounted target succeeds without a second
+// mount. NodeUnpublishVolume unmounts, removes the target directory and
+// releases the hold; it succeeds for a target already gone.
+//
+// Errors are gRPC status errors kubelet understands: the Backend returns
+// Unavailable (kubelet retries; the message is the node's progress) while
+// a model downloads, FailedPrecondition when it failed or is incompatible,
+// NotFound for a name the node cannot serve, InvalidArgument for a bad
+// attribute (naming it). Anything else is Internal.
+//
+// Holds outlive the driver: the Backend records them (the daemon in its
+// index). At start, Serve drops the record of any volume whose target is
+// no longer a mount point (its pod went while the daemon was down, or the
+// node rebooted); kubelet publishes again for a pod that still runs.
+//
+// Registration: Serve also listens on <RegistrationDir>/csi.modelcache.io-reg.sock,
+// where kubelet's plugin watcher finds it, and answers kubelet's
+// pluginregistration.v1 GetInfo with the CSI socket's path.
+package csi

@@ -1,0 +1,400 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/csi"
+	"github.com/modelcache/modelcache/internal/testenv"
+)
+
+// csiRig is a daemon serving the CSI driver (Run's --csi-socket path) and
+// a client of it, with a pods directory of the test's own.
+type csiRig struct {
+	*harness
+	node csipb.NodeClient
+	pods string
+}
+
+func csiConfig(t *testing.T) Config {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (to bind-mount CSI volumes)", "run the tests as root, as CI does")
+	}
+	cfg := testConfig(t)
+	dir := t.TempDir()
+	cfg.CSI = &csi.Config{Socket: filepath.Join(dir, "csi.sock"), PodsDir: filepath.Join(dir, "pods"), NodeID: "node-a"}
+	if err := os.MkdirAll(cfg.CSI.PodsDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func startCSI(t *testing.T, cfg Config) *csiRig {
+	t.Helper()
+	h := start(t, cfg)
+	conn, err := grpc.NewClient("unix://"+cfg.CSI.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	r := &csiRig{harness: h, node: csipb.NewNodeClient(conn), pods: cfg.CSI.PodsDir}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := r.node.NodeGetInfo(context.Background(), &csipb.NodeGetInfoRequest{}); err == nil {
+			return r
+		} else if time.Now().After(deadline) {
+			t.Fatalf("CSI socket never answered: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// target is where kubelet would publish volume vol of pod uid (kubelet
+// makes the parent; the driver makes the mount directory).
+func (r *csiRig) target(uid, vol string) string {
+	dir := filepath.Join(r.pods, uid, "volumes", "kubernetes.io~csi", vol)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		r.t.Fatal(err)
+	}
+	return filepath.Join(dir, "mount")
+}
+
+func (r *csiRig) publish(id, target string, attrs map[string]string) error {
+	ctx := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "csi.storage.k8s.io/pod.namespace": "ml", "csi.storage.k8s.io/pod.name": "pod-" + id, "csi.storage.k8s.io/pod.uid": "uid-" + id}
+	for k, v := range attrs {
+		ctx[k] = v
+	}
+	_, err := r.node.NodePublishVolume(context.Background(), &csipb.NodePublishVolumeRequest{
+		VolumeId: id, TargetPath: target, Readonly: true, VolumeContext: ctx,
+		VolumeCapability: &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
+			AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}},
+	})
+	return err
+}
+
+func (r *csiRig) unpublish(id, target string) error {
+	_, err := r.node.NodeUnpublishVolume(context.Background(), &csipb.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+	return err
+}
+
+func isMounted(t *testing.T, p string) bool {
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(raw), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == p {
+			return true
+		}
+	}
+	return false
+}
+
+// files lists the regular files under dir with their contents.
+func files(t *testing.T, dir string) map[string]string {
+	out := map[string]string{}
+	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || fi.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(dir, p)
+		out[rel] = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func holders(t *testing.T, h *harness, name string) []string {
+	t.Helper()
+	a, err := h.c.Get(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, x := range a.InUse {
+		out = append(out, x.Kind+" "+x.ID+"@"+x.Revision)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestCSIPublishHoldsTheRevision: the pod's path shows exactly the
+// revision's files, read-only; when current moves on the mount stays on
+// its revision, which eviction does not take; unpublish unmounts and
+// releases, and the old revision goes.
+func TestCSIPublishHoldsTheRevision(t *testing.T) {
+	v1a, v1b, v2 := data(4000, 1), data(3000, 2), data(5000, 3)
+	srv := newFileServer(t, map[string][]byte{"v1/a.bin": v1a, "v1/b.bin": v1b, "v2/a.bin": v2})
+	cfg := csiConfig(t)
+	cfg.Capacity.KeepRevisions = 0 // an old revision goes as soon as nothing holds it
+	cfg.Capacity.MinAge = 0
+	r := startCSI(t, cfg)
+	defer r.stop()
+	if _, err := r.pull(api.PullRequest{Name: "m", URI: srv.URL + "/v1/a.bin#sha256=" + sha(v1a)}); err != nil {
+		t.Fatal(err)
+	}
+	a1, _ := r.c.Get(context.Background(), "m")
+	rev1 := a1.Revision
+
+	target := r.target("uid-1", "model")
+	if err := r.publish("vol-1", target, map[string]string{"modelCache": "m"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.publish("vol-1", target, map[string]string{"modelCache": "m"}); err != nil { // kubelet retries
+		t.Fatalf("a repeated publish: %v", err)
+	}
+	if !isMounted(t, target) {
+		t.Fatal("target is not a mount point")
+	}
+	if got := files(t, target); len(got) != 1 || got["a.bin"] != string(v1a) {
+		t.Fatalf("mount shows %d files, want exactly a.bin of %s", len(got), rev1)
+	}
+	if err := os.WriteFile(filepath.Join(target, "a.bin"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("write into the mount: %v, want EROFS", err)
+	}
+	if err := os.WriteFile(filepath.Join(target, "new"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("create in the mount: %v, want EROFS", err)
+	}
+	if got := holders(t, r.harness, "m"); len(got) != 1 || got[0] != "pod pod ml/pod-vol-1@"+rev1 {
+		t.Fatalf("inUse %v, want the pod holding %s", got, rev1)
+	}
+
+	// current moves on (a refresh to another source).
+	if _, err := r.pull(api.PullRequest{Name: "m", URI: srv.URL + "/v2/a.bin#sha256=" + sha(v2), Replace: true}); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := r.c.Get(context.Background(), "m"); a.Revision == rev1 {
+		t.Fatal("current did not move")
+	}
+	if _, err := r.d.evictPass(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := files(t, target); got["a.bin"] != string(v1a) {
+		t.Fatal("after current moved, the mount no longer shows the old revision")
+	}
+	if _, err := os.Stat(r.d.store.TreePath("model", "m", rev1)); err != nil {
+		t.Fatalf("the held revision was evicted: %v", err)
+	}
+	// A second pod gets the new current; the first keeps its own.
+	target2 := r.target("uid-2", "model")
+	if err := r.publish("vol-2", target2, map[string]string{"modelCache": "m"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := files(t, target2); got["a.bin"] != string(v2) {
+		t.Fatal("a new pod does not get the new current")
+	}
+	// Asking for the old revision by name works while the node holds it.
+	target3 := r.target("uid-3", "model")
+	if err := r.publish("vol-3", target3, map[string]string{"modelCache": "m", "revision": rev1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := files(t, target3); got["a.bin"] != string(v1a) {
+		t.Fatal("revision attribute not honoured")
+	}
+
+	for _, v := range []struct{ id, target string }{{"vol-1", target}, {"vol-3", target3}, {"vol-2", target2}} {
+		if err := r.unpublish(v.id, v.target); err != nil {
+			t.Fatal(err)
+		}
+		if isMounted(t, v.target) {
+			t.Fatalf("%s still mounted after unpublish", v.target)
+		}
+		if _, err := os.Stat(v.target); !os.IsNotExist(err) {
+			t.Fatalf("%s left behind: %v", v.target, err)
+		}
+	}
+	if err := r.unpublish("vol-1", target); err != nil { // idempotent
+		t.Fatalf("a repeated unpublish: %v", err)
+	}
+	if got := holders(t, r.harness, "m"); len(got) != 0 {
+		t.Fatalf("holds after unpublish: %v", got)
+	}
+	if _, err := r.d.evictPass(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(r.d.store.TreePath("model", "m", rev1)); !os.IsNotExist(err) {
+		t.Fatalf("the released old revision is still there after an eviction pass: %v", err)
+	}
+}
+
+// TestCSIRestartKeepsHolds: a daemon restart between publish and
+// unpublish loses no hold and leaves no mount; a volume whose mount went
+// while the daemon was down is released at start.
+func TestCSIRestartKeepsHolds(t *testing.T) {
+	w := data(4000, 5)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	cfg := csiConfig(t)
+	r := startCSI(t, cfg)
+	if _, err := r.pull(api.PullRequest{Name: "m", URI: srv.URL + "/w.bin#sha256=" + sha(w)}); err != nil {
+		t.Fatal(err)
+	}
+	t1, t2 := r.target("uid-1", "model"), r.target("uid-2", "model")
+	for i, tg := range []string{t1, t2} {
+		if err := r.publish([]string{"vol-1", "vol-2"}[i], tg, map[string]string{"modelCache": "m"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.stop()
+	if !isMounted(t, t1) {
+		t.Fatal("stopping the daemon unmounted a pod's volume")
+	}
+	// Pod 2 went while the daemon was down (its mount with it).
+	if err := syscall.Unmount(t2, 0); err != nil {
+		t.Fatal(err)
+	}
+	r = startCSI(t, cfg)
+	defer r.stop()
+	got := holders(t, r.harness, "m")
+	if len(got) != 1 || !strings.Contains(got[0], "ml/pod-vol-1@") {
+		t.Fatalf("after restart inUse is %v, want pod-vol-1 only", got)
+	}
+	if err := r.unpublish("vol-1", t1); err != nil {
+		t.Fatal(err)
+	}
+	if isMounted(t, t1) {
+		t.Fatal("mount left behind")
+	}
+	if got := holders(t, r.harness, "m"); len(got) != 0 {
+		t.Fatalf("holds left: %v", got)
+	}
+	if raw, _ := r.d.store.Holds(); len(raw) != 0 {
+		t.Fatalf("hold records left in the index: %v", raw)
+	}
+}
+
+// TestCSIPublishWhileDownloading: Unavailable with the progress, then a
+// success once Ready.
+func TestCSIPublishWhileDownloading(t *testing.T) {
+	w := data(1<<20, 6)
+	gate := make(chan struct{})
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	srv.hook = func(rw http.ResponseWriter, r *http.Request) bool {
+		if r.Method == http.MethodGet {
+			<-gate
+		}
+		return false
+	}
+	r := startCSI(t, csiConfig(t))
+	defer r.stop()
+	if _, err := r.c.Pull(context.Background(), api.PullRequest{Name: "m", URI: srv.URL + "/w.bin#sha256=" + sha(w)}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	r.waitPhase("m", api.PhaseDownloading)
+	target := r.target("uid-1", "model")
+	err := r.publish("vol-1", target, map[string]string{"modelCache": "m"})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), "model m downloading") {
+		t.Fatalf("publish while downloading: %v, want Unavailable with progress", err)
+	}
+	t.Logf("kubelet would show: %s", status.Convert(err).Message())
+	if isMounted(t, target) {
+		t.Fatal("mounted while not Ready")
+	}
+	if got := holders(t, r.harness, "m"); len(got) != 0 {
+		t.Fatalf("a failed publish holds: %v", got)
+	}
+	close(gate)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := r.publish("vol-1", target, map[string]string{"modelCache": "m"})
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := files(t, target); got["w.bin"] != string(w) {
+		t.Fatal("mount after Ready does not show the model")
+	}
+	if err := r.unpublish("vol-1", target); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCSIRefusals: what a pod may not ask, with the code kubelet sees and
+// a message naming the problem.
+func TestCSIRefusals(t *testing.T) {
+	w := data(1000, 7)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	cfg := csiConfig(t)
+	r := startCSI(t, cfg)
+	defer r.stop()
+	if _, err := r.pull(api.PullRequest{Name: "known", URI: srv.URL + "/w.bin#sha256=" + sha(w)}); err != nil {
+		t.Fatal(err)
+	}
+	outside := filepath.Join(t.TempDir(), "mount")
+	escape := r.target("uid-x", "v") // then a symlink in the pods dir leading out
+	link := filepath.Join(r.pods, "uid-link")
+	if err := os.Symlink(filepath.Dir(outside), link); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, target string
+		attrs        map[string]string
+		code         codes.Code
+		want         string
+	}{
+		{"unknown model", escape, map[string]string{"modelCache": "nope"}, codes.NotFound, "this node can serve: known"},
+		{"no modelCache", escape, map[string]string{}, codes.InvalidArgument, "volumeAttributes.modelCache"},
+		{"bad kernelCaches", escape, map[string]string{"modelCache": "known", "kernelCaches": "all"}, codes.InvalidArgument, "volumeAttributes.kernelCaches"},
+		{"unknown attribute", escape, map[string]string{"modelCache": "known", "revison": "x"}, codes.InvalidArgument, "revison"},
+		{"bad revision", escape, map[string]string{"modelCache": "known", "revision": "../x"}, codes.InvalidArgument, "volumeAttributes.revision"},
+		{"revision not held", escape, map[string]string{"modelCache": "known", "revision": "abc"}, codes.NotFound, "not on this node"},
+		{"name with a slash", escape, map[string]string{"modelCache": "../etc"}, codes.InvalidArgument, "volumeAttributes.modelCache"},
+		{"target outside pods", outside, map[string]string{"modelCache": "known"}, codes.InvalidArgument, "not under kubelet's pods directory"},
+		{"target with ..", r.pods + "/a/../../x", map[string]string{"modelCache": "known"}, codes.InvalidArgument, "clean absolute path"},
+		{"target through a symlink", filepath.Join(link, "mount"), map[string]string{"modelCache": "known"}, codes.InvalidArgument, "resolves outside"},
+		{"persistent volume", escape, map[string]string{"modelCache": "known", "csi.storage.k8s.io/ephemeral": "false"}, codes.InvalidArgument, "ephemeral"},
+	} {
+		err := r.publish("vol-"+strings.ReplaceAll(c.name, " ", "-"), c.target, c.attrs)
+		if status.Code(err) != c.code || !strings.Contains(status.Convert(err).Message(), c.want) {
+			t.Errorf("%s: %v, want %s naming %q", c.name, err, c.code, c.want)
+		}
+	}
+	if _, err := os.Stat(outside); !os.IsNotExist(err) {
+		t.Errorf("a refused publish created %s", outside)
+	}
+	if got := holders(t, r.harness, "known"); len(got) != 0 {
+		t.Errorf("refused publishes hold: %v", got)
+	}
+}
+
+func TestCSINotReadyStatus(t *testing.T) {
+	next := time.Now().Add(time.Minute)
+	for _, c := range []struct {
+		a    api.Artifact
+		code codes.Code
+		want string
+	}{
+		{api.Artifact{Name: "llama", Phase: api.PhaseDownloading, Progress: &api.Progress{BytesDone: 41 << 20, BytesTotal: 100 << 20}}, codes.Unavailable, "model llama downloading 41%, 41.0 MiB of 100.0 MiB"},
+		{api.Artifact{Name: "llama", Phase: api.PhasePending, Message: "waiting for a pull slot"}, codes.Unavailable, "Pending on this node: waiting for a pull slot"},
+		{api.Artifact{Name: "llama", Phase: api.PhaseFailed, Reason: "NotFound", Message: "404 from the hub"}, codes.FailedPrecondition, "model llama is Failed on this node (NotFound): 404 from the hub"},
+		{api.Artifact{Name: "llama", Phase: api.PhaseFailed, Message: "connection reset", NextRetry: &next}, codes.Unavailable, "retries at"},
+		{api.Artifact{Name: "kc", Phase: api.PhaseIncompatible, Message: "built for sm_90"}, codes.FailedPrecondition, "Incompatible on this node: built for sm_90"},
+	} {
+		err := notReadyStatus(&c.a)
+		if status.Code(err) != c.code || !strings.Contains(status.Convert(err).Message(), c.want) {
+			t.Errorf("%s %s: %v, want %s with %q", c.a.Name, c.a.Phase, err, c.code, c.want)
+		}
+	}
+}
