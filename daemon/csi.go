@@ -69,9 +69,9 @@ func (d *Daemon) csiUses(out map[string][]api.Holder) {
 
 func csiHolder(v csi.Volume) api.Holder {
 	if v.PodName != "" {
-		return api.Holder{Kind: "pod", ID: "pod " + v.PodNamespace + "/" + v.PodName, Revision: v.Revision}
+		return api.Holder{Kind: "pod", ID: v.PodNamespace + "/" + v.PodName, Revision: v.Revision}
 	}
-	return api.Holder{Kind: "csi", ID: "csi volume " + v.ID, Revision: v.Revision}
+	return api.Holder{Kind: "csi", ID: v.ID, Revision: v.Revision}
 }
 
 // Hold implements csi.Backend.

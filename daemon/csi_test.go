@@ -174,7 +174,7 @@ func TestCSIPublishHoldsTheRevision(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(target, "new"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
 		t.Fatalf("create in the mount: %v, want EROFS", err)
 	}
-	if got := holders(t, r.harness, "m"); len(got) != 1 || got[0] != "pod pod ml/pod-vol-1@"+rev1 {
+	if got := holders(t, r.harness, "m"); len(got) != 1 || got[0] != "pod ml/pod-vol-1@"+rev1 {
 		t.Fatalf("inUse %v, want the pod holding %s", got, rev1)
 	}
 
