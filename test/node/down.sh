@@ -50,4 +50,9 @@ while iptables -t nat -S 2>/dev/null | grep -q 'modelcache-node'; do
   rule=$(iptables -t nat -S | grep 'modelcache-node' | head -1 | sed 's/^-A/-D/')
   eval iptables -t nat $rule || break
 done
+# kubelet's root: the volumes under it, the shared bind up.sh made, and
+# the directory itself when up.sh created it.
+awk '$5 ~ "^/var/lib/kubelet/" {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m"; done
+[ -f "$W/kubelet-bind.ours" ] && umount -l /var/lib/kubelet 2>/dev/null
+[ -f "$W/kubelet-root.ours" ] && rm -rf /var/lib/kubelet
 rm -rf "$W"

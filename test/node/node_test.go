@@ -203,6 +203,9 @@ func assertClean(t *testing.T) {
 	if strings.Contains(string(mi), nodeDir) {
 		t.Errorf("mounts left under %s", nodeDir)
 	}
+	if strings.Contains(string(mi), " /var/lib/kubelet/") {
+		t.Errorf("mounts left under /var/lib/kubelet (pod volumes, CSI publishes)")
+	}
 	if out, _ := exec.Command("pgrep", "-af", nodeDir).Output(); len(out) > 0 {
 		t.Errorf("processes left:\n%s", out)
 	}

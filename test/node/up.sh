@@ -17,6 +17,21 @@ HOSTIP=${HOST_IP:-$(ip -4 route get 1.1.1.1 2>/dev/null | awk '{for(i=1;i<NF;i++
 [ -n "$HOSTIP" ] || HOSTIP=$(hostname -I | awk '{print $1}')
 APIPORT=16443
 mkdir -p "$W"/{etcd,pki,containerd,cni/net.d,kubelet,logs}
+# kubelet runs with its standard root dir, /var/lib/kubelet: the bundle's
+# CSI driver mounts kubelet's plugin, registry and pods directories at
+# their host paths, as on every real node. down.sh removes it when this
+# script made it.
+KROOT=/var/lib/kubelet
+[ -e "$KROOT/pods" ] || touch "$W/kubelet-root.ours"
+mkdir -p "$KROOT"/{pods,plugins,plugins_registry}
+# CI quirk: / is a private mount here; the CSI driver's Bidirectional
+# propagation of the pods directory needs a shared one (systemd makes /
+# shared on real nodes). Only the kubelet root is made shared: a bind of
+# it onto itself, undone by down.sh.
+if ! awk '$5=="/var/lib/kubelet"' /proc/self/mountinfo | grep -q .; then
+  mount --bind "$KROOT" "$KROOT" && touch "$W/kubelet-bind.ours"
+fi
+mount --make-rshared "$KROOT"
 echo "$HOSTIP" > "$W/hostip"
 ip netns list 2>/dev/null | awk '{print $1}' > "$W/netns.before"
 
@@ -125,7 +140,7 @@ clusterDomain: cluster.local
 resolvConf: /etc/resolv.conf
 KL
 start kubelet "$K8S/kubelet" --config "$W/kubelet.yaml" --kubeconfig "$W/kubeconfig" \
-  --root-dir "$W/kubelet" --hostname-override "$NODE" --node-ip "$HOSTIP" \
+  --root-dir /var/lib/kubelet --hostname-override "$NODE" --node-ip "$HOSTIP" \
   --node-labels nvidia.com/gpu.present=true
 # No kube-proxy: one DNAT rule stands in for it, taking pods to the API
 # server through the kubernetes Service's address (in-cluster config).
