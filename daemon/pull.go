@@ -330,7 +330,7 @@ func (p *pull) commit(ctx context.Context, entries cachestore.Manifest) error {
 		spec.Annotations, _ = json.Marshal(p.kc)
 	}
 	_, err := p.d.store.CommitVersion(ctx, spec)
-	return err
+	return clusterDigestError(ds, entries, err)
 }
 
 func collect(c chan error) []error {
