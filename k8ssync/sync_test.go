@@ -150,7 +150,7 @@ func TestClusterSync(t *testing.T) {
 			http.NotFound(w, r)
 			return
 		}
-		if r.URL.Path == "/slow.bin" {
+		if r.URL.Path == "/slow.bin" && r.Method == http.MethodGet { // the elected daemon resolves it (HEAD) first
 			for !slowGate.Load() && r.Context().Err() == nil {
 				time.Sleep(10 * time.Millisecond)
 			}
