@@ -13,6 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -21,7 +27,10 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore/storetest"
+	"github.com/modelcache/modelcache/daemon"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
+	"github.com/modelcache/modelcache/fetchers/oci"
+	"github.com/modelcache/modelcache/fetchers/oci/ocitest"
 	"github.com/modelcache/modelcache/internal/kubetest"
 	"github.com/modelcache/modelcache/k8ssync"
 )
@@ -257,5 +266,87 @@ func TestFolderChecksumPerCluster(t *testing.T) {
 	})
 	if r := resolvedOf(getMC(t, dyn, "drift"), "drift"); r == nil || r.Digest != digest {
 		t.Fatalf("the cluster's checksum moved: %+v", r)
+	}
+}
+
+// TestOCITagMovesBetweenPulls: the same for an OCI tag, for a model and
+// its kernel cache: the tags move after node A is Ready, node B starts
+// afterwards; both serve the first manifests.
+func TestOCITagMovesBetweenPulls(t *testing.T) {
+	cl, kc, dyn := fleetCluster(t, "node-a", "node-b")
+	ctx := context.Background()
+	srv := httptest.NewServer(registry.New())
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	model := func(seed byte) v1.Image {
+		img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+		img = mutate.ConfigMediaType(img, "application/vnd.unknown.config.v1+json")
+		img, err := mutate.Append(img, mutate.Addendum{Layer: static.NewLayer(storetest.Data(32<<10, seed), "application/vnd.oci.image.layer.v1.raw"),
+			Annotations: map[string]string{oci.AnnotationTitle: "w.safetensors"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return img
+	}
+	m1 := strings.TrimPrefix(ocitest.Push(t, host, "models/m:v1", model(1)), "sha256:")
+	k1 := strings.TrimPrefix(ocitest.Push(t, host, "kernels/m:sm90", ocitest.SM90(map[string][]byte{"k.cubin": []byte("one")}).Image(t)), "sha256:")
+	h100 := `{"cudaDriverVersion":"12.4","devices":[{"name":"NVIDIA H100","uuid":"GPU-%s","computeCapability":"9.0"}]}`
+	insecure := func(c *daemon.Config) { c.InsecureRegistries = []string{host} }
+
+	a := startNodeIn(t, cl.Config, "node-a", fmt.Sprintf(h100, "a"), false, "modelcache-system", insecure)
+	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("m", map[string]any{"source": "oci://" + host + "/models/m:v1",
+		"kernelCaches": []any{map[string]any{"name": "m-sm90", "image": "oci://" + host + "/kernels/m:sm90", "signature": map[string]any{"policy": "off"}}}}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ready := func(n *node, name, rev string) func() error {
+		return func() error {
+			x, err := n.c.Get(ctx, name)
+			if err != nil || x.Phase != api.PhaseReady || x.Revision != rev {
+				return fmt.Errorf("%+v %v", x, err)
+			}
+			return nil
+		}
+	}
+	eventually(t, "model and kernel cache Ready on node-a", 30*time.Second, func() error {
+		if err := ready(a, "m", m1)(); err != nil {
+			return err
+		}
+		return ready(a, "m-sm90", k1)()
+	})
+	eventually(t, "status.resolved pins both by digest", 20*time.Second, func() error {
+		m := getMC(t, dyn, "m")
+		r, k := resolvedOf(m, "m"), resolvedOf(m, "m-sm90")
+		if r == nil || k == nil || r.URI != "oci://"+host+"/models/m@sha256:"+m1 || k.URI != "oci://"+host+"/kernels/m@sha256:"+k1 || r.Digest == "" {
+			return fmt.Errorf("%+v", m.Status.Resolved)
+		}
+		return nil
+	})
+	eventually(t, "node-a labelled for the model and the kernel cache", 20*time.Second, func() error {
+		l := labelsOf(kc, "node-a")
+		if l[k8ssync.LabelModelPrefix+"m"] != "ready" || l[k8ssync.LabelKernelCachePrefix+"m-sm90"] != "compatible" {
+			return fmt.Errorf("%v", l)
+		}
+		return nil
+	})
+
+	// Both tags move; node B joins.
+	m2 := strings.TrimPrefix(ocitest.Push(t, host, "models/m:v1", model(2)), "sha256:")
+	k2 := strings.TrimPrefix(ocitest.Push(t, host, "kernels/m:sm90", ocitest.SM90(map[string][]byte{"k.cubin": []byte("two")}).Image(t)), "sha256:")
+	if m2 == m1 || k2 == k1 {
+		t.Fatal("the tags did not move")
+	}
+	b := startNodeIn(t, cl.Config, "node-b", fmt.Sprintf(h100, "b"), false, "modelcache-system", insecure)
+	eventually(t, "node-b serves the first manifests", 30*time.Second, func() error {
+		if err := ready(b, "m", m1)(); err != nil {
+			return err
+		}
+		return ready(b, "m-sm90", k1)()
+	})
+	for _, n := range []*node{a, b} {
+		for name, rev := range map[string]string{"m": m1, "m-sm90": k1} {
+			if err := ready(n, name, rev)(); err != nil {
+				t.Fatalf("%s %s: %v", n.name, name, err)
+			}
+		}
 	}
 }
