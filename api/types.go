@@ -102,7 +102,12 @@ type Desire struct {
 	// that already holds the revision does not pull it again when the
 	// cluster records the checksum.
 	ClusterDigest bool `json:"clusterDigest,omitempty"`
-	Pin           bool `json:"pin,omitempty"`
+	// Ref is the branch or tag the cluster resolved a pinned hub URI's
+	// commit from (hf://org/repo@<commit> for main): the HF view's
+	// refs/<ref> then names the commit, as a pull of the branch would.
+	// Set only by k8ssync.
+	Ref string `json:"ref,omitempty"`
+	Pin bool   `json:"pin,omitempty"`
 	// Keep: a socket desire declared (pull --keep) rather than ad-hoc.
 	Keep    bool     `json:"keep,omitempty"`
 	State   string   `json:"state,omitempty"` // present (default) | absent

@@ -154,3 +154,13 @@ func clusterDigestError(ds api.Desire, m cachestore.Manifest, err error) error {
 	}
 	return fmt.Errorf("%w: digest %s, cluster has %s", errSourceChanged, m.Digest(), ds.Digest)
 }
+
+// hfRef is the ref the HF view names a hub revision by: the one asked
+// for, or, for a commit the cluster pinned, the branch or tag it was
+// resolved from (api.Desire.Ref).
+func hfRef(ds api.Desire, res *fetchers.Resolved) string {
+	if ds.Ref != "" && res.Ref == res.Revision {
+		return ds.Ref
+	}
+	return res.Ref
+}

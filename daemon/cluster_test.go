@@ -58,3 +58,18 @@ func TestClusterDigestError(t *testing.T) {
 		t.Fatal("the cluster's checksum must not change a desire's fingerprint")
 	}
 }
+
+// TestClusterHFRef: a commit the cluster pinned keeps the branch it was
+// resolved from in the HF view; a pull of a branch keeps its own.
+func TestClusterHFRef(t *testing.T) {
+	const c = "0123456789abcdef0123456789abcdef01234567"
+	if got := hfRef(api.Desire{Ref: "main"}, &fetchers.Resolved{Revision: c, Ref: c}); got != "main" {
+		t.Errorf("pinned commit: %q", got)
+	}
+	if got := hfRef(api.Desire{Ref: "main"}, &fetchers.Resolved{Revision: c, Ref: "v1"}); got != "v1" {
+		t.Errorf("a ref asked for: %q", got)
+	}
+	if got := hfRef(api.Desire{}, &fetchers.Resolved{Revision: c, Ref: c}); got != c {
+		t.Errorf("no cluster ref: %q", got)
+	}
+}

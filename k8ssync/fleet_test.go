@@ -158,6 +158,14 @@ func TestBranchMovesBetweenPulls(t *testing.T) {
 			t.Fatalf("%s has a tree of commit 2: %v", n.name, err)
 		}
 	}
+	// The HF view names the pinned commit by the branch, as a pull of
+	// the branch would: HF_HUB_OFFLINE loads org/m at main.
+	for _, n := range []*node{a, b} {
+		ref, err := os.ReadFile(filepath.Join(n.root, "hf", "models--org--m", "refs", "main"))
+		if err != nil || string(ref) != c1 {
+			t.Fatalf("%s: refs/main = %q (%v), want %s", n.name, ref, err, c1)
+		}
+	}
 	m := getMC(t, dyn, "m")
 	if r := resolvedOf(m, "m"); r == nil || r.Revision != c1 || r.Digest != digest {
 		t.Fatalf("the resolution moved: %+v", m.Status.Resolved)

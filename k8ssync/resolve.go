@@ -8,6 +8,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/fetchers"
+	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
 )
 
 // One resolution per cluster. The elected daemon resolves each source of
@@ -144,6 +145,9 @@ func pinned(mc *ModelCache, ds api.Desire, source string) (out api.Desire, ok bo
 		return ds, false, "waiting for the cluster's resolution of its source (status.resolved, written by the elected modelcached)"
 	}
 	ds.URI = e.URI
+	if _, rev, err := hffetcher.ParseURI(source); err == nil && !hffetcher.IsCommit(rev) {
+		ds.Ref = rev // the HF view's refs/<branch> names the pinned commit
+	}
 	if ds.Digest == "" && e.Digest != "" {
 		ds.Digest, ds.ClusterDigest = e.Digest, true
 	}
