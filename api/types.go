@@ -61,6 +61,11 @@ const (
 	ReasonSourceNotFound = "SourceNotFound" // the repo, revision, object, URL or host does not exist
 	ReasonAccessDenied   = "AccessDenied"   // the source refuses these credentials (or none)
 	ReasonInvalidSource  = "InvalidSource"  // the URI cannot name a source
+	// ReasonSourceChanged: the source's files no longer hash to the folder
+	// checksum the cluster recorded for this revision (the first node's):
+	// the node keeps what it served and does not retry until the desire
+	// changes.
+	ReasonSourceChanged = "SourceChanged"
 	// ReasonInsufficientCapacity: admission refused the pull (it does not
 	// fit in free space plus what eviction may free); retried.
 	ReasonInsufficientCapacity = "InsufficientCapacity"
@@ -90,7 +95,19 @@ type Desire struct {
 	Name   string `json:"name"`
 	URI    string `json:"uri"`
 	Digest string `json:"digest,omitempty"` // expected manifest digest (folder checksum)
-	Pin    bool   `json:"pin,omitempty"`
+	// ClusterDigest says Digest is the folder checksum the cluster
+	// recorded (the first node to commit the revision), not the user's:
+	// a mismatch means the source changed since the cluster resolved it.
+	// Set only by k8ssync; it leaves the desire's fingerprint, so a node
+	// that already holds the revision does not pull it again when the
+	// cluster records the checksum.
+	ClusterDigest bool `json:"clusterDigest,omitempty"`
+	// Ref is the branch or tag the cluster resolved a pinned hub URI's
+	// commit from (hf://org/repo@<commit> for main): the HF view's
+	// refs/<ref> then names the commit, as a pull of the branch would.
+	// Set only by k8ssync.
+	Ref string `json:"ref,omitempty"`
+	Pin bool   `json:"pin,omitempty"`
 	// Keep: a socket desire declared (pull --keep) rather than ad-hoc.
 	Keep    bool     `json:"keep,omitempty"`
 	State   string   `json:"state,omitempty"` // present (default) | absent
@@ -237,12 +254,15 @@ type Version struct {
 // Artifact is what the daemon knows of one name: its desire, its phase
 // and the versions in the store.
 type Artifact struct {
-	Name           string     `json:"name"`
-	Kind           string     `json:"kind"`
-	URI            string     `json:"uri,omitempty"`
-	Phase          Phase      `json:"phase"`
-	Message        string     `json:"message,omitempty"`
-	Revision       string     `json:"revision,omitempty"` // the current one
+	Name     string `json:"name"`
+	Kind     string `json:"kind"`
+	URI      string `json:"uri,omitempty"`
+	Phase    Phase  `json:"phase"`
+	Message  string `json:"message,omitempty"`
+	Revision string `json:"revision,omitempty"` // the current one
+	// Source is the (redacted) source the current revision came from,
+	// which URI (the desire's) need not be.
+	Source         string     `json:"source,omitempty"`
 	ManifestDigest string     `json:"manifestDigest,omitempty"`
 	Bytes          int64      `json:"bytes"`
 	Pinned         bool       `json:"pinned"`

@@ -1,12 +1,15 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
 	"strings"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
 )
 
 // clusterKey prefixes the index keys of desires from the cluster; a colon
@@ -114,3 +117,50 @@ func (d *Daemon) SetPodHolders(h map[string][]api.Holder) {
 }
 
 func isClusterKey(k string) (string, bool) { return strings.CutPrefix(k, clusterKey) }
+
+// Resolve pins a desire's source once for the whole cluster (k8ssync's
+// elected daemon calls it, with the ModelCache Secret's credentials): the
+// immutable revision, and the URI that names exactly it where the scheme
+// has one (pinnedURI). Nothing is fetched beyond what resolution reads.
+func (d *Daemon) Resolve(ctx context.Context, ds api.Desire, creds map[string]string) (revision, pinned string, err error) {
+	src, err := parseSource(ds.URI)
+	if err != nil {
+		return "", "", err
+	}
+	f, err := d.fetcherWith(ds, src, creds)
+	if err != nil {
+		return "", "", err
+	}
+	res, err := f.Resolve(ctx, fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: ds.Kind == api.KindKernelCache})
+	if err != nil {
+		return "", "", redactedError{err}
+	}
+	return res.Revision, pinnedURI(src, res), nil
+}
+
+// errSourceChanged: the files of a cluster desire do not hash to the
+// folder checksum the cluster recorded (failure.go: ReasonSourceChanged).
+var errSourceChanged = errors.New("source changed since the cluster resolved it")
+
+// clusterDigestError says why a commit of a cluster desire failed its
+// folder checksum in the cluster's words; other errors pass unchanged.
+func clusterDigestError(ds api.Desire, m cachestore.Manifest, err error) error {
+	if err == nil || !ds.ClusterDigest || !errors.Is(err, cachestore.ErrDigestMismatch) {
+		return err
+	}
+	m = append(cachestore.Manifest(nil), m...)
+	if m.Validate() != nil { // it sorts and normalizes as the commit did
+		return err
+	}
+	return fmt.Errorf("%w: digest %s, cluster has %s", errSourceChanged, m.Digest(), ds.Digest)
+}
+
+// hfRef is the ref the HF view names a hub revision by: the one asked
+// for, or, for a commit the cluster pinned, the branch or tag it was
+// resolved from (api.Desire.Ref).
+func hfRef(ds api.Desire, res *fetchers.Resolved) string {
+	if ds.Ref != "" && res.Ref == res.Revision {
+		return ds.Ref
+	}
+	return res.Ref
+}

@@ -30,7 +30,11 @@ func fingerprint(ds api.Desire) string {
 	// The URI as stored: a credential that changes (a rotated token, a
 	// new presigned signature) is not a new spec, and one lost in a
 	// restart (never written to disk) does not make the desire look new.
-	parts := []any{fetchers.RedactURI(ds.URI), ds.Digest, ds.Include, ds.Exclude}
+	digest := ds.Digest
+	if ds.ClusterDigest {
+		digest = "" // recorded by the cluster after this node may have committed (api.Desire)
+	}
+	parts := []any{fetchers.RedactURI(ds.URI), digest, ds.Include, ds.Exclude}
 	if ds.Kind == api.KindKernelCache { // models keep the fingerprint they always had
 		parts = append(parts, ds.Kind, ds.Signature)
 	}

@@ -22,6 +22,8 @@ func permanentReason(err error) string {
 		return api.ReasonAccessDenied
 	case errors.Is(err, fetchers.ErrBadSource), errors.Is(err, fetchers.ErrUnsupported):
 		return api.ReasonInvalidSource
+	case errors.Is(err, errSourceChanged):
+		return api.ReasonSourceChanged
 	}
 	return ""
 }

@@ -322,7 +322,7 @@ func (p *pull) commit(ctx context.Context, entries cachestore.Manifest) error {
 	ds := p.ds
 	spec := cachestore.VersionSpec{
 		Name: ds.Name, Source: p.src.redacted, Revision: p.res.Revision, Manifest: entries,
-		ExpectedDigest: ds.Digest, Pin: ds.Pin, Spec: p.spec, HFRepo: p.res.Repo, HFRef: p.res.Ref,
+		ExpectedDigest: ds.Digest, Pin: ds.Pin, Spec: p.spec, HFRepo: p.res.Repo, HFRef: hfRef(ds, p.res),
 	}
 	if ds.Kind == api.KindKernelCache {
 		if err := p.kernelCacheAfter(entries); err != nil {
@@ -336,7 +336,7 @@ func (p *pull) commit(ctx context.Context, entries cachestore.Manifest) error {
 	if err == nil {
 		p.stage("publish", time.Since(t0))
 	}
-	return err
+	return clusterDigestError(ds, entries, err)
 }
 
 // stage records time spent in one stage of the pull

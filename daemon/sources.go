@@ -40,7 +40,12 @@ func (d *Daemon) credentialsFor(name string) map[string]string {
 // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN;
 // .dockerconfigjson; NGC_API_KEY), kept while the credentials stay the same.
 func (d *Daemon) fetcherFor(ds api.Desire, src source) (fetchers.Fetcher, error) {
-	creds := d.credentialsFor(ds.Name)
+	return d.fetcherWith(ds, src, d.credentialsFor(ds.Name))
+}
+
+// fetcherWith is fetcherFor with the credentials given (a cluster
+// resolution's, from the ModelCache's Secret).
+func (d *Daemon) fetcherWith(ds api.Desire, src source, creds map[string]string) (fetchers.Fetcher, error) {
 	if ds.CredentialsFile != "" && strings.HasPrefix(ds.Origin, originFile) {
 		var err error
 		if creds, err = readCredentialsFile(ds.CredentialsFile); err != nil {
@@ -108,6 +113,37 @@ func (d *Daemon) fetcherFor(ds api.Desire, src source) (fetchers.Fetcher, error)
 	d.credFetchers[key] = f
 	d.mu.Unlock()
 	return f, nil
+}
+
+// pinnedURI is the URI that names exactly the revision res resolved to,
+// where the scheme has such a form: hf://org/repo@<commit>,
+// oci://registry/repo@sha256:<hex>, ngc://org[/team]/model:<version>.
+// Other schemes (s3, http, file) have none: the URI stays as given and
+// the cluster's folder checksum (api.Desire.ClusterDigest) pins the bytes.
+func pinnedURI(src source, res *fetchers.Resolved) string {
+	if res.Revision == "" {
+		return src.uri
+	}
+	switch src.scheme {
+	case "hf":
+		if res.Repo != "" {
+			return "hf://" + res.Repo + "@" + res.Revision
+		}
+	case "oci":
+		ref := strings.TrimPrefix(src.uri, "oci://")
+		ref, _, _ = strings.Cut(ref, "@")
+		if i := strings.LastIndexByte(ref, ':'); i > strings.LastIndexByte(ref, '/') {
+			ref = ref[:i] // the tag
+		}
+		return "oci://" + ref + "@sha256:" + res.Revision
+	case "ngc":
+		r, err := ngcfetcher.ParseURI(src.uri)
+		if err == nil {
+			r.Version = res.Revision
+			return r.String()
+		}
+	}
+	return src.uri
 }
 
 // newHub and newS3 make the hub and S3 fetchers with the daemon's

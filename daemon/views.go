@@ -194,6 +194,7 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 	}
 	if cur != nil {
 		out.Kind, out.Revision, out.ManifestDigest, out.Bytes, out.Pinned = cur.Kind, cur.Revision, cur.ManifestDigest, cur.Bytes, cur.Pinned
+		out.Source = cur.Source
 		out.KernelCache = kernelCacheInfo(cur)
 		if !cur.LastUsed.IsZero() {
 			lu := cur.LastUsed

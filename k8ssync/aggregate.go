@@ -15,8 +15,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -30,37 +32,76 @@ func resourceBytes(n int64) *resource.Quantity {
 	return resource.NewQuantity(max(n, 1), resource.BinarySI)
 }
 
-// aggregate runs for election of the one daemon that writes ModelCache
-// status counts (a coordination.k8s.io Lease in Namespace); the leader
-// watches every ModelCacheNode and writes a ModelCache's status only when
-// its counts change. One writer per cluster, not one per node: no write
-// storms, no conflicts between nodes.
+// aggregate runs for election of the one daemon that resolves each
+// ModelCache's sources for the cluster and writes ModelCache status (a
+// coordination.k8s.io Lease in Namespace); the leader watches every
+// ModelCacheNode and writes a ModelCache's status only when it changes.
+// One writer per cluster, not one per node: no write storms, no conflicts
+// between nodes.
+//
+// The candidates watch the Lease instead of polling it (leaseLock reads
+// it from an informer): a candidate that is not the leader sends nothing
+// while the Lease is held, and one request to take it when it expires.
+// The leader renews once a minute; a dead leader is replaced within
+// LeaseDuration plus a RetryPeriod (about four minutes).
 func (s *Syncer) aggregate(ctx context.Context) {
-	lock := reportingLock{Interface: &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Name: leaseName, Namespace: s.cfg.Namespace},
-		Client:     s.kc.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: s.cfg.NodeName},
-	}, report: s.aggregationProblem}
+	lf := informers.NewSharedInformerFactoryWithOptions(s.kc, 0, informers.WithNamespace(s.cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", leaseName).String()
+			longWatch(o)
+		}))
+	leases := lf.Coordination().V1().Leases().Informer()
+	lf.Start(ctx.Done())
+	// Until the watch has the Lease, Get says there is none and Create
+	// asks the API server, which answers: wait a little for it, not for
+	// ever (a list the RBAC forbids must not hide the problem that
+	// aggregationProblem reports).
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	cache.WaitForCacheSync(wctx.Done(), leases.HasSynced)
+	cancel()
+	lock := reportingLock{Interface: &leaseLock{client: s.kc.CoordinationV1(), store: leases.GetStore(),
+		ns: s.cfg.Namespace, name: leaseName, identity: s.cfg.NodeName}, report: s.aggregationProblem}
 	for ctx.Err() == nil {
-		leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		// While the Lease cannot be written (no namespace, RBAC), try
+		// every 10 s rather than every RetryPeriod, so that the fix shows
+		// at once: such a candidate cannot be leading, and a new
+		// election tries at once.
+		ectx, cancel := context.WithCancel(ctx)
+		go func() {
+			t := time.NewTicker(10 * time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-ectx.Done():
+					return
+				case <-t.C:
+					s.mu.Lock()
+					stuck := s.aggProblem != ""
+					s.mu.Unlock()
+					if stuck {
+						cancel()
+						return
+					}
+				}
+			}
+		}()
+		leaderelection.RunOrDie(ectx, leaderelection.LeaderElectionConfig{
 			Lock: lock, ReleaseOnCancel: true,
-			// Every node is a candidate, so candidates poll slowly: a node
-			// asks for the Lease every 15 s (4 requests a minute), and a
-			// dead leader is replaced within a minute.
-			LeaseDuration: 60 * time.Second, RenewDeadline: 45 * time.Second, RetryPeriod: 15 * time.Second,
+			LeaseDuration: 3 * time.Minute, RenewDeadline: 150 * time.Second, RetryPeriod: time.Minute,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {
-					s.log.Info("k8s sync: aggregating ModelCache status", "node", s.cfg.NodeName)
+					s.log.Info("k8s sync: resolving sources and aggregating ModelCache status", "node", s.cfg.NodeName)
 					s.lead(ctx)
 				},
 				OnStoppedLeading: func() {},
 			},
 		})
+		cancel()
 	}
 }
 
 func (s *Syncer) lead(ctx context.Context) {
-	df := dynamicinformer.NewDynamicSharedInformerFactory(s.dyn, 10*time.Minute)
+	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.dyn, 10*time.Minute, "", longWatch)
 	mcn := df.ForResource(ModelCacheNodeGVR).Informer()
 	kick := make(chan struct{}, 1)
 	poke := func() {
@@ -97,7 +138,13 @@ func (s *Syncer) lead(ctx context.Context) {
 			}
 		}
 		for _, mc := range s.modelCaches() {
-			st := Aggregate(mc, nodes)
+			resolved, again := s.resolveAll(ctx, mc)
+			if again {
+				go func() { time.Sleep(resolveRetry); poke() }()
+			}
+			m := *mc
+			m.Status.Resolved = resolved
+			st := Aggregate(&m, nodes)
 			if old, ok := written[mc.Name]; ok && reflect.DeepEqual(old, st) {
 				continue
 			}
@@ -115,9 +162,10 @@ func (s *Syncer) lead(ctx context.Context) {
 	}
 }
 
-// Aggregate counts the nodes' phases of mc's main artifact.
+// Aggregate counts the nodes' phases of mc's main artifact and records
+// the folder checksum of each of mc.Status.Resolved that has none.
 func Aggregate(mc *ModelCache, nodes []ModelCacheNodeStatus) ModelCacheStatus {
-	st := ModelCacheStatus{ObservedGeneration: mc.Generation}
+	st := ModelCacheStatus{ObservedGeneration: mc.Generation, Resolved: recordDigests(mc.Status.Resolved, nodes)}
 	revs := map[string]int{}
 	for _, n := range nodes {
 		for _, a := range n.Artifacts {
@@ -145,6 +193,9 @@ func Aggregate(mc *ModelCache, nodes []ModelCacheNodeStatus) ModelCacheStatus {
 		if n > best || (n == best && r < st.Revision) {
 			st.Revision, best = r, n
 		}
+	}
+	if e, ok := resolution(mc, mc.Name, mc.Spec.Source); ok && e.Revision != "" {
+		st.Revision = e.Revision // the cluster's, not a vote
 	}
 	st.Nodes.ReadyText = strconv.Itoa(st.Nodes.Ready) + "/" + strconv.Itoa(st.Nodes.Total)
 	ready := metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NotReadyEverywhere",

@@ -46,11 +46,12 @@ func Selected(mc *ModelCache, nodeLabels map[string]string) (bool, error) {
 }
 
 // desires turns the selected ModelCaches into desires; owners maps every
-// artifact name (with kernel caches and extra versions) to its ModelCache.
-func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCache) (map[string]api.Desire, map[string]map[string]string, map[string]string) {
-	want := map[string]api.Desire{}
-	creds := map[string]map[string]string{}
-	owners := map[string]string{}
+// artifact name (with kernel caches and extra versions) to its ModelCache;
+// pending names the ones that wait for the cluster's resolution (and why).
+func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCache) (want map[string]api.Desire, creds map[string]map[string]string, owners, pending map[string]string) {
+	want, pending = map[string]api.Desire{}, map[string]string{}
+	creds = map[string]map[string]string{}
+	owners = map[string]string{}
 	var nodeLabels map[string]string
 	if node != nil {
 		nodeLabels = node.Labels
@@ -70,16 +71,35 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 		}
 		base := api.Desire{Name: mc.Name, URI: mc.Spec.Source, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude, Digest: mc.Spec.Digest,
 			Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name}
+		// Every source is pulled as the cluster resolved it (resolve.go);
+		// until then the node keeps the desire it had, or waits.
+		var resolved bool
+		var why string
+		if state == api.StatePresent {
+			base, resolved, why = pinned(mc, base, mc.Spec.Source)
+		}
 		for i, kc := range mc.Spec.KernelCaches {
 			ref := api.KernelCacheRef{Name: kc.Name, URI: kc.Image, Signature: kc.Signature}
 			base.KernelCaches = append(base.KernelCaches, ref)
-			owners[base.KernelCacheName(i)] = mc.Name
+			n := base.KernelCacheName(i)
+			owners[n] = mc.Name
+			if state == api.StatePresent && resolved {
+				var kd api.Desire
+				kd, resolved, why = pinned(mc, api.Desire{Name: n, URI: kc.Image}, kc.Image)
+				base.KernelCaches[i].URI = kd.URI
+			}
 		}
-		want[mc.Name], owners[mc.Name] = base, mc.Name
+		owners[mc.Name] = mc.Name
+		s.wantOrWait(want, pending, base, state == api.StateAbsent || resolved, why)
 		for _, v := range mc.Spec.Versions {
 			n := mc.Name + "-" + v.Suffix
-			want[n] = api.Desire{Name: n, URI: v.Source, Digest: v.Digest, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude,
+			vd := api.Desire{Name: n, URI: v.Source, Digest: v.Digest, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude,
 				Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name}
+			ok, why := true, ""
+			if state == api.StatePresent {
+				vd, ok, why = pinned(mc, vd, v.Source)
+			}
+			s.wantOrWait(want, pending, vd, ok, why)
 			owners[n] = mc.Name
 		}
 		if ref := mc.Spec.SecretRef; ref != nil {
@@ -96,7 +116,26 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 			}
 		}
 	}
-	return want, creds, owners
+	return want, creds, owners, pending
+}
+
+// wantOrWait adds ds to want when the cluster resolved it (ok); else the
+// desire this node last handed its daemon under that name stays (it
+// keeps serving what it has), or, when there is none, the name waits in
+// pending with why.
+func (s *Syncer) wantOrWait(want map[string]api.Desire, pending map[string]string, ds api.Desire, ok bool, why string) {
+	if ok {
+		want[ds.Name] = ds
+		return
+	}
+	s.mu.Lock()
+	prev, had := s.lastWant[ds.Name]
+	s.mu.Unlock()
+	if had && prev.State != api.StateAbsent {
+		want[ds.Name] = prev
+		return
+	}
+	pending[ds.Name] = why
 }
 
 // secret reads one referenced Secret (only those; cached for a minute).

@@ -67,6 +67,11 @@ func (f *fakeNode) Changed() <-chan struct{} {
 }
 func (f *fakeNode) SetPodHolders(map[string][]api.Holder) {}
 
+// Resolve pins every source to r1 (its URI as is).
+func (f *fakeNode) Resolve(_ context.Context, ds api.Desire, _ map[string]string) (string, string, error) {
+	return "r1", ds.URI, nil
+}
+
 type countingRT struct {
 	rt http.RoundTripper
 	n  *atomic.Int64
@@ -77,11 +82,13 @@ func (c countingRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	return c.rt.RoundTrip(r)
 }
 
-// TestTwentyNodes runs the sync loops of 20 simulated nodes against one
-// API server and reports API requests per node per hour at steady state
-// and the seconds from a ModelCache change to the aggregated Ready count.
-// MODELCACHE_SCALE_WINDOW sets the steady-state window (default 20s; the
-// closing note's numbers used 5m).
+// TestTwentyNodes runs the sync loops of 20 simulated nodes (or
+// MODELCACHE_SCALE_NODES) against one API server and reports API requests
+// per node per hour at steady state and the seconds from a ModelCache
+// change to the aggregated Ready count. MODELCACHE_SCALE_WINDOW sets the
+// steady-state window (default 20s; docs/benchmarks.md used 5m). What
+// happens less often than the window (watch renewals every 1-2 h, the
+// hourly status heartbeat) is not in it: the log adds it.
 func TestTwentyNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a measurement; runs without -short")
@@ -100,7 +107,13 @@ func TestTwentyNodes(t *testing.T) {
 	kc := kubernetes.NewForConfigOrDie(cl.Config)
 	dyn := dynamic.NewForConfigOrDie(cl.Config)
 	kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "modelcache-system"}}, metav1.CreateOptions{})
-	const nodes = 20
+	nodes := 20
+	if n := os.Getenv("MODELCACHE_SCALE_NODES"); n != "" {
+		if _, err := fmt.Sscan(n, &nodes); err != nil || nodes < 1 {
+			t.Fatalf("MODELCACHE_SCALE_NODES=%q", n)
+		}
+	}
+	all := fmt.Sprintf("%d/%d", nodes, nodes)
 	counts := make([]*atomic.Int64, nodes)
 	var wg sync.WaitGroup
 	for i := 0; i < nodes; i++ {
@@ -127,9 +140,9 @@ func TestTwentyNodes(t *testing.T) {
 			"nodeSelector": map[string]any{"matchLabels": map[string]any{"pool": "gpu"}}}), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, name+" Ready on 20 nodes", 120*time.Second, func() error {
+		eventually(t, name+" Ready on "+all+" nodes", 300*time.Second, func() error {
 			m := getMC(t, dyn, name)
-			if m == nil || m.Status.Nodes.ReadyText != "20/20" {
+			if m == nil || m.Status.Nodes.ReadyText != all {
 				return fmt.Errorf("%+v", m)
 			}
 			return nil
@@ -151,10 +164,14 @@ func TestTwentyNodes(t *testing.T) {
 		total += d
 		per[i] = fmt.Sprint(d)
 	}
-	perHour := float64(total) / nodes / window.Hours()
-	t.Logf("20 nodes, one API server: change → aggregated Ready 20/20 in %.2fs (first ModelCache, with the election) and %.2fs (second)", first.Seconds(), second.Seconds())
-	t.Logf("steady state over %s: %d requests from 20 nodes (%s each) = %.0f requests per node per hour", window, total, strings.Join(per, " "), perHour)
-	if perHour > 3600 {
+	perHour := float64(total) / float64(nodes) / window.Hours()
+	// Beyond the window: per node 4 watches (ModelCaches, its Node, its
+	// Pods, the Lease) renewed every 1-2 h (about 2.7/h) and the hourly
+	// heartbeat; the leader's ModelCacheNode watch (0.7/h, for all nodes).
+	slow := 3.7 + 0.7/float64(nodes)
+	t.Logf("%d nodes, one API server: change → aggregated Ready %s in %.2fs (first ModelCache, with the election) and %.2fs (second)", nodes, all, first.Seconds(), second.Seconds())
+	t.Logf("steady state over %s: %d requests from %d nodes (%s each) = %.1f requests per node per hour; with what is rarer than the window (watch renewals, heartbeat) about %.1f", window, total, nodes, strings.Join(per, " "), perHour, perHour+slow)
+	if perHour > 60 {
 		t.Errorf("%.0f requests per node per hour at steady state: the loop polls", perHour)
 	}
 }

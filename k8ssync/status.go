@@ -17,7 +17,7 @@ import (
 // writeStatus applies this node's ModelCacheNode when it changed, at most
 // once per StatusInterval, and at least once per Heartbeat. Server-side
 // apply: no read, no conflict.
-func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners map[string]string, want map[string]api.Desire) {
+func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners map[string]string, want map[string]api.Desire, pending map[string]string) {
 	st := ModelCacheNodeStatus{}
 	inv := s.node.GPUs()
 	st.GPUs, st.GPUSource = inv.Devices, inv.Source
@@ -29,6 +29,7 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 		seen[a.Name] = true
 		as := ArtifactStatus{Name: a.Name, ModelCache: owners[a.Name], Kind: a.Kind, Phase: string(a.Phase), Revision: a.Revision,
 			Digest: a.ManifestDigest, Bytes: a.Bytes, Message: fetchers.RedactText(a.Message), Reason: a.Reason}
+		as.Source = a.Source
 		for _, h := range a.InUse {
 			as.InUseBy = append(as.InUseBy, h.Kind+" "+h.ID)
 		}
@@ -45,6 +46,11 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 	for name := range want {
 		if !seen[name] && want[name].State != api.StateAbsent {
 			st.Artifacts = append(st.Artifacts, ArtifactStatus{Name: name, ModelCache: owners[name], Phase: string(api.PhasePending)})
+		}
+	}
+	for name, why := range pending {
+		if !seen[name] {
+			st.Artifacts = append(st.Artifacts, ArtifactStatus{Name: name, ModelCache: owners[name], Phase: string(api.PhasePending), Message: why})
 		}
 	}
 	sort.Slice(st.Artifacts, func(i, j int) bool { return st.Artifacts[i].Name < st.Artifacts[j].Name })

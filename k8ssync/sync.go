@@ -54,6 +54,10 @@ type Node interface {
 	Root() string
 	Changed() <-chan struct{}
 	SetPodHolders(map[string][]api.Holder)
+	// Resolve pins a desire's source (the elected daemon's one
+	// resolution for the cluster), with the ModelCache Secret's
+	// credentials: the immutable revision and the URI that names it.
+	Resolve(ctx context.Context, ds api.Desire, creds map[string]string) (revision, pinnedURI string, err error)
 }
 
 // Config of the loop.
@@ -63,7 +67,8 @@ type Config struct {
 	// Namespace holds the aggregator's Lease (and nothing else).
 	Namespace string
 	// StatusInterval is the least time between two writes of this node's
-	// status (changes in between are merged); Heartbeat is the most.
+	// status (changes in between are merged); Heartbeat is the most
+	// (default an hour: a request an hour at steady state).
 	StatusInterval time.Duration
 	Heartbeat      time.Duration
 	// LocalPVs makes a read-only local PersistentVolume of StorageClass for
@@ -116,16 +121,19 @@ type Syncer struct {
 
 	kick chan struct{}
 
-	mu          sync.Mutex
-	lastStatus  []byte
-	lastWrite   time.Time
-	phases      map[string]string // artifact → phase at the last pass (for Events)
-	owners      map[string]string // artifact → ModelCache
-	secretCache map[string]secretEntry
-	writeErrs   int
-	timer       bool   // a later poke is pending
-	created     bool   // this node's ModelCacheNode exists
-	aggProblem  string // why this node cannot take part in aggregation ("" when it can)
+	mu           sync.Mutex
+	lastStatus   []byte
+	lastWrite    time.Time
+	phases       map[string]string     // artifact → phase at the last pass (for Events)
+	owners       map[string]string     // artifact → ModelCache
+	lastWant     map[string]api.Desire // the desires last handed to the daemon
+	labelPatch   string                // the last patch of this node's labels, and when
+	labelPatchAt time.Time
+	secretCache  map[string]secretEntry
+	writeErrs    int
+	timer        bool   // a later poke is pending
+	created      bool   // this node's ModelCacheNode exists
+	aggProblem   string // why this node cannot take part in aggregation ("" when it can)
 }
 
 type secretEntry struct {
@@ -142,7 +150,7 @@ func New(cfg Config, node Node) (*Syncer, error) {
 		cfg.StatusInterval = 2 * time.Second
 	}
 	if cfg.Heartbeat <= 0 {
-		cfg.Heartbeat = 5 * time.Minute
+		cfg.Heartbeat = time.Hour
 	}
 	if cfg.Namespace == "" {
 		cfg.Namespace = "modelcache-system"
@@ -211,16 +219,18 @@ func (s *Syncer) handler() cache.ResourceEventHandler {
 // server is away; writes back off.
 func (s *Syncer) Run(ctx context.Context) error {
 	const resync = 10 * time.Minute
-	df := dynamicinformer.NewDynamicSharedInformerFactory(s.dyn, resync)
+	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.dyn, resync, "", longWatch)
 	s.mcInf = df.ForResource(ModelCacheGVR).Informer()
 	s.mcInf.AddEventHandler(s.handler())
 	nf := informers.NewSharedInformerFactoryWithOptions(s.kc, resync, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.cfg.NodeName).String()
+		longWatch(o)
 	}))
 	s.nodeInf = nf.Core().V1().Nodes().Informer()
 	s.nodeInf.AddEventHandler(s.handler())
 	pf := informers.NewSharedInformerFactoryWithOptions(s.kc, resync, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", s.cfg.NodeName).String()
+		longWatch(o)
 	}))
 	s.podInf = pf.Core().V1().Pods().Informer()
 	s.podInf.AddEventHandler(s.handler())
@@ -262,12 +272,12 @@ func (s *Syncer) Run(ctx context.Context) error {
 func (s *Syncer) pass(ctx context.Context) {
 	node, _ := s.thisNode()
 	mcs := s.modelCaches()
-	want, creds, owners := s.desires(ctx, node, mcs)
+	want, creds, owners, pending := s.desires(ctx, node, mcs)
 	if err := s.node.SetClusterDesires(want, creds); err != nil {
 		s.log.Warn("k8s sync: desires", "err", err)
 	}
 	s.mu.Lock()
-	s.owners = owners
+	s.owners, s.lastWant = owners, want
 	s.mu.Unlock()
 	s.node.SetPodHolders(s.podHolders())
 	arts, err := s.node.Artifacts()
@@ -276,7 +286,8 @@ func (s *Syncer) pass(ctx context.Context) {
 		return
 	}
 	s.events(arts, owners, mcs)
-	s.writeStatus(ctx, arts, owners, want)
+	s.writeStatus(ctx, arts, owners, want, pending)
+	s.syncLabels(ctx, node, arts, mcs, want)
 	if s.cfg.LocalPVs {
 		s.syncPVs(ctx, arts, owners)
 	}

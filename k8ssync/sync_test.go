@@ -45,7 +45,8 @@ func startNode(t *testing.T, kcfg *rest.Config, name string, gpus string, localP
 }
 
 // startNodeIn starts a node whose aggregator Lease lives in namespace.
-func startNodeIn(t *testing.T, kcfg *rest.Config, name string, gpus string, localPVs bool, namespace string) *node {
+// opts adjust the daemon's configuration.
+func startNodeIn(t *testing.T, kcfg *rest.Config, name string, gpus string, localPVs bool, namespace string, opts ...func(*daemon.Config)) *node {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := daemon.DefaultConfig()
@@ -58,6 +59,9 @@ func startNodeIn(t *testing.T, kcfg *rest.Config, name string, gpus string, loca
 	cfg.GPUInventory = inv
 	cfg.Cluster = &k8ssync.Config{NodeName: name, Kube: kcfg, Namespace: namespace, Self: namespace + "/modelcached-" + name, StatusInterval: 200 * time.Millisecond,
 		LocalPVs: localPVs, PVQPS: 1, PVBurst: 1, Aggregate: true}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	d, err := daemon.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +154,7 @@ func TestClusterSync(t *testing.T) {
 			http.NotFound(w, r)
 			return
 		}
-		if r.URL.Path == "/slow.bin" {
+		if r.URL.Path == "/slow.bin" && r.Method == http.MethodGet { // the elected daemon resolves it (HEAD) first
 			for !slowGate.Load() && r.Context().Err() == nil {
 				time.Sleep(10 * time.Millisecond)
 			}

@@ -83,10 +83,46 @@ const (
 
 // ModelCacheStatus is aggregated over the nodes by the elected daemon.
 type ModelCacheStatus struct {
-	ObservedGeneration int64              `json:"observedGeneration,omitempty"`
-	Revision           string             `json:"revision,omitempty"`
-	Nodes              NodeCounts         `json:"nodes"`
-	Conditions         []metav1.Condition `json:"conditions,omitempty"`
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Revision is the cluster's revision of the main source (its
+	// resolution), or, before one exists, the most common Ready revision.
+	Revision   string             `json:"revision,omitempty"`
+	Nodes      NodeCounts         `json:"nodes"`
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Resolved is the cluster's one resolution of each source of the
+	// ModelCache (the main one, each versions entry, each kernel cache
+	// image): every node pulls exactly the pinned URI, never its own
+	// resolution of a branch or tag.
+	Resolved []ResolvedSource `json:"resolved,omitempty"`
+}
+
+// ResolvedSource is one source as the elected daemon resolved it. It is
+// resolved again only when the spec names another source for the
+// artifact (updatePolicy OnChange).
+type ResolvedSource struct {
+	// Artifact is the node artifact it is for: the ModelCache's name,
+	// <name>-<suffix> for a version, the kernel cache's name.
+	Artifact string `json:"artifact"`
+	// Source is the spec's source (or image) that was resolved.
+	Source string `json:"source"`
+	// Revision is the immutable revision: an hf commit, an OCI manifest
+	// digest (hex), an NGC version, an S3 listing pin (s3-…), an HTTP
+	// validator; empty where the source has none (the content is the
+	// revision).
+	Revision string `json:"revision,omitempty"`
+	// URI is what every node pulls: the pinned form (hf://org/repo@<commit>,
+	// oci://registry/repo@sha256:…, ngc://org/model:<version>), or the
+	// source itself where the scheme has no pinned form (s3, http, file:
+	// Digest then guarantees the bytes).
+	URI string `json:"uri,omitempty"`
+	// Digest is the folder checksum (manifest digest) of the first node
+	// that committed the revision; every other node must produce the same.
+	Digest     string      `json:"digest,omitempty"`
+	Generation int64       `json:"generation,omitempty"`
+	ResolvedAt metav1.Time `json:"resolvedAt"`
+	// Error is why the last resolution failed (retried by the elected
+	// daemon; nodes wait meanwhile and keep what they serve).
+	Error string `json:"error,omitempty"`
 }
 
 // NodeCounts counts the selected nodes by phase.
@@ -128,11 +164,13 @@ type ModelCacheNodeStatus struct {
 
 // ArtifactStatus is one artifact on the node.
 type ArtifactStatus struct {
-	Name            string   `json:"name"`
-	ModelCache      string   `json:"modelCache,omitempty"`
-	Kind            string   `json:"kind,omitempty"`
-	Phase           string   `json:"phase"`
-	Revision        string   `json:"revision,omitempty"`
+	Name       string `json:"name"`
+	ModelCache string `json:"modelCache,omitempty"`
+	Kind       string `json:"kind,omitempty"`
+	Phase      string `json:"phase"`
+	Revision   string `json:"revision,omitempty"`
+	// Source is the (redacted) source the current revision came from.
+	Source          string   `json:"source,omitempty"`
 	Digest          string   `json:"digest,omitempty"`
 	Bytes           int64    `json:"bytes"`
 	LastUsed        string   `json:"lastUsed,omitempty"`

@@ -1,0 +1,155 @@
+package k8ssync
+
+import (
+	"context"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers"
+	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
+)
+
+// One resolution per cluster. The elected daemon resolves each source of
+// a ModelCache (main, versions, kernel caches) once and records it in
+// status.resolved; every node turns that record into the desire it hands
+// its daemon: the pinned URI, and the folder checksum the first node to
+// commit it reported. A node never resolves a branch or tag on its own,
+// so a node that joins later serves the same bytes as its peers.
+
+// resolveRetry is how soon a failed resolution is tried again.
+const resolveRetry = 30 * time.Second
+
+// sourceOf is one source of a ModelCache as a desire to resolve.
+type sourceOf struct {
+	artifact string
+	source   string
+	ds       api.Desire
+}
+
+// sources lists mc's sources: the main one, each kernel cache image, each
+// version.
+func sources(mc *ModelCache) []sourceOf {
+	main := api.Desire{Name: mc.Name, URI: mc.Spec.Source, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude}
+	out := []sourceOf{{artifact: mc.Name, source: mc.Spec.Source, ds: main}}
+	for i, kc := range mc.Spec.KernelCaches {
+		main.KernelCaches = append(main.KernelCaches, api.KernelCacheRef{Name: kc.Name, URI: kc.Image})
+		n := main.KernelCacheName(i)
+		out = append(out, sourceOf{artifact: n, source: kc.Image, ds: api.Desire{Name: n, URI: kc.Image, Kind: api.KindKernelCache}})
+	}
+	for _, v := range mc.Spec.Versions {
+		n := mc.Name + "-" + v.Suffix
+		out = append(out, sourceOf{artifact: n, source: v.Source, ds: api.Desire{Name: n, URI: v.Source, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude}})
+	}
+	return out
+}
+
+// resolveAll is mc's status.resolved after this pass: an entry whose
+// source the spec still names is kept (with its folder checksum); a new
+// or changed source is resolved now; a failed one again after
+// resolveRetry. again says when a failure wants another pass.
+func (s *Syncer) resolveAll(ctx context.Context, mc *ModelCache) (out []ResolvedSource, again bool) {
+	old := map[string]ResolvedSource{}
+	for _, e := range mc.Status.Resolved {
+		old[e.Artifact] = e
+	}
+	if mc.Spec.State == StateAbsent {
+		return mc.Status.Resolved, false // nothing to pull; keep the record
+	}
+	var creds map[string]string
+	credsRead := false
+	for _, src := range sources(mc) {
+		if e, ok := old[src.artifact]; ok && e.Source == src.source && (e.Error == "" || time.Since(e.ResolvedAt.Time) < resolveRetry) {
+			out = append(out, e)
+			again = again || e.Error != ""
+			continue
+		}
+		if ref := mc.Spec.SecretRef; ref != nil && !credsRead {
+			credsRead = true
+			var err error
+			if creds, err = s.secret(ctx, ref.Namespace, ref.Name); err != nil {
+				s.log.Warn("k8s sync: credentials for resolution", "modelcache", mc.Name, "secret", ref.Namespace+"/"+ref.Name, "err", err)
+			}
+		}
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		rev, uri, err := s.node.Resolve(rctx, src.ds, creds)
+		cancel()
+		e := ResolvedSource{Artifact: src.artifact, Source: src.source, Revision: rev, URI: uri, Generation: mc.Generation,
+			ResolvedAt: metav1.NewTime(time.Now().Truncate(time.Second))}
+		if err != nil {
+			e.Revision, e.URI, e.Error = "", "", fetchers.RedactText(err.Error())
+			again = true
+			s.log.Warn("k8s sync: resolving for the cluster", "modelcache", mc.Name, "artifact", src.artifact, "source", fetchers.RedactURI(src.source), "err", e.Error)
+		} else {
+			s.log.Info("k8s sync: resolved for the cluster", "modelcache", mc.Name, "artifact", src.artifact, "source", fetchers.RedactURI(src.source), "revision", rev)
+		}
+		out = append(out, e)
+	}
+	return out, again
+}
+
+// recordDigests fills the folder checksum of each resolution that has
+// none from the nodes holding its revision Ready (the first to report
+// it; were several to report at once, the most common, then the least).
+// Once recorded it stays for as long as the resolution does.
+func recordDigests(resolved []ResolvedSource, nodes []ModelCacheNodeStatus) []ResolvedSource {
+	out := append([]ResolvedSource(nil), resolved...)
+	for i := range out {
+		e := &out[i]
+		if e.Digest != "" || e.URI == "" {
+			continue
+		}
+		seen := map[string]int{}
+		for _, n := range nodes {
+			for _, a := range n.Artifacts {
+				// The revision, from the pinned URI: an old pull of the
+				// same name (a source without revisions, another source)
+				// does not count.
+				if a.Name == e.Artifact && api.Phase(a.Phase) == api.PhaseReady && a.Digest != "" && (e.Revision == "" || a.Revision == e.Revision) &&
+					a.Source == fetchers.RedactURI(e.URI) {
+					seen[a.Digest]++
+				}
+			}
+		}
+		best := 0
+		for d, c := range seen {
+			if c > best || (c == best && d < e.Digest) {
+				e.Digest, best = d, c
+			}
+		}
+	}
+	return out
+}
+
+// resolution is mc's record for artifact when it is for the source the
+// spec names now.
+func resolution(mc *ModelCache, artifact, source string) (ResolvedSource, bool) {
+	for _, e := range mc.Status.Resolved {
+		if e.Artifact == artifact && e.Source == source {
+			return e, e.URI != "" && e.Error == ""
+		}
+	}
+	return ResolvedSource{}, false
+}
+
+// pinned turns a desire of mc into the cluster's: the pinned URI and,
+// unless the user gave a digest, the cluster's folder checksum. ok is
+// false while the cluster has no resolution for it (why says so).
+func pinned(mc *ModelCache, ds api.Desire, source string) (out api.Desire, ok bool, why string) {
+	e, ok := resolution(mc, ds.Name, source)
+	if !ok {
+		if e.Error != "" {
+			return ds, false, "the cluster could not resolve its source (the elected modelcached retries): " + e.Error
+		}
+		return ds, false, "waiting for the cluster's resolution of its source (status.resolved, written by the elected modelcached)"
+	}
+	ds.URI = e.URI
+	if _, rev, err := hffetcher.ParseURI(source); err == nil && !hffetcher.IsCommit(rev) {
+		ds.Ref = rev // the HF view's refs/<branch> names the pinned commit
+	}
+	if ds.Digest == "" && e.Digest != "" {
+		ds.Digest, ds.ClusterDigest = e.Digest, true
+	}
+	return ds, true, ""
+}
