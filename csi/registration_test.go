@@ -2,7 +2,9 @@ package csi
 
 import (
 	"context"
+	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +23,8 @@ func (noHolds) Holds() ([]Volume, error) { return nil, nil }
 func TestRegistration(t *testing.T) {
 	dir := t.TempDir()
 	cfg := Config{Socket: filepath.Join(dir, "plugins", DriverName, "csi.sock"), RegistrationDir: filepath.Join(dir, "plugins_registry"), PodsDir: dir, NodeID: "n"}
+	old := syscall.Umask(0) // the sockets' mode must not depend on it
+	defer syscall.Umask(old)
 	d, err := New(cfg, noHolds{})
 	if err != nil {
 		t.Fatal(err)
@@ -42,6 +46,12 @@ func TestRegistration(t *testing.T) {
 	}
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Only root (kubelet) may reach either socket, whatever the umask.
+	for _, p := range []string{cfg.Socket, sock} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: mode %v (%v), want 0600", p, fi.Mode().Perm(), err)
+		}
 	}
 	if info.Type != regpb.CSIPlugin || info.Name != DriverName || info.Endpoint != cfg.Socket || len(info.SupportedVersions) == 0 {
 		t.Fatalf("GetInfo: %+v", info)

@@ -214,7 +214,18 @@ func listenUnix(path string) (net.Listener, error) {
 		}
 		os.Remove(path)
 	}
-	return net.Listen("unix", path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	// Only kubelet (root) may call the driver: a local user who could
+	// would mount models over pods' volumes and hold revisions at will.
+	// The mode is set whatever the daemon's umask was.
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
 }
 
 // Reconcile drops the hold of every recorded volume whose target is no
