@@ -17,6 +17,10 @@
 //	<root>/tmp/                              temp trees and renameio temp files; emptied at Open
 //	<root>/quarantine/<hex>-<unix>           blobs that failed verification
 //	<root>/quarantine/tree-<kind>-<name>-<rev>-<unix>  trees an index rebuild could not read as the store's
+//	<root>/holds/<sha256(key)>/record        the on-disk copy of a hold record ({key, record}),
+//	                                         put back into the index when the index is lost
+//	<root>/holds/<sha256(key)>/tree/…        a hold's composed tree (several versions side by
+//	                                         side), hardlinks into blobs; goes with the hold
 //	<root>/models/<name>/<revision>/…        hardlinks into blobs; appears by rename
 //	<root>/models/<name>/current -> <revision>
 //	<root>/kernels/<name>/<revision>/…       the same for kind "kernelcache"

@@ -22,6 +22,9 @@ type RepairReport struct {
 	TreesRebuilt    int      `json:"treesRebuilt"`
 	LinksFixed      int      `json:"linksFixed"`
 	VersionsMissing []string `json:"versionsMissing,omitempty"` // name@rev marked for re-fetch
+	// HoldsRestored counts hold records put back into the index from
+	// their copies under holds/ (the index was lost or rebuilt).
+	HoldsRestored int `json:"holdsRestored,omitempty"`
 	// IndexRebuilt is set when the index was found new or empty over a
 	// store that holds trees, and was rebuilt from them.
 	IndexRebuilt *RebuildReport `json:"indexRebuilt,omitempty"`
@@ -30,7 +33,7 @@ type RepairReport struct {
 // Clean reports whether repair had nothing to do but keep ingests.
 func (r *RepairReport) Clean() bool {
 	return r.TmpRemoved == 0 && r.IngestsRemoved == 0 && r.BlobsAdopted == 0 && r.BlobsDropped == 0 &&
-		r.TreesRemoved == 0 && r.TreesRebuilt == 0 && r.LinksFixed == 0 && len(r.VersionsMissing) == 0 && r.IndexRebuilt == nil
+		r.TreesRemoved == 0 && r.TreesRebuilt == 0 && r.LinksFixed == 0 && len(r.VersionsMissing) == 0 && r.IndexRebuilt == nil && r.HoldsRestored == 0
 }
 
 // blobsOnDisk lists blobs by walking blobs/sha256 (names and sizes only; no

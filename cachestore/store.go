@@ -23,6 +23,7 @@ const (
 	dirIngest     = "ingest"
 	dirTmp        = "tmp"
 	dirQuarantine = "quarantine"
+	dirHolds      = "holds"
 	indexFile     = "index.db"
 
 	// KindModel artifacts live under models/, KindKernelCache under kernels/.
@@ -124,12 +125,14 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 	if err != nil {
 		return nil, nil, fmt.Errorf("store root %q: %w", root, err)
 	}
-	for _, d := range []string{"", dirBlobs, dirIngest, dirTmp, dirQuarantine, dirHF, kindDirs[KindModel], kindDirs[KindKernelCache]} {
+	for _, d := range []string{"", dirBlobs, dirIngest, dirTmp, dirQuarantine, dirHolds, dirHF, kindDirs[KindModel], kindDirs[KindKernelCache]} {
 		if err := os.MkdirAll(filepath.Join(abs, d), 0o755); err != nil {
 			return nil, nil, fmt.Errorf("store root %q: %w", abs, err)
 		}
 	}
-	for _, d := range []string{dirIngest, dirTmp, dirQuarantine} {
+	// holds/ names pods; a pod reaches a hold's tree through its bind
+	// mount, never through these directories.
+	for _, d := range []string{dirIngest, dirTmp, dirQuarantine, dirHolds} {
 		os.Chmod(filepath.Join(abs, d), 0o700)
 	}
 	dbPath := filepath.Join(abs, indexFile)
@@ -166,6 +169,10 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 		return nil, nil, fmt.Errorf("store root %q: startup repair: %w", abs, err)
 	}
 	rep.IndexRebuilt = rebuilt
+	if rep.HoldsRestored, err = s.syncHolds(); err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("store root %q: holds: %w", abs, err)
+	}
 	return s, rep, nil
 }
 
@@ -767,16 +774,6 @@ func (s *Store) DeleteDesire(name string) error { return s.deleteRecord(bucketDe
 
 // Desires returns every desired-state record.
 func (s *Store) Desires() (map[string][]byte, error) { return s.records(bucketDesires) }
-
-// PutHold stores the daemon's opaque record of a hold under key (a pod's
-// CSI volume holding a version): it outlives restarts until DeleteHold.
-func (s *Store) PutHold(key string, raw []byte) error { return s.putRecord(bucketHolds, key, raw) }
-
-// DeleteHold removes the hold record under key; none there is no error.
-func (s *Store) DeleteHold(key string) error { return s.deleteRecord(bucketHolds, key) }
-
-// Holds returns every hold record by key.
-func (s *Store) Holds() (map[string][]byte, error) { return s.records(bucketHolds) }
 
 // putRecord, deleteRecord and records keep the daemon's opaque records
 // of a top-level bucket (desires, holds).
