@@ -33,6 +33,11 @@
 // index). At start, Serve drops the record of any volume whose target is
 // no longer a mount point (its pod went while the daemon was down, or the
 // node rebooted); kubelet publishes again for a pod that still runs.
+// When the records are lost (the daemon's index rebuilt from its store),
+// FindBinds finds the volumes still mounted from the mount table: mounts
+// under the pods directory that show a directory of the store, with the
+// volume ID from kubelet's vol_data.json beside each. NodeUnpublishVolume
+// releases the holds of its target whatever their volume ID.
 //
 // Registration: Serve also listens on <RegistrationDir>/csi.modelcache.io-reg.sock,
 // where kubelet's plugin watcher finds it, and answers kubelet's

@@ -479,6 +479,19 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpubli
 	if err := d.backend.Release(ctx, id); err != nil {
 		return nil, status.Errorf(codes.Internal, "releasing the hold of volume %s: %v", id, err)
 	}
+	// A hold rediscovered from the mount table may carry another ID than
+	// kubelet's (its vol_data.json was gone): the target names it too.
+	held, err := d.backend.Holds()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "reading holds: %v", err)
+	}
+	for _, h := range held {
+		if h.Target == target && h.ID != id {
+			if err := d.backend.Release(ctx, h.ID); err != nil {
+				return nil, status.Errorf(codes.Internal, "releasing the hold of volume %s at %s: %v", h.ID, target, err)
+			}
+		}
+	}
 	d.log.Info("csi: unpublished", "volume", id, "target", target)
 	return &csipb.NodeUnpublishVolumeResponse{}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -54,9 +55,78 @@ func (d *Daemon) loadCSIHolds() {
 		}
 		d.csiHolds[id] = v
 	}
+	d.rediscoverCSIMounts()
 	if len(d.csiHolds) > 0 && d.cfg.CSI == nil {
 		d.log.Warn("the index records CSI volumes but --csi-socket is off; their revisions stay held until the driver runs and kubelet unpublishes them", "volumes", len(d.csiHolds))
 	}
+}
+
+// rediscoverCSIMounts holds again what pods still mount when the records
+// of it are gone (the index and the copies under holds/ both lost, or a
+// mount older than the records): every mount under kubelet's pods
+// directory that shows a version's tree of this store, found in the mount
+// table (csi.FindBinds), becomes a hold of that version, under the
+// volume ID kubelet recorded in vol_data.json beside it. The pod's name
+// is not in the mount table; the holder is "pod uid <uid>" until kubelet
+// unpublishes the volume. A mount of a hold's composed tree whose record
+// is lost cannot say which versions it shows; it is logged and left.
+// Called from New, before anything can evict.
+func (d *Daemon) rediscoverCSIMounts() {
+	if d.cfg.CSI == nil {
+		return
+	}
+	pods := d.cfg.CSI.PodsDir
+	if pods == "" {
+		pods = csi.DefaultPodsDir
+	}
+	binds, err := csi.FindBinds(pods, d.store.Root())
+	if err != nil {
+		d.log.Error("csi: reading the mount table for volumes the records lost", "err", err)
+		return
+	}
+	held := map[string]bool{}
+	for _, v := range d.csiHolds {
+		held[filepath.Clean(v.Target)] = true
+	}
+	for _, b := range binds {
+		v := b.Volume
+		if held[filepath.Clean(v.Target)] {
+			continue
+		}
+		parts := strings.Split(b.Rel, "/")
+		if len(parts) != 3 || (parts[0] != "models" && parts[0] != "kernels") {
+			d.log.Warn("csi: a pod mounts a directory of the store that no hold record names; left as it is", "target", v.Target, "dir", b.Rel)
+			continue
+		}
+		v.Model, v.Revision, v.KernelCaches = parts[1], parts[2], "none"
+		if _, ok := d.readyVersion(v.Model, v.Revision); !ok {
+			d.log.Warn("csi: a pod mounts a tree the index has no Ready version of; not held", "target", v.Target, "artifact", v.Model, "revision", v.Revision)
+			continue
+		}
+		raw, err := json.Marshal(v)
+		if err == nil {
+			err = d.store.PutHold(csiHoldKey(v.ID), raw)
+		}
+		if err != nil {
+			d.log.Error("csi: recording the hold of a rediscovered volume", "volume", v.ID, "err", err)
+			continue
+		}
+		d.csiHolds[v.ID] = v
+		held[filepath.Clean(v.Target)] = true
+		d.log.Warn("csi: a pod's volume had no hold record; found in the mount table and held again", "volume", v.ID, "target", v.Target, "pod_uid", v.PodUID, "artifact", v.Model, "revision", v.Revision)
+	}
+}
+
+// readyVersion finds name@rev Ready in the index.
+func (d *Daemon) readyVersion(name, rev string) (cachestore.Version, bool) {
+	if a, err := d.store.Summary(name); err == nil {
+		for _, x := range a.Versions {
+			if x.Revision == rev && x.State == cachestore.StateReady {
+				return x, true
+			}
+		}
+	}
+	return cachestore.Version{}, false
 }
 
 // csiUses adds the CSI holds to an in-use map; called with d.mu held.
@@ -70,6 +140,9 @@ func (d *Daemon) csiUses(out map[string][]api.Holder) {
 func csiHolder(v csi.Volume) api.Holder {
 	if v.PodName != "" {
 		return api.Holder{Kind: "pod", ID: v.PodNamespace + "/" + v.PodName, Revision: v.Revision}
+	}
+	if v.PodUID != "" {
+		return api.Holder{Kind: "pod", ID: "uid " + v.PodUID, Revision: v.Revision}
 	}
 	return api.Holder{Kind: "csi", ID: v.ID, Revision: v.Revision}
 }

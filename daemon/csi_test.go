@@ -398,3 +398,93 @@ func TestCSINotReadyStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestCSIHoldsSurviveALostIndex: the index is lost while a pod mounts a
+// revision, and the daemon rebuilds it from the trees at start. The pod's
+// hold comes back (from its record under holds/, with the pod's name; or,
+// with that gone too, from the mount table and kubelet's vol_data.json,
+// with the pod's UID), the revision survives an eviction pass that takes
+// everything it can, and unpublish releases it as usual.
+func TestCSIHoldsSurviveALostIndex(t *testing.T) {
+	for _, c := range []struct {
+		name, lose, holder string
+	}{
+		{"records on disk", "index.db", "pod ml/pod-vol-1@"},
+		{"mount table", "index.db and holds/", "pod uid uid-1@"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w, o := data(4000, 11), data(3000, 12)
+			srv := newFileServer(t, map[string][]byte{"w.bin": w, "o.bin": o})
+			cfg := csiConfig(t)
+			cfg.Capacity.MinAge = 0
+			r := startCSI(t, cfg)
+			for name, uri := range map[string]string{"m": srv.URL + "/w.bin#sha256=" + sha(w), "other": srv.URL + "/o.bin#sha256=" + sha(o)} {
+				if _, err := r.pull(api.PullRequest{Name: name, URI: uri}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a, _ := r.c.Get(context.Background(), "m")
+			rev := a.Revision
+			a, _ = r.c.Get(context.Background(), "other")
+			otherRev := a.Revision
+			target := r.target("uid-1", "model")
+			// What kubelet writes beside the mount before it publishes.
+			if err := os.WriteFile(filepath.Join(filepath.Dir(target), "vol_data.json"), []byte(`{"driverName":"csi.modelcache.io","volumeHandle":"vol-1","specVolID":"model","volumeLifecycleMode":"Ephemeral"}`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.publish("vol-1", target, map[string]string{"modelCache": "m"}); err != nil {
+				t.Fatal(err)
+			}
+			r.stop()
+			defer syscall.Unmount(target, syscall.MNT_DETACH) // whatever the test's outcome
+			if err := os.Remove(filepath.Join(cfg.Root, "index.db")); err != nil {
+				t.Fatal(err)
+			}
+			if c.lose != "index.db" {
+				if err := os.RemoveAll(filepath.Join(cfg.Root, "holds")); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			r = startCSI(t, cfg)
+			defer r.stop()
+			if got := holders(t, r.harness, "m"); len(got) != 1 || got[0] != c.holder+rev {
+				t.Fatalf("after the index was rebuilt inUse is %v, want [%s%s]", got, c.holder, rev)
+			}
+			if _, err := r.d.evictPass(context.Background(), 1<<40); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(r.d.store.TreePath("model", "other", otherRev)); !os.IsNotExist(err) {
+				t.Fatalf("the eviction pass left the unheld model (%v): the test exerts no pressure", err)
+			}
+			if _, err := os.Stat(r.d.store.TreePath("model", "m", rev)); err != nil {
+				t.Fatalf("the held revision was evicted: %v", err)
+			}
+			if got := files(t, target); got["w.bin"] != string(w) {
+				t.Fatal("the pod's mount no longer shows the model")
+			}
+
+			if err := r.unpublish("vol-1", target); err != nil {
+				t.Fatal(err)
+			}
+			if isMounted(t, target) {
+				t.Fatal("mount left behind")
+			}
+			if got := holders(t, r.harness, "m"); len(got) != 0 {
+				t.Fatalf("holds left after unpublish: %v", got)
+			}
+			if raw, _ := r.d.store.Holds(); len(raw) != 0 {
+				t.Fatalf("hold records left in the index: %v", raw)
+			}
+			if ents, _ := os.ReadDir(filepath.Join(cfg.Root, "holds")); len(ents) != 0 {
+				t.Fatalf("holds/ keeps %d entries after unpublish", len(ents))
+			}
+			if _, err := r.d.evictPass(context.Background(), 1<<40); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(r.d.store.TreePath("model", "m", rev)); !os.IsNotExist(err) {
+				t.Fatalf("the released revision survived an eviction pass under pressure: %v", err)
+			}
+		})
+	}
+}
