@@ -167,7 +167,8 @@ type TreePart struct {
 // each part's version (which must be Ready) under its Dir, as hardlinks
 // of their blobs, read-only files in directories the daemon owns. It is
 // built under tmp/ and renamed into place, replacing one from before. Two
-// parts that place a file at the same path are an error naming both. The
+// parts that place a file at the same path (or a file where the other has
+// a directory) are ErrInvalidPath, naming the path. The
 // tree goes with DeleteHold; the caller holds the versions meanwhile.
 func (s *Store) HoldTree(ctx context.Context, key string, parts []TreePart) (string, error) {
 	type entry struct {
@@ -201,7 +202,7 @@ func (s *Store) HoldTree(ctx context.Context, key string, parts []TreePart) (str
 				at = path.Join(p.Dir, e.Path)
 			}
 			if prev, ok := files[at]; ok {
-				return "", fmt.Errorf("composed tree: %s of %s@%s and of %s are at the same path", at, p.Name, p.Revision, prev.from)
+				return "", fmt.Errorf("composed tree: path %q: %w: a file of %s@%s and of %s", at, ErrInvalidPath, p.Name, p.Revision, prev.from)
 			}
 			e.Path = at
 			files[at] = entry{e, p.Name + "@" + p.Revision}

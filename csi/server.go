@@ -46,9 +46,18 @@ type Volume struct {
 	Model        string `json:"modelCache"`
 	Revision     string `json:"revision,omitempty"`
 	KernelCaches string `json:"kernelCaches,omitempty"`
-	PodNamespace string `json:"podNamespace,omitempty"`
-	PodName      string `json:"podName,omitempty"`
-	PodUID       string `json:"podUID,omitempty"`
+	// Kernels are the kernel cache versions the volume shows under
+	// kernels/<name>/ (kernelCaches: auto); the Backend fills them.
+	Kernels      []KernelCache `json:"kernels,omitempty"`
+	PodNamespace string        `json:"podNamespace,omitempty"`
+	PodName      string        `json:"podName,omitempty"`
+	PodUID       string        `json:"podUID,omitempty"`
+}
+
+// KernelCache is one kernel cache version a volume shows.
+type KernelCache struct {
+	Name     string `json:"name"`
+	Revision string `json:"revision"`
 }
 
 // Backend is what the driver needs of the daemon. Its methods are called

@@ -132,8 +132,14 @@ func (d *Daemon) readyVersion(name, rev string) (cachestore.Version, bool) {
 // csiUses adds the CSI holds to an in-use map; called with d.mu held.
 func (d *Daemon) csiUses(out map[string][]api.Holder) {
 	for _, v := range d.csiHolds {
+		h := csiHolder(v)
 		k := capacity.Key(v.Model, v.Revision)
-		out[k] = append(out[k], csiHolder(v))
+		out[k] = append(out[k], h)
+		for _, kc := range v.Kernels {
+			h.Revision = kc.Revision
+			k := capacity.Key(kc.Name, kc.Revision)
+			out[k] = append(out[k], h)
+		}
 	}
 }
 
@@ -153,29 +159,30 @@ func (b csiBackend) Hold(ctx context.Context, v csi.Volume) (string, string, err
 	d.mu.Lock()
 	if h, ok := d.csiHolds[v.ID]; ok { // kubelet retried a publish that held already
 		d.mu.Unlock()
-		return h.Revision, d.store.TreePath(d.kindOf(h.Model), h.Model, h.Revision), nil
+		return h.Revision, d.csiTree(h), nil
 	}
 	d.mu.Unlock()
 	rev, kind, err := d.csiRevision(v)
 	if err != nil {
 		return "", "", err
 	}
+	v.Revision = rev
 	if v.KernelCaches == "auto" {
-		d.mu.Lock()
-		kcs := len(d.desired()[v.Model].KernelCaches)
-		d.mu.Unlock()
-		if kcs > 0 {
-			return "", "", status.Errorf(codes.InvalidArgument, "volumeAttributes.kernelCaches=auto: mounting %s's kernel caches beneath the model is not supported yet; use kernelCaches: none and modelctl env %s for their paths", v.Model, v.Model)
+		for _, kc := range d.modelKernelCaches(v.Model) {
+			v.Kernels = append(v.Kernels, csi.KernelCache{Name: kc.Name, Revision: kc.Revision})
+		}
+		if len(v.Kernels) == 0 {
+			d.log.Info("csi: kernelCaches=auto: no Ready kernel cache compatible with this node's GPUs serves the model; the volume shows the model without kernels/",
+				"volume", v.ID, "artifact", v.Model, "gpus", len(d.gpus.Devices))
 		}
 	}
-	v.Revision = rev
 	raw, err := json.Marshal(v)
 	if err != nil {
 		return "", "", err
 	}
-	// Record first, then check the tree: an eviction that chose this
-	// revision before the hold counted has removed it by now, or will see
-	// the hold.
+	// Record first, then check the trees: an eviction that chose one of
+	// these versions before the hold counted has removed it by now, or
+	// will see the hold.
 	d.desireMu.Lock() // index writes of holds are serialised like desires'
 	err = d.store.PutHold(csiHoldKey(v.ID), raw)
 	if err == nil {
@@ -189,12 +196,66 @@ func (b csiBackend) Hold(ctx context.Context, v csi.Volume) (string, string, err
 		return "", "", status.Errorf(codes.Internal, "recording the hold of %s@%s: %v", v.Model, rev, err)
 	}
 	tree := d.store.TreePath(kind, v.Model, rev)
-	if _, err := os.Stat(tree); err != nil {
+	if len(v.Kernels) > 0 {
+		tree, err = d.composeCSITree(ctx, v)
+	} else if _, serr := os.Stat(tree); serr != nil {
+		err = status.Errorf(codes.Unavailable, "model %s@%s was evicted while being mounted; retrying", v.Model, rev)
+	}
+	if err != nil {
 		b.Release(ctx, v.ID)
-		return "", "", status.Errorf(codes.Unavailable, "model %s@%s was evicted while being mounted; retrying", v.Model, rev)
+		return "", "", err
 	}
 	d.store.Touch(v.Model, rev)
+	for _, kc := range v.Kernels {
+		d.store.Touch(kc.Name, kc.Revision)
+	}
 	return rev, tree, nil
+}
+
+// csiTree is the directory a held volume mounts: its revision's tree, or
+// the composed tree when it shows kernel caches too.
+func (d *Daemon) csiTree(v csi.Volume) string {
+	if len(v.Kernels) > 0 {
+		return d.store.HoldTreePath(csiHoldKey(v.ID))
+	}
+	return d.store.TreePath(d.kindOf(v.Model), v.Model, v.Revision)
+}
+
+// composeCSITree builds the tree of a volume with kernelCaches: auto: the
+// model's files at its root and each kernel cache's under
+// kernels/<name>/, in the hold's own directory of the store
+// (holds/<sha256(key)>/tree), which goes with the hold.
+//
+// Why a tree of hardlinks and not an overlayfs of the revision's tree and
+// the kernel caches': the revision's tree is immutable and shared, so the
+// composition has to live elsewhere either way, and overlayfs would need
+// a lower directory holding kernels/<name> (itself a composed tree, or
+// more mounts), an options string that bounds the number of layers to one
+// page, and a mount of its own (own device) to clean up after a crash,
+// which the mount table could no longer tie back to the store when the
+// records are lost. Hardlinks cost one link per file (no copy: the same
+// read-only inodes as the blobs), build in a few milliseconds for a model
+// and its kernel caches, and the tree is then bind-mounted exactly as a
+// plain revision is (read-only, nosuid, nodev). The price is one link
+// count per file per volume: filesystems cap it (ext4 at 65000), which
+// bounds the number of kernelCaches: auto volumes of one model per node
+// far above what a node runs.
+func (d *Daemon) composeCSITree(ctx context.Context, v csi.Volume) (string, error) {
+	parts := []cachestore.TreePart{{Name: v.Model, Revision: v.Revision}}
+	for _, kc := range v.Kernels {
+		parts = append(parts, cachestore.TreePart{Dir: "kernels/" + kc.Name, Name: kc.Name, Revision: kc.Revision})
+	}
+	tree, err := d.store.HoldTree(ctx, csiHoldKey(v.ID), parts)
+	switch {
+	case err == nil:
+		return tree, nil
+	case errors.Is(err, cachestore.ErrNotFound):
+		return "", status.Errorf(codes.Unavailable, "model %s@%s or one of its kernel caches was evicted while being mounted; retrying: %v", v.Model, v.Revision, err)
+	case errors.Is(err, cachestore.ErrInvalidPath): // the model's own files clash with kernels/<name>/
+		return "", status.Errorf(codes.FailedPrecondition, "volumeAttributes.kernelCaches=auto: %v; the model has files of its own under kernels/: use kernelCaches: none and modelctl env %s for the kernel caches' paths", err, v.Model)
+	default:
+		return "", status.Errorf(codes.Internal, "composing the tree of %s@%s with its kernel caches: %v", v.Model, v.Revision, err)
+	}
 }
 
 // kindOf is the kind of an artifact's versions (models unless the index

@@ -65,13 +65,19 @@ func startCSI(t *testing.T, cfg Config) *csiRig {
 }
 
 // target is where kubelet would publish volume vol of pod uid (kubelet
-// makes the parent; the driver makes the mount directory).
+// makes the parent; the driver makes the mount directory). A mount a
+// failed test leaves there is detached at its end.
 func (r *csiRig) target(uid, vol string) string {
 	dir := filepath.Join(r.pods, uid, "volumes", "kubernetes.io~csi", vol)
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		r.t.Fatal(err)
 	}
-	return filepath.Join(dir, "mount")
+	target := filepath.Join(dir, "mount")
+	r.t.Cleanup(func() {
+		for isMounted(r.t, target) && syscall.Unmount(target, syscall.MNT_DETACH) == nil {
+		}
+	})
+	return target
 }
 
 func (r *csiRig) publish(id, target string, attrs map[string]string) error {
@@ -436,7 +442,6 @@ func TestCSIHoldsSurviveALostIndex(t *testing.T) {
 				t.Fatal(err)
 			}
 			r.stop()
-			defer syscall.Unmount(target, syscall.MNT_DETACH) // whatever the test's outcome
 			if err := os.Remove(filepath.Join(cfg.Root, "index.db")); err != nil {
 				t.Fatal(err)
 			}

@@ -275,7 +275,9 @@ func (d *Daemon) env(name string) (map[string]string, error) {
 	}
 	out := map[string]string{}
 	if cur.Kind == cachestore.KindKernelCache {
-		d.kernelEnv(name, "", out)
+		if info := kernelCacheInfo(cur); info != nil {
+			kernelEnv(d.store.TreePath(cachestore.KindKernelCache, name, ""), info, out)
+		}
 		return out, nil
 	}
 	out["MODEL_PATH"] = filepath.Join(d.store.TreePath(cur.Kind, name, ""), "current")
@@ -283,41 +285,57 @@ func (d *Daemon) env(name string) (map[string]string, error) {
 		out["HF_HUB_CACHE"] = filepath.Join(d.store.Root(), "hf")
 		out["HF_HUB_OFFLINE"] = "1"
 	}
-	d.mu.Lock()
-	var kcs []string
-	for n, ds := range d.desired() {
-		if ds.Kind == api.KindKernelCache && ds.Serves == name {
-			kcs = append(kcs, n)
-		}
-	}
-	d.mu.Unlock()
-	sort.Strings(kcs)
-	for _, n := range kcs {
-		d.kernelEnv(n, name, out)
+	for _, kc := range d.modelKernelCaches(name) {
+		kernelEnv(d.store.TreePath(cachestore.KindKernelCache, kc.Name, ""), kc.Info, out)
 	}
 	return out, nil
 }
 
-// kernelEnv adds a Ready kernel cache's directories to out (the first
-// cache to set a variable keeps it). For a model (model != ""), only a
-// version pulled for that model counts: one that someone else pulled
-// under the same name (before the model was declared) is not served.
-func (d *Daemon) kernelEnv(name, model string, out map[string]string) {
-	a, err := d.store.Summary(name)
-	if err != nil {
-		return
+// servedKernelCache is a Ready kernel cache version that serves a model.
+type servedKernelCache struct {
+	Name, Revision string
+	Info           *api.KernelCacheInfo
+}
+
+// modelKernelCaches chooses the kernel caches a model is served with (by
+// modelctl env and by a CSI volume with kernelCaches: auto): each kernel
+// cache declared for the model whose current version is Ready (so it was
+// signed as its policy asks and compatible with this node's GPUs when
+// pulled) and was pulled for that model (one someone else pulled under
+// the same name before the model was declared is not served), by name.
+func (d *Daemon) modelKernelCaches(model string) []servedKernelCache {
+	d.mu.Lock()
+	var names []string
+	for n, ds := range d.desired() {
+		if ds.Kind == api.KindKernelCache && ds.Serves == model {
+			names = append(names, n)
+		}
 	}
-	cur := currentVersion(a)
-	info := kernelCacheInfo(cur)
-	if info == nil || (model != "" && info.Serves != model) {
-		return
+	d.mu.Unlock()
+	sort.Strings(names)
+	var out []servedKernelCache
+	for _, n := range names {
+		a, err := d.store.Summary(n)
+		if err != nil {
+			continue
+		}
+		cur := currentVersion(a)
+		if info := kernelCacheInfo(cur); info != nil && info.Serves == model {
+			out = append(out, servedKernelCache{Name: n, Revision: cur.Revision, Info: info})
+		}
 	}
-	base := filepath.Join(d.store.TreePath(cachestore.KindKernelCache, name, ""), "current")
+	return out
+}
+
+// kernelEnv adds the directories of a kernel cache (whose current link is
+// under dir) to out; the first cache to set a variable keeps it.
+func kernelEnv(dir string, info *api.KernelCacheInfo, out map[string]string) {
+	base := filepath.Join(dir, "current")
 	for _, k := range kernelCacheDirs {
-		for _, dir := range info.Dirs {
-			if dir == k.dir {
+		for _, cd := range info.Dirs {
+			if cd == k.dir {
 				if _, set := out[k.env]; !set {
-					out[k.env] = filepath.Join(base, dir)
+					out[k.env] = filepath.Join(base, cd)
 				}
 			}
 		}
