@@ -19,8 +19,11 @@
 // directory, no "..", no symlink out of it; attributes by name), asks the
 // Backend for the tree of one exact revision, which the Backend holds from
 // then on, and bind-mounts that tree read-only (nosuid, nodev) at the
-// target. A repeated call for a mounted target succeeds without a second
-// mount. NodeUnpublishVolume unmounts, removes the target directory and
+// target. With kernelCaches: auto the tree is one the Backend composes:
+// the model's files with its kernel caches compatible with the node under
+// kernels/<name>/ (Volume.Kernels names them; they are held too), or the
+// model's own tree when there are none. A repeated call for a mounted
+// target succeeds without a second mount. NodeUnpublishVolume unmounts, removes the target directory and
 // releases the hold; it succeeds for a target already gone.
 //
 // Errors are gRPC status errors kubelet understands: the Backend returns
