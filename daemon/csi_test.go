@@ -98,6 +98,34 @@ func (r *csiRig) unpublish(id, target string) error {
 	return err
 }
 
+// unpublishGone unpublishes a volume and checks its mount is gone.
+func (r *csiRig) unpublishGone(id, target string) {
+	r.t.Helper()
+	if err := r.unpublish(id, target); err != nil {
+		r.t.Fatal(err)
+	}
+	if isMounted(r.t, target) {
+		r.t.Fatalf("%s still mounted after unpublish", target)
+	}
+}
+
+// released checks that nothing holds the artifacts names any more and
+// that no hold record is left, in the index or under holds/.
+func (r *csiRig) released(names ...string) {
+	r.t.Helper()
+	for _, n := range names {
+		if got := holders(r.t, r.harness, n); len(got) != 0 {
+			r.t.Fatalf("%s still held: %v", n, got)
+		}
+	}
+	if raw, _ := r.d.store.Holds(); len(raw) != 0 {
+		r.t.Fatalf("hold records left in the index: %v", raw)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(r.cfg.Root, "holds")); len(ents) != 0 {
+		r.t.Fatalf("holds/ keeps %d entries", len(ents))
+	}
+}
+
 func isMounted(t *testing.T, p string) bool {
 	raw, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
@@ -273,18 +301,8 @@ func TestCSIRestartKeepsHolds(t *testing.T) {
 	if len(got) != 1 || !strings.Contains(got[0], "ml/pod-vol-1@") {
 		t.Fatalf("after restart inUse is %v, want pod-vol-1 only", got)
 	}
-	if err := r.unpublish("vol-1", t1); err != nil {
-		t.Fatal(err)
-	}
-	if isMounted(t, t1) {
-		t.Fatal("mount left behind")
-	}
-	if got := holders(t, r.harness, "m"); len(got) != 0 {
-		t.Fatalf("holds left: %v", got)
-	}
-	if raw, _ := r.d.store.Holds(); len(raw) != 0 {
-		t.Fatalf("hold records left in the index: %v", raw)
-	}
+	r.unpublishGone("vol-1", t1)
+	r.released("m")
 }
 
 // TestCSIPublishWhileDownloading: Unavailable with the progress, then a
@@ -469,21 +487,8 @@ func TestCSIHoldsSurviveALostIndex(t *testing.T) {
 				t.Fatal("the pod's mount no longer shows the model")
 			}
 
-			if err := r.unpublish("vol-1", target); err != nil {
-				t.Fatal(err)
-			}
-			if isMounted(t, target) {
-				t.Fatal("mount left behind")
-			}
-			if got := holders(t, r.harness, "m"); len(got) != 0 {
-				t.Fatalf("holds left after unpublish: %v", got)
-			}
-			if raw, _ := r.d.store.Holds(); len(raw) != 0 {
-				t.Fatalf("hold records left in the index: %v", raw)
-			}
-			if ents, _ := os.ReadDir(filepath.Join(cfg.Root, "holds")); len(ents) != 0 {
-				t.Fatalf("holds/ keeps %d entries after unpublish", len(ents))
-			}
+			r.unpublishGone("vol-1", target)
+			r.released("m")
 			if _, err := r.d.evictPass(context.Background(), 1<<40); err != nil {
 				t.Fatal(err)
 			}
