@@ -27,7 +27,10 @@
 //	               (the victims are chosen by capacity.PlanSpace, in capacity/plan.go)
 //	inuse.go       what is in use: leases, pod holders, CSI volumes, the /proc scan
 //	csi.go         the daemon as the CSI driver sees it (csi.Backend): a pod's volume
-//	               holds one exact revision, recorded in the index (holds/csi:<id>)
+//	               holds one exact revision (and with kernelCaches: auto its kernel
+//	               caches, in a composed tree), recorded in the index (holds/csi:<id>)
+//	               and under <root>/holds/; volumes no record names are found again
+//	               in the mount table at start
 //	ingests.go     partial downloads: abandoned, resumable, reclaimed
 //	evict.go       how artifacts leave: modelctl evict, absent desires, gc
 //	views.go       the read views (list, inspect, status, usage); wait.go the streams of them
