@@ -141,7 +141,7 @@ func New(cfg Config, b Backend) (*Driver, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Driver{cfg: cfg, log: log, backend: b, mounter: sysMounter{}}, nil
+	return &Driver{cfg: cfg, log: log, backend: b, mounter: sysMounter{log: log}}, nil
 }
 
 // Register adds the driver's services to s (tests add a fake controller
