@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -279,7 +280,7 @@ func TestClusterSync(t *testing.T) {
 		names := map[string]bool{}
 		for _, pv := range pvs.Items {
 			names[pv.Name] = true
-			if pv.Spec.Local == nil || !strings.HasPrefix(pv.Spec.Local.Path, "/") || pv.Spec.AccessModes[0] != corev1.ReadOnlyMany {
+			if pv.Spec.Local == nil || !strings.HasPrefix(pv.Spec.Local.Path, "/") || pv.Spec.AccessModes[0] != corev1.ReadOnlyMany || !slices.Equal(pv.Spec.MountOptions, []string{"ro"}) {
 				return fmt.Errorf("PV %s: %+v", pv.Name, pv.Spec)
 			}
 		}

@@ -66,8 +66,11 @@ func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[st
 				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadOnlyMany},
 				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
 				StorageClassName:              s.cfg.StorageClass,
-				MountOptions:                  nil,
-				PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: a.Path}},
+				// kubelet binds a local PV read-only only for a claim or
+				// volumeMount marked readOnly; "ro" makes every pod's view
+				// of the store read-only (ReadOnlyMany is not enforced).
+				MountOptions:           []string{"ro"},
+				PersistentVolumeSource: corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: a.Path}},
 				NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
 					MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{s.cfg.NodeName}}},
 				}}}},
