@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -359,6 +360,16 @@ func TestClusterSync(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(a.root, "models", "both", "current")); err != nil {
 		t.Fatalf("a model a running pod mounts was evicted: %v", err)
 	}
+	// Its local PV goes at once, as the node's label does: no new claim
+	// binds to a model the node is letting go (a bound one stays until its
+	// claim goes, by the pv-protection finalizer).
+	eventually(t, "node-a's PV of both deleted on Absent", 20*time.Second, func() error {
+		pv, err := kc.CoreV1().PersistentVolumes().Get(ctx, k8ssync.PVName("node-a", "both"), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || err == nil && pv.DeletionTimestamp != nil {
+			return nil
+		}
+		return fmt.Errorf("PV still there: %v", err)
+	})
 	kc.CoreV1().Pods("default").Delete(ctx, "vllm", metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 	eventually(t, "both evicted from node-a once the pod is gone", 20*time.Second, func() error {
 		if _, err := os.Stat(filepath.Join(a.root, "models", "both")); !os.IsNotExist(err) {

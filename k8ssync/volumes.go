@@ -30,9 +30,12 @@ func PVName(node, model string) string {
 }
 
 // syncPVs makes a read-only local PV for each Ready model of a ModelCache
-// and deletes those of models no longer Ready; each create or delete
-// takes a token from the bucket, so a fleet never bursts the API server.
-func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[string]string) {
+// selected here and not Absent, and deletes the others (like the node's
+// labels: a new claim must not bind to a model the node is letting go; a
+// bound PV stays until its claim goes, by the pv-protection finalizer);
+// each create or delete takes a token from the bucket, so a fleet never
+// bursts the API server.
+func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[string]string, want map[string]api.Desire) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	pvs := s.kc.CoreV1().PersistentVolumes()
@@ -46,6 +49,9 @@ func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[st
 	}
 	wantPV := map[string]api.Artifact{}
 	for _, a := range arts {
+		if ds, ok := want[a.Name]; !ok || ds.State == api.StateAbsent {
+			continue
+		}
 		if a.Phase == api.PhaseReady && a.Kind == api.KindModel && owners[a.Name] != "" && a.Path != "" {
 			wantPV[PVName(s.cfg.NodeName, a.Name)] = a
 		}
