@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -221,6 +222,19 @@ func TestClusterSync(t *testing.T) {
 			t.Errorf("kubectl get modelcaches lacks %s: %s", want, table)
 		}
 	}
+
+	// kubectl get modelcachenodes: the artifacts by phase.
+	eventually(t, "kubectl get modelcachenodes", 20*time.Second, func() error {
+		table, err := kc.Discovery().RESTClient().Get().AbsPath("/apis/modelcache.io/v1alpha1/modelcachenodes/node-a").
+			SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").DoRaw(ctx)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(table), `"name":"Artifacts"`) || !regexp.MustCompile(`"node-a","[1-9]\d* Ready`).Match(table) {
+			return fmt.Errorf("no Artifacts column or no Ready count in %s", table)
+		}
+		return nil
+	})
 
 	// Admission rejects a bad spec.
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("bad", map[string]any{"source": "ftp://x/y", "state": "Maybe"}), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "source") {
