@@ -489,8 +489,9 @@ func (n *node) csi(tiny []byte) {
 			}
 			return nil
 		})
-		n.getText("modelcaches", "slow", `slow\s+\S+\s+[0-9a-f]{64}\s+0/1\b`)
-		n.getText("modelcachenodes", "modelcache-node", `modelcache-node\s+2 Ready, 1 Downloading\s`)
+		// (An http source's revision is its content's digest: none yet.)
+		n.getText("modelcaches", "slow", `slow\s+http://\S+/slow/w.bin\s+0/1\s+Present\b`)
+		n.getText("modelcachenodes", "modelcache-node", `modelcache-node\s+2 Ready, 1 Downloading\b`)
 		if a := n.artifact("slow"); a.Phase != "Downloading" {
 			t.Errorf("the node reports slow %+v, want Downloading", a)
 		}
@@ -600,10 +601,23 @@ func (n *node) pods(ns, sel string) []string {
 	return names
 }
 
-// csiMounts counts the CSI volumes mounted on the host.
+// csiMounts counts the CSI volumes mounted in kubelet's pods directory on
+// the host, and checks each is read-only there too.
 func (n *node) csiMounts() int {
+	n.t.Helper()
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	return strings.Count(string(mi), "/volumes/kubernetes.io~csi/")
+	c := 0
+	for _, l := range strings.Split(string(mi), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 6 || !strings.HasPrefix(f[4], "/var/lib/kubelet/pods/") || !strings.Contains(f[4], "/volumes/kubernetes.io~csi/") {
+			continue
+		}
+		c++
+		if !slices.Contains(strings.Split(f[5], ","), "ro") {
+			n.t.Errorf("the host's copy of a CSI volume is writable: %s", l)
+		}
+	}
+	return c
 }
 
 func csiVolume(model string) string {
