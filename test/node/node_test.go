@@ -389,6 +389,7 @@ func (n *node) quota() {
 			t.Errorf("modelctl list does not match %q:\n%s", re, out)
 		}
 	}
+	n.getText("modelcachenodes", "modelcache-node", `modelcache-node\s+2 Ready, 1 Evicted\s`)
 	if out, err := n.modelctl("inspect", "adhoc"); err != nil || !strings.Contains(out, "fresh") {
 		t.Errorf("inspect adhoc should say it made room for fresh (%v):\n%s", err, out)
 	}
