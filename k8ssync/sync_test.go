@@ -306,6 +306,22 @@ func TestClusterSync(t *testing.T) {
 		}
 		return nil
 	})
+	// A PV as a daemon made it before PVs were read-only gets "ro".
+	old, err := kc.CoreV1().PersistentVolumes().Get(ctx, k8ssync.PVName("node-a", "h100only"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Spec.MountOptions = nil
+	if _, err := kc.CoreV1().PersistentVolumes().Update(ctx, old, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "an old PV made read-only", 20*time.Second, func() error {
+		pv, err := kc.CoreV1().PersistentVolumes().Get(ctx, old.Name, metav1.GetOptions{})
+		if err != nil || !slices.Equal(pv.Spec.MountOptions, []string{"ro"}) {
+			return fmt.Errorf("mountOptions %v %v", pv.Spec.MountOptions, err)
+		}
+		return nil
+	})
 	// Created through a token bucket of 1/s, burst 1: node-a's two PVs
 	// are at least a second apart.
 	pa, _ := kc.CoreV1().PersistentVolumes().Get(ctx, k8ssync.PVName("node-a", "both"), metav1.GetOptions{})

@@ -3,12 +3,14 @@ package k8ssync
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/modelcache/modelcache/api"
 )
@@ -58,7 +60,19 @@ func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[st
 	}
 	throttled := false
 	for name, a := range wantPV {
-		if _, ok := existing[name]; ok {
+		if pv, ok := existing[name]; ok {
+			// A PV made before the PVs were read-only (an older daemon)
+			// gets "ro"; mountOptions may change on a live PV.
+			if pv.DeletionTimestamp == nil && !slices.Contains(pv.Spec.MountOptions, "ro") {
+				if !s.pvRL.TryAccept() {
+					throttled = true
+					break
+				}
+				patch := []byte(`{"spec":{"mountOptions":["ro"]}}`)
+				if _, err := pvs.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: managerName}); err != nil {
+					s.log.Warn("k8s sync: make a local PV read-only", "pv", name, "err", err)
+				}
+			}
 			continue
 		}
 		if !s.pvRL.TryAccept() {
