@@ -324,7 +324,7 @@ spec:
 	// consumer is, as "pod default/holder".
 	n.inUseBy("tiny", "pod default/holder")
 	n.getText("modelcaches", "tiny", `tiny\s+http://\S+/tiny/w.bin\s+[0-9a-f]{64}\s+1/1\s+Present`)
-	n.getText("modelcachenodes", "modelcache-node", `modelcache-node\s+1 Ready\s+none\s+2097152\s+\d+`)
+	n.getText("modelcachenodes", "modelcache-node", `modelcache-node\s+1 Ready\s+\S+\s+2097152\s+\d+`)
 }
 
 // localPV: the daemon made a read-only local PV of the Ready model; a
