@@ -19,18 +19,22 @@
 // directory, no "..", no symlink out of it; attributes by name), asks the
 // Backend for the tree of one exact revision, which the Backend holds from
 // then on, and bind-mounts that tree read-only (nosuid, nodev) at the
-// target. With kernelCaches: auto the tree is one the Backend composes:
-// the model's files with its kernel caches compatible with the node under
+// target; the bind is read-only before it is attached, so the copies that
+// mount propagation makes for kubelet and the pod are read-only too. With
+// kernelCaches: auto the tree is one the Backend composes: the model's
+// files with its kernel caches compatible with the node under
 // kernels/<name>/ (Volume.Kernels names them; they are held too), or the
 // model's own tree when there are none. A repeated call for a mounted
-// target succeeds without a second mount. NodeUnpublishVolume unmounts, removes the target directory and
+// target succeeds without a second mount. NodeUnpublishVolume unmounts,
+// removes the target directory and
 // releases the hold; it succeeds for a target already gone.
 //
 // Errors are gRPC status errors kubelet understands: the Backend returns
 // Unavailable (kubelet retries; the message is the node's progress) while
 // a model downloads, FailedPrecondition when it failed or is incompatible,
 // NotFound for a name the node cannot serve, InvalidArgument for a bad
-// attribute (naming it). Anything else is Internal.
+// attribute (naming it). Anything else is Internal. Messages carry no
+// '%' (kubelet formats them into its events).
 //
 // Holds outlive the driver: the Backend records them (the daemon in its
 // index). At start, Serve drops the record of any volume whose target is

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 	regpb "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -24,18 +25,61 @@ type mounter interface {
 	IsMountPoint(path string) (bool, error)
 }
 
-type sysMounter struct{}
+// sysMounter is the kernel's mount API; log takes its one warning.
+type sysMounter struct{ log *slog.Logger }
 
-// BindReadOnly bind-mounts src at target, then remounts the bind
-// read-only, nosuid, nodev (a bind takes its flags only on a remount).
-// A failed remount undoes the bind.
-func (sysMounter) BindReadOnly(src, target string) error {
+// BindReadOnly bind-mounts src at target read-only, nosuid, nodev.
+//
+// The bind is made read-only before it is attached (open_tree,
+// mount_setattr, move_mount): the copies that mount propagation makes of
+// it (kubelet's view of the pods directory, shared Bidirectional from the
+// daemon's container) are then read-only too. A bind followed by a
+// read-only remount changes only the daemon's own copy, so the host and
+// a pod whose volume is not readOnly: true would get a writable view of
+// the store. Kernels before 5.12 (no mount_setattr) get the bind and the
+// remount, with a warning at the first publish; a failed remount undoes
+// the bind.
+func (m sysMounter) BindReadOnly(src, target string) error {
+	err := bindDetachedReadOnly(src, target)
+	if !errors.Is(err, unix.ENOSYS) {
+		return err
+	}
+	oldKernel.Do(func() {
+		m.log.Warn("csi: this kernel has no mount_setattr (Linux 5.12+): published volumes are read-only in the daemon's mount namespace only; pods must set readOnly: true on the volume")
+	})
 	if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind %s: %w", src, err)
 	}
 	if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 		unix.Unmount(target, unix.MNT_DETACH)
 		return fmt.Errorf("remount read-only: %w", err)
+	}
+	return nil
+}
+
+var oldKernel sync.Once
+
+// bindDetachedReadOnly clones src as a detached mount, sets it read-only,
+// nosuid, nodev, and only then attaches it at target. ENOSYS: the kernel
+// lacks the new mount API.
+func bindDetachedReadOnly(src, target string) error {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		if errors.Is(err, unix.ENOSYS) {
+			return err
+		}
+		return fmt.Errorf("bind %s: %w", src, err)
+	}
+	defer unix.Close(fd) // an unattached clone goes with its descriptor
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		if errors.Is(err, unix.ENOSYS) {
+			return err
+		}
+		return fmt.Errorf("bind %s read-only: %w", src, err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("bind %s at %s: %w", src, target, err)
 	}
 	return nil
 }

@@ -150,7 +150,7 @@ func New(cfg Config, b Backend) (*Driver, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Driver{cfg: cfg, log: log, backend: b, mounter: sysMounter{}}, nil
+	return &Driver{cfg: cfg, log: log, backend: b, mounter: sysMounter{log: log}}, nil
 }
 
 // Register adds the driver's services to s (tests add a fake controller
@@ -200,10 +200,18 @@ func (d *Driver) Serve(ctx context.Context) error {
 	return serveErr
 }
 
+// logCalls logs failed calls and makes their messages safe for kubelet,
+// which passes them to its event recorder as format strings: a '%' in a
+// message ("41%," or a URL's "%2F") shows in kubectl describe as
+// "%!,(MISSING)". Each '%' becomes "pct".
 func (d *Driver) logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	resp, err := h(ctx, req)
 	if err != nil {
-		d.log.Info("csi call failed", "method", info.FullMethod, "code", status.Code(err).String(), "err", status.Convert(err).Message())
+		st := status.Convert(err)
+		d.log.Info("csi call failed", "method", info.FullMethod, "code", st.Code().String(), "err", st.Message())
+		if strings.Contains(st.Message(), "%") {
+			err = status.Error(st.Code(), strings.ReplaceAll(st.Message(), "%", "pct"))
+		}
 	}
 	return resp, err
 }

@@ -317,14 +317,16 @@ func (d *Daemon) csiRevision(v csi.Volume) (rev, kind string, err error) {
 }
 
 // notReadyStatus: Unavailable (kubelet retries) while there is hope, with
-// the progress; FailedPrecondition when the node has given up.
+// the progress; FailedPrecondition when the node has given up. Progress
+// is in words ("41 percent"): kubelet's events take the message as a
+// format string (the driver escapes any other '%').
 func notReadyStatus(a *api.Artifact) error {
 	switch a.Phase {
 	case api.PhaseDownloading:
 		msg := fmt.Sprintf("model %s downloading", a.Name)
 		if p := a.Progress; p != nil {
 			if p.BytesTotal > 0 {
-				msg += fmt.Sprintf(" %d%%, %s of %s", (p.BytesDone+p.BytesSkipped)*100/p.BytesTotal, api.FormatBytes(p.BytesDone+p.BytesSkipped), api.FormatBytes(p.BytesTotal))
+				msg += fmt.Sprintf(" %d percent, %s of %s", (p.BytesDone+p.BytesSkipped)*100/p.BytesTotal, api.FormatBytes(p.BytesDone+p.BytesSkipped), api.FormatBytes(p.BytesTotal))
 			} else {
 				msg += ", " + api.FormatBytes(p.BytesDone) + " so far"
 			}

@@ -410,7 +410,7 @@ func TestCSINotReadyStatus(t *testing.T) {
 		code codes.Code
 		want string
 	}{
-		{api.Artifact{Name: "llama", Phase: api.PhaseDownloading, Progress: &api.Progress{BytesDone: 41 << 20, BytesTotal: 100 << 20}}, codes.Unavailable, "model llama downloading 41%, 41.0 MiB of 100.0 MiB"},
+		{api.Artifact{Name: "llama", Phase: api.PhaseDownloading, Progress: &api.Progress{BytesDone: 41 << 20, BytesTotal: 100 << 20}}, codes.Unavailable, "model llama downloading 41 percent, 41.0 MiB of 100.0 MiB"},
 		{api.Artifact{Name: "llama", Phase: api.PhasePending, Message: "waiting for a pull slot"}, codes.Unavailable, "Pending on this node: waiting for a pull slot"},
 		{api.Artifact{Name: "llama", Phase: api.PhaseFailed, Reason: "NotFound", Message: "404 from the hub"}, codes.FailedPrecondition, "model llama is Failed on this node (NotFound): 404 from the hub"},
 		{api.Artifact{Name: "llama", Phase: api.PhaseFailed, Message: "connection reset", NextRetry: &next}, codes.Unavailable, "retries at"},
@@ -419,6 +419,10 @@ func TestCSINotReadyStatus(t *testing.T) {
 		err := notReadyStatus(&c.a)
 		if status.Code(err) != c.code || !strings.Contains(status.Convert(err).Message(), c.want) {
 			t.Errorf("%s %s: %v, want %s with %q", c.a.Name, c.a.Phase, err, c.code, c.want)
+		}
+		// kubelet's events take the message as a format string.
+		if m := status.Convert(err).Message(); strings.Contains(m, "%") {
+			t.Errorf("%s %s: %q has a %%", c.a.Name, c.a.Phase, m)
 		}
 	}
 }

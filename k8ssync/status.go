@@ -3,7 +3,10 @@ package k8ssync
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -54,6 +57,7 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 		}
 	}
 	sort.Slice(st.Artifacts, func(i, j int) bool { return st.Artifacts[i].Name < st.Artifacts[j].Name })
+	st.Summary = phaseSummary(st.Artifacts)
 	s.mu.Lock()
 	if s.aggProblem != "" {
 		st.Problems = append(st.Problems, s.aggProblem)
@@ -127,3 +131,27 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 }
 
 func round(f float64) float64 { return float64(int64(f*100)) / 100 }
+
+// phaseSummary is "2 Ready, 1 Downloading": the artifacts' phases counted,
+// in the order of an artifact's life, then any other phase by name.
+func phaseSummary(arts []ArtifactStatus) string {
+	n := map[string]int{}
+	for _, a := range arts {
+		n[a.Phase]++
+	}
+	order := []string{string(api.PhaseReady), string(api.PhaseDownloading), string(api.PhasePending), string(api.PhaseFailed), string(api.PhaseIncompatible), string(api.PhaseEvicted)}
+	var rest []string
+	for p := range n {
+		if !slices.Contains(order, p) {
+			rest = append(rest, p)
+		}
+	}
+	sort.Strings(rest)
+	var parts []string
+	for _, p := range append(order, rest...) {
+		if n[p] > 0 {
+			parts = append(parts, strconv.Itoa(n[p])+" "+p)
+		}
+	}
+	return strings.Join(parts, ", ")
+}

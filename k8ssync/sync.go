@@ -289,7 +289,7 @@ func (s *Syncer) pass(ctx context.Context) {
 	s.writeStatus(ctx, arts, owners, want, pending)
 	s.syncLabels(ctx, node, arts, mcs, want)
 	if s.cfg.LocalPVs {
-		s.syncPVs(ctx, arts, owners)
+		s.syncPVs(ctx, arts, owners, want)
 	}
 }
 

@@ -9,12 +9,15 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -220,6 +223,19 @@ func TestClusterSync(t *testing.T) {
 		}
 	}
 
+	// kubectl get modelcachenodes: the artifacts by phase.
+	eventually(t, "kubectl get modelcachenodes", 20*time.Second, func() error {
+		table, err := kc.Discovery().RESTClient().Get().AbsPath("/apis/modelcache.io/v1alpha1/modelcachenodes/node-a").
+			SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").DoRaw(ctx)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(table), `"name":"Artifacts"`) || !regexp.MustCompile(`"node-a","[1-9]\d* Ready`).Match(table) {
+			return fmt.Errorf("no Artifacts column or no Ready count in %s", table)
+		}
+		return nil
+	})
+
 	// Admission rejects a bad spec.
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("bad", map[string]any{"source": "ftp://x/y", "state": "Maybe"}), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "source") {
 		t.Fatalf("a bad ModelCache must be rejected at admission: %v", err)
@@ -279,7 +295,7 @@ func TestClusterSync(t *testing.T) {
 		names := map[string]bool{}
 		for _, pv := range pvs.Items {
 			names[pv.Name] = true
-			if pv.Spec.Local == nil || !strings.HasPrefix(pv.Spec.Local.Path, "/") || pv.Spec.AccessModes[0] != corev1.ReadOnlyMany {
+			if pv.Spec.Local == nil || !strings.HasPrefix(pv.Spec.Local.Path, "/") || pv.Spec.AccessModes[0] != corev1.ReadOnlyMany || !slices.Equal(pv.Spec.MountOptions, []string{"ro"}) {
 				return fmt.Errorf("PV %s: %+v", pv.Name, pv.Spec)
 			}
 		}
@@ -287,6 +303,22 @@ func TestClusterSync(t *testing.T) {
 			if !names[want] {
 				return fmt.Errorf("missing %s in %v", want, names)
 			}
+		}
+		return nil
+	})
+	// A PV as a daemon made it before PVs were read-only gets "ro".
+	old, err := kc.CoreV1().PersistentVolumes().Get(ctx, k8ssync.PVName("node-a", "h100only"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Spec.MountOptions = nil
+	if _, err := kc.CoreV1().PersistentVolumes().Update(ctx, old, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "an old PV made read-only", 20*time.Second, func() error {
+		pv, err := kc.CoreV1().PersistentVolumes().Get(ctx, old.Name, metav1.GetOptions{})
+		if err != nil || !slices.Equal(pv.Spec.MountOptions, []string{"ro"}) {
+			return fmt.Errorf("mountOptions %v %v", pv.Spec.MountOptions, err)
 		}
 		return nil
 	})
@@ -358,6 +390,16 @@ func TestClusterSync(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(a.root, "models", "both", "current")); err != nil {
 		t.Fatalf("a model a running pod mounts was evicted: %v", err)
 	}
+	// Its local PV goes at once, as the node's label does: no new claim
+	// binds to a model the node is letting go (a bound one stays until its
+	// claim goes, by the pv-protection finalizer).
+	eventually(t, "node-a's PV of both deleted on Absent", 20*time.Second, func() error {
+		pv, err := kc.CoreV1().PersistentVolumes().Get(ctx, k8ssync.PVName("node-a", "both"), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || err == nil && pv.DeletionTimestamp != nil {
+			return nil
+		}
+		return fmt.Errorf("PV still there: %v", err)
+	})
 	kc.CoreV1().Pods("default").Delete(ctx, "vllm", metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 	eventually(t, "both evicted from node-a once the pod is gone", 20*time.Second, func() error {
 		if _, err := os.Stat(filepath.Join(a.root, "models", "both")); !os.IsNotExist(err) {

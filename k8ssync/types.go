@@ -153,6 +153,9 @@ type ModelCacheNodeStatus struct {
 	ReservedBytes int64            `json:"reservedBytes"`
 	FreeBytes     int64            `json:"freeBytes"`
 	Artifacts     []ArtifactStatus `json:"artifacts,omitempty"`
+	// Summary counts the artifacts by phase for the printer column:
+	// "2 Ready, 1 Downloading" ("" when there are none).
+	Summary string `json:"summary,omitempty"`
 	// Heartbeat is when the daemon last wrote (at most every few minutes
 	// when nothing changes).
 	Heartbeat metav1.Time `json:"heartbeat"`

@@ -3,12 +3,14 @@ package k8ssync
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/modelcache/modelcache/api"
 )
@@ -30,9 +32,12 @@ func PVName(node, model string) string {
 }
 
 // syncPVs makes a read-only local PV for each Ready model of a ModelCache
-// and deletes those of models no longer Ready; each create or delete
-// takes a token from the bucket, so a fleet never bursts the API server.
-func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[string]string) {
+// selected here and not Absent, and deletes the others (like the node's
+// labels: a new claim must not bind to a model the node is letting go; a
+// bound PV stays until its claim goes, by the pv-protection finalizer);
+// each create or delete takes a token from the bucket, so a fleet never
+// bursts the API server.
+func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[string]string, want map[string]api.Desire) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	pvs := s.kc.CoreV1().PersistentVolumes()
@@ -46,13 +51,28 @@ func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[st
 	}
 	wantPV := map[string]api.Artifact{}
 	for _, a := range arts {
+		if ds, ok := want[a.Name]; !ok || ds.State == api.StateAbsent {
+			continue
+		}
 		if a.Phase == api.PhaseReady && a.Kind == api.KindModel && owners[a.Name] != "" && a.Path != "" {
 			wantPV[PVName(s.cfg.NodeName, a.Name)] = a
 		}
 	}
 	throttled := false
 	for name, a := range wantPV {
-		if _, ok := existing[name]; ok {
+		if pv, ok := existing[name]; ok {
+			// A PV made before the PVs were read-only (an older daemon)
+			// gets "ro"; mountOptions may change on a live PV.
+			if pv.DeletionTimestamp == nil && !slices.Contains(pv.Spec.MountOptions, "ro") {
+				if !s.pvRL.TryAccept() {
+					throttled = true
+					break
+				}
+				patch := []byte(`{"spec":{"mountOptions":["ro"]}}`)
+				if _, err := pvs.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: managerName}); err != nil {
+					s.log.Warn("k8s sync: make a local PV read-only", "pv", name, "err", err)
+				}
+			}
 			continue
 		}
 		if !s.pvRL.TryAccept() {
@@ -66,8 +86,11 @@ func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[st
 				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadOnlyMany},
 				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
 				StorageClassName:              s.cfg.StorageClass,
-				MountOptions:                  nil,
-				PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: a.Path}},
+				// kubelet binds a local PV read-only only for a claim or
+				// volumeMount marked readOnly; "ro" makes every pod's view
+				// of the store read-only (ReadOnlyMany is not enforced).
+				MountOptions:           []string{"ro"},
+				PersistentVolumeSource: corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: a.Path}},
 				NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
 					MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{s.cfg.NodeName}}},
 				}}}},

@@ -18,6 +18,13 @@ stop() { # name: SIGTERM its process group, then SIGKILL after 10 s
   rm -f "$f"
 }
 if [ -f "$W/kube-apiserver.pid" ] && [ -f "$W/kubelet.pid" ]; then
+  # Consumers first, while the daemon still serves CSI unpublishes (their
+  # mounts and holds go the product's way), then the daemon.
+  $K delete deployments,pods -A --field-selector metadata.namespace!=modelcache-system --wait=false >/dev/null 2>&1
+  for _ in $(seq 60); do
+    n=$($K get pods -A --field-selector metadata.namespace!=modelcache-system --no-headers 2>/dev/null | wc -l)
+    [ "$n" = 0 ] && break; sleep 0.5
+  done
   $K delete daemonsets,deployments,pods --all -A --wait=false >/dev/null 2>&1
   for _ in $(seq 60); do
     n=$($K get pods -A --no-headers 2>/dev/null | wc -l)

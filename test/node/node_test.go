@@ -1,19 +1,24 @@
 // Package node is the real-node end-to-end test: test/node/up.sh brings up
 // a one-node Kubernetes (control plane from test/k8s/build-control-plane.sh,
 // containerd, runc and the CNI bridge from Debian, kubelet), the shipped
-// DaemonSet bundle runs on it with the image of make image, pods consume a
-// ModelCache, and test/node/down.sh leaves nothing behind.
+// DaemonSet bundle runs on it with the image of make image and a store
+// quota (test/node/overlay), pods consume ModelCaches through hostPath, a
+// local PV and the CSI driver, and test/node/down.sh leaves nothing behind.
 package node
 
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +27,7 @@ import (
 const (
 	image   = "ghcr.io/modelcache/modelcached:node-test"
 	nodeDir = "/tmp/modelcache-node-test"
+	store   = "/var/lib/modelcache"
 )
 
 // need skips (or, under CI=true, fails) when the node cannot come up here.
@@ -54,29 +60,25 @@ func need(t *testing.T) string {
 	return bin
 }
 
+// TestRealNode brings the node up once and runs the scenarios on it in
+// order; each leaves the node as the next expects (the hostPath consumer
+// "holder" of the model "tiny" runs from the first to the last).
 func TestRealNode(t *testing.T) {
 	bin := need(t)
 	root, _ := filepath.Abs("../..")
-	env := append(os.Environ(), "NODE_DIR="+nodeDir)
 	sh := func(name string, args ...string) string {
 		t.Helper()
 		c := exec.Command(name, args...)
-		c.Dir, c.Env = root, env
+		c.Dir, c.Env = root, append(os.Environ(), "NODE_DIR="+nodeDir)
 		out, err := c.CombinedOutput()
 		if err != nil {
 			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
 		}
 		return string(out)
 	}
-	kubectl := func(stdin string, args ...string) (string, error) {
-		c := exec.Command(filepath.Join(bin, "kubectl"), append([]string{"--kubeconfig", nodeDir + "/kubeconfig"}, args...)...)
-		c.Stdin = strings.NewReader(stdin)
-		out, err := c.CombinedOutput()
-		return string(out), err
-	}
 	// The bundle's hostPaths are the host's: remove them afterwards if this
 	// test made them.
-	for _, p := range []string{"/var/lib/modelcache", "/run/modelcached"} {
+	for _, p := range []string{store, "/run/modelcached"} {
 		if _, err := os.Stat(p); os.IsNotExist(err) {
 			t.Cleanup(func() { os.RemoveAll(p) })
 		}
@@ -93,42 +95,210 @@ func TestRealNode(t *testing.T) {
 	sh("test/node/up.sh", tar, image)
 	t.Logf("image + node up: %v", time.Since(start).Round(time.Millisecond))
 
-	// The bundle, unchanged but for the image.
-	y, err := kubectl("", "kustomize", filepath.Join(root, "deploy/daemonset"))
-	if err != nil {
-		t.Fatal(y)
-	}
-	y = strings.ReplaceAll(y, "image: ghcr.io/modelcache/modelcached:latest", "image: "+image)
-	if out, err := kubectl(y, "apply", "--server-side", "-f", "-"); err != nil {
-		t.Fatal(out)
-	}
-	if out, err := kubectl("", "-n", "modelcache-system", "rollout", "status", "ds/modelcached", "--timeout", "90s"); err != nil {
-		t.Fatal(out)
-	}
+	n := &node{t: t, kubectlBin: filepath.Join(bin, "kubectl")}
+	// The bundle as an operator applies it with a quota: unchanged but for
+	// the image tag and two args (test/node/overlay).
+	n.must("", "apply", "--server-side", "-k", filepath.Join(root, "test/node/overlay"))
+	n.must("", "-n", "modelcache-system", "rollout", "status", "ds/modelcached", "--timeout", "90s")
+	// kubelet registered the daemon as the CSI driver.
+	eventually(t, "CSINode lists csi.modelcache.io", 30*time.Second, func() error {
+		out, err := n.kubectl("", "get", "csinode", "modelcache-node", "-o", "jsonpath={.spec.drivers[*].name}")
+		if err != nil || !strings.Contains(out, "csi.modelcache.io") {
+			return fmt.Errorf("drivers %q %v", out, err)
+		}
+		return nil
+	})
 
-	// A source on the host's address, which pods and the daemon reach.
 	hostIP, _ := os.ReadFile(nodeDir + "/hostip")
-	ln, err := net.Listen("tcp", strings.TrimSpace(string(hostIP))+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	data := make([]byte, 3<<20)
-	rand.Read(data)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.ServeContent(w, r, "w.bin", time.Time{}, bytes.NewReader(data))
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
+	n.origin = newOrigin(t, strings.TrimSpace(string(hostIP)))
+	tiny := n.origin.add("/tiny/w.bin", 2<<20)
 
-	manifest := fmt.Sprintf(`apiVersion: modelcache.io/v1alpha1
+	t.Run("HostPath", func(t *testing.T) { n.t = t; n.hostPath(tiny) })
+	t.Run("LocalPV", func(t *testing.T) { n.t = t; n.localPV(tiny) })
+	t.Run("Quota", func(t *testing.T) { n.t = t; n.quota() })
+	t.Run("CSI", func(t *testing.T) { n.t = t; n.csi(tiny) })
+	t.Run("Absent", func(t *testing.T) { n.t = t; n.absent() })
+	n.t = t
+	t.Logf("real-node stage: %v", time.Since(start).Round(time.Millisecond))
+}
+
+// node is the test's handle on the running node.
+type node struct {
+	t          *testing.T
+	kubectlBin string
+	origin     *origin
+}
+
+func (n *node) kubectl(stdin string, args ...string) (string, error) {
+	c := exec.Command(n.kubectlBin, append([]string{"--kubeconfig", nodeDir + "/kubeconfig"}, args...)...)
+	c.Stdin = strings.NewReader(stdin)
+	out, err := c.CombinedOutput()
+	return string(out), err
+}
+
+func (n *node) must(stdin string, args ...string) string {
+	n.t.Helper()
+	out, err := n.kubectl(stdin, args...)
+	if err != nil {
+		n.t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+	}
+	return out
+}
+
+// modelctl runs modelctl in the daemon's pod, as an operator does.
+func (n *node) modelctl(args ...string) (string, error) {
+	return n.kubectl("", append([]string{"-n", "modelcache-system", "exec", "ds/modelcached", "--", "/usr/bin/modelctl", "--socket", "/run/modelcached/modelcached.sock"}, args...)...)
+}
+
+// waitReady waits for pods to be Ready; on a timeout it shows them.
+func (n *node) waitReady(timeout string, pods ...string) {
+	n.t.Helper()
+	if out, err := n.kubectl("", append([]string{"wait", "--for=condition=Ready", "--timeout=" + timeout}, pods...)...); err != nil {
+		d, _ := n.kubectl("", append([]string{"describe"}, pods...)...)
+		n.t.Fatalf("%s\n%s", out, d)
+	}
+}
+
+// artifacts is the node's ModelCacheNode status, by artifact name.
+func (n *node) artifacts() (map[string]artifactStatus, error) {
+	out, err := n.kubectl("", "get", "modelcachenode", "modelcache-node", "-o", "json")
+	if err != nil {
+		return nil, fmt.Errorf("%v: %s", err, out)
+	}
+	var mcn struct {
+		Status struct{ Artifacts []artifactStatus } `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(out), &mcn); err != nil {
+		return nil, err
+	}
+	m := map[string]artifactStatus{}
+	for _, a := range mcn.Status.Artifacts {
+		m[a.Name] = a
+	}
+	return m, nil
+}
+
+type artifactStatus struct {
+	Name, Phase, Revision, Message, Reason string
+	InUseBy                                []string
+}
+
+// inUseBy waits until the node reports exactly these holders of model.
+func (n *node) inUseBy(model string, want ...string) {
+	n.t.Helper()
+	slices.Sort(want)
+	eventually(n.t, model+" in use by "+strings.Join(want, ", "), 30*time.Second, func() error {
+		arts, err := n.artifacts()
+		if err != nil {
+			return err
+		}
+		got := slices.Sorted(slices.Values(arts[model].InUseBy))
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("inUseBy %q", got)
+		}
+		return nil
+	})
+}
+
+// podFile reads a file in a running pod's container from the host, through
+// /proc/<pid>/root (the images have no shell); the container's pid comes
+// from containerd.
+func (n *node) podFile(pod, path string) ([]byte, error) {
+	root, err := n.podRoot(pod)
+	if err != nil {
+		return nil, err
+	}
+	return os.ReadFile(root + path)
+}
+
+func (n *node) podRoot(pod string) (string, error) {
+	id, err := n.kubectl("", "get", "pod", pod, "-o", "jsonpath={.status.containerStatuses[0].containerID}")
+	if err != nil || !strings.HasPrefix(id, "containerd://") {
+		return "", fmt.Errorf("pod %s: container %q %v", pod, id, err)
+	}
+	id = strings.TrimPrefix(id, "containerd://")
+	out, err := exec.Command("ctr", "--address", nodeDir+"/containerd.sock", "-n", "k8s.io", "task", "ls").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("ctr task ls: %v: %s", err, out)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == id {
+			pid, err := strconv.Atoi(f[1])
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("/proc/%d/root", pid), nil
+		}
+	}
+	return "", fmt.Errorf("pod %s: no task %s in containerd", pod, id)
+}
+
+// samePodFile asserts a pod's file has exactly these bytes.
+func (n *node) samePodFile(pod, path string, want []byte) {
+	n.t.Helper()
+	got, err := n.podFile(pod, path)
+	if err != nil || !bytes.Equal(got, want) {
+		n.t.Fatalf("pod %s reads %s: %d of %d bytes equal the source's (%v)", pod, path, commonPrefix(got, want), len(want), err)
+	}
+}
+
+func commonPrefix(a, b []byte) int {
+	i := 0
+	for i < len(a) && i < len(b) && a[i] == b[i] {
+		i++
+	}
+	return i
+}
+
+// readOnly asserts a pod cannot write into its model volume.
+func (n *node) readOnly(pod, dir string) {
+	n.t.Helper()
+	root, err := n.podRoot(pod)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	err = os.WriteFile(root+dir+"/written-by-pod", []byte("x"), 0o644)
+	if err == nil {
+		os.Remove(root + dir + "/written-by-pod")
+		n.t.Fatalf("pod %s wrote into its model volume %s", pod, dir)
+	}
+	if !strings.Contains(err.Error(), "read-only file system") {
+		n.t.Fatalf("pod %s: a write into %s failed with %v, want a read-only file system", pod, dir, err)
+	}
+}
+
+// getText asserts `kubectl get` prints a row for name that matches re.
+func (n *node) getText(what, name, re string) {
+	n.t.Helper()
+	eventually(n.t, fmt.Sprintf("kubectl get %s %s matches %q", what, name, re), 30*time.Second, func() error {
+		out, err := n.kubectl("", "get", what, name, "-o", "wide")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		if !regexp.MustCompile(re).MatchString(out) {
+			return fmt.Errorf("got\n%s", out)
+		}
+		return nil
+	})
+}
+
+func modelCache(name, source string) string {
+	return fmt.Sprintf(`apiVersion: modelcache.io/v1alpha1
 kind: ModelCache
-metadata: {name: tiny}
+metadata: {name: %s}
 spec:
-  source: http://%s/w.bin
+  source: %s
   nodeSelector: {matchLabels: {nvidia.com/gpu.present: "true"}}
   state: Present
----
-apiVersion: v1
+`, name, source)
+}
+
+// hostPath: a pod waits for the model with modelctl wait in an init
+// container and reads it through a hostPath.
+func (n *node) hostPath(tiny []byte) {
+	t := n.t
+	t0 := time.Now()
+	n.must(modelCache("tiny", n.origin.url("/tiny/w.bin"))+"---\n"+fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata: {name: holder, namespace: default}
 spec:
@@ -142,47 +312,372 @@ spec:
   volumes:
     - {name: model, hostPath: {path: /var/lib/modelcache/models/tiny, type: Directory}}
     - {name: socket, hostPath: {path: /run/modelcached, type: Directory}}
-`, ln.Addr(), image)
-	t0 := time.Now()
-	if out, err := kubectl(manifest, "apply", "-f", "-"); err != nil {
-		t.Fatal(out)
-	}
-	if out, err := kubectl("", "wait", "--for=condition=Ready", "pod/holder", "--timeout=120s"); err != nil {
-		d, _ := kubectl("", "describe", "pod/holder")
-		t.Fatalf("%s\n%s", out, d)
-	}
-	t.Logf("ModelCache + consumer applied -> consumer running: %v", time.Since(t0).Round(time.Millisecond))
-	got, err := os.ReadFile("/var/lib/modelcache/models/tiny/current/w.bin")
-	if err != nil || !bytes.Equal(got, data) {
-		t.Fatalf("the model's bytes differ from the source's (%d of %d bytes, %v)", len(got), len(data), err)
+`, image), "apply", "-f", "-")
+	n.waitReady("120s", "pod/holder")
+	t.Logf("ModelCache + hostPath consumer applied -> consumer running: %v", time.Since(t0).Round(time.Millisecond))
+	n.samePodFile("holder", "/model/current/w.bin", tiny)
+	// The init container said what it waited for.
+	if out := n.must("", "logs", "holder", "-c", "wait"); !strings.Contains(out, "tiny: Ready at /var/lib/modelcache/models/tiny/current") {
+		t.Errorf("modelctl wait's log: %q", out)
 	}
 	// The daemon's own pod mounts the whole store and is no holder; the
 	// consumer is, as "pod default/holder".
-	eventually(t, "holder shown", 20*time.Second, func() error {
-		out, err := kubectl("", "get", "modelcachenode", "-o", "jsonpath={.items[0].status.artifacts[0].inUseBy}")
-		if err != nil || out != `["pod default/holder"]` {
-			return fmt.Errorf("inUseBy %s %v", out, err)
+	n.inUseBy("tiny", "pod default/holder")
+	n.getText("modelcaches", "tiny", `tiny\s+http://\S+/tiny/w.bin\s+[0-9a-f]{64}\s+1/1\s+Present`)
+	n.getText("modelcachenodes", "modelcache-node", `modelcache-node\s+1 Ready\s+\S+\s+2097152\s+\d+`)
+}
+
+// localPV: the daemon made a read-only local PV of the Ready model; a
+// claim selects it by label and a pod reads the model through it. The pod
+// asks for a writable volume: the PV's "ro" keeps the store read-only.
+func (n *node) localPV(tiny []byte) {
+	t := n.t
+	eventually(t, "the local PV of tiny", 30*time.Second, func() error {
+		out, err := n.kubectl("", "get", "pv", "-l", "modelcache.io/model=tiny", "-o", "jsonpath={.items[*].spec.local.path} {.items[*].spec.mountOptions}")
+		if err != nil || out != `/var/lib/modelcache/models/tiny/current ["ro"]` {
+			return fmt.Errorf("%q %v", out, err)
 		}
 		return nil
 	})
-	// Absent keeps the model while the pod runs and evicts it once it is gone.
-	if out, err := kubectl("", "patch", "modelcache", "tiny", "--type", "merge", "-p", `{"spec":{"state":"Absent"}}`); err != nil {
+	t0 := time.Now()
+	n.must(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: tiny, namespace: default}
+spec:
+  storageClassName: modelcache-local
+  accessModes: [ReadOnlyMany]
+  selector: {matchLabels: {modelcache.io/model: tiny}}
+  resources: {requests: {storage: 1Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: pvc-reader, namespace: default}
+spec:
+  containers:
+    - {name: reader, image: "registry.k8s.io/pause:node-test", volumeMounts: [{name: model, mountPath: /model}]}
+  volumes:
+    - {name: model, persistentVolumeClaim: {claimName: tiny}}
+`, "apply", "-f", "-")
+	n.waitReady("60s", "pod/pvc-reader")
+	t.Logf("PVC + consumer applied, model cached -> consumer running: %v", time.Since(t0).Round(time.Millisecond))
+	n.samePodFile("pvc-reader", "/model/w.bin", tiny)
+	n.readOnly("pvc-reader", "/model")
+	n.inUseBy("tiny", "pod default/holder", "pod default/pvc-reader")
+	n.must("", "delete", "pod/pvc-reader", "pvc/tiny", "--wait")
+	n.inUseBy("tiny", "pod default/holder")
+}
+
+// quota: with the store's quota (5 MiB, the overlay's patch) a new pull
+// evicts an unheld ad-hoc entry; the declared model a pod runs with stays.
+func (n *node) quota() {
+	t := n.t
+	n.origin.add("/adhoc/w.bin", 2<<20)
+	n.origin.add("/fresh/w.bin", 2<<20)
+	if out, err := n.modelctl("pull", "--name", "adhoc", n.origin.url("/adhoc/w.bin")); err != nil {
+		t.Fatalf("pull adhoc: %v\n%s", err, out)
+	}
+	// tiny (2 MiB, declared, in use) + adhoc (2 MiB) + fresh (2 MiB) > 5 MiB.
+	if out, err := n.modelctl("pull", "--name", "fresh", n.origin.url("/fresh/w.bin")); err != nil {
+		t.Fatalf("pull fresh, which evicting adhoc admits: %v\n%s", err, out)
+	}
+	out, err := n.modelctl("list")
+	if err != nil {
 		t.Fatal(out)
 	}
-	time.Sleep(3 * time.Second)
-	if _, err := os.Stat("/var/lib/modelcache/models/tiny/current/w.bin"); err != nil {
-		t.Fatalf("Absent evicted a model a running pod mounts: %v", err)
+	for _, re := range []string{`(?m)^tiny\s+Ready\s+declared\b.*pod.default/holder`, `(?m)^fresh\s+Ready\s+ad-hoc\b`, `(?m)^adhoc\s+Evicted\b`} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("modelctl list does not match %q:\n%s", re, out)
+		}
 	}
-	if out, err := kubectl("", "delete", "pod", "holder", "--wait"); err != nil {
-		t.Fatal(out)
+	n.getText("modelcachenodes", "modelcache-node", `modelcache-node\s+2 Ready, 1 Evicted\s`)
+	if out, err := n.modelctl("inspect", "adhoc"); err != nil || !strings.Contains(out, "fresh") {
+		t.Errorf("inspect adhoc should say it made room for fresh (%v):\n%s", err, out)
 	}
+	if _, err := os.Stat(store + "/models/tiny/current/w.bin"); err != nil {
+		t.Errorf("the declared, held model went: %v", err)
+	}
+	if out, err := n.modelctl("evict", "fresh"); err != nil {
+		t.Fatalf("evict fresh: %v\n%s", err, out)
+	}
+}
+
+// csi: a Deployment of pods with one inline CSI volume; the daemon pod is
+// replaced under them; a model still downloading keeps a pod in
+// ContainerCreating with the progress in its events; a rollout moves
+// current while running pods keep their revision; deleting the pods
+// releases the holds and the mounts.
+func (n *node) csi(tiny []byte) {
+	t := n.t
+	v1 := n.origin.add("/shared/v1/w.bin", 512<<10)
+	v2 := n.origin.add("/shared/v2/w.bin", 512<<10)
+	n.must(modelCache("shared", n.origin.url("/shared/v1/w.bin")), "apply", "-f", "-")
+	n.getText("modelcaches", "shared", `shared\s+\S+\s+[0-9a-f]{64}\s+1/1\b`)
+	rev1 := n.artifact("shared").Revision
+
+	t0 := time.Now()
+	n.must(csiDeployment("servers", "shared", 2), "apply", "-f", "-")
+	if out, err := n.kubectl("", "rollout", "status", "deploy/servers", "--timeout", "90s"); err != nil {
+		d, _ := n.kubectl("", "describe", "pods", "-l", "app=servers")
+		t.Fatalf("%s\n%s", out, d)
+	}
+	t.Logf("CSI Deployment (2 pods) applied, model cached -> pods running: %v", time.Since(t0).Round(time.Millisecond))
+	servers := n.pods("default", "app=servers")
+	if len(servers) != 2 {
+		t.Fatalf("servers: %v", servers)
+	}
+	for _, p := range servers {
+		n.samePodFile(p, "/model/w.bin", v1)
+		n.readOnly(p, "/model")
+	}
+	n.inUseBy("shared", "pod default/"+servers[0], "pod default/"+servers[1])
+	if c := n.csiMounts(); c != 2 {
+		t.Errorf("%d CSI mounts on the host, want 2", c)
+	}
+
+	t.Run("DaemonReplaced", func(t *testing.T) {
+		n.t = t
+		old := n.pods("modelcache-system", "app.kubernetes.io/name=modelcached")
+		n.must("", "-n", "modelcache-system", "delete", "pod", old[0], "--wait=false")
+		// The consumers keep reading while there is no daemon and after.
+		eventually(t, "a new daemon pod, Ready", 90*time.Second, func() error {
+			n.samePodFile("holder", "/model/current/w.bin", tiny)
+			n.samePodFile(servers[0], "/model/w.bin", v1)
+			now := n.pods("modelcache-system", "app.kubernetes.io/name=modelcached")
+			if len(now) != 1 || now[0] == old[0] {
+				return fmt.Errorf("daemon pods %v", now)
+			}
+			out, err := n.kubectl("", "-n", "modelcache-system", "get", "pod", now[0], "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+			if err != nil || out != "True" {
+				return fmt.Errorf("%s not Ready: %s %v", now[0], out, err)
+			}
+			return nil
+		})
+		// The same store and the same holds: the hostPath consumer through
+		// the pod scan, the CSI pods through the holds in the index.
+		out, err := n.modelctl("inspect", "shared")
+		if err != nil || !regexp.MustCompile(`Phase:\s+Ready`).MatchString(out) || !strings.Contains(out, "pod default/"+servers[0]) {
+			t.Errorf("the new daemon's inspect shared (%v):\n%s", err, out)
+		}
+		n.inUseBy("tiny", "pod default/holder")
+		n.inUseBy("shared", "pod default/"+servers[0], "pod default/"+servers[1])
+		n.samePodFile("holder", "/model/current/w.bin", tiny)
+		eventually(t, "CSINode lists csi.modelcache.io again", 30*time.Second, func() error {
+			out, err := n.kubectl("", "get", "csinode", "modelcache-node", "-o", "jsonpath={.spec.drivers[*].name}")
+			if err != nil || !strings.Contains(out, "csi.modelcache.io") {
+				return fmt.Errorf("drivers %q %v", out, err)
+			}
+			return nil
+		})
+	})
+	n.t = t
+
+	t.Run("Downloading", func(t *testing.T) {
+		n.t = t
+		slow := n.origin.add("/slow/w.bin", 1<<20)
+		release := n.origin.gate("/slow/w.bin")
+		n.must(modelCache("slow", n.origin.url("/slow/w.bin")), "apply", "-f", "-")
+		t0 := time.Now()
+		n.must(csiPod("slow-reader", "slow"), "apply", "-f", "-")
+		// The pod waits in ContainerCreating; its events carry the daemon's
+		// progress message (NodePublishVolume's Unavailable).
+		eventually(t, "describe shows the download's progress", 60*time.Second, func() error {
+			out, err := n.kubectl("", "describe", "pod", "slow-reader")
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(out, "ContainerCreating") || !regexp.MustCompile(`model slow downloading \d+ percent, [\d.]+ \S+ of 1\.0 MiB`).MatchString(out) {
+				return fmt.Errorf("describe:\n%s", out)
+			}
+			return nil
+		})
+		// (An http source's revision is its content's digest: none yet.)
+		n.getText("modelcaches", "slow", `slow\s+http://\S+/slow/w.bin\s+0/1\s+Present\b`)
+		n.getText("modelcachenodes", "modelcache-node", `modelcache-node\s+2 Ready, 1 Downloading\b`)
+		if a := n.artifact("slow"); a.Phase != "Downloading" {
+			t.Errorf("the node reports slow %+v, want Downloading", a)
+		}
+		release()
+		n.waitReady("120s", "pod/slow-reader")
+		t.Logf("CSI pod of a downloading model applied -> running: %v", time.Since(t0).Round(time.Millisecond))
+		n.samePodFile("slow-reader", "/model/w.bin", slow)
+		n.getText("modelcaches", "slow", `slow\s+\S+\s+[0-9a-f]{64}\s+1/1\b`)
+		n.must("", "delete", "pod", "slow-reader", "--wait")
+		n.inUseBy("slow")
+		n.must("", "delete", "modelcache", "slow")
+	})
+	n.t = t
+
+	t.Run("Rollout", func(t *testing.T) {
+		n.t = t
+		n.must("", "patch", "modelcache", "shared", "--type", "merge", "-p", fmt.Sprintf(`{"spec":{"source":%q}}`, n.origin.url("/shared/v2/w.bin")))
+		var rev2 string
+		eventually(t, "current moves to v2", 60*time.Second, func() error {
+			a := n.artifact("shared")
+			if a.Phase != "Ready" || a.Revision == rev1 {
+				return fmt.Errorf("shared %+v", a)
+			}
+			rev2 = a.Revision
+			return nil
+		})
+		n.getText("modelcaches", "shared", `shared\s+http://\S+/shared/v2/w.bin\s+`+rev2+`\s+1/1\b`)
+		// The running pods keep v1; its tree stays while they hold it.
+		for _, p := range servers {
+			n.samePodFile(p, "/model/w.bin", v1)
+		}
+		if _, err := os.Stat(filepath.Join(store, "models/shared", rev1)); err != nil {
+			t.Errorf("revision 1, held by running pods, went: %v", err)
+		}
+		// A new pod mounts v2.
+		n.must("", "scale", "deploy/servers", "--replicas", "3")
+		if out, err := n.kubectl("", "rollout", "status", "deploy/servers", "--timeout", "90s"); err != nil {
+			t.Fatal(out)
+		}
+		var added string
+		for _, p := range n.pods("default", "app=servers") {
+			if !slices.Contains(servers, p) {
+				added = p
+			}
+		}
+		n.samePodFile(added, "/model/w.bin", v2)
+		n.inUseBy("shared", "pod default/"+servers[0], "pod default/"+servers[1], "pod default/"+added)
+
+		// Deleting the pods releases the holds and unmounts; revision 1,
+		// no longer held, goes.
+		n.must("", "delete", "deploy/servers", "--wait")
+		eventually(t, "the servers' pods gone", 60*time.Second, func() error {
+			if p := n.pods("default", "app=servers"); len(p) > 0 {
+				return fmt.Errorf("pods %v", p)
+			}
+			return nil
+		})
+		n.inUseBy("shared")
+		eventually(t, "no CSI mount left", 30*time.Second, func() error {
+			if c := n.csiMounts(); c != 0 {
+				return fmt.Errorf("%d CSI mounts", c)
+			}
+			return nil
+		})
+		eventually(t, "revision 1 evicted once unheld", 60*time.Second, func() error {
+			if _, err := os.Stat(filepath.Join(store, "models/shared", rev1)); !os.IsNotExist(err) {
+				return fmt.Errorf("still there: %v", err)
+			}
+			return nil
+		})
+		n.must("", "delete", "modelcache", "shared")
+	})
+	n.t = t
+}
+
+func (n *node) artifact(name string) artifactStatus {
+	n.t.Helper()
+	arts, err := n.artifacts()
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return arts[name]
+}
+
+// pods lists the names of the pods of namespace ns matching a label
+// selector, skipping pods being deleted.
+func (n *node) pods(ns, sel string) []string {
+	n.t.Helper()
+	out := n.must("", "get", "pods", "-n", ns, "-l", sel, "-o", "json")
+	var l struct {
+		Items []struct {
+			Metadata struct {
+				Name              string
+				DeletionTimestamp *time.Time
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &l); err != nil {
+		n.t.Fatal(err)
+	}
+	var names []string
+	for _, p := range l.Items {
+		if p.Metadata.DeletionTimestamp == nil {
+			names = append(names, p.Metadata.Name)
+		}
+	}
+	return names
+}
+
+// csiMounts counts the CSI volumes mounted in kubelet's pods directory on
+// the host, and checks each is read-only there too.
+func (n *node) csiMounts() int {
+	n.t.Helper()
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	c := 0
+	for _, l := range strings.Split(string(mi), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 6 || !strings.HasPrefix(f[4], "/var/lib/kubelet/pods/") || !strings.Contains(f[4], "/volumes/kubernetes.io~csi/") {
+			continue
+		}
+		c++
+		if !slices.Contains(strings.Split(f[5], ","), "ro") {
+			n.t.Errorf("the host's copy of a CSI volume is writable: %s", l)
+		}
+	}
+	return c
+}
+
+func csiVolume(model string) string {
+	return fmt.Sprintf(`containers:
+        - {name: reader, image: "registry.k8s.io/pause:node-test", volumeMounts: [{name: model, mountPath: /model}]}
+      volumes:
+        - name: model
+          csi: {driver: csi.modelcache.io, readOnly: true, volumeAttributes: {modelCache: %s}}
+`, model)
+}
+
+func csiDeployment(name, model string, replicas int) string {
+	return fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata: {name: %s, namespace: default}
+spec:
+  replicas: %d
+  selector: {matchLabels: {app: %s}}
+  template:
+    metadata: {labels: {app: %s}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      %s`, name, replicas, name, name, csiVolume(model))
+}
+
+func csiPod(name, model string) string {
+	return strings.ReplaceAll(fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default}
+spec:
+      terminationGracePeriodSeconds: 1
+      %s`, name, csiVolume(model)), "\n      ", "\n  ")
+}
+
+// absent: Absent keeps the model while the pod runs and evicts it once
+// the pod is gone.
+func (n *node) absent() {
+	t := n.t
+	n.must("", "patch", "modelcache", "tiny", "--type", "merge", "-p", `{"spec":{"state":"Absent"}}`)
+	n.getText("modelcaches", "tiny", `tiny\s+.*\bAbsent\b`)
+	// The node has acted on Absent (the PV of a model no longer desired
+	// goes) and kept the tree the pod mounts.
+	eventually(t, "tiny's PV gone", 30*time.Second, func() error {
+		out, err := n.kubectl("", "get", "pv", "-l", "modelcache.io/model=tiny", "-o", "name")
+		if err != nil || out != "" {
+			return fmt.Errorf("%q %v", out, err)
+		}
+		return nil
+	})
+	n.samePodFile("holder", "/model/current/w.bin", n.origin.data("/tiny/w.bin"))
+	n.inUseBy("tiny", "pod default/holder")
+	n.must("", "delete", "pod", "holder", "--wait")
 	eventually(t, "evicted once the pod is gone", 30*time.Second, func() error {
-		if _, err := os.Stat("/var/lib/modelcache/models/tiny"); !os.IsNotExist(err) {
+		if _, err := os.Stat(store + "/models/tiny"); !os.IsNotExist(err) {
 			return fmt.Errorf("still there: %v", err)
 		}
 		return nil
 	})
-	kubectl("", "delete", "modelcache", "tiny")
+	n.must("", "delete", "modelcache", "tiny")
 }
 
 func eventually(t *testing.T, what string, d time.Duration, f func() error) {
@@ -218,4 +713,104 @@ func assertClean(t *testing.T) {
 	if _, err := os.Stat(nodeDir); !os.IsNotExist(err) {
 		t.Errorf("%s left", nodeDir)
 	}
+}
+
+// origin serves the test's sources on the host's address, which pods and
+// the daemon reach. A gated file delivers its first half, then waits.
+type origin struct {
+	addr  string
+	mu    chan struct{} // a one-slot lock
+	files map[string][]byte
+	gates map[string]chan struct{}
+}
+
+func newOrigin(t *testing.T, hostIP string) *origin {
+	ln, err := net.Listen("tcp", hostIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &origin{addr: ln.Addr().String(), mu: make(chan struct{}, 1), files: map[string][]byte{}, gates: map[string]chan struct{}{}}
+	srv := &http.Server{Handler: o}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		o.mu <- struct{}{}
+		for _, g := range o.gates {
+			select {
+			case <-g:
+			default:
+				close(g)
+			}
+		}
+		<-o.mu
+		srv.Close()
+	})
+	return o
+}
+
+func (o *origin) url(path string) string { return "http://" + o.addr + path }
+
+// add serves size random bytes at path and returns them.
+func (o *origin) add(path string, size int) []byte {
+	b := make([]byte, size)
+	rand.Read(b)
+	o.mu <- struct{}{}
+	o.files[path] = b
+	<-o.mu
+	return b
+}
+
+func (o *origin) data(path string) []byte {
+	o.mu <- struct{}{}
+	defer func() { <-o.mu }()
+	return o.files[path]
+}
+
+// gate holds path's second half back until the returned func is called.
+func (o *origin) gate(path string) func() {
+	g := make(chan struct{})
+	o.mu <- struct{}{}
+	o.gates[path] = g
+	<-o.mu
+	return func() {
+		o.mu <- struct{}{}
+		close(g)
+		<-o.mu
+	}
+}
+
+func (o *origin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	o.mu <- struct{}{}
+	data, ok := o.files[r.URL.Path]
+	g := o.gates[r.URL.Path]
+	<-o.mu
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	body := &gatedReader{Reader: bytes.NewReader(data), at: int64(len(data) / 2), gate: g, done: r.Context().Done()}
+	http.ServeContent(w, r, filepath.Base(r.URL.Path), time.Time{}, body)
+}
+
+// gatedReader blocks reads past at until gate closes (nil: never blocks).
+type gatedReader struct {
+	*bytes.Reader
+	at   int64
+	gate chan struct{}
+	done <-chan struct{}
+}
+
+func (g *gatedReader) Read(p []byte) (int, error) {
+	if g.gate != nil {
+		pos := g.Size() - int64(g.Len())
+		if pos >= g.at {
+			select {
+			case <-g.gate:
+			case <-g.done:
+				return 0, http.ErrHandlerTimeout
+			}
+		} else if pos+int64(len(p)) > g.at {
+			p = p[:g.at-pos]
+		}
+	}
+	return g.Reader.Read(p)
 }

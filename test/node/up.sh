@@ -51,6 +51,13 @@ wait_for() { # what seconds cmd…
 openssl rsa -in "$W/pki/sa.key" -pubout -out "$W/pki/sa.pub" 2>/dev/null
 TOKEN=$(cat "$W/pki/token" 2>/dev/null || head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' | tee "$W/pki/token")
 echo "$TOKEN,admin,admin,system:masters" > "$W/pki/tokens.csv"
+# kubectl exec/logs: the API server calls kubelet with a client certificate
+# of a CA that kubelet trusts (authentication.x509.clientCAFile below).
+if [ ! -f "$W/pki/kubelet-client.crt" ]; then
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$W/pki/ca.key" -out "$W/pki/ca.crt" -days 2 -subj /CN=modelcache-node-ca 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -keyout "$W/pki/kubelet-client.key" -out "$W/pki/kubelet-client.csr" -subj "/O=system:masters/CN=kube-apiserver" 2>/dev/null
+  openssl x509 -req -in "$W/pki/kubelet-client.csr" -CA "$W/pki/ca.crt" -CAkey "$W/pki/ca.key" -CAcreateserial -out "$W/pki/kubelet-client.crt" -days 2 2>/dev/null
+fi
 cat > "$W/kubeconfig" <<KC
 apiVersion: v1
 kind: Config
@@ -70,7 +77,8 @@ start kube-apiserver "$K8S/kube-apiserver" --etcd-servers http://127.0.0.1:23790
   --token-auth-file "$W/pki/tokens.csv" --authorization-mode Node,RBAC \
   --service-account-key-file "$W/pki/sa.pub" --service-account-signing-key-file "$W/pki/sa.key" \
   --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range 10.0.0.0/24 \
-  --allow-privileged=true --kubelet-preferred-address-types InternalIP
+  --allow-privileged=true --kubelet-preferred-address-types InternalIP \
+  --kubelet-client-certificate "$W/pki/kubelet-client.crt" --kubelet-client-key "$W/pki/kubelet-client.key"
 wait_for kube-apiserver 60 "$K8S/kubectl" --kubeconfig "$W/kubeconfig" get --raw /readyz
 start kube-controller-manager "$K8S/kube-controller-manager" --kubeconfig "$W/kubeconfig" \
   --authentication-kubeconfig "$W/kubeconfig" --authorization-kubeconfig "$W/kubeconfig" \
@@ -125,7 +133,7 @@ failCgroupV1: false
 # No systemd as PID 1: cgroupfs, as containerd's runc above.
 cgroupDriver: cgroupfs
 containerRuntimeEndpoint: unix://$W/containerd.sock
-authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {}}
+authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: "$W/pki/ca.crt"}}
 authorization: {mode: AlwaysAllow}
 readOnlyPort: 0
 port: 10250
