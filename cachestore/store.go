@@ -2,6 +2,7 @@ package cachestore
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -140,6 +141,12 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 		}
 		return nil, nil, fmt.Errorf("store root %q: open index: %w", abs, err)
 	}
+	// Before migrate, whose transaction makes the clean record stale.
+	clean, err := closedCleanly(db)
+	if err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("store root %q: %w", abs, err)
+	}
 	if err := guard(dbPath, func() error { return migrate(db, migrations) }); err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("store root %q: %w", abs, err)
@@ -160,7 +167,7 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 		s.log.Warn("index rebuilt from disk; sources, pins and modelctl pull desires are lost (see docs/operator.md)",
 			"versions", len(rebuilt.Versions), "quarantined", len(rebuilt.Quarantined), "hf_versions", rebuilt.HFVersions)
 	}
-	rep, err := s.repair(ctx, o.ingestMaxAge)
+	rep, err := s.repair(ctx, o.ingestMaxAge, !clean || rebuilt != nil)
 	if err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("store root %q: startup repair: %w", abs, err)
@@ -170,7 +177,53 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 }
 
 // Close closes the index. Writers still open keep their partial data.
-func (s *Store) Close() error { return s.db.Close() }
+// Called when every mutation has finished (it waits for the store lock),
+// it first records a clean shutdown (doc.go: Clean shutdown), so that the
+// next Open skips the walk of every blob and tree; when that cannot be
+// recorded the next Open repairs as after a crash.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.markClean(); err != nil {
+		s.log.Warn("clean shutdown not recorded; the next start walks the whole store", "err", err)
+	}
+	return s.db.Close()
+}
+
+// markClean syncs the filesystem of the root, so that every rename and
+// link before it is durable, then records meta/clean as the id of the
+// transaction that writes it.
+func (s *Store) markClean() error {
+	fd, err := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	err = unix.Syncfs(fd)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("syncfs %s: %w", s.root, err)
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		var buf [8]byte
+		binary.BigEndian.PutUint64(buf[:], uint64(tx.ID()))
+		return tx.Bucket(bucketMeta).Put(keyClean, buf[:])
+	})
+}
+
+// closedCleanly reports whether the last transaction committed to the
+// index is the one a clean Close wrote: nothing has written since, so disk
+// and index agree as they did then.
+func closedCleanly(db *bolt.DB) (bool, error) {
+	clean := false
+	err := db.View(func(tx *bolt.Tx) error {
+		if meta := tx.Bucket(bucketMeta); meta != nil {
+			raw := meta.Get(keyClean)
+			clean = len(raw) == 8 && binary.BigEndian.Uint64(raw) == uint64(tx.ID())
+		}
+		return nil
+	})
+	return clean, err
+}
 
 // Check reports whether the index answers and the root is reachable; the
 // daemon's health check and watchdog call it.
