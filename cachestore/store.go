@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,6 +48,9 @@ type Store struct {
 	directBytes atomic.Int64 // blob bytes written with O_DIRECT since Open
 
 	mu     sync.Mutex // serialises tree and version mutations and GC
+	sumMu  sync.Mutex
+	sums   []Artifact // ListSummaries as of the index's transaction sumsTx
+	sumsTx int
 	refMu  sync.Mutex
 	refs   map[string]bool // open ingest refs
 	holdMu sync.Mutex
@@ -667,19 +669,54 @@ func (s *Store) get(name string, manifests bool) (*Artifact, error) {
 func (s *Store) List() ([]Artifact, error) { return s.list(true) }
 
 // ListSummaries returns every artifact sorted by name, without manifests:
-// the cheap read behind listing thousands of artifacts.
-func (s *Store) ListSummaries() ([]Artifact, error) { return s.list(false) }
+// the cheap read behind listing thousands of artifacts. The summaries are
+// decoded once per state of the index (per committed write transaction)
+// and kept; each call gets its own slices, but Metadata and Annotations
+// are shared with the next caller: read them, never modify them in place.
+func (s *Store) ListSummaries() ([]Artifact, error) {
+	var out []Artifact
+	err := s.db.View(func(tx *bolt.Tx) error {
+		s.sumMu.Lock()
+		arts, ok := s.sums, s.sumsTx == tx.ID() && s.sums != nil
+		s.sumMu.Unlock()
+		if !ok {
+			var err error
+			if arts, err = readArtifacts(tx, false); err != nil {
+				return err
+			}
+			s.sumMu.Lock()
+			s.sums, s.sumsTx = arts, tx.ID()
+			s.sumMu.Unlock()
+		}
+		out = make([]Artifact, len(arts))
+		for i, a := range arts {
+			a.Versions = append([]Version(nil), a.Versions...)
+			out[i] = a
+		}
+		return nil
+	})
+	return out, err
+}
 
 func (s *Store) list(manifests bool) ([]Artifact, error) {
 	var out []Artifact
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketArtifacts).ForEachBucket(func(k []byte) error {
-			a, err := readArtifact(string(k), tx.Bucket(bucketArtifacts).Bucket(k), manifests)
-			out = append(out, a)
-			return err
-		})
+	err := s.db.View(func(tx *bolt.Tx) (err error) {
+		out, err = readArtifacts(tx, manifests)
+		return err
 	})
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, err
+}
+
+// readArtifacts reads every artifact in one transaction, sorted by name
+// (bbolt's key order, which is Go's string order).
+func readArtifacts(tx *bolt.Tx, manifests bool) ([]Artifact, error) {
+	var out []Artifact
+	arts := tx.Bucket(bucketArtifacts)
+	err := arts.ForEachBucket(func(k []byte) error {
+		a, err := readArtifact(string(k), arts.Bucket(k), manifests)
+		out = append(out, a)
+		return err
+	})
 	return out, err
 }
 
