@@ -561,7 +561,8 @@ func listAndRestart(dir string, n int) {
 	}
 	fmt.Printf("%d artifacts in the index (seeded in %s): daemon start to healthy %.0f ms; modelctl -o json list %.0f ms; modelctl list (table) %.0f ms\n",
 		n, seed.Round(time.Second), median(starts)*1e3, median(lists)*1e3, median(listsTable)*1e3)
-	addRow(fmt.Sprintf("%d artifacts: daemon start / modelctl list", n), fmt.Sprintf("%.0f ms / %.0f ms", median(starts)*1e3, median(listsTable)*1e3), "goal: list < 100 ms", fmt.Sprintf("%.2fx the goal", median(listsTable)*1e3/100))
+	addRow(fmt.Sprintf("%d artifacts: daemon start / modelctl list", n), fmt.Sprintf("%.0f ms / %.0f ms", median(starts)*1e3, median(listsTable)*1e3),
+		"goal: start < 1 s, list < 100 ms", fmt.Sprintf("%.2fx / %.2fx the goal", median(starts), median(listsTable)*1e3/100))
 	_ = io.Discard
 }
 

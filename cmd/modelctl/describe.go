@@ -72,6 +72,11 @@ func writeColumns(w io.Writer, rows [][]string) {
 		}
 	}
 	var b bytes.Buffer
+	line := cols - 1 + 2*(cols-1) // the padding and the newline
+	for _, w := range widths {
+		line += w
+	}
+	b.Grow(len(rows) * (line + 60)) // and about the last cell
 	for _, r := range rows {
 		for j, c := range r[:cols-1] {
 			b.WriteString(c)
