@@ -193,8 +193,59 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 
 // List returns every artifact the daemon knows.
 func (c *Client) List(ctx context.Context) ([]Artifact, error) {
-	var out []Artifact
-	return out, c.call(ctx, "GET", "/v1/artifacts", nil, &out)
+	return getArray[Artifact](ctx, c, "/v1/artifacts")
+}
+
+// ListRows is List with only the fields of ArtifactRow (what modelctl
+// list's table shows) sent and decoded.
+func (c *Client) ListRows(ctx context.Context) ([]ArtifactRow, error) {
+	return getArray[ArtifactRow](ctx, c, "/v1/artifacts?fields=row")
+}
+
+// getArray decodes the JSON array GET path answers element by element as
+// it streams in (the daemon writes it so): decoding overlaps the transfer.
+// A null body gives a nil slice, an empty array an empty one.
+func getArray[T any](ctx context.Context, c *Client, path string) ([]T, error) {
+	resp, err := c.do(ctx, "GET", path, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	fail := func(err error) ([]T, error) { return nil, fmt.Errorf("decode GET %s: %w", path, err) }
+	dec := json.NewDecoder(resp.Body)
+	tok, err := dec.Token()
+	switch {
+	case err != nil:
+		return fail(err)
+	case tok == nil:
+		return nil, nil
+	case tok != json.Delim('['):
+		return fail(fmt.Errorf("want an array, got %v", tok))
+	}
+	// Decoded into chunks that never move, then copied once: appending
+	// to one slice would copy tens of thousands of elements again at each
+	// doubling (with the GC's write barriers, the most of this client's
+	// time in a list of 10,000).
+	var chunks [][]T
+	chunk, n := make([]T, 0, 64), 0
+	for dec.More() {
+		if len(chunk) == cap(chunk) {
+			chunks, chunk = append(chunks, chunk), make([]T, 0, 2*cap(chunk))
+		}
+		chunk = append(chunk, *new(T))
+		if err := dec.Decode(&chunk[len(chunk)-1]); err != nil {
+			return fail(err)
+		}
+		n++
+	}
+	if _, err := dec.Token(); err != nil {
+		return fail(err)
+	}
+	out := make([]T, 0, n)
+	for _, c := range append(chunks, chunk) {
+		out = append(out, c...)
+	}
+	return out, nil
 }
 
 // Get returns one artifact with its versions and files.

@@ -300,6 +300,30 @@ type Artifact struct {
 	Evicted *EvictionNote `json:"evicted,omitempty"`
 }
 
+// ArtifactRow is the part of an Artifact that modelctl list's table shows;
+// GET /v1/artifacts?fields=row answers with these fields only (the others
+// cost the daemon encoding and the client decoding, for tens of thousands
+// of artifacts).
+type ArtifactRow struct {
+	Name     string     `json:"name"`
+	Phase    Phase      `json:"phase"`
+	URI      string     `json:"uri,omitempty"`
+	Message  string     `json:"message,omitempty"`
+	Revision string     `json:"revision,omitempty"`
+	Bytes    int64      `json:"bytes"`
+	Pinned   bool       `json:"pinned"`
+	Progress *Progress  `json:"progress,omitempty"`
+	InUse    []Holder   `json:"inUse,omitempty"`
+	Created  *time.Time `json:"created,omitempty"`
+	Entry    string     `json:"entry,omitempty"`
+}
+
+// Row is a's ArtifactRow.
+func (a *Artifact) Row() ArtifactRow {
+	return ArtifactRow{Name: a.Name, Phase: a.Phase, URI: a.URI, Message: a.Message, Revision: a.Revision, Bytes: a.Bytes,
+		Pinned: a.Pinned, Progress: a.Progress, InUse: a.InUse, Created: a.Created, Entry: a.Entry}
+}
+
 // PullStats describes a finished pull.
 type PullStats struct {
 	Seconds        float64   `json:"seconds"`

@@ -7,7 +7,7 @@ import (
 )
 
 // ioBufKeep is how many idle pipeline buffers stay mapped for the next
-// writer (4 writers' worth: 32 MiB). A buffer beyond it is unmapped when
+// writer (4 writers' worth: 8 MiB). A buffer beyond it is unmapped when
 // it comes back, so the resident set is what the open writers hold plus
 // at most this many.
 const ioBufKeep = 4 * ioBuffers

@@ -38,6 +38,9 @@
 //
 //	meta/
 //	    version              -> uint64, big-endian: the schema version
+//	    clean                -> uint64, big-endian: the id of the transaction that
+//	                            wrote it, at a clean Close; Open trusts disk and
+//	                            index to agree only while it is the last one
 //	blobs/
 //	    <sha256:hex>         -> JSON blobRecord{size, created}
 //	artifacts/
@@ -100,4 +103,18 @@
 // renameio. Open removes trees without a Ready record, re-materializes
 // trees whose record is Ready, marks records whose blobs are gone Missing
 // (the daemon re-fetches them), and re-points current symlinks.
+//
+// # Clean shutdown
+//
+// That repair walks every blob, tree and current link: seconds over tens
+// of thousands of artifacts. Close, with every mutation finished (it takes
+// the store lock), syncs the filesystem (syncfs) and then records
+// meta/clean = the id of that very bbolt transaction. Open skips the walk
+// only when meta/clean equals the id of the last committed transaction,
+// that is when nothing wrote to the index since a clean Close (an older
+// binary, a crashed run: any write transaction makes the record stale), and
+// its first write deletes the record, so a crash of this run is repaired at
+// the next Open. It still empties tmp/ and reclaims stale ingests, which
+// are not per artifact. What changed on disk behind a stopped daemon's back
+// is found by verify (modelctl verify), not at start.
 package cachestore

@@ -18,6 +18,7 @@ var (
 	bucketVersions  = []byte("versions")
 	bucketManifests = []byte("manifests")
 	keyVersion      = []byte("version")
+	keyClean        = []byte("clean")
 	keyCurrent      = []byte("current")
 )
 

@@ -21,9 +21,14 @@ import (
 )
 
 const (
-	ioAlign    = 4096     // O_DIRECT alignment of offsets, lengths and memory
-	ioBufSize  = 2 << 20  // one pipeline buffer
-	ioBuffers  = 4        // buffers in flight per writer: bounds RSS at 8 MiB a writer
+	ioAlign = 4096 // O_DIRECT alignment of offsets, lengths and memory
+	// A writer has two buffers: one filled from the network while the
+	// other is hashed and written. So it holds 2 MiB, and a crash (kill -9)
+	// loses at most those 2 MiB of what it read: a resume fetches them
+	// again. Four buffers of 2 MiB were no faster (the disk or the hash
+	// bounds a pull, not the queue: docs/benchmarks.md) and lost 8 MiB.
+	ioBufSize  = 1 << 20  // one pipeline buffer
+	ioBuffers  = 2        // buffers per writer
 	syncEvery  = 64 << 20 // fdatasync this often while writing: Commit's fsync then has little left (measured: 140 → 50 ms for 256 MiB)
 	ingestData = "data"
 	ingestRef  = "ref"

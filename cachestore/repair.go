@@ -28,6 +28,10 @@ type RepairReport struct {
 	// IndexRebuilt is set when the index was found new or empty over a
 	// store that holds trees, and was rebuilt from them.
 	IndexRebuilt *RebuildReport `json:"indexRebuilt,omitempty"`
+	// AfterCleanShutdown is set when the store was closed cleanly and
+	// nothing wrote to the index since: only tmp/ and ingest/ were looked
+	// at, not every blob and tree (doc.go: Clean shutdown).
+	AfterCleanShutdown bool `json:"afterCleanShutdown,omitempty"`
 }
 
 // Clean reports whether repair had nothing to do but keep ingests.
@@ -74,8 +78,9 @@ func (s *Store) blobsOnDisk() (map[string]int64, error) {
 // records follow the blobs on disk, trees without a Ready record go, Ready
 // records whose blobs are gone become Missing, missing trees of Ready
 // versions are rebuilt from their blobs, and current links follow the
-// index. Open runs it; it is safe to run again.
-func (s *Store) repair(ctx context.Context, ingestMaxAge time.Duration) (*RepairReport, error) {
+// index. Open runs it; it is safe to run again. With full false (after a
+// clean shutdown) it does the first two only and deletes the clean record.
+func (s *Store) repair(ctx context.Context, ingestMaxAge time.Duration, full bool) (*RepairReport, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rep := &RepairReport{}
@@ -103,11 +108,18 @@ func (s *Store) repair(ctx context.Context, ingestMaxAge time.Duration) (*Repair
 		}
 	}
 
+	if !full {
+		rep.AfterCleanShutdown = true
+		return rep, s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyClean) })
+	}
 	onDisk, err := s.blobsOnDisk()
 	if err != nil {
 		return nil, err
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketMeta).Delete(keyClean); err != nil {
+			return err
+		}
 		b := tx.Bucket(bucketBlobs)
 		var drop [][]byte
 		recorded := map[string]bool{}

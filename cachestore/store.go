@@ -2,13 +2,13 @@ package cachestore
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,6 +49,9 @@ type Store struct {
 	directBytes atomic.Int64 // blob bytes written with O_DIRECT since Open
 
 	mu     sync.Mutex // serialises tree and version mutations and GC
+	sumMu  sync.Mutex
+	sums   []Artifact // ListSummaries as of the index's transaction sumsTx
+	sumsTx int
 	refMu  sync.Mutex
 	refs   map[string]bool // open ingest refs
 	holdMu sync.Mutex
@@ -143,6 +146,12 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 		}
 		return nil, nil, fmt.Errorf("store root %q: open index: %w", abs, err)
 	}
+	// Before migrate, whose transaction makes the clean record stale.
+	clean, err := closedCleanly(db)
+	if err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("store root %q: %w", abs, err)
+	}
 	if err := guard(dbPath, func() error { return migrate(db, migrations) }); err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("store root %q: %w", abs, err)
@@ -163,7 +172,7 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 		s.log.Warn("index rebuilt from disk; sources, pins and modelctl pull desires are lost (see docs/operator.md)",
 			"versions", len(rebuilt.Versions), "quarantined", len(rebuilt.Quarantined), "hf_versions", rebuilt.HFVersions)
 	}
-	rep, err := s.repair(ctx, o.ingestMaxAge)
+	rep, err := s.repair(ctx, o.ingestMaxAge, !clean || rebuilt != nil)
 	if err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("store root %q: startup repair: %w", abs, err)
@@ -177,7 +186,53 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 }
 
 // Close closes the index. Writers still open keep their partial data.
-func (s *Store) Close() error { return s.db.Close() }
+// Called when every mutation has finished (it waits for the store lock),
+// it first records a clean shutdown (doc.go: Clean shutdown), so that the
+// next Open skips the walk of every blob and tree; when that cannot be
+// recorded the next Open repairs as after a crash.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.markClean(); err != nil {
+		s.log.Warn("clean shutdown not recorded; the next start walks the whole store", "err", err)
+	}
+	return s.db.Close()
+}
+
+// markClean syncs the filesystem of the root, so that every rename and
+// link before it is durable, then records meta/clean as the id of the
+// transaction that writes it.
+func (s *Store) markClean() error {
+	fd, err := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	err = unix.Syncfs(fd)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("syncfs %s: %w", s.root, err)
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		var buf [8]byte
+		binary.BigEndian.PutUint64(buf[:], uint64(tx.ID()))
+		return tx.Bucket(bucketMeta).Put(keyClean, buf[:])
+	})
+}
+
+// closedCleanly reports whether the last transaction committed to the
+// index is the one a clean Close wrote: nothing has written since, so disk
+// and index agree as they did then.
+func closedCleanly(db *bolt.DB) (bool, error) {
+	clean := false
+	err := db.View(func(tx *bolt.Tx) error {
+		if meta := tx.Bucket(bucketMeta); meta != nil {
+			raw := meta.Get(keyClean)
+			clean = len(raw) == 8 && binary.BigEndian.Uint64(raw) == uint64(tx.ID())
+		}
+		return nil
+	})
+	return clean, err
+}
 
 // Check reports whether the index answers and the root is reachable; the
 // daemon's health check and watchdog call it.
@@ -621,19 +676,54 @@ func (s *Store) get(name string, manifests bool) (*Artifact, error) {
 func (s *Store) List() ([]Artifact, error) { return s.list(true) }
 
 // ListSummaries returns every artifact sorted by name, without manifests:
-// the cheap read behind listing thousands of artifacts.
-func (s *Store) ListSummaries() ([]Artifact, error) { return s.list(false) }
+// the cheap read behind listing thousands of artifacts. The summaries are
+// decoded once per state of the index (per committed write transaction)
+// and kept; each call gets its own slices, but Metadata and Annotations
+// are shared with the next caller: read them, never modify them in place.
+func (s *Store) ListSummaries() ([]Artifact, error) {
+	var out []Artifact
+	err := s.db.View(func(tx *bolt.Tx) error {
+		s.sumMu.Lock()
+		arts, ok := s.sums, s.sumsTx == tx.ID() && s.sums != nil
+		s.sumMu.Unlock()
+		if !ok {
+			var err error
+			if arts, err = readArtifacts(tx, false); err != nil {
+				return err
+			}
+			s.sumMu.Lock()
+			s.sums, s.sumsTx = arts, tx.ID()
+			s.sumMu.Unlock()
+		}
+		out = make([]Artifact, len(arts))
+		for i, a := range arts {
+			a.Versions = append([]Version(nil), a.Versions...)
+			out[i] = a
+		}
+		return nil
+	})
+	return out, err
+}
 
 func (s *Store) list(manifests bool) ([]Artifact, error) {
 	var out []Artifact
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketArtifacts).ForEachBucket(func(k []byte) error {
-			a, err := readArtifact(string(k), tx.Bucket(bucketArtifacts).Bucket(k), manifests)
-			out = append(out, a)
-			return err
-		})
+	err := s.db.View(func(tx *bolt.Tx) (err error) {
+		out, err = readArtifacts(tx, manifests)
+		return err
 	})
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, err
+}
+
+// readArtifacts reads every artifact in one transaction, sorted by name
+// (bbolt's key order, which is Go's string order).
+func readArtifacts(tx *bolt.Tx, manifests bool) ([]Artifact, error) {
+	var out []Artifact
+	arts := tx.Bucket(bucketArtifacts)
+	err := arts.ForEachBucket(func(k []byte) error {
+		a, err := readArtifact(string(k), arts.Bucket(k), manifests)
+		out = append(out, a)
+		return err
+	})
 	return out, err
 }
 

@@ -131,6 +131,8 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		log.Warn("startup repair rebuilt a lost index from the trees on disk; sources, pins and modelctl pull desires are gone (docs/operator.md: A damaged or lost index)", "report", rep)
 	case !rep.Clean():
 		log.Info("startup repair", "report", rep)
+	case rep.AfterCleanShutdown:
+		log.Debug("the store was closed cleanly: startup repair looked at tmp/ and ingest/ only (modelctl verify checks every blob)")
 	}
 	gid, err := groupID(cfg.SocketGroup)
 	if err != nil {

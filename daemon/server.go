@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -144,6 +146,29 @@ func writeError(w http.ResponseWriter, e *api.Error) {
 func writeJSON(w http.ResponseWriter, v any) error {
 	w.Header().Set("Content-Type", "application/json")
 	return json.NewEncoder(w).Encode(v)
+}
+
+// writeJSONArray writes items as writeJSON would (the same bytes), one
+// element at a time: a list of thousands is never held encoded whole, and
+// the client decodes the first elements while the last are encoded.
+func writeJSONArray[T any](w http.ResponseWriter, items []T) error {
+	w.Header().Set("Content-Type", "application/json")
+	bw := bufio.NewWriterSize(w, 64<<10)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	bw.WriteByte('[')
+	for i := range items {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		buf.Reset()
+		if err := enc.Encode(&items[i]); err != nil {
+			return err
+		}
+		bw.Write(buf.Bytes()[:buf.Len()-1]) // Encode ends each value with a newline
+	}
+	bw.WriteString("]\n")
+	return bw.Flush()
 }
 
 // decode reads a bounded JSON body, rejecting unknown fields.

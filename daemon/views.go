@@ -85,11 +85,22 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (d *Daemon) handleList(w http.ResponseWriter, r *http.Request) error {
+	fields := r.URL.Query().Get("fields")
+	if fields != "" && fields != "row" {
+		return api.Errorf(api.CodeInvalid, "fields=%q: the one value is row (what modelctl list's table shows); leave it out for every field", fields)
+	}
 	list, err := d.list()
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, list)
+	if fields == "row" {
+		rows := make([]api.ArtifactRow, len(list))
+		for i := range list {
+			rows[i] = list[i].Row()
+		}
+		return writeJSONArray(w, rows)
+	}
+	return writeJSONArray(w, list)
 }
 
 func (d *Daemon) handleGet(w http.ResponseWriter, r *http.Request) error {
@@ -111,25 +122,25 @@ func (d *Daemon) list() ([]api.Artifact, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	want := d.desired()
-	seen := map[string]bool{}
+	seen := make(map[string]bool, len(arts)+len(want))
 	out := make([]api.Artifact, 0, len(arts)+len(want))
 	for i := range arts {
 		seen[arts[i].Name] = true
-		out = append(out, d.viewLocked(arts[i].Name, &arts[i], want, false))
+		out = append(out, d.viewLocked(arts[i].Name, &arts[i], want, viewSummary))
 	}
 	for name, ds := range want {
 		if !seen[name] && ds.State != api.StateAbsent {
 			seen[name] = true
-			out = append(out, d.viewLocked(name, nil, want, false))
+			out = append(out, d.viewLocked(name, nil, want, viewSummary))
 		}
 	}
 	for name := range d.evicted {
 		if !seen[name] {
-			out = append(out, d.viewLocked(name, nil, want, false))
+			out = append(out, d.viewLocked(name, nil, want, viewSummary))
 		}
 	}
 	for i := range out {
-		out[i].Versions, out[i].Desire = nil, nil
+		out[i].Desire = nil
 		out[i].InUse = holdersOf(uses, out[i].Name)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -149,14 +160,27 @@ func (d *Daemon) view(name string, files bool) (*api.Artifact, error) {
 	if _, ok := want[name]; !ok && a == nil && d.evicted[name].At.IsZero() {
 		return nil, api.Errorf(api.CodeNotFound, "artifact %s: not in the cache and not desired; pull it with: modelctl pull URI --name %s", name, name)
 	}
-	v := d.viewLocked(name, a, want, files)
+	detail := viewVersions
+	if files {
+		detail = viewFiles
+	}
+	v := d.viewLocked(name, a, want, detail)
 	v.InUse = holdersOf(uses, name)
 	return &v, nil
 }
 
+// viewDetail is how much of an artifact a view carries.
+type viewDetail int
+
+const (
+	viewSummary  viewDetail = iota // list: no versions
+	viewVersions                   // inspect: every version
+	viewFiles                      // inspect with each version's files and the metadata
+)
+
 // viewLocked builds the API view, its URIs and messages redacted; called
 // with d.mu held.
-func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string]api.Desire, files bool) api.Artifact {
+func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string]api.Desire, detail viewDetail) api.Artifact {
 	out := api.Artifact{Name: name, Kind: api.KindModel, Phase: api.PhasePending}
 	if ds, ok := want[name]; ok {
 		ds := ds
@@ -176,11 +200,14 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 			if v.Revision == a.Current {
 				cur = &a.Versions[i]
 			}
+			if detail == viewSummary {
+				continue
+			}
 			av := api.Version{
 				Revision: v.Revision, State: string(v.State), Message: v.Message, ManifestDigest: v.ManifestDigest,
 				Bytes: v.Bytes, Pinned: v.Pinned, Created: v.Created, LastUsed: v.LastUsed, Source: v.Source,
 			}
-			if files {
+			if detail == viewFiles {
 				for _, e := range v.Manifest {
 					av.Files = append(av.Files, api.File{Path: e.Path, Digest: e.Digest, Size: e.Size})
 				}
@@ -188,7 +215,7 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 			out.Versions = append(out.Versions, av)
 		}
 	}
-	if cur != nil && files && cur.Metadata != nil {
+	if cur != nil && detail == viewFiles && cur.Metadata != nil {
 		m := api.Metadata(*cur.Metadata)
 		out.Metadata = &m
 	}

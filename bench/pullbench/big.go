@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -97,6 +99,11 @@ func bigPull(dir string, sizeMiB int64, canDrop bool) {
 	for served.Load()-before < size/2 {
 		time.Sleep(5 * time.Millisecond)
 	}
+	// Stopped first, so that what the kernel holds is counted once the
+	// origin can send no more, then killed.
+	d.cmd.Process.Signal(syscall.SIGSTOP)
+	time.Sleep(100 * time.Millisecond)
+	inKernel := socketQueued(ln.Addr().(*net.TCPAddr).Port) // served, never read by the daemon
 	d.cmd.Process.Signal(syscall.SIGKILL)
 	d.cmd.Wait()
 	first := served.Load() - before
@@ -105,7 +112,40 @@ func bigPull(dir string, sizeMiB int64, canDrop bool) {
 	again := served.Load() - before - size
 	d.stop()
 	os.RemoveAll(root)
-	fmt.Printf("pull of %s killed (SIGKILL) after %s were served, then started again: %s fetched twice\n",
-		api.FormatBytes(size), api.FormatBytes(first), api.FormatBytes(again))
-	addRow(fmt.Sprintf("restart of a half-done %s pull (SIGKILL at half)", api.FormatBytes(size)), api.FormatBytes(again)+" fetched again", "goal: ≤ one chunk (2 MiB)", fmt.Sprintf("%.2fx the goal", float64(again)/float64(2<<20)))
+	lost := again - inKernel // read by the daemon, not yet on disk
+	fmt.Printf("pull of %s killed (SIGKILL) after %s were served, then started again: %s fetched twice: %s in the kernel's socket buffers at the kill (Send-Q + Recv-Q), %s read by the daemon and not yet written\n",
+		api.FormatBytes(size), api.FormatBytes(first), api.FormatBytes(again), api.FormatBytes(inKernel), api.FormatBytes(lost))
+	addRow(fmt.Sprintf("restart of a half-done %s pull (SIGKILL at half)", api.FormatBytes(size)),
+		fmt.Sprintf("%s fetched again: %s the daemon had read, %s in socket buffers", api.FormatBytes(again), api.FormatBytes(lost), api.FormatBytes(inKernel)),
+		"goal: ≤ one chunk (2 MiB)", fmt.Sprintf("%.2fx the goal (all: %.2fx)", float64(lost)/float64(2<<20), float64(again)/float64(2<<20)))
+}
+
+// socketQueued is what the loopback connections to or from port hold in
+// the kernel (/proc/net/tcp: the origin's Send-Q, the daemon's Recv-Q):
+// bytes the origin has served that the daemon has not read.
+func socketQueued(port int) int64 {
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		_, lp, _ := strings.Cut(f[1], ":")
+		_, rp, _ := strings.Cut(f[2], ":")
+		tx, rx, _ := strings.Cut(f[4], ":")
+		p := fmt.Sprintf("%04X", port)
+		switch p {
+		case lp: // the origin's side: what it has sent and not had acknowledged, or not sent
+			v, _ := strconv.ParseInt(tx, 16, 64)
+			n += v
+		case rp: // the daemon's side: what arrived and was not read
+			v, _ := strconv.ParseInt(rx, 16, 64)
+			n += v
+		}
+	}
+	return n
 }

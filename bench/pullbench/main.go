@@ -59,7 +59,7 @@ var (
 	runs    = flag.Int("runs", int(envInt("BENCH_RUNS", 3)), "alternating runs of each pull variant; env BENCH_RUNS")
 	bigMiB  = flag.Int64("big-mib", envInt("BENCH_BIG_MIB", 4096), "size of the one-file pull for peak RSS and the kill/restart test; env BENCH_BIG_MIB")
 	nArts   = flag.Int("artifacts", int(envInt("BENCH_ARTIFACTS", 10000)), "artifacts in the index for the list/restart test")
-	only    = flag.String("only", os.Getenv("BENCH_ONLY"), "run one scenario: kernelcache (default: all); env BENCH_ONLY")
+	only    = flag.String("only", os.Getenv("BENCH_ONLY"), "run one scenario: http, big, kernelcache, list or s3 (default: all); env BENCH_ONLY")
 	workDir = flag.String("dir", os.Getenv("BENCH_DIR"), "scratch directory (default: a temp dir on the same filesystem as /var/tmp)")
 )
 
@@ -105,13 +105,17 @@ func main() {
 		kernelCacheBench(dir, canDrop)
 		printTable()
 		return
+	case "list":
+		listAndRestart(dir, *nArts)
+		printTable()
+		return
 	case "s3":
 		src := filepath.Join(origin, "src")
 		s3Bench(dir, src, makeModel(src, *sizeMiB<<20), canDrop)
 		printTable()
 		return
 	default:
-		must(fmt.Errorf("-only %q: the scenarios that run alone are http, big, kernelcache and s3", *only))
+		must(fmt.Errorf("-only %q: the scenarios that run alone are http, big, kernelcache, list and s3", *only))
 	}
 	src := filepath.Join(origin, "src")
 	files := makeModel(src, *sizeMiB<<20)
@@ -557,7 +561,8 @@ func listAndRestart(dir string, n int) {
 	}
 	fmt.Printf("%d artifacts in the index (seeded in %s): daemon start to healthy %.0f ms; modelctl -o json list %.0f ms; modelctl list (table) %.0f ms\n",
 		n, seed.Round(time.Second), median(starts)*1e3, median(lists)*1e3, median(listsTable)*1e3)
-	addRow(fmt.Sprintf("%d artifacts: daemon start / modelctl list", n), fmt.Sprintf("%.0f ms / %.0f ms", median(starts)*1e3, median(listsTable)*1e3), "goal: list < 100 ms", fmt.Sprintf("%.2fx the goal", median(listsTable)*1e3/100))
+	addRow(fmt.Sprintf("%d artifacts: daemon start / modelctl list", n), fmt.Sprintf("%.0f ms / %.0f ms", median(starts)*1e3, median(listsTable)*1e3),
+		"goal: start < 1 s, list < 100 ms", fmt.Sprintf("%.2fx / %.2fx the goal", median(starts), median(listsTable)*1e3/100))
 	_ = io.Discard
 }
 

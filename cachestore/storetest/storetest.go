@@ -11,6 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/modelcache/modelcache/cachestore"
 )
@@ -321,6 +324,7 @@ func testRepair(t *testing.T, open Opener) {
 	v := commit(t, s, "m", "r", map[string][]byte{"w": Data(3000, 5), "x": []byte("x")})
 	commit(t, s, "gone", "r", map[string][]byte{"g": []byte("g-data")})
 	s.Close()
+	crashed(t, root)
 	// Damage: a stray tree, a deleted tree, a missing blob, a stray temp dir, a wrong link.
 	os.MkdirAll(filepath.Join(root, "models/stray/rev"), 0o755)
 	os.WriteFile(filepath.Join(root, "models/stray/rev/f"), []byte("unverified"), 0o644)
@@ -348,6 +352,21 @@ func testRepair(t *testing.T, open Opener) {
 		t.Fatalf("tmp not emptied: %v", ents)
 	}
 	_ = v
+}
+
+// crashed makes root's index look like a run that opened the store and
+// died: a write transaction since the clean Close makes the clean record
+// stale, so the next Open repairs (cachestore doc.go: Clean shutdown).
+func crashed(t *testing.T, root string) {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(root, "index.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Update(func(*bolt.Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
 }
 
 type storeRoot struct{ root string }

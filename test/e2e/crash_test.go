@@ -92,7 +92,7 @@ func TestCrashMidDownloadResumes(t *testing.T) {
 	big := data(12<<20, 21)
 	srv := newServer(t, map[string][]byte{"big.bin": big})
 	e := newEnv(t)
-	e.start("MODELCACHED_FAULTPOINT=ingest.write:3") // after 3 × 2 MiB buffers are on disk
+	e.start("MODELCACHED_FAULTPOINT=ingest.write:6") // after 6 × 1 MiB buffers are on disk
 	e.mustCtl("pull", srv.URL+"/big.bin#sha256="+sha(big), "--name", "big", "--no-wait")
 	if !e.waitKilled(20 * time.Second) {
 		t.Fatalf("no kill\n%s", e.log)

@@ -1,0 +1,73 @@
+package cachestore
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestCleanShutdownSkipsTheWalk: after a clean Close, Open empties tmp/
+// but walks no tree (a stray tree stays), and deletes the clean record at
+// once, so that a crash of that run is repaired by the next Open (the
+// stray tree goes).
+func TestCleanShutdownSkipsTheWalk(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _, err := Open(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(`{"a":1}`)
+	d, err := s.Ingest(ctx, "r", bytes.NewReader(body), int64(len(body)), DigestBytes(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CommitVersion(ctx, VersionSpec{Name: "m", Manifest: Manifest{{Path: "config.json", Digest: d, Size: int64(len(body))}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	stray := filepath.Join(root, "models", "stray", "rev")
+	if err := os.MkdirAll(stray, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "tmp", "tree-1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	s, rep, err := Open(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.AfterCleanShutdown || rep.TmpRemoved != 1 {
+		t.Fatalf("open after a clean close: %+v, want AfterCleanShutdown and tmp/ emptied", rep)
+	}
+	if _, err := os.Stat(stray); err != nil {
+		t.Fatalf("the stray tree was walked and removed after a clean shutdown: %v", err)
+	}
+	if clean, err := closedCleanly(s.db); err != nil || clean {
+		t.Fatalf("the clean record outlived Open (%v, %v): a crash of this run would not be repaired", clean, err)
+	}
+	// This run dies: the index closes without Close.
+	if err := s.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s, rep, err = Open(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if rep.AfterCleanShutdown || rep.TreesRemoved != 1 {
+		t.Fatalf("open after a crash: %+v, want the full repair (the stray tree removed)", rep)
+	}
+	if _, err := os.Stat(stray); !os.IsNotExist(err) {
+		t.Fatalf("the stray tree survived the repair after a crash: %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(root, "models", "m", "current", "config.json")); err != nil || !bytes.Equal(got, body) {
+		t.Fatalf("the committed model after both opens: %q, %v", got, err)
+	}
+}
