@@ -48,7 +48,23 @@ func Selected(mc *ModelCache, nodeLabels map[string]string) (bool, error) {
 // desires turns the selected ModelCaches into desires; owners maps every
 // artifact name (with kernel caches and extra versions) to its ModelCache;
 // pending names the ones that wait for the cluster's resolution (and why).
-func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCache) (want map[string]api.Desire, creds map[string]map[string]string, owners, pending map[string]string) {
+// current is the revision this node serves of each artifact (a rollout
+// prefetches the target only where the active revision serves).
+func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCache, current map[string]served) (want map[string]api.Desire, creds map[string]map[string]string, owners, pending map[string]string) {
+	now := time.Now()
+	var wake time.Time // the earliest end of a retainOld: a pass then lets the old revision go
+	rolled := func(mc *ModelCache, ds api.Desire, source string) (api.Desire, bool, string) {
+		out, ok, why, until := modelDesire(mc, ds, source, current[ds.Name], now)
+		if !until.IsZero() && (wake.IsZero() || until.Before(wake)) {
+			wake = until
+		}
+		return out, ok, why
+	}
+	defer func() {
+		if !wake.IsZero() {
+			s.later(time.Until(wake) + time.Second)
+		}
+	}()
 	want, pending = map[string]api.Desire{}, map[string]string{}
 	creds = map[string]map[string]string{}
 	owners = map[string]string{}
@@ -76,7 +92,7 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 		var resolved bool
 		var why string
 		if state == api.StatePresent {
-			base, resolved, why = pinned(mc, base, mc.Spec.Source)
+			base, resolved, why = rolled(mc, base, mc.Spec.Source)
 		}
 		for i, kc := range mc.Spec.KernelCaches {
 			ref := api.KernelCacheRef{Name: kc.Name, URI: kc.Image, Signature: kc.Signature}
@@ -97,7 +113,7 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 				Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name}
 			ok, why := true, ""
 			if state == api.StatePresent {
-				vd, ok, why = pinned(mc, vd, v.Source)
+				vd, ok, why = rolled(mc, vd, v.Source)
 			}
 			s.wantOrWait(want, pending, vd, ok, why)
 			owners[n] = mc.Name
