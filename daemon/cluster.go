@@ -124,6 +124,7 @@ func (d *Daemon) SetPodHolders(h map[string][]api.Holder) {
 func (d *Daemon) kept() map[string]string {
 	d.mu.Lock()
 	want := d.desired()
+	cluster := d.clusterDesires
 	d.mu.Unlock()
 	out := map[string]string{}
 	for name, ds := range want {
@@ -131,8 +132,13 @@ func (d *Daemon) kept() map[string]string {
 			out[capacity.Key(name, r)] = "retained after a rollout (spec.rollout.retainOld)"
 		}
 		if !ds.Stage {
-			continue
+			if _, ok := cluster[name]; !ok {
+				continue
+			}
 		}
+		// What the desire wants now, staged or waiting for the move of
+		// current after the flip: an eviction pass between the flip and
+		// that move must not take it.
 		a, err := d.store.Summary(name)
 		if err != nil {
 			continue
