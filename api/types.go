@@ -121,7 +121,10 @@ type Desire struct {
 	// rollout's previous revision for spec.rollout.retainOld): eviction
 	// passes them by. Set only by k8ssync.
 	Retain []string `json:"retain,omitempty"`
-	Pin    bool     `json:"pin,omitempty"`
+	// Policy is the ModelCache's update policy as shown ("OnChange",
+	// "Poll 30m"); for views only. Set only by k8ssync.
+	Policy string `json:"policy,omitempty"`
+	Pin    bool   `json:"pin,omitempty"`
 	// Keep: a socket desire declared (pull --keep) rather than ad-hoc.
 	Keep    bool     `json:"keep,omitempty"`
 	State   string   `json:"state,omitempty"` // present (default) | absent

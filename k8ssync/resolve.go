@@ -92,10 +92,13 @@ func (s *Syncer) resolveAll(ctx context.Context, mc *ModelCache) (out []Resolved
 		rev, uri, err := s.node.Resolve(rctx, src.ds, creds)
 		cancel()
 		if polling {
-			s.mu.Lock()
-			s.polled[key] = now
-			s.mu.Unlock()
 			if err != nil || (rev == e.Revision && uri == e.URI) {
+				// Nothing to record: the next poll is an interval on. (A
+				// moved revision is not marked: its record's resolvedAt
+				// is, once written; a write that fails polls again.)
+				s.mu.Lock()
+				s.polled[key] = now
+				s.mu.Unlock()
 				if err != nil {
 					s.log.Warn("k8s sync: polling the source (the known resolution stays)", "modelcache", mc.Name, "artifact", src.artifact,
 						"source", fetchers.RedactURI(src.source), "err", fetchers.RedactText(err.Error()))
