@@ -11,6 +11,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -44,14 +45,8 @@ func rolloutNode(clock *pollClock, more ...func(*daemon.Config)) func(*daemon.Co
 // polls what is due).
 func kick(t *testing.T, dyn dynamic.Interface, name string) {
 	t.Helper()
-	eventually(t, "annotate "+name, 10*time.Second, func() error {
-		u, err := dyn.Resource(k8ssync.ModelCacheGVR).Get(context.Background(), name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
+	updateMC(t, dyn, name, func(u *unstructured.Unstructured) {
 		u.SetAnnotations(map[string]string{"test/kick": time.Now().Format(time.RFC3339Nano)})
-		_, err = dyn.Resource(k8ssync.ModelCacheGVR).Update(context.Background(), u, metav1.UpdateOptions{})
-		return err
 	})
 }
 
@@ -111,6 +106,31 @@ func eventsFor(kc kubernetes.Interface, name, reason string) []string {
 	return out
 }
 
+// rolloutFleet is two nodes on a real API server and a hub whose main is
+// commit c1; node-b's daemon configuration is adjusted by nodeB.
+type rolloutFleet struct {
+	kc    kubernetes.Interface
+	dyn   dynamic.Interface
+	hub   *hubtest.Hub
+	c1    string
+	clock *pollClock
+	a, b  *node
+}
+
+func newRolloutFleet(t *testing.T, nodeB func(*daemon.Config)) *rolloutFleet {
+	t.Helper()
+	cl, kc, dyn := fleetCluster(t, "node-a", "node-b")
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	c1 := hub.Commit("org/m", map[string][]byte{"config.json": []byte(`{"model_type":"x"}`), "w.safetensors": storetest.Data(100<<10, 1)}, "main")
+	t.Setenv("HF_ENDPOINT", hub.URL())
+	t.Setenv("HF_TOKEN", "")
+	clock := &pollClock{}
+	a := startNodeIn(t, cl.Config, "node-a", noGPU, false, "modelcache-system", rolloutNode(clock))
+	b := startNodeIn(t, cl.Config, "node-b", noGPU, false, "modelcache-system", rolloutNode(clock, nodeB))
+	return &rolloutFleet{kc: kc, dyn: dyn, hub: hub, c1: c1, clock: clock, a: a, b: b}
+}
+
 // TestRolloutPollPrefetchThenFlip: a branch moves under updatePolicy
 // Poll. Both nodes prefetch the new commit while the old one stays
 // current (node-b downloads slowly); no node moves current before both
@@ -119,16 +139,8 @@ func eventsFor(kc kubernetes.Interface, name, reason string) []string {
 // it, and goes where nothing does. Rolling back to the old commit is
 // immediate and downloads nothing.
 func TestRolloutPollPrefetchThenFlip(t *testing.T) {
-	cl, kc, dyn := fleetCluster(t, "node-a", "node-b")
-	ctx := context.Background()
-	hub := hubtest.New()
-	defer hub.Close()
-	c1 := hub.Commit("org/m", map[string][]byte{"config.json": []byte(`{"model_type":"x"}`), "w.safetensors": storetest.Data(100<<10, 1)}, "main")
-	t.Setenv("HF_ENDPOINT", hub.URL())
-	t.Setenv("HF_TOKEN", "")
-	clock := &pollClock{}
-	a := startNodeIn(t, cl.Config, "node-a", noGPU, false, "modelcache-system", rolloutNode(clock))
-	b := startNodeIn(t, cl.Config, "node-b", noGPU, false, "modelcache-system", rolloutNode(clock, func(c *daemon.Config) { c.BandwidthLimit = 256 << 10 }))
+	f := newRolloutFleet(t, func(c *daemon.Config) { c.BandwidthLimit = 256 << 10 })
+	ctx, kc, dyn, hub, c1, clock, a, b := context.Background(), f.kc, f.dyn, f.hub, f.c1, f.clock, f.a, f.b
 	poll := map[string]any{"type": "Poll", "interval": "1m"}
 	for name, spec := range map[string]map[string]any{
 		"m": {"source": "hf://org/m", "updatePolicy": poll, "rollout": map[string]any{"retainOld": "1h"}},
@@ -181,7 +193,7 @@ func TestRolloutPollPrefetchThenFlip(t *testing.T) {
 					t.Fatalf("%s: current moved to commit 2 before both nodes held it: node-a %s %s %+v / node-b %s %s %+v", name, xa.Phase, xa.Revision, xa.Next, xb.Phase, xb.Revision, xb.Next)
 				}
 				if x.Revision != c1 && x.Revision != c2 {
-					t.Fatalf("%s serves %s", name, x.Revision)
+					t.Fatalf("%s serves %s: %s %q %+v %+v", name, x.Revision, x.Phase, x.Message, x.Versions, x.Desire)
 				}
 			}
 			if xa.Revision == c1 && holdsRev(xa, c2) && !holdsRev(xb, c2) {
@@ -269,16 +281,8 @@ func TestRolloutPollPrefetchThenFlip(t *testing.T) {
 // serving the old commit and says why. A Poll interval under a minute is
 // refused with the remedy.
 func TestRolloutNodeThatCannotGetIt(t *testing.T) {
-	cl, kc, dyn := fleetCluster(t, "node-a", "node-b")
-	ctx := context.Background()
-	hub := hubtest.New()
-	defer hub.Close()
-	c1 := hub.Commit("org/m", map[string][]byte{"config.json": []byte(`{"model_type":"x"}`), "w.safetensors": storetest.Data(100<<10, 1)}, "main")
-	t.Setenv("HF_ENDPOINT", hub.URL())
-	t.Setenv("HF_TOKEN", "")
-	clock := &pollClock{}
-	a := startNodeIn(t, cl.Config, "node-a", noGPU, false, "modelcache-system", rolloutNode(clock))
-	b := startNodeIn(t, cl.Config, "node-b", noGPU, false, "modelcache-system", rolloutNode(clock, func(c *daemon.Config) { c.Capacity.QuotaBytes = 300 << 10 }))
+	f := newRolloutFleet(t, func(c *daemon.Config) { c.Capacity.QuotaBytes = 300 << 10 })
+	ctx, kc, dyn, hub, c1, clock, a, b := context.Background(), f.kc, f.dyn, f.hub, f.c1, f.clock, f.a, f.b
 
 	_, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("fast", map[string]any{"source": "hf://org/m", "updatePolicy": map[string]any{"type": "Poll", "interval": "10s"}}), metav1.CreateOptions{})
 	if err == nil || !strings.Contains(err.Error(), "at least 1m") {
