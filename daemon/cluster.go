@@ -138,7 +138,8 @@ func (d *Daemon) kept() map[string]string {
 		}
 		// What the desire wants now, staged or waiting for the move of
 		// current after the flip: an eviction pass between the flip and
-		// that move must not take it.
+		// that move must not take it (the move itself waits for a pass
+		// to finish: activate).
 		a, err := d.store.Summary(name)
 		if err != nil {
 			continue

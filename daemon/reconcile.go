@@ -90,7 +90,13 @@ func (d *Daemon) reconcile(ctx context.Context) time.Duration {
 // rollout to it (the desire came back without Stage). An index write:
 // without the daemon lock.
 func (d *Daemon) activate(name, rev string) {
-	if err := d.store.Activate(name, rev); err != nil {
+	// Not while an eviction pass runs: it plans from a listing in which
+	// rev is not current yet (and kept only as such), and would take it
+	// once it is.
+	d.evictMu.Lock()
+	err := d.store.Activate(name, rev)
+	d.evictMu.Unlock()
+	if err != nil {
 		d.log.Warn("rollout: activating a prefetched revision; pulling it again", "artifact", name, "revision", rev, "err", err)
 		d.mu.Lock()
 		if st := d.arts[name]; st != nil {
