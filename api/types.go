@@ -107,7 +107,24 @@ type Desire struct {
 	// refs/<ref> then names the commit, as a pull of the branch would.
 	// Set only by k8ssync.
 	Ref string `json:"ref,omitempty"`
-	Pin bool   `json:"pin,omitempty"`
+	// Revision is the immutable revision the cluster resolved the source
+	// to (status.resolved): a pull whose own resolution differs fails
+	// SourceChanged. Set only by k8ssync.
+	Revision string `json:"revision,omitempty"`
+	// Stage fetches and verifies the desire's revision without making it
+	// current (a coordinated rollout's prefetch: the current revision
+	// keeps serving); once the desire comes without Stage, the staged
+	// version becomes current at once, without a pull. Set only by
+	// k8ssync.
+	Stage bool `json:"stage,omitempty"`
+	// Retain names revisions to keep besides the current one (a
+	// rollout's previous revision for spec.rollout.retainOld): eviction
+	// passes them by. Set only by k8ssync.
+	Retain []string `json:"retain,omitempty"`
+	// Policy is the ModelCache's update policy as shown ("OnChange",
+	// "Poll 30m"); for views only. Set only by k8ssync.
+	Policy string `json:"policy,omitempty"`
+	Pin    bool   `json:"pin,omitempty"`
 	// Keep: a socket desire declared (pull --keep) rather than ad-hoc.
 	Keep    bool     `json:"keep,omitempty"`
 	State   string   `json:"state,omitempty"` // present (default) | absent
@@ -298,6 +315,22 @@ type Artifact struct {
 	// Evicted says when and for what an ad-hoc entry was evicted
 	// (PhaseEvicted).
 	Evicted *EvictionNote `json:"evicted,omitempty"`
+	// Next is the revision prefetched for a coordinated rollout (a
+	// desire with Stage) while Revision keeps serving: Ready when it is
+	// held and waits for the cluster's flip, Failed with the reason when
+	// it could not be had (Revision still serves).
+	Next *NextRevision `json:"next,omitempty"`
+}
+
+// NextRevision is a rollout's revision on this node before it is current.
+type NextRevision struct {
+	URI            string    `json:"uri,omitempty"`
+	Revision       string    `json:"revision,omitempty"`
+	ManifestDigest string    `json:"manifestDigest,omitempty"`
+	Phase          Phase     `json:"phase"`
+	Message        string    `json:"message,omitempty"`
+	Reason         string    `json:"reason,omitempty"`
+	Progress       *Progress `json:"progress,omitempty"`
 }
 
 // ArtifactRow is the part of an Artifact that modelctl list's table shows;

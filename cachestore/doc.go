@@ -100,7 +100,10 @@
 // Artifact version: every blob present → tree of hardlinks built under tmp/
 // → renamed to models/<name>/<revision> → one bbolt transaction records the
 // version Ready and sets current → the current symlink is swapped with
-// renameio. Open removes trees without a Ready record, re-materializes
+// renameio. A staged commit (VersionSpec.Stage, a rollout's prefetch)
+// stops after recording the version Ready: current stays; Activate later
+// sets current in one transaction and swaps the symlink (where two
+// versions name one HF ref, refs/ names the current one). Open removes trees without a Ready record, re-materializes
 // trees whose record is Ready, marks records whose blobs are gone Missing
 // (the daemon re-fetches them), and re-points current symlinks.
 //

@@ -57,6 +57,7 @@ func (s *Store) syncHFView(repo string) error {
 	type snap struct {
 		m    Manifest
 		refs []string
+		cur  map[string]bool // refs a current version names
 	}
 	want := map[string]*snap{} // commit → snapshot
 	for _, a := range arts {
@@ -71,6 +72,12 @@ func (s *Store) syncHFView(repo string) error {
 			}
 			if v.HFRef != "" && v.HFRef != v.Revision {
 				sn.refs = append(sn.refs, v.HFRef)
+				if v.Revision == a.Current {
+					if sn.cur == nil {
+						sn.cur = map[string]bool{}
+					}
+					sn.cur[v.HFRef] = true
+				}
 			} else {
 				sn.refs = append(sn.refs, "")
 			}
@@ -130,13 +137,17 @@ func (s *Store) syncHFView(repo string) error {
 	// refs: each requested revision names its commit; a commit pulled by
 	// sha also gets refs/main when there is none, so scanners that
 	// require refs/ find the snapshot.
+	// A ref two commits claim (a rollout's staged revision of a branch
+	// beside the current one) names the current one's.
 	wantRefs := map[string]string{}
 	for commit, sn := range want {
 		for _, r := range sn.refs {
 			if r == "" {
 				continue
 			}
-			wantRefs[r] = commit
+			if _, taken := wantRefs[r]; !taken || sn.cur[r] {
+				wantRefs[r] = commit
+			}
 		}
 	}
 	if _, ok := wantRefs["main"]; !ok {

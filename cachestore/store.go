@@ -447,6 +447,10 @@ type VersionSpec struct {
 	// Annotations is what the caller checked of the version (a kernel
 	// cache's signature and compatibility), kept with it as given.
 	Annotations json.RawMessage
+	// Stage commits the version (verified, Ready, its tree in place)
+	// without moving current: a rollout's prefetch. Activate moves
+	// current to it later. An artifact with no current yet gets none.
+	Stage bool
 }
 
 func (s *Store) kindDir(kind string) (string, error) {
@@ -463,9 +467,10 @@ func (s *Store) kindDir(kind string) (string, error) {
 // CommitVersion makes an artifact version visible: it checks the manifest
 // and every blob, builds the tree of hardlinks under tmp/, renames it to
 // <kind dir>/<name>/<revision>, records the version Ready and current in
-// one transaction, and swaps the current symlink. Re-committing a revision
-// rebuilds its tree (repair). On any error before the rename nothing is
-// visible.
+// one transaction, and swaps the current symlink (spec.Stage: records it
+// Ready and leaves current alone). Re-committing a revision rebuilds its
+// tree (repair), unless it is Ready, its tree is in place and only
+// current is to move. On any error before the rename nothing is visible.
 func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, error) {
 	if err := ValidateName(spec.Name); err != nil {
 		return nil, err
@@ -541,6 +546,9 @@ func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, 
 		if err := putVersion(ab, v); err != nil {
 			return err
 		}
+		if spec.Stage {
+			return nil
+		}
 		return ab.Put(keyCurrent, []byte(rev))
 	})
 	if err != nil {
@@ -549,8 +557,10 @@ func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, 
 		return nil, fmt.Errorf("artifact %s@%s: index: %w", spec.Name, rev, err)
 	}
 	s.hit("commit.after-index")
-	if err := s.setCurrentLink(filepath.Join(base, spec.Name), rev); err != nil {
-		s.log.Warn("swap current link; startup repair will fix it", "artifact", spec.Name, "err", err)
+	if !spec.Stage {
+		if err := s.setCurrentLink(filepath.Join(base, spec.Name), rev); err != nil {
+			s.log.Warn("swap current link; startup repair will fix it", "artifact", spec.Name, "err", err)
+		}
 	}
 	if spec.HFRepo != "" {
 		if err := s.syncHFView(spec.HFRepo); err != nil {
@@ -558,6 +568,56 @@ func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, 
 		}
 	}
 	return v, nil
+}
+
+// Activate makes a Ready version current (a rollout's flip after a Stage
+// commit): one index transaction, then the current symlink is swapped
+// with renameio. Nothing is fetched or rebuilt. ErrNotFound when the
+// version is not recorded; an error naming the state when it is not
+// Ready or its tree is gone (pull it again).
+func (s *Store) Activate(name, rev string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var kind, repo string
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		ab := tx.Bucket(bucketArtifacts).Bucket([]byte(name))
+		if ab == nil {
+			return fmt.Errorf("artifact %s: %w", name, ErrNotFound)
+		}
+		v, err := getSummary(ab.Bucket(bucketVersions), rev)
+		if err != nil {
+			return err
+		}
+		if v == nil {
+			return fmt.Errorf("artifact %s@%s: %w", name, rev, ErrNotFound)
+		}
+		if v.State != StateReady {
+			return fmt.Errorf("artifact %s@%s is %s, not Ready: %s", name, rev, v.State, v.Message)
+		}
+		base, err := s.kindDir(v.Kind)
+		if err != nil {
+			return err
+		}
+		if _, err := os.Stat(filepath.Join(base, name, rev)); err != nil {
+			return fmt.Errorf("artifact %s@%s: tree: %w", name, rev, err)
+		}
+		kind, repo = v.Kind, v.HFRepo
+		return ab.Put(keyCurrent, []byte(rev))
+	})
+	if err != nil {
+		return err
+	}
+	s.hit("activate.after-index")
+	base, _ := s.kindDir(kind)
+	if err := s.setCurrentLink(filepath.Join(base, name), rev); err != nil {
+		s.log.Warn("swap current link; startup repair will fix it", "artifact", name, "err", err)
+	}
+	if repo != "" {
+		if err := s.syncHFView(repo); err != nil {
+			s.log.Warn("hf cache view; startup repair will rebuild it", "repo", repo, "err", err)
+		}
+	}
+	return nil
 }
 
 // materialize builds the tree for (name, rev) under tmp/ and renames it

@@ -146,6 +146,7 @@ func trustSocketDesire(ds api.Desire, log *slog.Logger) api.Desire {
 		ds.Serves = ""
 	}
 	ds.Origin = originAPI
+	ds.Stage, ds.Retain, ds.Revision, ds.Policy = false, nil, "", "" // the cluster's only
 	if ds.Requester == nil {
 		ds.Requester = &api.Requester{UID: nobody, GID: nobody}
 	}

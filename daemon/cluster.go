@@ -9,6 +9,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
 )
 
@@ -114,6 +115,43 @@ func (d *Daemon) SetPodHolders(h map[string][]api.Holder) {
 	d.podHolders = h
 	d.notify()
 	d.kick() // an absent artifact a pod let go of may go now
+}
+
+// kept names the versions a coordinated rollout keeps besides the
+// current ones (capacity.Evictor.Kept): the revision a staged desire
+// prefetched, and the revisions a desire retains (the previous one, for
+// spec.rollout.retainOld).
+func (d *Daemon) kept() map[string]string {
+	d.mu.Lock()
+	want := d.desired()
+	cluster := d.clusterDesires
+	d.mu.Unlock()
+	out := map[string]string{}
+	for name, ds := range want {
+		for _, r := range ds.Retain {
+			out[capacity.Key(name, r)] = "retained after a rollout (spec.rollout.retainOld)"
+		}
+		if !ds.Stage {
+			if _, ok := cluster[name]; !ok {
+				continue
+			}
+		}
+		// What the desire wants now, staged or waiting for the move of
+		// current after the flip: an eviction pass between the flip and
+		// that move must not take it (the move itself waits for a pass
+		// to finish: activate).
+		a, err := d.store.Summary(name)
+		if err != nil {
+			continue
+		}
+		fp := fingerprint(ds)
+		for _, v := range a.Versions {
+			if v.Spec == fp && v.Revision != a.Current {
+				out[capacity.Key(name, v.Revision)] = "prefetched for a rollout"
+			}
+		}
+	}
+	return out
 }
 
 func isClusterKey(k string) (string, bool) { return strings.CutPrefix(k, clusterKey) }

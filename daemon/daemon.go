@@ -183,6 +183,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 			}
 			return out
 		},
+		Kept: d.kept,
 		// An ad-hoc entry's desire goes before its version does (under
 		// evictMu, as evictFor is set), so nothing pulls it back.
 		Evicting: func(v capacity.Victim) error {

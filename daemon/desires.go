@@ -38,6 +38,12 @@ func fingerprint(ds api.Desire) string {
 	if ds.Kind == api.KindKernelCache { // models keep the fingerprint they always had
 		parts = append(parts, ds.Kind, ds.Signature)
 	}
+	if ds.Revision != "" {
+		// The cluster's revision of a source without a pinned form (an S3
+		// prefix, a URL): a new one is a new spec. Stage and Retain are
+		// not: a staged version becomes current without a pull.
+		parts = append(parts, ds.Revision)
+	}
 	b, _ := json.Marshal(parts)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:8])

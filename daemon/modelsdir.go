@@ -110,6 +110,9 @@ func (d *Daemon) parseModelsFile(path string) ([]api.Desire, error) {
 	}
 	out := make([]api.Desire, 0, len(list))
 	for _, ds := range list {
+		if ds.Stage || len(ds.Retain) > 0 || ds.Revision != "" || ds.Policy != "" {
+			return nil, fmt.Errorf("%s: model %s: stage, retain, revision and policy are set by the cluster sync (a ModelCache's rollout), not in models.d; remove them", path, ds.Name)
+		}
 		v, err := d.validateDesire(ds)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %v", path, err)

@@ -198,6 +198,9 @@ func (p *pull) resolve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("resolve %s: %w", ds.URI, err)
 	}
+	if ds.Revision != "" && p.res.Revision != ds.Revision {
+		return fmt.Errorf("%w: revision %s, cluster has %s", errSourceChanged, p.res.Revision, ds.Revision)
+	}
 	if kernel {
 		kc, err := p.kernelCacheBefore(ctx)
 		p.d.mu.Lock()
@@ -322,7 +325,7 @@ func (p *pull) commit(ctx context.Context, entries cachestore.Manifest) error {
 	ds := p.ds
 	spec := cachestore.VersionSpec{
 		Name: ds.Name, Source: p.src.redacted, Revision: p.res.Revision, Manifest: entries,
-		ExpectedDigest: ds.Digest, Pin: ds.Pin, Spec: p.spec, HFRepo: p.res.Repo, HFRef: hfRef(ds, p.res),
+		ExpectedDigest: ds.Digest, Pin: ds.Pin, Spec: p.spec, HFRepo: p.res.Repo, HFRef: hfRef(ds, p.res), Stage: ds.Stage,
 	}
 	if ds.Kind == api.KindKernelCache {
 		if err := p.kernelCacheAfter(entries); err != nil {

@@ -76,17 +76,51 @@ func (d *Daemon) reconcileLoop(ctx context.Context) {
 // Evictions of absent artifacts (tree removal, an index fsync) run after
 // the pass, without the daemon lock, so API reads never wait for them.
 func (d *Daemon) reconcile(ctx context.Context) time.Duration {
-	next, absent := d.reconcileLocked(ctx)
+	next, absent, flips := d.reconcileLocked(ctx)
 	for _, name := range absent {
 		d.evictAbsent(ctx, name)
+	}
+	for name, rev := range flips {
+		d.activate(name, rev)
 	}
 	return next
 }
 
-func (d *Daemon) reconcileLocked(ctx context.Context) (time.Duration, []string) {
+// activate makes a staged version current: the cluster flipped its
+// rollout to it (the desire came back without Stage). An index write:
+// without the daemon lock.
+func (d *Daemon) activate(name, rev string) {
+	// Not while an eviction pass runs: it plans from a listing in which
+	// rev is not current yet (and kept only as such), and would take it
+	// once it is.
+	d.evictMu.Lock()
+	err := d.store.Activate(name, rev)
+	d.evictMu.Unlock()
+	if err != nil {
+		d.log.Warn("rollout: activating a prefetched revision; pulling it again", "artifact", name, "revision", rev, "err", err)
+		d.mu.Lock()
+		if st := d.arts[name]; st != nil {
+			st.force = true
+		}
+		d.mu.Unlock()
+		d.kick()
+		return
+	}
+	d.log.Info("rollout: current moved to the prefetched revision", "artifact", name, "revision", rev)
+	d.mu.Lock()
+	if st := d.arts[name]; st != nil {
+		st.phase, st.message, st.attempts, st.reason = api.PhaseReady, "", 0, ""
+	}
+	d.notify()
+	d.mu.Unlock()
+	d.kickCapacity() // the old revision may go (unless held or retained)
+}
+
+func (d *Daemon) reconcileLocked(ctx context.Context) (time.Duration, []string, map[string]string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var absent []string
+	flips := map[string]string{}
 	now := time.Now()
 	next := 30 * time.Second
 	names := make([]string, 0)
@@ -117,7 +151,15 @@ func (d *Daemon) reconcileLocked(ctx context.Context) (time.Duration, []string) 
 			}
 			continue
 		}
-		if !st.force && d.satisfied(name, fp) {
+		if cd, ok := d.clusterDesires[name]; ok && !st.force && !ds.Stage && fingerprint(cd) == fp {
+			// Only the cluster stages: another desire that names an old
+			// version's source again resolves it anew, as it always did.
+			if rev := d.staged(name, fp); rev != "" {
+				flips[name] = rev // prefetched: becomes current without a pull
+				continue
+			}
+		}
+		if !st.force && d.satisfied(name, fp, ds.Stage) {
 			if st.phase != api.PhaseReady {
 				st.phase, st.message, st.attempts = api.PhaseReady, "", 0
 				d.notify()
@@ -138,15 +180,41 @@ func (d *Daemon) reconcileLocked(ctx context.Context) (time.Duration, []string) 
 		}
 		d.startPull(ctx, ds, st, fp)
 	}
-	return next, absent
+	return next, absent, flips
 }
 
-// satisfied: the current version is Ready and came from this desire.
-func (d *Daemon) satisfied(name, fp string) bool {
+// satisfied: the current version is Ready and came from this desire (a
+// staged desire: any Ready version did).
+func (d *Daemon) satisfied(name, fp string, stage bool) bool {
 	a, err := d.store.Summary(name)
-	if err != nil || len(a.Versions) == 0 || a.Versions[0].Revision != a.Current {
+	if err != nil {
 		return false
 	}
-	v := a.Versions[0]
-	return v.State == cachestore.StateReady && v.Spec == fp
+	for _, v := range a.Versions {
+		if v.State == cachestore.StateReady && v.Spec == fp && (stage || v.Revision == a.Current) {
+			return true
+		}
+	}
+	return false
+}
+
+// staged is the revision of a Ready version of name that this desire
+// (fingerprint fp) prefetched and that is not current, "" when there is
+// none (a rollout's flip: it becomes current without a pull).
+func (d *Daemon) staged(name, fp string) string {
+	a, err := d.store.Summary(name)
+	if err != nil {
+		return ""
+	}
+	for _, v := range a.Versions {
+		if v.Revision == a.Current && v.Spec == fp && v.State == cachestore.StateReady {
+			return "" // already current
+		}
+	}
+	for _, v := range a.Versions {
+		if v.State == cachestore.StateReady && v.Spec == fp && v.Revision != a.Current {
+			return v.Revision
+		}
+	}
+	return ""
 }

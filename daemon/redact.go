@@ -24,6 +24,11 @@ func redactView(a *api.Artifact) {
 		ds := redactDesire(*a.Desire)
 		a.Desire = &ds
 	}
+	if a.Next != nil {
+		n := *a.Next
+		n.URI, n.Message = fetchers.RedactURI(n.URI), fetchers.RedactText(n.Message)
+		a.Next = &n
+	}
 	if len(a.Versions) > 0 {
 		vs := make([]api.Version, len(a.Versions))
 		copy(vs, a.Versions)

@@ -244,7 +244,14 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 			out.Phase, out.Message = api.PhaseFailed, cur.Message
 		}
 	}
-	if st := d.arts[name]; st != nil {
+	st := d.arts[name]
+	if out.Desire != nil && out.Desire.Stage && cur != nil && cur.State == cachestore.StateReady {
+		// A rollout's prefetch: the current revision serves (the phase
+		// says so); the pull's state is the next revision's.
+		out.Next = d.nextView(*out.Desire, a, st)
+		st = nil
+	}
+	if st != nil {
 		switch {
 		case st.cancel != nil:
 			out.Phase, out.Message, out.Progress = st.phase, st.message, st.prog.view()
@@ -279,6 +286,27 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 	}
 	redactView(&out) // every local user reads views: no credentials in them
 	return out
+}
+
+// nextView is the revision a staged desire prefetches: Ready once a
+// version of it is, else the pull's phase. Called with d.mu held.
+func (d *Daemon) nextView(ds api.Desire, a *cachestore.Artifact, st *artState) *api.NextRevision {
+	fp := fingerprint(ds)
+	n := &api.NextRevision{URI: ds.URI, Revision: ds.Revision, Phase: api.PhasePending}
+	for _, v := range a.Versions {
+		if v.State == cachestore.StateReady && v.Spec == fp {
+			n.Phase, n.Revision, n.ManifestDigest = api.PhaseReady, v.Revision, v.ManifestDigest
+			return n
+		}
+	}
+	switch {
+	case st == nil:
+	case st.cancel != nil:
+		n.Phase, n.Message, n.Progress = st.phase, st.message, st.prog.view()
+	case st.phase == api.PhaseFailed || st.phase == api.PhaseIncompatible:
+		n.Phase, n.Message, n.Reason = st.phase, st.message, st.reason
+	}
+	return n
 }
 
 // settled reports whether a waiter may stop, and with which error.

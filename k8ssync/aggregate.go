@@ -126,7 +126,7 @@ func (s *Syncer) lead(ctx context.Context) {
 			continue
 		}
 		time.Sleep(200 * time.Millisecond) // merge bursts
-		nodes := []ModelCacheNodeStatus{}
+		nodes := []ModelCacheNode{}
 		for _, o := range mcn.GetStore().List() {
 			u, ok := o.(*unstructured.Unstructured)
 			if !ok {
@@ -134,7 +134,7 @@ func (s *Syncer) lead(ctx context.Context) {
 			}
 			var n ModelCacheNode
 			if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &n) == nil {
-				nodes = append(nodes, n.Status)
+				nodes = append(nodes, n)
 			}
 		}
 		for _, mc := range s.modelCaches() {
@@ -144,7 +144,7 @@ func (s *Syncer) lead(ctx context.Context) {
 			}
 			m := *mc
 			m.Status.Resolved = resolved
-			st := Aggregate(&m, nodes)
+			st, flips := aggregate(&m, nodes, time.Now())
 			if old, ok := written[mc.Name]; ok && reflect.DeepEqual(old, st) {
 				continue
 			}
@@ -158,16 +158,48 @@ func (s *Syncer) lead(ctx context.Context) {
 				continue
 			}
 			written[mc.Name] = st
+			s.announce(mc, flips)
 		}
 	}
 }
 
-// Aggregate counts the nodes' phases of mc's main artifact and records
-// the folder checksum of each of mc.Status.Resolved that has none.
-func Aggregate(mc *ModelCache, nodes []ModelCacheNodeStatus) ModelCacheStatus {
-	st := ModelCacheStatus{ObservedGeneration: mc.Generation, Resolved: recordDigests(mc.Status.Resolved, nodes)}
+// announce logs each flip of status.active and records an Event on the
+// ModelCache, once per revision made active.
+func (s *Syncer) announce(mc *ModelCache, flips []flip) {
+	for _, f := range flips {
+		key := mc.Name + "/" + f.artifact
+		s.mu.Lock()
+		seen := s.flipped[key] == f.to
+		s.flipped[key] = f.to
+		s.mu.Unlock()
+		if seen {
+			continue
+		}
+		msg := fmt.Sprintf("%s: active revision %s → %s (%d of %d nodes hold it; the flip needs %d%%)", f.artifact, f.from, f.to, f.ready, f.eligible, minReadyPercent(mc))
+		s.log.Info("k8s sync: rollout flipped", "modelcache", mc.Name, "artifact", f.artifact, "from", f.from, "to", f.to, "ready", f.ready, "eligible", f.eligible)
+		ref := &corev1.ObjectReference{APIVersion: Group + "/" + Version, Kind: "ModelCache", Name: mc.Name, UID: mc.UID}
+		s.rec.Event(ref, corev1.EventTypeNormal, EventRolledOut, msg)
+	}
+}
+
+// Aggregate is mc's status from the nodes' reports at now: the phases of
+// its main artifact counted, the folder checksum of each of
+// mc.Status.Resolved that has none, status.active and the rollout.
+func Aggregate(mc *ModelCache, nodes []ModelCacheNode, now time.Time) ModelCacheStatus {
+	st, _ := aggregate(mc, nodes, now)
+	return st
+}
+
+func aggregate(mc *ModelCache, nodes []ModelCacheNode, now time.Time) (ModelCacheStatus, []flip) {
+	statuses := make([]ModelCacheNodeStatus, len(nodes))
+	for i := range nodes {
+		statuses[i] = nodes[i].Status
+	}
+	st := ModelCacheStatus{ObservedGeneration: mc.Generation, Resolved: recordDigests(mc.Status.Resolved, statuses)}
+	var flips []flip
+	st.Active, st.Rollout, flips = rollouts(mc, st.Resolved, nodes, now)
 	revs := map[string]int{}
-	for _, n := range nodes {
+	for _, n := range statuses {
 		for _, a := range n.Artifacts {
 			if a.Name != mc.Name || a.ModelCache != mc.Name {
 				continue
@@ -194,8 +226,8 @@ func Aggregate(mc *ModelCache, nodes []ModelCacheNodeStatus) ModelCacheStatus {
 			st.Revision, best = r, n
 		}
 	}
-	if e, ok := resolution(mc, mc.Name, mc.Spec.Source); ok && e.Revision != "" {
-		st.Revision = e.Revision // the cluster's, not a vote
+	if e, ok := activeOf(&ModelCache{Status: st}, mc.Name); ok && e.Revision != "" {
+		st.Revision = e.Revision // the cluster's active revision, not a vote
 	}
 	st.Nodes.ReadyText = strconv.Itoa(st.Nodes.Ready) + "/" + strconv.Itoa(st.Nodes.Total)
 	ready := metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NotReadyEverywhere",
@@ -214,7 +246,7 @@ func Aggregate(mc *ModelCache, nodes []ModelCacheNodeStatus) ModelCacheStatus {
 	meta.SetStatusCondition(&conds, ready)
 	meta.SetStatusCondition(&conds, degraded)
 	st.Conditions = conds
-	return st
+	return st, flips
 }
 
 func stripTimes(st ModelCacheStatus) ModelCacheStatus {

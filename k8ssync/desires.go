@@ -48,7 +48,23 @@ func Selected(mc *ModelCache, nodeLabels map[string]string) (bool, error) {
 // desires turns the selected ModelCaches into desires; owners maps every
 // artifact name (with kernel caches and extra versions) to its ModelCache;
 // pending names the ones that wait for the cluster's resolution (and why).
-func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCache) (want map[string]api.Desire, creds map[string]map[string]string, owners, pending map[string]string) {
+// current is the revision this node serves of each artifact (a rollout
+// prefetches the target only where the active revision serves).
+func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCache, current map[string]served) (want map[string]api.Desire, creds map[string]map[string]string, owners, pending map[string]string) {
+	now := time.Now()
+	var wake time.Time // the earliest end of a retainOld: a pass then lets the old revision go
+	rolled := func(mc *ModelCache, ds api.Desire, source string) (api.Desire, bool, string) {
+		out, ok, why, until := modelDesire(mc, ds, source, current[ds.Name], now)
+		if !until.IsZero() && (wake.IsZero() || until.Before(wake)) {
+			wake = until
+		}
+		return out, ok, why
+	}
+	defer func() {
+		if !wake.IsZero() {
+			s.later(time.Until(wake) + time.Second)
+		}
+	}()
 	want, pending = map[string]api.Desire{}, map[string]string{}
 	creds = map[string]map[string]string{}
 	owners = map[string]string{}
@@ -69,14 +85,20 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 		if mc.Spec.State == StateAbsent {
 			state = api.StateAbsent
 		}
+		policy := PolicyOnChange
+		if p, err := pollInterval(mc); err != nil {
+			policy += " (" + err.Error() + ")"
+		} else if p > 0 {
+			policy = PolicyPoll + " " + p.String()
+		}
 		base := api.Desire{Name: mc.Name, URI: mc.Spec.Source, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude, Digest: mc.Spec.Digest,
-			Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name}
+			Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name, Policy: policy}
 		// Every source is pulled as the cluster resolved it (resolve.go);
 		// until then the node keeps the desire it had, or waits.
 		var resolved bool
 		var why string
 		if state == api.StatePresent {
-			base, resolved, why = pinned(mc, base, mc.Spec.Source)
+			base, resolved, why = rolled(mc, base, mc.Spec.Source)
 		}
 		for i, kc := range mc.Spec.KernelCaches {
 			ref := api.KernelCacheRef{Name: kc.Name, URI: kc.Image, Signature: kc.Signature}
@@ -94,10 +116,10 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 		for _, v := range mc.Spec.Versions {
 			n := mc.Name + "-" + v.Suffix
 			vd := api.Desire{Name: n, URI: v.Source, Digest: v.Digest, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude,
-				Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name}
+				Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name, Policy: policy}
 			ok, why := true, ""
 			if state == api.StatePresent {
-				vd, ok, why = pinned(mc, vd, v.Source)
+				vd, ok, why = rolled(mc, vd, v.Source)
 			}
 			s.wantOrWait(want, pending, vd, ok, why)
 			owners[n] = mc.Name

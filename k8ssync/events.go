@@ -19,6 +19,13 @@ const (
 	EventEvicted              = "Evicted"
 	EventInvalidSpec          = api.ReasonInvalidSpec
 	EventAggregation          = "AggregationDisabled"
+	// EventRolledOut: the elected daemon made a new revision active.
+	EventRolledOut = "RolledOut"
+	// EventPrefetched and EventPrefetchFailed: this node holds a
+	// rollout's new revision, or could not get it (it keeps serving the
+	// active one).
+	EventPrefetched     = "Prefetched"
+	EventPrefetchFailed = "PrefetchFailed"
 )
 
 // events emits an Event on the ModelCache for each transition of one of
@@ -80,6 +87,24 @@ func (s *Syncer) events(arts []api.Artifact, owners map[string]string, all []*Mo
 			}
 		}
 	}
+	nexts := map[string]string{}
+	for name := range now {
+		n := byName[name].Next
+		if n == nil {
+			continue
+		}
+		nexts[name] = string(n.Phase) + " " + n.Revision + " " + n.URI
+		if nexts[name] == s.nexts[name] {
+			continue
+		}
+		switch n.Phase {
+		case api.PhaseReady:
+			emit(name, corev1.EventTypeNormal, EventPrefetched, "prefetched revision "+n.Revision+" for the rollout; revision "+byName[name].Revision+" serves until the cluster flips")
+		case api.PhaseFailed:
+			emit(name, corev1.EventTypeWarning, EventPrefetchFailed, "could not prefetch "+n.URI+" for the rollout; keeps serving revision "+byName[name].Revision+": "+n.Message)
+		}
+	}
+	s.nexts = nexts
 	for name, old := range s.phases {
 		if _, ok := now[name]; !ok && old == string(api.PhaseReady) {
 			emit(name, corev1.EventTypeNormal, EventEvicted, "evicted from this node")

@@ -74,14 +74,23 @@ func labelsOf(kc kubernetes.Interface, node string) map[string]string {
 
 func updateSpec(t *testing.T, dyn dynamic.Interface, name string, f func(spec map[string]any)) {
 	t.Helper()
+	updateMC(t, dyn, name, func(u *unstructured.Unstructured) {
+		spec, _, _ := unstructured.NestedMap(u.Object, "spec")
+		f(spec)
+		unstructured.SetNestedMap(u.Object, spec, "spec")
+	})
+}
+
+// updateMC reads a ModelCache, changes it with f and writes it back,
+// again on a conflict.
+func updateMC(t *testing.T, dyn dynamic.Interface, name string, f func(u *unstructured.Unstructured)) {
+	t.Helper()
 	eventually(t, "update "+name, 10*time.Second, func() error {
 		u, err := dyn.Resource(k8ssync.ModelCacheGVR).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		spec, _, _ := unstructured.NestedMap(u.Object, "spec")
-		f(spec)
-		unstructured.SetNestedMap(u.Object, spec, "spec")
+		f(u)
 		_, err = dyn.Resource(k8ssync.ModelCacheGVR).Update(context.Background(), u, metav1.UpdateOptions{})
 		return err
 	})

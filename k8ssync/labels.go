@@ -20,7 +20,7 @@ import (
 // where a model is ready (docs/consumers.md):
 //
 //	model.modelcache.io/<modelcache>: ready         the ModelCache's main artifact is
-//	                                                Ready here, at the cluster's revision
+//	                                                Ready here, at the cluster's active revision
 //	kernelcache.modelcache.io/<kernel cache>: compatible
 //	                                                the kernel cache is Ready here
 //	                                                (its GPUs run it)
@@ -76,8 +76,12 @@ func nodeLabels(arts []api.Artifact, mcs []*ModelCache, want map[string]api.Desi
 		if !ok || a.Phase != api.PhaseReady {
 			continue
 		}
-		if e, ok := resolution(mc, mc.Name, mc.Spec.Source); ok && e.Revision != "" && a.Revision != e.Revision {
-			continue // another revision than the cluster's
+		e, ok := activeOf(mc, mc.Name) // during a rollout: the revision that serves
+		if !ok {
+			e, ok = resolution(mc, mc.Name, mc.Spec.Source)
+		}
+		if ok && e.Revision != "" && a.Revision != e.Revision {
+			continue // another revision than the cluster's active one
 		}
 		out[LabelKey(LabelModelPrefix, mc.Name)] = LabelReady
 		for i := range ds.KernelCaches {

@@ -2,6 +2,7 @@ package k8ssync
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -48,7 +49,10 @@ func sources(mc *ModelCache) []sourceOf {
 // resolveAll is mc's status.resolved after this pass: an entry whose
 // source the spec still names is kept (with its folder checksum); a new
 // or changed source is resolved now; a failed one again after
-// resolveRetry. again says when a failure wants another pass.
+// resolveRetry; under updatePolicy Poll every entry again each interval
+// (kept as it was when the revision has not moved, and when the poll
+// fails: a known resolution is never dropped for a passing error). again
+// says when a failure wants another pass.
 func (s *Syncer) resolveAll(ctx context.Context, mc *ModelCache) (out []ResolvedSource, again bool) {
 	old := map[string]ResolvedSource{}
 	for _, e := range mc.Status.Resolved {
@@ -57,13 +61,25 @@ func (s *Syncer) resolveAll(ctx context.Context, mc *ModelCache) (out []Resolved
 	if mc.Spec.State == StateAbsent {
 		return mc.Status.Resolved, false // nothing to pull; keep the record
 	}
+	poll, _ := pollInterval(mc)
+	now := s.cfg.Now()
 	var creds map[string]string
 	credsRead := false
 	for _, src := range sources(mc) {
-		if e, ok := old[src.artifact]; ok && e.Source == src.source && (e.Error == "" || time.Since(e.ResolvedAt.Time) < resolveRetry) {
-			out = append(out, e)
-			again = again || e.Error != ""
-			continue
+		key := mc.Name + "/" + src.artifact
+		e, had := old[src.artifact]
+		polling := false
+		if had && e.Source == src.source {
+			switch {
+			case e.Error != "" && now.Sub(e.ResolvedAt.Time) < resolveRetry:
+				out = append(out, e)
+				again = true
+				continue
+			case e.Error == "" && (poll == 0 || now.Sub(s.lastPoll(key, e.ResolvedAt.Time)) < poll):
+				out = append(out, e)
+				continue
+			}
+			polling = e.Error == ""
 		}
 		if ref := mc.Spec.SecretRef; ref != nil && !credsRead {
 			credsRead = true
@@ -75,8 +91,26 @@ func (s *Syncer) resolveAll(ctx context.Context, mc *ModelCache) (out []Resolved
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		rev, uri, err := s.node.Resolve(rctx, src.ds, creds)
 		cancel()
-		e := ResolvedSource{Artifact: src.artifact, Source: src.source, Revision: rev, URI: uri, Generation: mc.Generation,
-			ResolvedAt: metav1.NewTime(time.Now().Truncate(time.Second))}
+		if polling {
+			if err != nil || (rev == e.Revision && uri == e.URI) {
+				// Nothing to record: the next poll is an interval on. (A
+				// moved revision is not marked: its record's resolvedAt
+				// is, once written; a write that fails polls again.)
+				s.mu.Lock()
+				s.polled[key] = now
+				s.mu.Unlock()
+				if err != nil {
+					s.log.Warn("k8s sync: polling the source (the known resolution stays)", "modelcache", mc.Name, "artifact", src.artifact,
+						"source", fetchers.RedactURI(src.source), "err", fetchers.RedactText(err.Error()))
+				}
+				out = append(out, e)
+				continue
+			}
+			s.log.Info("k8s sync: the source moved (updatePolicy Poll); rolling out", "modelcache", mc.Name, "artifact", src.artifact,
+				"source", fetchers.RedactURI(src.source), "from", e.Revision, "to", rev)
+		}
+		e = ResolvedSource{Artifact: src.artifact, Source: src.source, Revision: rev, URI: uri, Generation: mc.Generation,
+			ResolvedAt: metav1.NewTime(now.Truncate(time.Second))}
 		if err != nil {
 			e.Revision, e.URI, e.Error = "", "", fetchers.RedactText(err.Error())
 			again = true
@@ -87,6 +121,35 @@ func (s *Syncer) resolveAll(ctx context.Context, mc *ModelCache) (out []Resolved
 		out = append(out, e)
 	}
 	return out, again
+}
+
+// lastPoll is when key (modelcache/artifact) was last resolved: polled
+// by this leader, else resolvedAt.
+func (s *Syncer) lastPoll(key string, resolvedAt time.Time) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, ok := s.polled[key]; ok && t.After(resolvedAt) {
+		return t
+	}
+	return resolvedAt
+}
+
+// pollInterval is mc's Poll interval, 0 for OnChange. A bad policy (the
+// CRD refuses it; an older CRD may not) is an error and counts as
+// OnChange; an interval under MinPollInterval counts as that.
+func pollInterval(mc *ModelCache) (time.Duration, error) {
+	p := mc.Spec.UpdatePolicy
+	if p == nil || p.Type == "" || p.Type == PolicyOnChange {
+		return 0, nil
+	}
+	if p.Type != PolicyPoll {
+		return 0, fmt.Errorf("spec.updatePolicy.type %q: want OnChange or Poll", p.Type)
+	}
+	d, err := time.ParseDuration(p.Interval)
+	if err != nil {
+		return 0, fmt.Errorf("spec.updatePolicy.interval %q: want a duration of at least %s, e.g. 10m or 1h", p.Interval, MinPollInterval)
+	}
+	return max(d, MinPollInterval), nil
 }
 
 // recordDigests fills the folder checksum of each resolution that has
@@ -106,9 +169,14 @@ func recordDigests(resolved []ResolvedSource, nodes []ModelCacheNodeStatus) []Re
 				// The revision, from the pinned URI: an old pull of the
 				// same name (a source without revisions, another source)
 				// does not count.
-				if a.Name == e.Artifact && api.Phase(a.Phase) == api.PhaseReady && a.Digest != "" && (e.Revision == "" || a.Revision == e.Revision) &&
+				if a.Name != e.Artifact {
+					continue
+				}
+				if api.Phase(a.Phase) == api.PhaseReady && a.Digest != "" && (e.Revision == "" || a.Revision == e.Revision) &&
 					a.Source == fetchers.RedactURI(e.URI) {
 					seen[a.Digest]++
+				} else if n := a.Next; n != nil && api.Phase(n.Phase) == api.PhaseReady && n.Digest != "" && (served{n.Revision, n.Source}).is(*e) {
+					seen[n.Digest]++ // prefetched for a rollout
 				}
 			}
 		}
@@ -144,12 +212,17 @@ func pinned(mc *ModelCache, ds api.Desire, source string) (out api.Desire, ok bo
 		}
 		return ds, false, "waiting for the cluster's resolution of its source (status.resolved, written by the elected modelcached)"
 	}
+	return pinnedFrom(e, ds), true, ""
+}
+
+// pinnedFrom is ds pulled as the cluster resolved it in e.
+func pinnedFrom(e ResolvedSource, ds api.Desire) api.Desire {
 	ds.URI = e.URI
-	if _, rev, err := hffetcher.ParseURI(source); err == nil && !hffetcher.IsCommit(rev) {
+	if _, rev, err := hffetcher.ParseURI(e.Source); err == nil && !hffetcher.IsCommit(rev) {
 		ds.Ref = rev // the HF view's refs/<branch> names the pinned commit
 	}
 	if ds.Digest == "" && e.Digest != "" {
 		ds.Digest, ds.ClusterDigest = e.Digest, true
 	}
-	return ds, true, ""
+	return ds
 }

@@ -2,6 +2,8 @@ package k8ssync_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"os"
@@ -24,10 +26,13 @@ import (
 )
 
 // fakeNode is a daemon whose pulls finish at once: what the scale test
-// measures is the sync loop's traffic, not downloads.
+// measures is the sync loop's traffic, not downloads. A staged desire
+// is held at once (Next Ready) and becomes current when it comes
+// without Stage.
 type fakeNode struct {
 	mu      sync.Mutex
 	want    map[string]api.Desire
+	cur     map[string]api.Desire // what is current, by name
 	changed chan struct{}
 }
 
@@ -39,7 +44,20 @@ func (f *fakeNode) SetClusterDesires(want map[string]api.Desire, _ map[string]ma
 		f.changed = make(chan struct{})
 	}
 	f.want = want
+	if f.cur == nil {
+		f.cur = map[string]api.Desire{}
+	}
+	for n, ds := range want {
+		if _, ok := f.cur[n]; !ok || !ds.Stage {
+			f.cur[n] = ds
+		}
+	}
 	return nil
+}
+
+func fakeRevision(uri string) string {
+	h := sha256.Sum256([]byte(uri))
+	return "r" + hex.EncodeToString(h[:6])
 }
 
 func (f *fakeNode) Artifacts() ([]api.Artifact, error) {
@@ -47,9 +65,15 @@ func (f *fakeNode) Artifacts() ([]api.Artifact, error) {
 	defer f.mu.Unlock()
 	var out []api.Artifact
 	for n, ds := range f.want {
-		if ds.State != api.StateAbsent {
-			out = append(out, api.Artifact{Name: n, Kind: api.KindModel, Phase: api.PhaseReady, Revision: "r1", Bytes: 1 << 30})
+		if ds.State == api.StateAbsent {
+			continue
 		}
+		cur := f.cur[n]
+		a := api.Artifact{Name: n, Kind: api.KindModel, Phase: api.PhaseReady, Revision: fakeRevision(cur.URI), Source: cur.URI, Path: "/var/lib/modelcache/models/" + n + "/current", Bytes: 1 << 30}
+		if ds.Stage {
+			a.Next = &api.NextRevision{URI: ds.URI, Revision: fakeRevision(ds.URI), Phase: api.PhaseReady}
+		}
+		out = append(out, a)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
@@ -67,9 +91,9 @@ func (f *fakeNode) Changed() <-chan struct{} {
 }
 func (f *fakeNode) SetPodHolders(map[string][]api.Holder) {}
 
-// Resolve pins every source to r1 (its URI as is).
+// Resolve pins every source to a revision of its URI (the URI as is).
 func (f *fakeNode) Resolve(_ context.Context, ds api.Desire, _ map[string]string) (string, string, error) {
-	return "r1", ds.URI, nil
+	return fakeRevision(ds.URI), ds.URI, nil
 }
 
 type countingRT struct {
@@ -151,6 +175,19 @@ func TestTwentyNodes(t *testing.T) {
 	}
 	first := latency("m1")
 	second := latency("m2")
+	// A spec change → every node prefetches, the leader flips, every
+	// node is current on the new revision.
+	t0 := time.Now()
+	updateSpec(t, dyn, "m1", func(spec map[string]any) { spec["source"] = "https://example.com/m1-v2" })
+	want := fakeRevision("https://example.com/m1-v2")
+	eventually(t, "m1 active on "+want+" on "+all+" nodes", 300*time.Second, func() error {
+		m := getMC(t, dyn, "m1")
+		if r := m.Status.Rollout; r == nil || r.Phase != k8ssync.RolloutComplete || r.Active != want || r.ReadyText != all {
+			return fmt.Errorf("%+v", r)
+		}
+		return nil
+	})
+	rollout := time.Since(t0)
 	time.Sleep(3 * time.Second) // let the writes of that change settle
 	before := make([]int64, nodes)
 	for i := range counts {
@@ -170,6 +207,7 @@ func TestTwentyNodes(t *testing.T) {
 	// heartbeat; the leader's ModelCacheNode watch (0.7/h, for all nodes).
 	slow := 3.7 + 0.7/float64(nodes)
 	t.Logf("%d nodes, one API server: change → aggregated Ready %s in %.2fs (first ModelCache, with the election) and %.2fs (second)", nodes, all, first.Seconds(), second.Seconds())
+	t.Logf("%d nodes: spec change → all nodes current on the new revision (prefetch on every node, flip at 100%%) in %.2fs", nodes, rollout.Seconds())
 	t.Logf("steady state over %s: %d requests from %d nodes (%s each) = %.1f requests per node per hour; with what is rarer than the window (watch renewals, heartbeat) about %.1f", window, total, nodes, strings.Join(per, " "), perHour, perHour+slow)
 	if perHour > 60 {
 		t.Errorf("%.0f requests per node per hour at steady state: the loop polls", perHour)

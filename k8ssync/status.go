@@ -33,6 +33,10 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 		as := ArtifactStatus{Name: a.Name, ModelCache: owners[a.Name], Kind: a.Kind, Phase: string(a.Phase), Revision: a.Revision,
 			Digest: a.ManifestDigest, Bytes: a.Bytes, Message: fetchers.RedactText(a.Message), Reason: a.Reason}
 		as.Source = a.Source
+		if n := a.Next; n != nil {
+			as.Next = &NextStatus{Revision: n.Revision, Source: fetchers.RedactURI(n.URI), Phase: string(n.Phase), Digest: n.ManifestDigest,
+				Message: fetchers.RedactText(n.Message), Reason: n.Reason}
+		}
 		for _, h := range a.InUse {
 			as.InUseBy = append(as.InUseBy, h.Kind+" "+h.ID)
 		}

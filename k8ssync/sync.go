@@ -43,6 +43,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers"
 )
 
 // Node is what the loop needs of the daemon (daemon.Daemon implements it).
@@ -85,6 +86,9 @@ type Config struct {
 	// whole store, so it is never counted as a holder.
 	Self string
 	Log  *slog.Logger
+	// Now is the clock of the elected daemon's Poll schedule (default
+	// time.Now; tests move it on).
+	Now func() time.Time
 }
 
 // Labels on what the loop makes.
@@ -130,6 +134,9 @@ type Syncer struct {
 	labelPatch   string                // the last patch of this node's labels, and when
 	labelPatchAt time.Time
 	secretCache  map[string]secretEntry
+	polled       map[string]time.Time // modelcache/artifact → when this leader last polled its source
+	flipped      map[string]string    // modelcache/artifact → the revision this leader last made active (one Event per flip)
+	nexts        map[string]string    // artifact → the phase of its prefetch at the last pass (for Events)
 	writeErrs    int
 	timer        bool   // a later poke is pending
 	created      bool   // this node's ModelCacheNode exists
@@ -164,6 +171,9 @@ func New(cfg Config, node Node) (*Syncer, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	SetClientLog(cfg.Log)
 	kcfg := rest.CopyConfig(cfg.Kube)
 	kcfg.UserAgent = "modelcached/" + cfg.NodeName
@@ -177,6 +187,7 @@ func New(cfg Config, node Node) (*Syncer, error) {
 	}
 	s := &Syncer{cfg: cfg, node: node, log: cfg.Log, kc: kc, dyn: dyn, kick: make(chan struct{}, 1),
 		phases: map[string]string{}, owners: map[string]string{}, secretCache: map[string]secretEntry{},
+		polled: map[string]time.Time{}, flipped: map[string]string{}, nexts: map[string]string{},
 		pvRL: flowcontrol.NewTokenBucketRateLimiter(cfg.PVQPS, cfg.PVBurst)}
 	b := record.NewBroadcaster(record.WithCorrelatorOptions(record.CorrelatorOptions{QPS: 1.0 / 10, BurstSize: 10}))
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kc.CoreV1().Events("")})
@@ -272,7 +283,15 @@ func (s *Syncer) Run(ctx context.Context) error {
 func (s *Syncer) pass(ctx context.Context) {
 	node, _ := s.thisNode()
 	mcs := s.modelCaches()
-	want, creds, owners, pending := s.desires(ctx, node, mcs)
+	current := map[string]served{}
+	if arts, err := s.node.Artifacts(); err == nil {
+		for _, a := range arts {
+			if a.Path != "" { // its current version is Ready
+				current[a.Name] = served{a.Revision, fetchers.RedactURI(a.Source)}
+			}
+		}
+	}
+	want, creds, owners, pending := s.desires(ctx, node, mcs, current)
 	if err := s.node.SetClusterDesires(want, creds); err != nil {
 		s.log.Warn("k8s sync: desires", "err", err)
 	}

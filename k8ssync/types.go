@@ -1,6 +1,8 @@
 package k8ssync
 
 import (
+	"time"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -52,6 +54,43 @@ type ModelCacheSpec struct {
 	// Versions keeps further revisions present besides the main one
 	// (e.g. during a rollout), each as its own artifact <name>-<suffix>.
 	Versions []VersionSpec `json:"versions,omitempty"`
+	// UpdatePolicy says when the elected daemon resolves the sources
+	// again: OnChange (default) when the spec names another source, Poll
+	// also every interval; a revision that moved starts a rollout.
+	UpdatePolicy *UpdatePolicy `json:"updatePolicy,omitempty"`
+	// Rollout governs how a new revision of the model (and of each
+	// versions entry) replaces the active one on the selected nodes.
+	Rollout *RolloutSpec `json:"rollout,omitempty"`
+}
+
+// Update policies.
+const (
+	PolicyOnChange = "OnChange"
+	PolicyPoll     = "Poll"
+)
+
+// MinPollInterval is the shortest Poll interval the CRD admits.
+const MinPollInterval = time.Minute
+
+// UpdatePolicy is spec.updatePolicy.
+type UpdatePolicy struct {
+	// Type is OnChange (default) or Poll.
+	Type string `json:"type,omitempty"`
+	// Interval is how often Poll resolves again: a Go duration, at
+	// least 1m (e.g. 10m, 1h).
+	Interval string `json:"interval,omitempty"`
+}
+
+// RolloutSpec is spec.rollout.
+type RolloutSpec struct {
+	// MinReadyPercent of the selected nodes that are not Failed or
+	// Incompatible must hold the new revision before the cluster makes it
+	// active (default 100).
+	MinReadyPercent *int `json:"minReadyPercent,omitempty"`
+	// RetainOld keeps the previous revision on the nodes for this long
+	// after the flip (a Go duration), so that a rollback is immediate;
+	// without it the previous revision goes once nothing holds it.
+	RetainOld string `json:"retainOld,omitempty"`
 }
 
 // SecretRef points at a Secret.
@@ -94,6 +133,44 @@ type ModelCacheStatus struct {
 	// image): every node pulls exactly the pinned URI, never its own
 	// resolution of a branch or tag.
 	Resolved []ResolvedSource `json:"resolved,omitempty"`
+	// Active is, per model artifact (the main one, each versions entry),
+	// the resolution the nodes serve. While it differs from Resolved (a
+	// rollout), nodes prefetch Resolved's revision and keep serving
+	// Active's; the elected daemon flips Active when enough nodes hold
+	// the new one (spec.rollout.minReadyPercent).
+	Active []ResolvedSource `json:"active,omitempty"`
+	// Rollout is the main artifact's rollout: target and active revision,
+	// the nodes that hold the target.
+	Rollout *RolloutStatus `json:"rollout,omitempty"`
+}
+
+// Rollout phases.
+const (
+	RolloutComplete    = "Complete"
+	RolloutProgressing = "Progressing"
+)
+
+// RolloutStatus shows the main artifact's rollout.
+type RolloutStatus struct {
+	// Phase is Complete (the target is active) or Progressing (nodes
+	// prefetch the target; the active revision serves).
+	Phase string `json:"phase"`
+	// Target is the revision the spec resolves to; Active the one the
+	// nodes serve; Previous the one active before the last flip.
+	Target   string `json:"target,omitempty"`
+	Active   string `json:"active,omitempty"`
+	Previous string `json:"previous,omitempty"`
+	// NodesReady hold the target (current or prefetched); NodesEligible
+	// are the selected nodes that are not Failed or Incompatible.
+	NodesReady    int    `json:"nodesReady"`
+	NodesEligible int    `json:"nodesEligible"`
+	ReadyText     string `json:"readyText,omitempty"`
+	// MinReadyPercent is the threshold of the flip in effect.
+	MinReadyPercent int          `json:"minReadyPercent"`
+	ActivatedAt     *metav1.Time `json:"activatedAt,omitempty"`
+	// Message says what the rollout waits for, and which nodes could not
+	// get the target (they keep serving the active revision).
+	Message string `json:"message,omitempty"`
 }
 
 // ResolvedSource is one source as the elected daemon resolved it. It is
@@ -123,6 +200,11 @@ type ResolvedSource struct {
 	// Error is why the last resolution failed (retried by the elected
 	// daemon; nodes wait meanwhile and keep what they serve).
 	Error string `json:"error,omitempty"`
+	// ActivatedAt (status.active only) is when the revision became
+	// active, and Previous the revision it replaced (kept on the nodes
+	// for spec.rollout.retainOld after ActivatedAt).
+	ActivatedAt *metav1.Time `json:"activatedAt,omitempty"`
+	Previous    string       `json:"previous,omitempty"`
 }
 
 // NodeCounts counts the selected nodes by phase.
@@ -182,4 +264,18 @@ type ArtifactStatus struct {
 	BytesPerSecond  float64  `json:"bytesPerSecond,omitempty"`
 	Message         string   `json:"message,omitempty"`
 	Reason          string   `json:"reason,omitempty"`
+	// Next is the revision this node prefetches for a rollout while
+	// Revision serves.
+	Next *NextStatus `json:"next,omitempty"`
+}
+
+// NextStatus is a rollout's revision on one node before it is current.
+type NextStatus struct {
+	Revision string `json:"revision,omitempty"`
+	// Source is the (redacted) pinned URI it is pulled from.
+	Source  string `json:"source,omitempty"`
+	Phase   string `json:"phase"`
+	Digest  string `json:"digest,omitempty"`
+	Message string `json:"message,omitempty"`
+	Reason  string `json:"reason,omitempty"`
 }

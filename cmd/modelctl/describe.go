@@ -30,6 +30,9 @@ func listTable(w io.Writer, list []api.ArtifactRow, now time.Time, wide bool) {
 				size = api.FormatBytes(pr.BytesTotal)
 			}
 		}
+		if n := a.Next; n != nil && a.Phase == api.PhaseReady {
+			detail = "next " + nextText(n)
+		}
 		if !wide {
 			detail = fit(detail, 60)
 		}
@@ -99,6 +102,20 @@ func tabwrite(w io.Writer, rows [][]string) {
 	tw.Flush()
 }
 
+// nextText is a rollout's next revision in a few words.
+func nextText(n *api.NextRevision) string {
+	s := string(n.Phase)
+	if n.Revision != "" {
+		s = short(n.Revision) + " " + s
+	}
+	if pr := n.Progress; pr != nil && n.Phase == api.PhaseDownloading {
+		s += ": " + progressText(pr)
+	} else if n.Message != "" {
+		s += ": " + n.Message
+	}
+	return s
+}
+
 // humanAge is kubectl's AGE: 45s, 12m, 5h, 3d.
 func humanAge(d time.Duration) string {
 	switch {
@@ -147,6 +164,9 @@ func describe(w io.Writer, a *api.Artifact, now time.Time) {
 	if a.Revision != "" {
 		field("Revision", "%s (the source's immutable version: a commit, a manifest digest, an object version)", a.Revision)
 	}
+	if n := a.Next; n != nil {
+		field("Next", "%s (a rollout's revision, prefetched while Revision serves; current moves to it when the cluster flips)", nextText(n))
+	}
 	if a.ManifestDigest != "" {
 		field("Manifest digest", "%s (the folder checksum of the files; give it to pull --digest to require exactly this content)", a.ManifestDigest)
 	}
@@ -186,6 +206,9 @@ func describe(w io.Writer, a *api.Artifact, now time.Time) {
 		}
 		if d.Serves != "" {
 			s += ", serves " + d.Serves
+		}
+		if d.Policy != "" {
+			s += ", update policy " + d.Policy
 		}
 		for _, kc := range d.KernelCaches {
 			s += ", kernel cache " + kc.URI

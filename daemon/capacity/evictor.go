@@ -52,6 +52,10 @@ type Evictor struct {
 	Now     func() time.Time
 	InUse   func() map[string][]api.Holder // by Key; nil: nothing in use
 	Desired func() map[string]bool         // nil: nothing desired
+	// Kept names versions (by Key) that the desires keep besides the
+	// current ones, with why: a rollout's prefetched revision, its
+	// previous one for retainOld. Nil: none.
+	Kept func() map[string]string
 	// Declared: see Inputs.Declared; nil: every desired artifact is.
 	Declared func() map[string]bool
 	Log      *slog.Logger
@@ -88,6 +92,9 @@ func (e *Evictor) Inputs() (Inputs, error) {
 	in.Declared = in.Desired
 	if e.Declared != nil {
 		in.Declared = e.Declared()
+	}
+	if e.Kept != nil {
+		in.Kept = e.Kept()
 	}
 	return in, nil
 }

@@ -50,6 +50,8 @@ type Inputs struct {
 	// (a plain modelctl pull), which a cache may drop to admit new ones.
 	Declared map[string]bool
 	Skip     map[string]bool // by Key: versions not to pick (an eviction of them failed)
+	// Kept (by Key) are versions the desires keep, with why (Evictor.Kept).
+	Kept map[string]string
 	// SpareDeclared keeps current versions of declared artifacts out of a
 	// space plan: a pull may make room by evicting what nobody wants and
 	// ad-hoc entries, least recently used first, never a declared model
@@ -96,6 +98,8 @@ func (in Inputs) eligible(a cachestore.Artifact, v cachestore.Version) (bool, st
 		return false, "eviction failed"
 	case len(in.InUse[Key(a.Name, v.Revision)]) > 0:
 		return false, "in use"
+	case in.Kept[Key(a.Name, v.Revision)] != "":
+		return false, in.Kept[Key(a.Name, v.Revision)]
 	case in.Now.Sub(v.Created) < in.Policy.MinAge:
 		return false, "younger than the minimum age"
 	}
