@@ -349,12 +349,14 @@ type ArtifactRow struct {
 	InUse    []Holder   `json:"inUse,omitempty"`
 	Created  *time.Time `json:"created,omitempty"`
 	Entry    string     `json:"entry,omitempty"`
+	// Next: the detail column shows a prefetched rollout revision.
+	Next *NextRevision `json:"next,omitempty"`
 }
 
 // Row is a's ArtifactRow.
 func (a *Artifact) Row() ArtifactRow {
 	return ArtifactRow{Name: a.Name, Phase: a.Phase, URI: a.URI, Message: a.Message, Revision: a.Revision, Bytes: a.Bytes,
-		Pinned: a.Pinned, Progress: a.Progress, InUse: a.InUse, Created: a.Created, Entry: a.Entry}
+		Pinned: a.Pinned, Progress: a.Progress, InUse: a.InUse, Created: a.Created, Entry: a.Entry, Next: a.Next}
 }
 
 // PullStats describes a finished pull.
