@@ -323,7 +323,7 @@ spec:
 	// The daemon's own pod mounts the whole store and is no holder; the
 	// consumer is, as "pod default/holder".
 	n.inUseBy("tiny", "pod default/holder")
-	n.getText("modelcaches", "tiny", `tiny\s+http://\S+/tiny/w.bin\s+[0-9a-f]{64}\s+1/1\s+Present`)
+	n.getText("modelcaches", "tiny", `tiny\s+http://\S+/tiny/w.bin\s+[0-9a-f]{64}\s+1/1\s+Complete\b.*\bPresent\b`)
 	n.getText("modelcachenodes", "modelcache-node", `modelcache-node\s+1 Ready\s+\S+\s+2097152\s+\d+`)
 }
 
@@ -491,7 +491,7 @@ func (n *node) csi(tiny []byte) {
 			return nil
 		})
 		// (An http source's revision is its content's digest: none yet.)
-		n.getText("modelcaches", "slow", `slow\s+http://\S+/slow/w.bin\s+0/1\s+Present\b`)
+		n.getText("modelcaches", "slow", `slow\s+http://\S+/slow/w.bin\s+0/1\s+Complete\b.*\bPresent\b`)
 		n.getText("modelcachenodes", "modelcache-node", `modelcache-node\s+2 Ready, 1 Downloading\b`)
 		if a := n.artifact("slow"); a.Phase != "Downloading" {
 			t.Errorf("the node reports slow %+v, want Downloading", a)
