@@ -8,9 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	bolt "go.etcd.io/bbolt"
 
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/cachestore/storetest"
@@ -98,14 +95,7 @@ func TestStageThenActivate(t *testing.T) {
 	// The process died: no clean shutdown. Close (to free the index's
 	// lock), then make its clean record stale as a crashed run leaves it.
 	s.Close()
-	db, err := bolt.Open(filepath.Join(root, "index.db"), 0o600, &bolt.Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Update(func(*bolt.Tx) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
+	storetest.Crashed(t, root)
 	s, _, err = cachestore.Open(ctx, root)
 	if err != nil {
 		t.Fatal(err)

@@ -324,7 +324,7 @@ func testRepair(t *testing.T, open Opener) {
 	v := commit(t, s, "m", "r", map[string][]byte{"w": Data(3000, 5), "x": []byte("x")})
 	commit(t, s, "gone", "r", map[string][]byte{"g": []byte("g-data")})
 	s.Close()
-	crashed(t, root)
+	Crashed(t, root)
 	// Damage: a stray tree, a deleted tree, a missing blob, a stray temp dir, a wrong link.
 	os.MkdirAll(filepath.Join(root, "models/stray/rev"), 0o755)
 	os.WriteFile(filepath.Join(root, "models/stray/rev/f"), []byte("unverified"), 0o644)
@@ -354,10 +354,10 @@ func testRepair(t *testing.T, open Opener) {
 	_ = v
 }
 
-// crashed makes root's index look like a run that opened the store and
+// Crashed makes root's index look like a run that opened the store and
 // died: a write transaction since the clean Close makes the clean record
 // stale, so the next Open repairs (cachestore doc.go: Clean shutdown).
-func crashed(t *testing.T, root string) {
+func Crashed(t *testing.T, root string) {
 	t.Helper()
 	db, err := bolt.Open(filepath.Join(root, "index.db"), 0o600, &bolt.Options{Timeout: time.Second})
 	if err != nil {
