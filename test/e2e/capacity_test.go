@@ -275,11 +275,15 @@ func TestAdHocEntriesMakeRoom(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(md, "huge.yaml"), []byte("name: huge\nuri: "+uri("huge")+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The message is read from the same listing that shows the refusal:
+	// models.d entries are retried with backoff, and a later listing may
+	// already show the retry resolving again.
+	var msg string
 	e.eventually("huge refused for capacity", func() bool {
 		h := e.list()["huge"]
+		msg = h.Message
 		return h.Phase == api.PhaseFailed && h.Reason == api.ReasonInsufficientCapacity
 	})
-	msg := e.list()["huge"].Message
 	for _, want := range []string{"huge needs 30.0 MiB", "held by", "decl (declared", "pinned (pinned", "leased (in use"} {
 		if !strings.Contains(msg, want) {
 			t.Fatalf("huge's message %q lacks %q", msg, want)
