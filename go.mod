@@ -13,6 +13,7 @@ require (
 	github.com/container-storage-interface/spec v1.12.0
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/fsnotify/fsnotify v1.10.1
+	github.com/go-json-experiment/json v1.27.2
 	github.com/google/go-containerregistry v0.20.7
 	github.com/google/renameio/v2 v2.0.2
 	github.com/klauspost/compress v1.18.1
