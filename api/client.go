@@ -205,6 +205,10 @@ func (c *Client) ListRows(ctx context.Context) ([]ArtifactRow, error) {
 	return getArray[ArtifactRow](ctx, c, "/v1/artifacts?fields=row")
 }
 
+// HeaderCount is the response header in which the daemon says how many
+// elements an array answer holds, so that a client sizes its slice once.
+const HeaderCount = "X-Modelcache-Count"
+
 // getArray decodes the JSON array GET path answers element by element as
 // it streams in (the daemon writes it so): decoding overlaps the transfer.
 // A null body gives a nil slice, an empty array an empty one.
@@ -233,9 +237,15 @@ func getArray[T any](ctx context.Context, c *Client, path string) ([]T, error) {
 	// Decoded into chunks that never move, then copied once: appending
 	// to one slice would copy tens of thousands of elements again at each
 	// doubling (with the GC's write barriers, the most of this client's
-	// time in a list of 10,000).
+	// time in a list of 10,000). The daemon says how many elements come
+	// (HeaderCount): then the first chunk holds them all and nothing is
+	// copied. The count only sizes memory, bounded; the body decides.
+	first := 64
+	if n, err := strconv.Atoi(resp.Header.Get(HeaderCount)); err == nil && n > 0 {
+		first = min(n, 1<<20)
+	}
 	var chunks [][]T
-	chunk, n := make([]T, 0, 64), 0
+	chunk, n := make([]T, 0, first), 0
 	for dec.PeekKind() != ']' {
 		if len(chunk) == cap(chunk) {
 			chunks, chunk = append(chunks, chunk), make([]T, 0, 2*cap(chunk))
@@ -248,6 +258,9 @@ func getArray[T any](ctx context.Context, c *Client, path string) ([]T, error) {
 	}
 	if _, err := dec.ReadToken(); err != nil {
 		return fail(err)
+	}
+	if len(chunks) == 0 {
+		return chunk, nil
 	}
 	out := make([]T, 0, n)
 	for _, c := range append(chunks, chunk) {

@@ -12,8 +12,9 @@ import (
 	"time"
 )
 
-// serveOnce answers every request on a unix socket with body.
-func serveOnce(t *testing.T, body string) *Client {
+// serveOnce answers every request on a unix socket with body, and count
+// in HeaderCount unless empty.
+func serveOnce(t *testing.T, body, count string) *Client {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "s.sock")
 	l, err := net.Listen("unix", sock)
@@ -22,6 +23,9 @@ func serveOnce(t *testing.T, body string) *Client {
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
+		if count != "" {
+			w.Header().Set(HeaderCount, count)
+		}
 		w.Write([]byte(body))
 	})}
 	go srv.Serve(l)
@@ -52,19 +56,25 @@ func TestListRowsDecodes(t *testing.T) {
 	}
 	manyBody, _ := json.Marshal(many)
 	for _, tc := range []struct {
-		body string
-		want []ArtifactRow
-		err  string
+		body  string
+		count string // HeaderCount: sizes memory only, whether right, wrong or absurd
+		want  []ArtifactRow
+		err   string
 	}{
 		{body: string(body), want: want},
 		{body: string(manyBody), want: many},
+		{body: string(manyBody), count: "300", want: many},
+		{body: string(manyBody), count: "2", want: many},
+		{body: string(manyBody), count: "99999999999", want: many},
+		{body: string(body), count: "-5", want: want},
+		{body: " [ ] ", count: "0", want: []ArtifactRow{}},
 		{body: " [ ] ", want: []ArtifactRow{}},
 		{body: "null", want: nil},
 		{body: `{"name":"a"}`, err: "want an array"},
 		{body: string(body[:len(body)-20]), err: "decode GET /v1/artifacts?fields=row"},
 		{body: `[{"name":"a","bytes":"many"}]`, err: "bytes"},
 	} {
-		got, err := serveOnce(t, tc.body).ListRows(context.Background())
+		got, err := serveOnce(t, tc.body, tc.count).ListRows(context.Background())
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Fatalf("body %.40q: err %v, want one naming %q", tc.body, err, tc.err)

@@ -153,6 +153,7 @@ func writeJSON(w http.ResponseWriter, v any) error {
 // the client decodes the first elements while the last are encoded.
 func writeJSONArray[T any](w http.ResponseWriter, items []T) error {
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set(api.HeaderCount, strconv.Itoa(len(items)))
 	bw := bufio.NewWriterSize(w, 64<<10)
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
