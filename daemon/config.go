@@ -76,7 +76,8 @@ type Config struct {
 	CSI     *csi.Config
 	Logger  *slog.Logger // nil = silent
 	Version string       // reported by status and metrics
-	// Hook is called at the store's named commit points; for crash tests.
+	// Hook is called at the store's named commit points, and at the
+	// daemon's own ("layer.check-from-blob"); for crash and path tests.
 	Hook func(point string)
 	// InternalAddress reports which addresses a redirect may not lead to
 	// (fetchers.Guard); nil = fetchers.IsInternal. For tests, which stand

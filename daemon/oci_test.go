@@ -6,7 +6,6 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
-	"github.com/modelcache/modelcache/internal/testenv"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -14,8 +13,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/internal/testenv"
 
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -288,5 +292,97 @@ func TestOCIKitOpsModelKit(t *testing.T) {
 	}
 	if h.read("kit", "model/w.safetensors") != string(w) || h.read("kit", "code/infer.py") != "print(1)" {
 		t.Fatal("ModelKit layers not unpacked at the kit root")
+	}
+}
+
+// TestLayerCheckedAsItDownloads: a compressed layer's archive check runs
+// on the download's bytes as they arrive, not on a second read of the
+// blob; hostile entries are refused the same way; a download resumed from
+// an earlier pull's partial data (the check saw only the rest) is checked
+// from the blob instead, and refused the same way when hostile.
+func TestLayerCheckedAsItDownloads(t *testing.T) {
+	reg := registry.New()
+	var cut sync.Map // layer digest → cut its first GET at half
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, part := range strings.Split(r.URL.Path, "/") {
+			if _, ok := cut.LoadAndDelete(part); ok && r.Method == http.MethodGet {
+				rec := httptest.NewRecorder()
+				reg.ServeHTTP(rec, r)
+				b := rec.Body.Bytes()
+				w.Header().Set("Content-Length", itoa(len(b)))
+				w.WriteHeader(rec.Code)
+				w.Write(b[:len(b)/2])
+				w.(http.Flusher).Flush()
+				conn, _, _ := w.(http.Hijacker).Hijack()
+				conn.Close()
+				return
+			}
+		}
+		reg.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	var fromBlob atomic.Int64
+	cfg := testConfig(t)
+	cfg.InsecureRegistries = []string{host}
+	cfg.Hook = func(p string) {
+		if p == "layer.check-from-blob" {
+			fromBlob.Add(1)
+		}
+	}
+	cfg.RetryInitial, cfg.RetryMax = time.Hour, time.Hour // a failed pull stays failed until pulled again
+	h := startWith(t, cfg, fetchers.Backoff{Initial: 10 * time.Millisecond, Max: 10 * time.Millisecond, Attempts: 1})
+
+	w := data(3<<20, 90)
+	for i, tc := range []struct {
+		interrupted, hostile bool
+		wantFromBlob         int64
+	}{
+		{false, false, 0},
+		{false, true, 0},
+		{true, false, 1},
+		{true, true, 1},
+	} {
+		files := []tarFile{{name: "models/w.bin", body: w[i:]}, {name: "models/config.json", body: []byte(itoa(i))}}
+		if tc.hostile {
+			files = append(files, tarFile{name: "models/../../escape", body: []byte("x")})
+		}
+		l := tarLayer(t, true, files...)
+		ld, _ := l.Digest()
+		n := "layer" + itoa(i)
+		push(t, host, "models/"+n+":1", modelcar(t, l))
+		if tc.interrupted {
+			cut.Store(ld.String(), true)
+		}
+		before := fromBlob.Load()
+		req := api.PullRequest{Name: n, URI: "oci://" + host + "/models/" + n + ":1"}
+		_, err := h.pull(req)
+		if tc.interrupted { // one attempt a pull: the cut fails it, its partial data stays
+			if err == nil {
+				t.Fatalf("case %+v: a pull whose one attempt was cut succeeded", tc)
+			}
+			_, err = h.pull(req)
+		}
+		if got := fromBlob.Load() - before; got != tc.wantFromBlob {
+			t.Fatalf("case %+v: the archive was checked from the blob %d times, want %d", tc, got, tc.wantFromBlob)
+		}
+		if _, ok := cut.Load(ld.String()); ok {
+			t.Fatalf("case %+v: the layer was never fetched", tc)
+		}
+		if tc.hostile {
+			if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "refused archive entry") {
+				t.Fatalf("case %+v: %v, want the hostile entry refused", tc, err)
+			}
+			if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", n)); err == nil {
+				t.Fatalf("case %+v: a tree appeared for a hostile layer", tc)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("case %+v: %v", tc, err)
+		}
+		if h.read(n, "w.bin") != string(w[i:]) || h.read(n, "config.json") != itoa(i) {
+			t.Fatalf("case %+v: the unpacked files differ", tc)
+		}
 	}
 }

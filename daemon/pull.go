@@ -394,6 +394,12 @@ func ingestSource(uri string) string {
 // own). A known digest already present costs nothing; a blob another
 // pull is fetching is waited for, not fetched twice.
 func (p *pull) fetchFile(ctx context.Context, fl fetchers.File, lease *cachestore.Lease) (string, int64, error) {
+	return p.fetchFileTee(ctx, fl, lease, nil)
+}
+
+// fetchFileTee is fetchFile with the bytes this pull downloads fed to
+// check as they arrive (unpack.go).
+func (p *pull) fetchFileTee(ctx context.Context, fl fetchers.File, lease *cachestore.Lease, check *layerCheck) (string, int64, error) {
 	d, prog := p.d, p.prog
 	ref := "src:" + p.src.ref + "#" + fl.Path
 	if fl.Validator != "" {
@@ -438,7 +444,7 @@ func (p *pull) fetchFile(ctx context.Context, fl fetchers.File, lease *cachestor
 		d.flights[ref] = fw
 		d.mu.Unlock()
 
-		fw.digest, fw.size, fw.err = p.download(ctx, ref, fl, lease)
+		fw.digest, fw.size, fw.err = p.download(ctx, ref, fl, lease, check)
 		d.mu.Lock()
 		delete(d.flights, ref)
 		d.mu.Unlock()
@@ -452,7 +458,7 @@ func (p *pull) fetchFile(ctx context.Context, fl fetchers.File, lease *cachestor
 // says it cannot continue from the offset (fetchers.ErrCannotResume: the
 // file changed), the partial data is discarded and the file starts over
 // from byte 0.
-func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease *cachestore.Lease) (string, int64, error) {
+func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease *cachestore.Lease, check *layerCheck) (string, int64, error) {
 	d, f, scheme, prog := p.d, p.f, p.src.scheme, p.prog
 	opts := cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check, Owner: p.ds.Name}
 	w, err := d.store.Writer(ctx, opts)
@@ -490,6 +496,7 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 			r = budgetReader{r: r, p: prog}
 		}
 		r = fetchers.RateLimited(ctx, r, d.limiter)
+		r = check.tee(r, w.Offset())
 		before := fetched.Load()
 		_, err = w.ReadFrom(fetchers.CountingReader{R: r, N: &prog.done})
 		d.metrics.fetchedBytes.WithLabelValues(scheme).Add(float64(fetched.Load() - before))

@@ -56,10 +56,12 @@ func (p *pull) unpack(ctx context.Context, archives []fetchers.File) (map[string
 
 // unpackLayer fetches one layer whole into the store first, as any file
 // (resumable, its digest verified before a byte of it is unpacked), then
-// reads it twice: once through fetchers.Untar (the hardened reader) with
-// nothing written, so that the archive's limits (entries, sizes) and its
-// hostile entries refuse the layer before any per-entry work, and once to
-// ingest every member. A layer refused so is a permanent failure. The
+// reads it to ingest every member. Before that, fetchers.Untar (the
+// hardened reader) reads it once with nothing written, so that the
+// archive's limits (entries, sizes) and its hostile entries refuse the
+// layer before any per-entry work: for a compressed layer, on the bytes
+// of the download as they arrive (layerCheck), else, or when that did not
+// see the whole download, from the blob. A layer refused so is a permanent failure. The
 // layer's own blob goes when it is unpacked (or refused), unless
 // something else uses it. merged holds the lower layers' files; the
 // result is this layer's.
@@ -72,9 +74,13 @@ func (p *pull) unpackLayer(ctx context.Context, fl fetchers.File, merged map[str
 			d.log.Warn("remove an unpacked layer", "digest", fl.Digest, "err", err)
 		}
 	}()
+	lower := func(p string) bool { _, ok := merged[p]; return ok }
+	lim := fetchers.TarLimits{Subtree: fl.Archive.Subtree, Exists: lower}
 	whole := fl
 	whole.Archive = nil
-	dg, _, err := p.fetchFile(ctx, whole, held)
+	check := startLayerCheck(fl.Archive.MediaType, lim)
+	dg, size, err := p.fetchFileTee(ctx, whole, held, check)
+	checked, checkErr := check.finish(size, err == nil)
 	if err != nil {
 		return nil, fmt.Errorf("layer %s: %w", fl.Digest, err)
 	}
@@ -87,11 +93,14 @@ func (p *pull) unpackLayer(ctx context.Context, fl fetchers.File, merged map[str
 		}
 		return err
 	}
-	lower := func(p string) bool { _, ok := merged[p]; return ok }
-	lim := fetchers.TarLimits{Subtree: fl.Archive.Subtree, Exists: lower}
-	err = d.readLayer(dg, fl.Archive.MediaType, func(body io.Reader) error {
-		return fetchers.Untar(body, lim, func(fetchers.TarEntry, io.Reader) error { return ctx.Err() }, func(string, bool) error { return nil })
-	})
+	if checked {
+		err = checkErr
+	} else {
+		if d.cfg.Hook != nil {
+			d.cfg.Hook("layer.check-from-blob")
+		}
+		err = d.readLayer(dg, fl.Archive.MediaType, func(body io.Reader) error { return checkArchive(ctx, body, lim) })
+	}
 	if err != nil {
 		return nil, refuse(err)
 	}
@@ -259,16 +268,27 @@ func (d *Daemon) readLayer(dg, mediaType string, fn func(io.Reader) error) error
 	return fn(body)
 }
 
-// decompress reads a layer by its media type's compression suffix.
-func decompress(r io.Reader, mediaType string) (io.Reader, func(), error) {
+// compression is a layer media type's compression: gzip, zstd or "".
+func compression(mediaType string) string {
 	switch {
 	case strings.HasSuffix(mediaType, "+gzip") || strings.HasSuffix(mediaType, ".gzip") || strings.HasSuffix(mediaType, "tar.gzip"):
+		return "gzip"
+	case strings.HasSuffix(mediaType, "+zstd") || strings.HasSuffix(mediaType, ".zstd"):
+		return "zstd"
+	}
+	return ""
+}
+
+// decompress reads a layer by its media type's compression suffix.
+func decompress(r io.Reader, mediaType string) (io.Reader, func(), error) {
+	switch compression(mediaType) {
+	case "gzip":
 		z, err := gzip.NewReader(r)
 		if err != nil {
 			return nil, nil, err
 		}
 		return z, func() { z.Close() }, nil
-	case strings.HasSuffix(mediaType, "+zstd") || strings.HasSuffix(mediaType, ".zstd"):
+	case "zstd":
 		z, err := zstd.NewReader(r)
 		if err != nil {
 			return nil, nil, err
@@ -276,4 +296,96 @@ func decompress(r io.Reader, mediaType string) (io.Reader, func(), error) {
 		return z, z.Close, nil
 	}
 	return r, func() {}, nil
+}
+
+// checkArchive reads an archive through fetchers.Untar with nothing
+// written: its verdict on the archive's limits and hostile entries.
+func checkArchive(ctx context.Context, body io.Reader, lim fetchers.TarLimits) error {
+	return fetchers.Untar(body, lim, func(fetchers.TarEntry, io.Reader) error { return ctx.Err() }, func(string, bool) error { return nil })
+}
+
+// layerCheck runs checkArchive on the bytes of a layer's download as they
+// arrive, on its own goroutine, so that the check is done when the
+// download is: for a compressed layer, one read and decompression of the
+// whole layer fewer (docs/benchmarks.md, kernel cache). Its verdict counts
+// only when it saw the very bytes whose digest the download then
+// verified: the file from byte 0 in one continuous stream (no resumed
+// ingest, no attempt that restarted at another offset, not another pull's
+// download of the same blob); otherwise the check reads the blob.
+type layerCheck struct {
+	pw     *io.PipeWriter
+	pos    int64 // bytes of the download that went through tee
+	broken bool  // an attempt started where the stream did not end
+	used   bool
+	done   chan error
+}
+
+// errCheckEnded closes the pipe under a check that has its verdict: the
+// download goes on without feeding it.
+var errCheckEnded = errors.New("archive check ended")
+
+// startLayerCheck starts the check of a layer of mediaType; nil (no check
+// alongside) for an uncompressed layer, whose check from the blob seeks
+// over member bodies and costs little.
+func startLayerCheck(mediaType string, lim fetchers.TarLimits) *layerCheck {
+	if compression(mediaType) == "" {
+		return nil
+	}
+	pr, pw := io.Pipe()
+	c := &layerCheck{pw: pw, done: make(chan error, 1)}
+	go func() {
+		body, closeBody, err := decompress(pr, mediaType)
+		if err == nil {
+			err = checkArchive(context.Background(), body, lim)
+			closeBody()
+		}
+		pr.CloseWithError(errCheckEnded) // later writes fail at once: the download never waits on it
+		c.done <- err
+	}()
+	return c
+}
+
+// tee returns r feeding the check, for an attempt that reads the file
+// from offset; r itself when the check cannot use this attempt.
+func (c *layerCheck) tee(r io.Reader, offset int64) io.Reader {
+	if c == nil || c.broken {
+		return r
+	}
+	if offset != c.pos {
+		c.broken = true
+		c.pw.CloseWithError(errCheckEnded)
+		return r
+	}
+	c.used = true
+	return &checkTee{r: r, c: c}
+}
+
+type checkTee struct {
+	r       io.Reader
+	c       *layerCheck
+	stopped bool
+}
+
+func (t *checkTee) Read(p []byte) (int, error) {
+	n, err := t.r.Read(p)
+	if n > 0 {
+		if !t.stopped {
+			if _, werr := t.c.pw.Write(p[:n]); werr != nil {
+				t.stopped = true // the check has its verdict
+			}
+		}
+		t.c.pos += int64(n)
+	}
+	return n, err
+}
+
+// finish ends the check of a download that committed size bytes (ok) or
+// failed, and says whether its verdict err is the blob's.
+func (c *layerCheck) finish(size int64, ok bool) (checked bool, err error) {
+	if c == nil {
+		return false, nil
+	}
+	c.pw.Close() // the end of the stream, where the check has not ended
+	err = <-c.done
+	return ok && c.used && !c.broken && c.pos == size, err
 }
