@@ -639,7 +639,7 @@ func hfBench(dir, src string, files []file, canDrop bool) {
 		syscall.Sync()
 		return float64(total) / a, float64(total) / time.Since(t0).Seconds()
 	}
-	var mc, mcBase, mc1, jsNo, jsSync, curlNo, curlSync []float64
+	var mc, mcBase, mc1, jsNo, jsSync, curlNo, curlSync, getsPerPull []float64
 	for i := 0; i < *runs; i++ {
 		daemonArgs = []string{"--range-connections", "1"}
 		d := startDaemon(filepath.Join(dir, "hroot"), filepath.Join(dir, "h.sock"), true, "HF_ENDPOINT="+hub.URL(), "HF_TOKEN=")
@@ -651,7 +651,11 @@ func hfBench(dir, src string, files []file, canDrop bool) {
 		baseToo(&mc, &mcBase, func() float64 {
 			d := startDaemon(filepath.Join(dir, "hroot"), filepath.Join(dir, "h.sock"), true, "HF_ENDPOINT="+hub.URL(), "HF_TOKEN=")
 			defer func() { d.stop(); os.RemoveAll(filepath.Join(dir, "hroot")) }()
+			gets := hub.ResolveGets.Load()
 			_, x := timed(func() { d.ctl("pull", "hf://bench/model", "--name", "m") })
+			if !useBase {
+				getsPerPull = append(getsPerPull, float64(hub.ResolveGets.Load()-gets))
+			}
 			return x
 		})
 		if i == *runs-1 {
@@ -699,7 +703,7 @@ func hfBench(dir, src string, files []file, canDrop bool) {
 		os.RemoveAll(out)
 	}
 	fmt.Printf("hf pull of %s from the loopback test hub (GB/s, median of %d):\n", api.FormatBytes(total), *runs)
-	fmt.Printf("  modelctl pull hf:// (verified, fsynced)  %.2f  %v  4 Range connections per shard (default)\n", median(mc)/1e9, gbps(mc))
+	fmt.Printf("  modelctl pull hf:// (verified, fsynced)  %.2f  %v  default --range-connections (adaptive, up to 4 per shard): %v GETs of file content per pull\n", median(mc)/1e9, gbps(mc), getsPerPull)
 	fmt.Printf("  modelctl pull hf://, --range-connections 1 %.2f  %v\n", median(mc1)/1e9, gbps(mc1))
 	if len(jsNo) > 0 {
 		fmt.Printf("  @huggingface/hub snapshotDownload       %.2f  %v (+sync %.2f)  modelctl vs it: %.2fx (vs +sync %.2fx)\n",
