@@ -253,6 +253,14 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 	if err != nil {
 		return nil, fetchers.Permanent(err)
 	}
+	// The SDK validates a whole object's body against its stored checksum
+	// (SHA256 too) when it may; where that checksum is the file's Digest,
+	// the store hashes every byte against it anyway, so the SDK does not
+	// hash them a second time. Other checksums (CRCs) it still checks.
+	noSecondHash := func(*s3.Options) {}
+	if file.Digest != "" {
+		noSecondHash = func(o *s3.Options) { o.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired }
+	}
 	get := func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
 		in := &s3.GetObjectInput{Bucket: aws.String(q.Get("b")), Key: aws.String(q.Get("k"))}
 		if v := q.Get("v"); v != "" && v != "null" {
@@ -266,7 +274,7 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 		case off > 0:
 			in.Range = aws.String("bytes=" + strconv.FormatInt(off, 10) + "-")
 		}
-		out, err := c.GetObject(ctx, in)
+		out, err := c.GetObject(ctx, in, noSecondHash)
 		if err != nil {
 			return nil, explain(q.Get("b"), q.Get("k"), err)
 		}
