@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -89,12 +90,16 @@ func (p *pull) unpackLayer(ctx context.Context, fl fetchers.File, merged map[str
 	}
 	lower := func(p string) bool { _, ok := merged[p]; return ok }
 	lim := fetchers.TarLimits{Subtree: fl.Archive.Subtree, Exists: lower}
+	t0 := time.Now()
 	err = d.readLayer(dg, fl.Archive.MediaType, func(body io.Reader) error {
 		return fetchers.Untar(body, lim, func(fetchers.TarEntry, io.Reader) error { return ctx.Err() }, func(string, bool) error { return nil })
 	})
 	if err != nil {
 		return nil, refuse(err)
 	}
+	p.stage("archive_check", time.Since(t0))
+	t0 = time.Now()
+	defer func() { p.stage("unpack", time.Since(t0)) }()
 
 	// Members stream in order; each one's fsync and commit runs beside the
 	// next one's decompression (a few at a time). A later entry of the same

@@ -402,7 +402,7 @@ func (d *daemon) stages() map[string]float64 {
 }
 
 // stageOrder is how the bench prints the stages (the daemon's labels).
-var stageOrder = []string{"resolve", "read", "buffer_wait", "hash", "write", "fsync", "commit", "publish"}
+var stageOrder = []string{"resolve", "read", "buffer_wait", "hash", "write", "fsync", "commit", "archive_check", "unpack", "publish"}
 
 // stageLine says where a pull's seconds went, from the daemon's own
 // histogram: the sums over its files (read, hash and write overlap).
