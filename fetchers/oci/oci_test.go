@@ -20,6 +20,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
 	"github.com/modelcache/modelcache/fetchers/oci/ocitest"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
@@ -85,7 +86,7 @@ func TestOpenFromOffsetFetchesOnlyTheRest(t *testing.T) {
 	proxy := httputil.NewSingleHostReverseProxy(target)
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.URL.Path, "/blobs/") && r.Method == http.MethodGet {
-			w = &countingWriter{ResponseWriter: w, n: &blobBytes}
+			w = &hubtest.CountingWriter{ResponseWriter: w, N: &blobBytes}
 		}
 		proxy.ServeHTTP(w, r)
 	}))
@@ -121,15 +122,4 @@ func TestOpenFromOffsetFetchesOnlyTheRest(t *testing.T) {
 	if n := blobBytes.Load(); n != int64(len(data)-off) {
 		t.Fatalf("the registry sent %d bytes of the blob for the last %d; want only those", n, len(data)-off)
 	}
-}
-
-type countingWriter struct {
-	http.ResponseWriter
-	n *atomic.Int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.ResponseWriter.Write(p)
-	c.n.Add(int64(n))
-	return n, err
 }
