@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"sync"
 	"time"
 )
@@ -28,7 +29,8 @@ type Ranged struct {
 	// Below: Range connections are added when the stream delivers less
 	// than this many bytes per second spent inside its Read (the time the
 	// caller spends with the bytes does not count). 0 means
-	// DefaultRangeBelow.
+	// DefaultRangeBelow; +Inf adds connections after the first chunks
+	// whatever the rates (tests of the ranges).
 	Below   float64
 	Backoff Backoff // for each Range request
 }
@@ -36,10 +38,12 @@ type Ranged struct {
 // AdaptiveReader streams the file from offset on one connection straight
 // into the caller's buffers, and measures it: after a first chunk (TCP's
 // slow start) it checks at every chunk how fast the stream delivers per
-// second spent waiting on it. While that is at least r.Below, the source
-// is not what bounds the transfer (on loopback or a fast link the caller's
-// hashing and disk are) and the file stays on one connection. Below it,
-// with at least two chunks left, the stream serves one more chunk while
+// second spent waiting on it, and how much of the time the caller spends
+// waiting on it. While the rate is at least r.Below, or the caller spends
+// more than a quarter of its time on its own work (a pipeline waiting for
+// its hashing or disk, or a loopback origin starved of CPU by it), the
+// source is not what bounds the transfer and the file stays on one
+// connection. Otherwise, with at least two chunks left, the stream serves one more chunk while
 // Range requests of r.Chunk bytes take the rest, up to r.Conns at once
 // (the stream's connection counts until it ends). A chunk that fails is
 // retried with r.Backoff; when it cannot be had, Read returns the error
@@ -68,6 +72,7 @@ type adaptive struct {
 	check  int64         // the next position the rate is judged at
 	got    int64         // bytes since warm
 	waited time.Duration // spent inside the stream's Read since warm
+	since  time.Time     // when measuring started
 
 	par     io.ReadCloser // the Range requests from end on, once switched
 	handoff chan struct{} // closed when the stream ends: its connection is the ranges'
@@ -109,13 +114,18 @@ func (a *adaptive) observe(n int, d time.Duration) {
 	if a.pos <= a.warm {
 		return
 	}
+	if a.since.IsZero() {
+		a.since = time.Now().Add(-d)
+	}
 	a.got += int64(n)
 	a.waited += d
 	if a.pos < a.check {
 		return
 	}
 	a.check += a.r.Chunk
-	if a.waited <= 0 || float64(a.got)/a.waited.Seconds() >= a.r.Below || a.r.Size-a.pos < 2*a.r.Chunk {
+	slow := a.waited > 0 && float64(a.got)/a.waited.Seconds() < a.r.Below
+	waiting := 4*a.waited >= 3*time.Since(a.since) || math.IsInf(a.r.Below, 1) // the caller waits on the source, not on its own work
+	if !slow || !waiting || a.r.Size-a.pos < 2*a.r.Chunk {
 		return
 	}
 	a.end = a.pos + a.r.Chunk
