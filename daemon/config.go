@@ -36,7 +36,7 @@ type Config struct {
 	RetryMax           time.Duration // cap of the delay between pull attempts
 	IdleTimeout        time.Duration // a stream that delivers nothing this long is retried
 	BandwidthLimit     int64         // bytes/s over all pulls; 0 = unlimited
-	RangeConnections   int           // parallel Range requests per large hub or S3 file
+	RangeConnections   int           // the most connections per large hub, NGC or S3 file (fetchers.AdaptiveReader)
 	InsecureRegistries []string      // OCI registries (host:port) reached over plain HTTP
 	RegistryMirrors    []string      // "registry=mirror": pulls from registry try mirror first
 	Capacity           capacity.Policy

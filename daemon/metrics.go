@@ -45,7 +45,7 @@ func newMetrics(d *Daemon) *metrics {
 		}, []string{"scheme"}),
 		pullStages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "modelcache_pull_stage_seconds",
-			Help:    "Time spent in each stage of a pull, one observation per file downloaded (resolve and publish: per pull). Stages: resolve, read (waiting on the source), buffer_wait (the reader waiting for hashing or the disk), hash, write, fsync, commit (verify, rename, record of one blob), publish (the version's tree and index transaction). hash and write run beside read, so the sums overlap.",
+			Help:    "Time spent in each stage of a pull, one observation per file downloaded (resolve and publish: per pull). Stages: resolve (a kernel cache's signature check included), read (waiting on the source), buffer_wait (the reader waiting for hashing or the disk), hash, write, fsync, commit (verify, rename, record of one blob), archive_check (an archive layer read through once for its limits and hostile entries), unpack (its members read, written and committed), publish (the version's tree and index transaction). hash and write run beside read, so the sums overlap.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 11),
 		}, []string{"stage"}),
 		pulls: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -114,7 +114,7 @@ func newMetrics(d *Daemon) *metrics {
 }
 
 // pullStages are the stage label values of modelcache_pull_stage_seconds.
-var pullStages = []string{"resolve", "read", "buffer_wait", "hash", "write", "fsync", "commit", "publish"}
+var pullStages = []string{"resolve", "read", "buffer_wait", "hash", "write", "fsync", "commit", "archive_check", "unpack", "publish"}
 
 var (
 	descArtifacts  = prometheus.NewDesc("modelcache_artifacts", "Artifacts by phase.", []string{"phase"}, nil)

@@ -85,16 +85,22 @@ func kernelCacheBench(dir string, canDrop bool) {
 		syscall.Sync()
 		return time.Since(t0).Seconds()
 	}
-	var mc, peer []float64
+	var mc, base, peer []float64
+	var stages []map[string]float64
 	for i := 0; i < *runs; i++ {
-		daemonArgs = []string{"--gpu-inventory", inv, "--insecure-registry", host}
-		d := startDaemon(filepath.Join(dir, "kcroot"), filepath.Join(dir, "kc.sock"), true)
-		daemonArgs = nil
-		mc = append(mc, timed(func() {
-			d.ctl("pull", "--kind", "kernelcache", "--key", filepath.Join(keys, "cosign.pub"), "--name", "kc", "oci://"+host+"/bench/kernels:sm90")
-		}))
-		d.stop()
-		os.RemoveAll(filepath.Join(dir, "kcroot"))
+		baseToo(&mc, &base, func() float64 {
+			daemonArgs = []string{"--gpu-inventory", inv, "--insecure-registry", host}
+			d := startDaemon(filepath.Join(dir, "kcroot"), filepath.Join(dir, "kc.sock"), true)
+			daemonArgs = nil
+			defer func() { d.stop(); os.RemoveAll(filepath.Join(dir, "kcroot")) }()
+			x := timed(func() {
+				d.ctl("pull", "--kind", "kernelcache", "--key", filepath.Join(keys, "cosign.pub"), "--name", "kc", "oci://"+host+"/bench/kernels:sm90")
+			})
+			if !useBase {
+				stages = append(stages, d.stages())
+			}
+			return x
+		})
 		out := filepath.Join(dir, "kcpeer")
 		os.MkdirAll(out, 0o755)
 		peer = append(peer, timed(func() {
@@ -109,6 +115,11 @@ func kernelCacheBench(dir string, canDrop bool) {
 	fmt.Printf("  modelctl pull --kind kernelcache (verify signature, check GPUs, sha256, extract, fsync, commit)  %.2f  %v\n", median(mc), secs(mc))
 	addRow(fmt.Sprintf("signed kernel cache of %s: pull+verify+extract", api.FormatBytes(total)), fmt.Sprintf("%.2f s", median(mc)), fmt.Sprintf("crane export | tar -x %.2f s", median(peer)), fmt.Sprintf("%.2fx time", median(ratios(mc, peer))))
 	fmt.Printf("  crane export | tar -x (extract only)                                                        %.2f  %v  modelctl takes %.2fx its time\n", median(peer), secs(peer), median(ratios(mc, peer)))
+	fmt.Printf("  where modelctl's seconds go (the daemon's modelcache_pull_stage_seconds; the layer's download is read/hash/write/fsync/commit): %s\n", stageLine(stages))
+	if len(base) > 0 {
+		fmt.Printf("  the base build takes %.2fx crane's time\n", median(ratios(base, peer)))
+	}
+	printBase("kernel cache", mc, base, false)
 }
 
 func secs(xs []float64) []string {

@@ -55,11 +55,12 @@ type file struct {
 
 var (
 	binDir  = flag.String("bin", "bin", "directory with modelcached and modelctl")
+	baseBin = flag.String("base-bin", os.Getenv("BENCH_BASE_BIN"), "another build's directory (e.g. main's): the hf, oci, s3 and kernelcache scenarios alternate its pulls with -bin's and print the ratio; env BENCH_BASE_BIN")
 	sizeMiB = flag.Int64("size-mib", envInt("BENCH_SIZE_MIB", 2048), "model size in MiB (four shards); env BENCH_SIZE_MIB")
 	runs    = flag.Int("runs", int(envInt("BENCH_RUNS", 3)), "alternating runs of each pull variant; env BENCH_RUNS")
 	bigMiB  = flag.Int64("big-mib", envInt("BENCH_BIG_MIB", 4096), "size of the one-file pull for peak RSS and the kill/restart test; env BENCH_BIG_MIB")
 	nArts   = flag.Int("artifacts", int(envInt("BENCH_ARTIFACTS", 10000)), "artifacts in the index for the list/restart test")
-	only    = flag.String("only", os.Getenv("BENCH_ONLY"), "run one scenario: http, big, kernelcache, list or s3 (default: all); env BENCH_ONLY")
+	only    = flag.String("only", os.Getenv("BENCH_ONLY"), "run one scenario: http, big, kernelcache, list, hf, oci or s3 (default: all); env BENCH_ONLY")
 	workDir = flag.String("dir", os.Getenv("BENCH_DIR"), "scratch directory (default: a temp dir on the same filesystem as /var/tmp)")
 )
 
@@ -109,13 +110,14 @@ func main() {
 		listAndRestart(dir, *nArts)
 		printTable()
 		return
-	case "s3":
+	case "s3", "hf", "oci":
 		src := filepath.Join(origin, "src")
-		s3Bench(dir, src, makeModel(src, *sizeMiB<<20), canDrop)
+		files := makeModel(src, *sizeMiB<<20)
+		map[string]func(dir, src string, files []file, canDrop bool){"s3": s3Bench, "hf": hfBench, "oci": ociBench}[*only](dir, src, files, canDrop)
 		printTable()
 		return
 	default:
-		must(fmt.Errorf("-only %q: the scenarios that run alone are http, big, kernelcache, list and s3", *only))
+		must(fmt.Errorf("-only %q: the scenarios that run alone are http, big, kernelcache, list, hf, oci and s3", *only))
 	}
 	src := filepath.Join(origin, "src")
 	files := makeModel(src, *sizeMiB<<20)
@@ -309,7 +311,42 @@ func countBytes(h http.Handler, n *atomic.Int64) http.Handler {
 // daemonArgs are extra modelcached flags for the next startDaemon.
 var daemonArgs []string
 
+// useBase makes startDaemon run -base-bin's build.
+var useBase bool
+
+// baseToo runs pull, then (with -base-bin) the same with the base build,
+// appending each throughput (or time) to its list.
+func baseToo(mc, base *[]float64, pull func() float64) {
+	*mc = append(*mc, pull())
+	if *baseBin != "" {
+		useBase = true
+		*base = append(*base, pull())
+		useBase = false
+	}
+}
+
+// printBase says how -bin's build did against -base-bin's, alternated in
+// this run; higherBetter is false for times.
+func printBase(title string, mc, base []float64, higherBetter bool) {
+	if len(base) == 0 {
+		return
+	}
+	r := median(ratios(mc, base))
+	if !higherBetter {
+		r = median(ratios(base, mc))
+	}
+	fmt.Printf("  %s: this build vs the base build (%s): %.2fx faster (median of the runs' ratios; this %v, base %v)\n", title, *baseBin, r, secsOrGB(mc, higherBetter), secsOrGB(base, higherBetter))
+}
+
+func secsOrGB(xs []float64, gbs bool) []string {
+	if gbs {
+		return gbps(xs)
+	}
+	return secs(xs)
+}
+
 type daemon struct {
+	bin     string
 	cmd     *exec.Cmd
 	socket  string
 	metrics string // host:port of /metrics
@@ -320,7 +357,11 @@ func startDaemon(root, sock string, direct bool, env ...string) *daemon {
 	t0 := time.Now()
 	maddr, err := testenv.FreeAddr()
 	must(err)
-	cmd := exec.Command(filepath.Join(*binDir, "modelcached"), "--root", root, "--socket", sock,
+	bin := *binDir
+	if useBase {
+		bin = *baseBin
+	}
+	cmd := exec.Command(filepath.Join(bin, "modelcached"), "--root", root, "--socket", sock,
 		"--metrics-addr", maddr, "--models-dir", "", "--socket-group", "", "--log-level", "warn",
 		"--direct-io="+strconv.FormatBool(direct), "--max-concurrent-pulls", "4")
 	cmd.Args = append(cmd.Args, daemonArgs...)
@@ -334,7 +375,7 @@ func startDaemon(root, sock string, direct bool, env ...string) *daemon {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	return &daemon{cmd: cmd, socket: sock, metrics: maddr, start: time.Since(t0)}
+	return &daemon{bin: bin, cmd: cmd, socket: sock, metrics: maddr, start: time.Since(t0)}
 }
 
 // stages reads the daemon's modelcache_pull_stage_seconds sums: seconds
@@ -361,7 +402,7 @@ func (d *daemon) stages() map[string]float64 {
 }
 
 // stageOrder is how the bench prints the stages (the daemon's labels).
-var stageOrder = []string{"resolve", "read", "buffer_wait", "hash", "write", "fsync", "commit", "publish"}
+var stageOrder = []string{"resolve", "read", "buffer_wait", "hash", "write", "fsync", "commit", "archive_check", "unpack", "publish"}
 
 // stageLine says where a pull's seconds went, from the daemon's own
 // histogram: the sums over its files (read, hash and write overlap).
@@ -383,7 +424,7 @@ func (d *daemon) stop() {
 }
 
 func (d *daemon) ctl(args ...string) []byte {
-	cmd := exec.Command(filepath.Join(*binDir, "modelctl"), append([]string{"--socket", d.socket}, args...)...)
+	cmd := exec.Command(filepath.Join(d.bin, "modelctl"), append([]string{"--socket", d.socket}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -598,7 +639,7 @@ func hfBench(dir, src string, files []file, canDrop bool) {
 		syscall.Sync()
 		return float64(total) / a, float64(total) / time.Since(t0).Seconds()
 	}
-	var mc, mc1, jsNo, jsSync, curlNo, curlSync []float64
+	var mc, mcBase, mc1, jsNo, jsSync, curlNo, curlSync, getsPerPull []float64
 	for i := 0; i < *runs; i++ {
 		daemonArgs = []string{"--range-connections", "1"}
 		d := startDaemon(filepath.Join(dir, "hroot"), filepath.Join(dir, "h.sock"), true, "HF_ENDPOINT="+hub.URL(), "HF_TOKEN=")
@@ -607,11 +648,20 @@ func hfBench(dir, src string, files []file, canDrop bool) {
 		d.stop()
 		os.RemoveAll(filepath.Join(dir, "hroot"))
 		daemonArgs = nil
-		d = startDaemon(filepath.Join(dir, "hroot"), filepath.Join(dir, "h.sock"), true, "HF_ENDPOINT="+hub.URL(), "HF_TOKEN=")
-		_, x = timed(func() { d.ctl("pull", "hf://bench/model", "--name", "m") })
-		mc = append(mc, x)
+		baseToo(&mc, &mcBase, func() float64 {
+			d := startDaemon(filepath.Join(dir, "hroot"), filepath.Join(dir, "h.sock"), true, "HF_ENDPOINT="+hub.URL(), "HF_TOKEN=")
+			defer func() { d.stop(); os.RemoveAll(filepath.Join(dir, "hroot")) }()
+			gets := hub.ResolveGets.Load()
+			_, x := timed(func() { d.ctl("pull", "hf://bench/model", "--name", "m") })
+			if !useBase {
+				getsPerPull = append(getsPerPull, float64(hub.ResolveGets.Load()-gets))
+			}
+			return x
+		})
 		if i == *runs-1 {
 			// One shard of four changes: only it is fetched again (and the small git files).
+			d := startDaemon(filepath.Join(dir, "hroot"), filepath.Join(dir, "h.sock"), true, "HF_ENDPOINT="+hub.URL(), "HF_TOKEN=")
+			d.ctl("pull", "hf://bench/model", "--name", "m")
 			next := map[string][]byte{}
 			for k, v := range model {
 				next[k] = v
@@ -627,9 +677,10 @@ func hfBench(dir, src string, files []file, canDrop bool) {
 			fmt.Printf("hf revision that changes 1 of 4 shards: %s fetched (the shard is %s), %s\n",
 				api.FormatBytes(hub.Sent.Load()-before), api.FormatBytes(int64(len(changed))), time.Since(t0).Round(time.Millisecond))
 			addRow("hf revision update (1 of 4 shards changed)", api.FormatBytes(hub.Sent.Load()-before)+" fetched", "the changed shard is "+api.FormatBytes(int64(len(changed))), fmt.Sprintf("%.2fx", float64(hub.Sent.Load()-before)/float64(len(changed))))
+			d.stop()
+			os.RemoveAll(filepath.Join(dir, "hroot"))
+			hub.Commit("bench/model", model, "main") // the next run pulls what the peers pull
 		}
-		d.stop()
-		os.RemoveAll(filepath.Join(dir, "hroot"))
 		if nerr == nil {
 			cache := filepath.Join(dir, "jscache")
 			a, b := timed(func() {
@@ -652,7 +703,7 @@ func hfBench(dir, src string, files []file, canDrop bool) {
 		os.RemoveAll(out)
 	}
 	fmt.Printf("hf pull of %s from the loopback test hub (GB/s, median of %d):\n", api.FormatBytes(total), *runs)
-	fmt.Printf("  modelctl pull hf:// (verified, fsynced)  %.2f  %v  4 Range connections per shard (default)\n", median(mc)/1e9, gbps(mc))
+	fmt.Printf("  modelctl pull hf:// (verified, fsynced)  %.2f  %v  default --range-connections (adaptive, up to 4 per shard): %v GETs of file content per pull\n", median(mc)/1e9, gbps(mc), getsPerPull)
 	fmt.Printf("  modelctl pull hf://, --range-connections 1 %.2f  %v\n", median(mc1)/1e9, gbps(mc1))
 	if len(jsNo) > 0 {
 		fmt.Printf("  @huggingface/hub snapshotDownload       %.2f  %v (+sync %.2f)  modelctl vs it: %.2fx (vs +sync %.2fx)\n",
@@ -661,6 +712,10 @@ func hfBench(dir, src string, files []file, canDrop bool) {
 	}
 	fmt.Printf("  curl -L of the resolve URLs              %.2f  %v (+sync %.2f)  modelctl vs it: %.2fx (vs +sync %.2fx)\n",
 		median(curlNo)/1e9, gbps(curlNo), median(curlSync)/1e9, median(ratios(mc, curlNo)), median(ratios(mc, curlSync)))
+	printBase("hf pull", mc, mcBase, true)
+	if len(mcBase) > 0 && len(jsSync) > 0 {
+		fmt.Printf("  base build vs snapshotDownload + sync: %.2fx\n", median(ratios(mcBase, jsSync)))
+	}
 }
 
 // alternate runs modelctl (a pull into a fresh daemon) and each peer
@@ -673,13 +728,14 @@ func alternate(title, dir string, total int64, canDrop bool, env []string, uri s
 		syscall.Sync()
 		return float64(total) / time.Since(t0).Seconds()
 	}
-	mc := []float64{}
+	mc, base := []float64{}, []float64{}
 	res := map[string][]float64{}
 	for i := 0; i < *runs; i++ {
-		d := startDaemon(filepath.Join(dir, "xroot"), filepath.Join(dir, "x.sock"), true, env...)
-		mc = append(mc, timed(func() { d.ctl("pull", uri, "--name", "m") }))
-		d.stop()
-		os.RemoveAll(filepath.Join(dir, "xroot"))
+		baseToo(&mc, &base, func() float64 {
+			d := startDaemon(filepath.Join(dir, "xroot"), filepath.Join(dir, "x.sock"), true, env...)
+			defer func() { d.stop(); os.RemoveAll(filepath.Join(dir, "xroot")) }()
+			return timed(func() { d.ctl("pull", uri, "--name", "m") })
+		})
 		for name, run := range peers {
 			out := filepath.Join(dir, "peer")
 			os.MkdirAll(out, 0o755)
@@ -691,7 +747,11 @@ func alternate(title, dir string, total int64, canDrop bool, env []string, uri s
 	for name, r := range res {
 		fmt.Printf("  %-14s %.2f  %v  modelctl vs it: %.2fx\n", name, median(r)/1e9, gbps(r), median(ratios(mc, r)))
 		addRow(title, gb(median(mc)), name+" "+gb(median(r)), fmt.Sprintf("%.2fx", median(ratios(mc, r))))
+		if len(base) > 0 {
+			fmt.Printf("  %-14s base build vs it: %.2fx\n", name, median(ratios(base, r)))
+		}
 	}
+	printBase(title, mc, base, true)
 }
 
 // ociBench pushes the model as an ORAS artifact (raw layers) to Debian's

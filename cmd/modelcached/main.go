@@ -89,7 +89,7 @@ func newApp() *cli.App {
 			&cli.GenericFlag{Name: "bandwidth-limit", Value: &sizeFlag{}, Usage: "bytes per second over all pulls: bytes or a size such as 500M or 1Gi; 0 = unlimited"},
 			&cli.DurationFlag{Name: "retry-initial", Value: def.RetryInitial, Usage: "first delay after a failed pull"},
 			&cli.DurationFlag{Name: "retry-max", Value: def.RetryMax, Usage: "longest delay between pull attempts"},
-			&cli.IntFlag{Name: "range-connections", Value: def.RangeConnections, Usage: "parallel Range requests per large file from a hub or S3 (1: one stream)"},
+			&cli.IntFlag{Name: "range-connections", Value: def.RangeConnections, Usage: "the most connections per large file from a hub, NGC or S3: a file starts on one and gets parallel Range requests only when that one is the limit (1: one stream)"},
 			&cli.StringSliceFlag{Name: "insecure-registry", Usage: "an OCI registry (host:port) to reach over plain HTTP (repeatable; for local registries)"},
 			&cli.StringSliceFlag{Name: "registry-mirror", Usage: "registry=mirror: pull from the mirror first, the registry when it fails (repeatable; digests are verified either way)"},
 			&cli.StringFlag{Name: "gpu-inventory", Usage: "JSON file describing a simulated node's GPUs (tests; nodes where NVML is unavailable); shown as simulated everywhere", EnvVars: []string{"MODELCACHED_GPU_INVENTORY"}},

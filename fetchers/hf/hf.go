@@ -41,6 +41,7 @@ const (
 type Fetcher struct {
 	conns    int
 	chunk    int64
+	below    float64
 	endpoint string
 	token    string
 	client   *nethttp.Client
@@ -50,6 +51,7 @@ type Fetcher struct {
 type options struct {
 	conns       int
 	chunk       int64
+	below       float64
 	endpoint    string
 	token       string
 	tokenFile   string
@@ -75,10 +77,17 @@ func WithTokenFile(p string) Option { return func(o *options) { o.tokenFile = p 
 // WithIdleTimeout bounds a stalled download; default 60s.
 func WithIdleTimeout(d time.Duration) Option { return func(o *options) { o.idleTimeout = d } }
 
-// WithConnections sets how many Range requests fetch one large file at
-// once (files of at least 4 chunks); default 4. CDNs and object stores
-// limit each connection; on loopback more connections do not help.
+// WithConnections sets how many connections may fetch one large file at
+// once (files of at least 4 chunks); default 4. A file starts on one and
+// gets Range requests only when that one is the limit
+// (fetchers.AdaptiveReader): CDNs and object stores limit each
+// connection; on loopback more connections do not help.
 func WithConnections(n int) Option { return func(o *options) { o.conns = n } }
+
+// WithRangeBelow sets the rate (bytes per second spent waiting on one
+// connection) under which a file gets Range connections; default
+// fetchers.DefaultRangeBelow.
+func WithRangeBelow(bps float64) Option { return func(o *options) { o.below = bps } }
 
 // WithChunk sets the bytes of one parallel Range request; default 8 MiB.
 // Memory per file is (connections+1) × chunk.
@@ -129,7 +138,7 @@ func New(opts ...Option) (*Fetcher, error) {
 	if o.conns < 1 || o.conns > 64 || o.chunk < 1<<20 {
 		return nil, fmt.Errorf("hf: connections %d (want 1..64), chunk %d (want >= 1 MiB)", o.conns, o.chunk)
 	}
-	f := &Fetcher{endpoint: strings.TrimRight(o.endpoint, "/"), token: o.token, conns: o.conns, chunk: o.chunk}
+	f := &Fetcher{endpoint: strings.TrimRight(o.endpoint, "/"), token: o.token, conns: o.conns, chunk: o.chunk, below: o.below}
 	f.client = &nethttp.Client{Transport: o.guard.Transport(o.transport, nil), CheckRedirect: fetchers.DropAuthAcrossOrigins}
 	f.get = httpfetcher.New(httpfetcher.WithClient(f.client), httpfetcher.WithIdleTimeout(o.idleTimeout), httpfetcher.WithUserAgent("modelcached"))
 	return f, nil
@@ -356,12 +365,13 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 		}
 	}
 	onErr := f.hubError(repo, rev, file.Path)
-	if f.conns > 1 && file.Size-offset >= 4*f.chunk {
-		return fetchers.ParallelReader(ctx, func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+	return fetchers.AdaptiveReader(ctx, fetchers.Ranged{
+		Open: func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
 			return f.get.GetRange(ctx, file.Locator, file.Size, off, n, f.header(), onErr)
-		}, offset, file.Size, f.chunk, f.conns, fetchers.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Attempts: 4, MaxRetryAfter: time.Minute}), nil
-	}
-	return f.get.Get(ctx, file.Locator, file.Size, offset, f.header(), onErr)
+		},
+		Size: file.Size, Chunk: f.chunk, Conns: f.conns, Below: f.below,
+		Backoff: fetchers.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Attempts: 4, MaxRetryAfter: time.Minute},
+	}, offset)
 }
 
 // GitBlobCheck verifies content against a git blob id:

@@ -93,6 +93,7 @@ type Fetcher struct {
 	pageSize  int
 	conns     int
 	chunk     int64
+	below     float64
 	now       func() time.Time
 	client    *nethttp.Client
 	get       *httpfetcher.Fetcher
@@ -113,6 +114,7 @@ type options struct {
 	pageSize    int
 	conns       int
 	chunk       int64
+	below       float64
 	idleTimeout time.Duration
 	transport   nethttp.RoundTripper
 	guard       fetchers.Guard
@@ -146,9 +148,16 @@ func WithPageSize(n int) Option { return func(o *options) { o.pageSize = n } }
 // WithIdleTimeout bounds a stalled download; default 60s.
 func WithIdleTimeout(d time.Duration) Option { return func(o *options) { o.idleTimeout = d } }
 
-// WithConnections sets how many Range requests fetch one large file at
-// once (files of at least 4 chunks); default 4.
+// WithConnections sets how many connections may fetch one large file at
+// once (files of at least 4 chunks); default 4. A file starts on one and
+// gets Range requests only when that one is the limit
+// (fetchers.AdaptiveReader).
 func WithConnections(n int) Option { return func(o *options) { o.conns = n } }
+
+// WithRangeBelow sets the rate (bytes per second spent waiting on one
+// connection) under which a file gets Range connections; default
+// fetchers.DefaultRangeBelow.
+func WithRangeBelow(bps float64) Option { return func(o *options) { o.below = bps } }
 
 // WithChunk sets the bytes of one parallel Range request; default 8 MiB.
 func WithChunk(n int64) Option { return func(o *options) { o.chunk = n } }
@@ -213,7 +222,7 @@ func New(opts ...Option) (*Fetcher, error) {
 		o.transport = t
 	}
 	f := &Fetcher{api: strings.TrimRight(o.api, "/"), auth: strings.TrimRight(o.auth, "/"), key: o.key, pageSize: o.pageSize,
-		conns: o.conns, chunk: o.chunk, now: o.now, tokens: map[string]token{}}
+		conns: o.conns, chunk: o.chunk, below: o.below, now: o.now, tokens: map[string]token{}}
 	f.client = &nethttp.Client{Transport: o.guard.Transport(o.transport, nil), CheckRedirect: fetchers.DropAuthAcrossOrigins}
 	f.get = httpfetcher.New(httpfetcher.WithClient(f.client), httpfetcher.WithIdleTimeout(o.idleTimeout), httpfetcher.WithUserAgent("modelcached"))
 	return f, nil
@@ -640,11 +649,8 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 		}
 		return f.get.GetRange(ctx, file.Locator, file.Size, off, n, h, onErr)
 	}
-	if f.conns > 1 && file.Size-offset >= 4*f.chunk {
-		return fetchers.ParallelReader(ctx, get, offset, file.Size, f.chunk, f.conns,
-			fetchers.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Attempts: 4, MaxRetryAfter: time.Minute}), nil
-	}
-	return get(ctx, offset, -1)
+	return fetchers.AdaptiveReader(ctx, fetchers.Ranged{Open: get, Size: file.Size, Chunk: f.chunk, Conns: f.conns, Below: f.below,
+		Backoff: fetchers.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Attempts: 4, MaxRetryAfter: time.Minute}}, offset)
 }
 
 func hostOf(u string) string {

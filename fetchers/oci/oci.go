@@ -20,7 +20,9 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -29,6 +31,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 
 	"github.com/modelcache/modelcache/fetchers"
+	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
 )
 
 // Annotations that name a layer's file.
@@ -45,6 +48,7 @@ type Fetcher struct {
 	keychain authn.Keychain
 	rt       http.RoundTripper
 	guard    fetchers.Guard
+	idle     time.Duration // a blob stream idle this long fails the attempt
 }
 
 // Option configures New.
@@ -83,7 +87,7 @@ func WithInternal(internal func(netip.Addr) bool) Option {
 
 // New returns an OCI fetcher.
 func New(opts ...Option) *Fetcher {
-	f := &Fetcher{mirrors: map[string][]string{}, insecure: map[string]bool{}, keychain: authn.DefaultKeychain, rt: remote.DefaultTransport}
+	f := &Fetcher{mirrors: map[string][]string{}, insecure: map[string]bool{}, keychain: authn.DefaultKeychain, rt: remote.DefaultTransport, idle: 60 * time.Second}
 	for _, o := range opts {
 		o(f)
 	}
@@ -203,8 +207,13 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 	return res, nil
 }
 
-// Open streams a layer blob from offset (the registry's bytes; the caller
-// verifies them against the digest).
+// Open streams a layer blob from offset: a GET of the registry's blob URL
+// with a Range from offset (the bytes before it are not fetched again),
+// with the registry's authentication (go-containerregistry's transport:
+// basic, or a bearer token for pull of the repository). It does not hash
+// the bytes: the caller verifies them against the digest before they
+// become a blob (go-containerregistry's Compressed() would hash every
+// byte a second time).
 func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (io.ReadCloser, error) {
 	d, err := name.NewDigest(file.Locator, f.nameOpts(file.Locator)...)
 	if err != nil {
@@ -212,40 +221,27 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 	}
 	var rc io.ReadCloser
 	err = f.tryMirrors(d, func(r name.Reference) error {
-		l, err := remote.Layer(r.(name.Digest), f.remote(ctx)...)
+		repo := r.Context()
+		auth, err := authn.Resolve(ctx, f.keychain, repo)
 		if err != nil {
 			return err
 		}
-		rc, err = l.Compressed()
+		rt, err := transport.NewWithContext(ctx, repo.Registry, auth, f.rt, []string{repo.Scope(transport.PullScope)})
+		if err != nil {
+			return err
+		}
+		get := httpfetcher.New(httpfetcher.WithClient(&http.Client{Transport: rt, CheckRedirect: fetchers.DropAuthAcrossOrigins}),
+			httpfetcher.WithIdleTimeout(f.idle), httpfetcher.WithUserAgent("modelcached"))
+		u := (&url.URL{Scheme: repo.Scheme(), Host: repo.RegistryStr(), Path: "/v2/" + repo.RepositoryStr() + "/blobs/" + d.DigestStr()}).String()
+		rc, err = get.GetRange(ctx, u, file.Size, offset, -1, nil, func(resp *http.Response) error {
+			return transport.CheckError(resp, http.StatusOK, http.StatusPartialContent)
+		})
 		return err
 	})
 	if err != nil {
 		return nil, explain(d, err)
 	}
-	rc = &verified{rc, d.String()}
-	if offset > 0 {
-		if _, err := io.CopyN(io.Discard, rc, offset); err != nil {
-			rc.Close()
-			return nil, fmt.Errorf("%s: skip to %d: %w", d, offset, err)
-		}
-	}
 	return rc, nil
-}
-
-// verified turns go-containerregistry's end-of-stream digest check into a
-// permanent "digest mismatch": a registry that sends other bytes is not
-// retried into a loop.
-type verified struct {
-	io.ReadCloser
-	what string
-}
-
-func (v *verified) Read(p []byte) (int, error) {
-	n, err := v.ReadCloser.Read(p)
-	if err != nil && err != io.EOF && strings.Contains(err.Error(), "error verifying") {
-		return n, fetchers.Permanent(fmt.Errorf("%s: digest mismatch: %v", v.what, err))
-	}
-	return n, err
 }
 
 // tryMirrors calls fn with the reference moved to each mirror of its

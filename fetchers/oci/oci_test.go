@@ -1,16 +1,27 @@
 package oci
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/netip"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
+	"github.com/modelcache/modelcache/fetchers/oci/ocitest"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
 
@@ -61,5 +72,54 @@ func TestRedirectToInternalRefused(t *testing.T) {
 	}
 	if n := asked.Load(); n != 0 {
 		t.Fatalf("the internal server was asked %d times", n)
+	}
+}
+
+// TestOpenFromOffsetFetchesOnlyTheRest: a layer continued from an offset
+// is asked of the registry (a real docker-registry, behind a proxy that
+// counts what it sends) with a Range, so the bytes before the offset are
+// not sent again, and the bytes are the layer's.
+func TestOpenFromOffsetFetchesOnlyTheRest(t *testing.T) {
+	reg := testenv.Registry(t)
+	var blobBytes atomic.Int64
+	target, _ := url.Parse("http://" + reg)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/blobs/") && r.Method == http.MethodGet {
+			w = &hubtest.CountingWriter{ResponseWriter: w, N: &blobBytes}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	defer front.Close()
+	host := strings.TrimPrefix(front.URL, "http://")
+	data := make([]byte, 4<<20)
+	for i := range data {
+		data[i] = byte(i*7 + i>>12)
+	}
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, "application/vnd.unknown.config.v1+json")
+	img, err := mutate.Append(img, mutate.Addendum{Layer: static.NewLayer(data, "application/vnd.oci.image.layer.v1.raw"), Annotations: map[string]string{AnnotationTitle: "w.bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ocitest.Push(t, reg, "bench/w:latest", img)
+	f := New(WithInsecureRegistries(host))
+	res, err := f.Resolve(context.Background(), fetchers.Source{URI: "oci://" + host + "/bench/w:latest"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const off = 3<<20 + 5
+	blobBytes.Store(0)
+	rc, err := f.Open(context.Background(), res.Files[0], off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || !bytes.Equal(got, data[off:]) {
+		t.Fatalf("from %d: %d bytes, %v: not the layer's", off, len(got), err)
+	}
+	if n := blobBytes.Load(); n != int64(len(data)-off) {
+		t.Fatalf("the registry sent %d bytes of the blob for the last %d; want only those", n, len(data)-off)
 	}
 }

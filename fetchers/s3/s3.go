@@ -44,8 +44,9 @@ import (
 // on first use, so a node without AWS configuration pays nothing until it
 // pulls from S3. Safe for concurrent use.
 type Fetcher struct {
-	conns  int   // parallel Range requests per large object
-	chunk  int64 // bytes per Range request
+	conns  int     // the most connections per large object
+	chunk  int64   // bytes per Range request
+	below  float64 // fetchers.Ranged.Below
 	once   sync.Once
 	client *s3.Client
 	err    error
@@ -68,9 +69,19 @@ func (f *Fetcher) WithStaticCredentials(id, secret, session string) *Fetcher {
 	return f
 }
 
-// New returns an S3 fetcher that fetches objects of at least 4 chunks with
-// conns parallel Range requests of chunk bytes (conns <= 1: one stream).
-// S3 limits the throughput of each connection; parallel ranges lift it.
+// WithRangeBelow sets the rate (bytes per second spent waiting on one
+// connection) under which an object gets Range connections; default
+// fetchers.DefaultRangeBelow. Call before first use.
+func (f *Fetcher) WithRangeBelow(bps float64) *Fetcher {
+	f.below = bps
+	return f
+}
+
+// New returns an S3 fetcher that reads an object on one stream and, for
+// objects of at least 4 chunks whose stream is the limit, adds Range
+// requests of chunk bytes up to conns connections (fetchers.AdaptiveReader;
+// conns <= 1: one stream). S3 limits the throughput of each connection;
+// parallel ranges lift it.
 func New(conns int, chunk int64) *Fetcher {
 	if chunk < 1<<20 {
 		chunk = 8 << 20
@@ -242,6 +253,14 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 	if err != nil {
 		return nil, fetchers.Permanent(err)
 	}
+	// The SDK validates a whole object's body against its stored checksum
+	// (SHA256 too) when it may; where that checksum is the file's Digest,
+	// the store hashes every byte against it anyway, so the SDK does not
+	// hash them a second time. Other checksums (CRCs) it still checks.
+	noSecondHash := func(*s3.Options) {}
+	if file.Digest != "" {
+		noSecondHash = func(o *s3.Options) { o.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired }
+	}
 	get := func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
 		in := &s3.GetObjectInput{Bucket: aws.String(q.Get("b")), Key: aws.String(q.Get("k"))}
 		if v := q.Get("v"); v != "" && v != "null" {
@@ -255,16 +274,13 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 		case off > 0:
 			in.Range = aws.String("bytes=" + strconv.FormatInt(off, 10) + "-")
 		}
-		out, err := c.GetObject(ctx, in)
+		out, err := c.GetObject(ctx, in, noSecondHash)
 		if err != nil {
 			return nil, explain(q.Get("b"), q.Get("k"), err)
 		}
 		return out.Body, nil
 	}
-	if f.conns > 1 && file.Size-offset >= 4*f.chunk {
-		return fetchers.ParallelReader(ctx, get, offset, file.Size, f.chunk, f.conns, fetchers.DefaultBackoff), nil
-	}
-	return get(ctx, offset, -1)
+	return fetchers.AdaptiveReader(ctx, fetchers.Ranged{Open: get, Size: file.Size, Chunk: f.chunk, Conns: f.conns, Below: f.below, Backoff: fetchers.DefaultBackoff}, offset)
 }
 
 // explain names the bucket and key and says what to do; throttling and
