@@ -105,14 +105,17 @@ func (d *Daemon) Changed() <-chan struct{} {
 }
 
 // SetPodHolders records which artifacts running pods use (from the
-// cluster): name → holders. They count as in use like leases.
-func (d *Daemon) SetPodHolders(h map[string][]api.Holder) {
+// cluster): name → holders. They count as in use like leases. names maps
+// the UID of each pod on this node to its "namespace/name": a CSI hold
+// found again in the mount table knows only the pod's UID, and is shown
+// under the pod's name once the cluster names it.
+func (d *Daemon) SetPodHolders(h map[string][]api.Holder, names map[string]string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if reflect.DeepEqual(h, d.podHolders) {
+	if reflect.DeepEqual(h, d.podHolders) && reflect.DeepEqual(names, d.podNames) {
 		return
 	}
-	d.podHolders = h
+	d.podHolders, d.podNames = h, names
 	d.notify()
 	d.kick() // an absent artifact a pod let go of may go now
 }

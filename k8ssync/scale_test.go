@@ -89,7 +89,7 @@ func (f *fakeNode) Changed() <-chan struct{} {
 	defer f.mu.Unlock()
 	return f.changed
 }
-func (f *fakeNode) SetPodHolders(map[string][]api.Holder) {}
+func (f *fakeNode) SetPodHolders(map[string][]api.Holder, map[string]string) {}
 
 // Resolve pins every source to a revision of its URI (the URI as is).
 func (f *fakeNode) Resolve(_ context.Context, ds api.Desire, _ map[string]string) (string, string, error) {

@@ -38,7 +38,7 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 				Message: fetchers.RedactText(n.Message), Reason: n.Reason}
 		}
 		for _, h := range a.InUse {
-			as.InUseBy = append(as.InUseBy, h.Kind+" "+h.ID)
+			as.InUseBy = append(as.InUseBy, h.String())
 		}
 		if a.LastPull != nil {
 			as.DownloadSeconds, as.BytesPerSecond = round(a.LastPull.Seconds), round(a.LastPull.BytesPerSecond)

@@ -54,7 +54,10 @@ type Node interface {
 	GPUs() api.GPUInventory
 	Root() string
 	Changed() <-chan struct{}
-	SetPodHolders(map[string][]api.Holder)
+	// SetPodHolders hands over the artifacts pods on this node mount
+	// (artifact → holders) and the names of those pods (UID →
+	// "namespace/name").
+	SetPodHolders(holders map[string][]api.Holder, names map[string]string)
 	// Resolve pins a desire's source (the elected daemon's one
 	// resolution for the cluster), with the ModelCache Secret's
 	// credentials: the immutable revision and the URI that names it.

@@ -189,7 +189,7 @@ func describe(w io.Writer, a *api.Artifact, now time.Time) {
 	if len(a.InUse) > 0 {
 		var hs []string
 		for _, h := range a.InUse {
-			hs = append(hs, h.Kind+" "+h.ID)
+			hs = append(hs, h.String())
 		}
 		field("In use by", "%s", strings.Join(hs, ", "))
 	}
