@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
@@ -34,9 +35,20 @@ func (d *Daemon) SetClusterDesires(want map[string]api.Desire, creds map[string]
 	d.desireMu.Lock()
 	defer d.desireMu.Unlock()
 	d.mu.Lock()
+	retry := false
+	for name, st := range d.arts {
+		// Credentials that changed (a rotated token in the Secret) may
+		// cure a failed pull, an AccessDenied too: retry it now.
+		if st.phase == api.PhaseFailed && st.cancel == nil && !reflect.DeepEqual(d.creds[name], creds[name]) {
+			st.permanent, st.nextRetry, retry = false, time.Time{}, true
+		}
+	}
 	d.creds = creds
 	old := d.clusterDesires
 	d.mu.Unlock()
+	if retry {
+		d.kick()
+	}
 	valid := make(map[string]api.Desire, len(want))
 	rejected := map[string]string{}
 	var errs []error

@@ -101,6 +101,14 @@ func (s *Syncer) aggregate(ctx context.Context) {
 }
 
 func (s *Syncer) lead(ctx context.Context) {
+	s.mu.Lock()
+	s.leading = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.leading = false
+		s.mu.Unlock()
+	}()
 	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.dyn, 10*time.Minute, "", longWatch)
 	mcn := df.ForResource(ModelCacheNodeGVR).Informer()
 	kick := make(chan struct{}, 1)
