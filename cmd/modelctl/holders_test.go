@@ -15,13 +15,15 @@ import (
 func TestHolderTextIsOneForm(t *testing.T) {
 	now := time.Now()
 	hs := []api.Holder{{Kind: "pod", ID: "ml/server-0", Revision: "r1"}, {Kind: "lease", ID: "batch-9", Revision: "r1"}}
-	a := &api.Artifact{Name: "m", Phase: api.PhaseReady, Revision: "r1", InUse: hs}
+	done := time.Date(2026, 11, 23, 10, 0, 30, 0, time.UTC)
+	a := &api.Artifact{Name: "m", Phase: api.PhaseReady, Revision: "r1", InUse: hs, LastPull: &api.PullStats{Seconds: 30, At: done}}
 	var list, inspect bytes.Buffer
 	listTable(&list, []api.ArtifactRow{a.Row()}, now, false)
 	describe(&inspect, a, now)
 	for _, c := range []struct{ what, out, want string }{
 		{"list", list.String(), "pod ml/server-0 (+1)"},
 		{"inspect", inspect.String(), "pod ml/server-0, lease batch-9"},
+		{"inspect", inspect.String(), "started 2026-11-23T10:00:00Z, completed 2026-11-23T10:00:30Z"},
 	} {
 		if !strings.Contains(c.out, c.want) {
 			t.Errorf("%s does not show %q:\n%s", c.what, c.want, c.out)
