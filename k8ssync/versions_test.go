@@ -36,7 +36,7 @@ func TestVersionStatusAddsUpTheNodes(t *testing.T) {
 			k8ssync.ArtifactStatus{Name: "llama-v2", ModelCache: "llama", Phase: "Downloading"}),
 		node("c", ready("llama", "c0", "sha256:0", "", "2026-11-22T09:00:00Z"),
 			k8ssync.ArtifactStatus{Name: "llama-v2", ModelCache: "llama", Phase: "Failed"}),
-		node("d", ready("llama", "c9", "sha256:9", "", "", "other/x")),// another ModelCache's artifact of that name
+		node("d", ready("llama", "c9", "sha256:9", "", "", "other/x")), // another ModelCache's artifact of that name
 
 	}
 	nodes[3].Status.Artifacts[0].ModelCache = "other"
