@@ -49,7 +49,8 @@ func (c secretRequests) RoundTrip(r *http.Request) (*http.Response, error) {
 // a ModelCache names (a list and a watch with metadata.name), never GETs
 // it again and again; when the token in it is rotated (the hub takes only
 // the new one), the next pull uses the new token at once, over the open
-// watch, with no further request for the Secret. A Role narrowed by
+// watch, with no further request for the Secret, and a pull that failed
+// for want of it (AccessDenied) is retried at once. A Role narrowed by
 // resourceNames to that Secret admits the node's watch and nothing else.
 func TestSecretRotationReachesTheFetcher(t *testing.T) {
 	cl := kubetest.Start(t)
@@ -64,8 +65,14 @@ func TestSecretRotationReachesTheFetcher(t *testing.T) {
 	hub := hubtest.New()
 	defer hub.Close()
 	apiHost := strings.TrimPrefix(strings.TrimPrefix(hub.URL(), "http://"), "https://")
+	var fileToken atomic.Value // when set, file downloads take only it (the API the last token)
+	fileToken.Store("")
 	hub.Hook = func(w http.ResponseWriter, r *http.Request) bool {
-		if r.Host == apiHost && r.Header.Get("Authorization") != "Bearer "+token.Load().(string) {
+		want := token.Load().(string)
+		if ft := fileToken.Load().(string); ft != "" && strings.Contains(r.URL.Path, "/resolve/") {
+			want = ft
+		}
+		if r.Host == apiHost && r.Header.Get("Authorization") != "Bearer "+want {
 			w.WriteHeader(http.StatusUnauthorized)
 			return true
 		}
@@ -73,6 +80,7 @@ func TestSecretRotationReachesTheFetcher(t *testing.T) {
 	}
 	hub.Commit("org/one", map[string][]byte{"config.json": []byte(`{"model_type":"x"}`), "w.safetensors": storetest.Data(50<<10, 1)}, "main")
 	hub.Commit("org/two", map[string][]byte{"config.json": []byte(`{"model_type":"y"}`), "w.safetensors": storetest.Data(50<<10, 2)}, "main")
+	hub.Commit("org/three", map[string][]byte{"config.json": []byte(`{"model_type":"z"}`), "w.safetensors": storetest.Data(50<<10, 3)}, "main")
 	t.Setenv("HF_ENDPOINT", hub.URL())
 	t.Setenv("HF_TOKEN", "")
 
@@ -111,15 +119,18 @@ func TestSecretRotationReachesTheFetcher(t *testing.T) {
 	}
 
 	// Rotate: the hub takes only the new token; the Secret has it.
+	rotate := func(tok string) {
+		sec, err := kc.CoreV1().Secrets("default").Get(ctx, "hf", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sec.Data = map[string][]byte{"HF_TOKEN": []byte(tok)}
+		if _, err := kc.CoreV1().Secrets("default").Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	token.Store("tok-2")
-	sec, err := kc.CoreV1().Secrets("default").Get(ctx, "hf", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sec.Data = map[string][]byte{"HF_TOKEN": []byte("tok-2")}
-	if _, err := kc.CoreV1().Secrets("default").Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	rotate("tok-2")
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("two", map[string]any{"source": "hf://org/two", "secretRef": ref}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -130,6 +141,22 @@ func TestSecretRotationReachesTheFetcher(t *testing.T) {
 	if len(after) != len(before) {
 		t.Errorf("the rotation cost requests for the Secret (it must come over the open watch): %q", after[len(before):])
 	}
+
+	// A pull that failed for want of the new token (AccessDenied: not
+	// retried on its own) is retried as soon as the Secret has it.
+	fileToken.Store("tok-3")
+	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("three", map[string]any{"source": "hf://org/three", "secretRef": ref}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "three Failed: its files refuse tok-2", 30*time.Second, func() error {
+		if x, _ := a.c.Get(ctx, "three"); x == nil || x.Phase != api.PhaseFailed || x.Reason != api.ReasonAccessDenied {
+			return fmt.Errorf("%+v", x)
+		}
+		return nil
+	})
+	token.Store("tok-3")
+	rotate("tok-3")
+	ready("three")
 
 	// RBAC: resourceNames narrow the node's list and watch to the Secret.
 	u, err := cl.Env.AddUser(envtest.User{Name: "narrow"}, nil)
