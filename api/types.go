@@ -389,6 +389,11 @@ type Holder struct {
 	Expires  *time.Time `json:"expires,omitempty"`
 }
 
+// String is how every view writes a holder: "pod ns/name", "lease job-7",
+// "process pid 123 (python3)" (modelctl list and inspect, a
+// ModelCacheNode's inUseBy, log lines).
+func (h Holder) String() string { return h.Kind + " " + h.ID }
+
 // LeaseRequest takes or renews a lease on an artifact's current version.
 type LeaseRequest struct {
 	Holder string `json:"holder"`

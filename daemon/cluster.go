@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
@@ -34,9 +35,20 @@ func (d *Daemon) SetClusterDesires(want map[string]api.Desire, creds map[string]
 	d.desireMu.Lock()
 	defer d.desireMu.Unlock()
 	d.mu.Lock()
+	retry := false
+	for name, st := range d.arts {
+		// Credentials that changed (a rotated token in the Secret) may
+		// cure a failed pull, an AccessDenied too: retry it now.
+		if st.phase == api.PhaseFailed && st.cancel == nil && !reflect.DeepEqual(d.creds[name], creds[name]) {
+			st.permanent, st.nextRetry, retry = false, time.Time{}, true
+		}
+	}
 	d.creds = creds
 	old := d.clusterDesires
 	d.mu.Unlock()
+	if retry {
+		d.kick()
+	}
 	valid := make(map[string]api.Desire, len(want))
 	rejected := map[string]string{}
 	var errs []error
@@ -105,14 +117,17 @@ func (d *Daemon) Changed() <-chan struct{} {
 }
 
 // SetPodHolders records which artifacts running pods use (from the
-// cluster): name → holders. They count as in use like leases.
-func (d *Daemon) SetPodHolders(h map[string][]api.Holder) {
+// cluster): name → holders. They count as in use like leases. names maps
+// the UID of each pod on this node to its "namespace/name": a CSI hold
+// found again in the mount table knows only the pod's UID, and is shown
+// under the pod's name once the cluster names it.
+func (d *Daemon) SetPodHolders(h map[string][]api.Holder, names map[string]string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if reflect.DeepEqual(h, d.podHolders) {
+	if reflect.DeepEqual(h, d.podHolders) && reflect.DeepEqual(names, d.podNames) {
 		return
 	}
-	d.podHolders = h
+	d.podHolders, d.podNames = h, names
 	d.notify()
 	d.kick() // an absent artifact a pod let go of may go now
 }

@@ -67,8 +67,9 @@ func (d *Daemon) loadCSIHolds() {
 // directory that shows a version's tree of this store, found in the mount
 // table (csi.FindBinds), becomes a hold of that version, under the
 // volume ID kubelet recorded in vol_data.json beside it. The pod's name
-// is not in the mount table; the holder is "pod uid <uid>" until kubelet
-// unpublishes the volume. A mount of a hold's composed tree whose record
+// is not in the mount table; the holder shows as "pod uid <uid>" until the
+// cluster sync names the pod of that UID (SetPodHolders), and the hold
+// lasts until kubelet unpublishes the volume. A mount of a hold's composed tree whose record
 // is lost cannot say which versions it shows; it is logged and left.
 // Called from New, before anything can evict.
 func (d *Daemon) rediscoverCSIMounts() {
@@ -132,7 +133,7 @@ func (d *Daemon) readyVersion(name, rev string) (cachestore.Version, bool) {
 // csiUses adds the CSI holds to an in-use map; called with d.mu held.
 func (d *Daemon) csiUses(out map[string][]api.Holder) {
 	for _, v := range d.csiHolds {
-		h := csiHolder(v)
+		h := csiHolder(v, d.podNames)
 		k := capacity.Key(v.Model, v.Revision)
 		out[k] = append(out[k], h)
 		for _, kc := range v.Kernels {
@@ -143,9 +144,16 @@ func (d *Daemon) csiUses(out map[string][]api.Holder) {
 	}
 }
 
-func csiHolder(v csi.Volume) api.Holder {
+// csiHolder is the holder a CSI hold shows: the pod by namespace/name
+// (from the publish, or for a hold found again in the mount table, from
+// names: pod UID → namespace/name, as the cluster knows the node's pods),
+// else by UID, else the volume.
+func csiHolder(v csi.Volume, names map[string]string) api.Holder {
 	if v.PodName != "" {
 		return api.Holder{Kind: "pod", ID: v.PodNamespace + "/" + v.PodName, Revision: v.Revision}
+	}
+	if n, ok := names[v.PodUID]; ok && v.PodUID != "" {
+		return api.Holder{Kind: "pod", ID: n, Revision: v.Revision}
 	}
 	if v.PodUID != "" {
 		return api.Holder{Kind: "pod", ID: "uid " + v.PodUID, Revision: v.Revision}

@@ -165,7 +165,7 @@ func holders(t *testing.T, h *harness, name string) []string {
 	}
 	var out []string
 	for _, x := range a.InUse {
-		out = append(out, x.Kind+" "+x.ID+"@"+x.Revision)
+		out = append(out, x.String()+"@"+x.Revision)
 	}
 	sort.Strings(out)
 	return out
@@ -431,7 +431,8 @@ func TestCSINotReadyStatus(t *testing.T) {
 // revision, and the daemon rebuilds it from the trees at start. The pod's
 // hold comes back (from its record under holds/, with the pod's name; or,
 // with that gone too, from the mount table and kubelet's vol_data.json,
-// with the pod's UID), the revision survives an eviction pass that takes
+// with the pod's UID until the cluster names the pod of that UID), the
+// revision survives an eviction pass that takes
 // everything it can, and unpublish releases it as usual.
 func TestCSIHoldsSurviveALostIndex(t *testing.T) {
 	for _, c := range []struct {
@@ -477,6 +478,12 @@ func TestCSIHoldsSurviveALostIndex(t *testing.T) {
 			defer r.stop()
 			if got := holders(t, r.harness, "m"); len(got) != 1 || got[0] != c.holder+rev {
 				t.Fatalf("after the index was rebuilt inUse is %v, want [%s%s]", got, c.holder, rev)
+			}
+			// The cluster sync names the node's pods by UID: a hold known
+			// only by its pod's UID then shows the pod's namespace/name.
+			r.d.SetPodHolders(nil, map[string]string{"uid-1": "ml/pod-vol-1", "uid-2": "ml/other"})
+			if got := holders(t, r.harness, "m"); len(got) != 1 || got[0] != "pod ml/pod-vol-1@"+rev {
+				t.Fatalf("with the pod's UID named by the cluster inUse is %v, want [pod ml/pod-vol-1@%s]", got, rev)
 			}
 			if _, err := r.d.evictPass(context.Background(), 1<<40); err != nil {
 				t.Fatal(err)

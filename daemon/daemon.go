@@ -73,13 +73,15 @@ type Daemon struct {
 	fileDesires map[string]api.Desire
 	// clusterDesires come from ModelCache objects (k8ssync); creds are
 	// their sources' credentials from Secrets, in memory only; podHolders
-	// are running pods that mount artifacts.
+	// are running pods that mount artifacts; podNames maps the UIDs of
+	// the pods on this node to "namespace/name".
 	clusterDesires map[string]api.Desire
 	// clusterRejected: cluster desires that failed validation, with why;
 	// shown as Failed (InvalidSpec) while the others apply.
 	clusterRejected map[string]string
 	creds           map[string]map[string]string
 	podHolders      map[string][]api.Holder
+	podNames        map[string]string
 	credFetchers    map[string]fetchers.Fetcher
 	fileErrors      []string
 	arts            map[string]*artState

@@ -5,7 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
+	"sort"
 	"strconv"
 	"time"
 
@@ -101,6 +104,14 @@ func (s *Syncer) aggregate(ctx context.Context) {
 }
 
 func (s *Syncer) lead(ctx context.Context) {
+	s.mu.Lock()
+	s.leading = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.leading = false
+		s.mu.Unlock()
+	}()
 	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.dyn, 10*time.Minute, "", longWatch)
 	mcn := df.ForResource(ModelCacheNodeGVR).Informer()
 	kick := make(chan struct{}, 1)
@@ -198,38 +209,14 @@ func aggregate(mc *ModelCache, nodes []ModelCacheNode, now time.Time) (ModelCach
 	st := ModelCacheStatus{ObservedGeneration: mc.Generation, Resolved: recordDigests(mc.Status.Resolved, statuses)}
 	var flips []flip
 	st.Active, st.Rollout, flips = rollouts(mc, st.Resolved, nodes, now)
-	revs := map[string]int{}
-	for _, n := range statuses {
-		for _, a := range n.Artifacts {
-			if a.Name != mc.Name || a.ModelCache != mc.Name {
-				continue
-			}
-			st.Nodes.Total++
-			switch api.Phase(a.Phase) {
-			case api.PhaseReady:
-				st.Nodes.Ready++
-				revs[a.Revision]++
-			case api.PhaseDownloading:
-				st.Nodes.Downloading++
-			case api.PhaseFailed:
-				st.Nodes.Failed++
-			case api.PhaseIncompatible:
-				st.Nodes.Incompatible++
-			default:
-				st.Nodes.Pending++
-			}
-		}
-	}
-	best := 0
-	for r, n := range revs {
-		if n > best || (n == best && r < st.Revision) {
-			st.Revision, best = r, n
-		}
+	st.Versions = versionStatuses(mc, statuses)
+	st.Nodes = st.Versions[0].Nodes
+	if len(st.Versions[0].Revisions) > 0 {
+		st.Revision = st.Versions[0].Revisions[0].Revision // the most common Ready revision
 	}
 	if e, ok := activeOf(&ModelCache{Status: st}, mc.Name); ok && e.Revision != "" {
 		st.Revision = e.Revision // the cluster's active revision, not a vote
 	}
-	st.Nodes.ReadyText = strconv.Itoa(st.Nodes.Ready) + "/" + strconv.Itoa(st.Nodes.Total)
 	ready := metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NotReadyEverywhere",
 		Message: st.Nodes.ReadyText + " selected nodes hold it", ObservedGeneration: mc.Generation}
 	if st.Nodes.Total > 0 && st.Nodes.Ready == st.Nodes.Total {
@@ -332,4 +319,66 @@ func (s *Syncer) aggregationProblem(err error) {
 		s.log.Info("k8s sync: the aggregator's Lease can be written again", "namespace", s.cfg.Namespace)
 	}
 	s.poke()
+}
+
+// versionStatuses is status.versions: for mc's main artifact, then each
+// versions entry, what the nodes report of it.
+func versionStatuses(mc *ModelCache, nodes []ModelCacheNodeStatus) []VersionStatus {
+	out := []VersionStatus{versionStatus(mc.Name, mc.Name, "", nodes)}
+	for _, v := range mc.Spec.Versions {
+		out = append(out, versionStatus(mc.Name, mc.Name+"-"+v.Suffix, v.Suffix, nodes))
+	}
+	return out
+}
+
+// versionStatus counts one artifact of ModelCache owner over the nodes:
+// phases, the Ready revisions (most served first, then by name), the pods
+// (sorted, at most MaxStatusPods), the latest use and download.
+func versionStatus(owner, artifact, suffix string, nodes []ModelCacheNodeStatus) VersionStatus {
+	vs := VersionStatus{Artifact: artifact, Suffix: suffix}
+	type rd struct{ rev, digest string }
+	revs := map[rd]int{}
+	pods := map[string]bool{}
+	for _, n := range nodes {
+		for _, a := range n.Artifacts {
+			if a.Name != artifact || a.ModelCache != owner {
+				continue
+			}
+			vs.Nodes.Total++
+			switch api.Phase(a.Phase) {
+			case api.PhaseReady:
+				vs.Nodes.Ready++
+				revs[rd{a.Revision, a.Digest}]++
+			case api.PhaseDownloading:
+				vs.Nodes.Downloading++
+			case api.PhaseFailed:
+				vs.Nodes.Failed++
+			case api.PhaseIncompatible:
+				vs.Nodes.Incompatible++
+			default:
+				vs.Nodes.Pending++
+			}
+			for _, p := range a.Pods {
+				pods[p] = true
+			}
+			vs.LastUsed = max(vs.LastUsed, a.LastUsed) // RFC 3339 in UTC sorts as time
+			vs.LastDownloaded = max(vs.LastDownloaded, a.DownloadCompleted)
+		}
+	}
+	vs.Nodes.ReadyText = strconv.Itoa(vs.Nodes.Ready) + "/" + strconv.Itoa(vs.Nodes.Total)
+	for r, n := range revs {
+		vs.Revisions = append(vs.Revisions, RevisionCount{Revision: r.rev, Digest: r.digest, Nodes: n})
+	}
+	sort.Slice(vs.Revisions, func(i, j int) bool {
+		a, b := vs.Revisions[i], vs.Revisions[j]
+		if a.Nodes != b.Nodes {
+			return a.Nodes > b.Nodes
+		}
+		return a.Revision+a.Digest < b.Revision+b.Digest
+	})
+	vs.Revisions = vs.Revisions[:min(len(vs.Revisions), MaxStatusRevisions)]
+	vs.PodCount = len(pods)
+	vs.Pods = slices.Sorted(maps.Keys(pods))
+	vs.Pods = vs.Pods[:min(len(vs.Pods), MaxStatusPods)]
+	return vs
 }

@@ -68,6 +68,8 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 	want, pending = map[string]api.Desire{}, map[string]string{}
 	creds = map[string]map[string]string{}
 	owners = map[string]string{}
+	secrets := map[string]bool{} // the Secrets the selected ModelCaches name
+	defer s.keepSecrets(secrets, all)
 	var nodeLabels map[string]string
 	if node != nil {
 		nodeLabels = node.Labels
@@ -125,9 +127,14 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 			owners[n] = mc.Name
 		}
 		if ref := mc.Spec.SecretRef; ref != nil {
+			secrets[ref.Namespace+"/"+ref.Name] = true
 			data, err := s.secret(ctx, ref.Namespace, ref.Name)
-			if err != nil {
-				s.log.Warn("k8s sync: credentials", "modelcache", mc.Name, "secret", ref.Namespace+"/"+ref.Name, "err", err)
+			if s.secrets.changed(ref.Namespace+"/"+ref.Name, err) {
+				if err != nil {
+					s.log.Warn("k8s sync: credentials", "modelcache", mc.Name, "secret", ref.Namespace+"/"+ref.Name, "err", err)
+				} else {
+					s.log.Info("k8s sync: credentials read", "modelcache", mc.Name, "secret", ref.Namespace+"/"+ref.Name)
+				}
 			}
 			if data != nil {
 				for n, o := range owners {
@@ -158,32 +165,4 @@ func (s *Syncer) wantOrWait(want map[string]api.Desire, pending map[string]strin
 		return
 	}
 	pending[ds.Name] = why
-}
-
-// secret reads one referenced Secret (only those; cached for a minute).
-func (s *Syncer) secret(ctx context.Context, ns, name string) (map[string]string, error) {
-	key := ns + "/" + name
-	s.mu.Lock()
-	e, ok := s.secretCache[key]
-	s.mu.Unlock()
-	if ok && time.Since(e.at) < time.Minute {
-		return e.data, nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	sec, err := s.kc.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		if ok {
-			return e.data, err // keep the last known while the API server is away
-		}
-		return nil, err
-	}
-	data := map[string]string{}
-	for k, v := range sec.Data {
-		data[k] = string(v)
-	}
-	s.mu.Lock()
-	s.secretCache[key] = secretEntry{data: data, at: time.Now()}
-	s.mu.Unlock()
-	return data, nil
 }

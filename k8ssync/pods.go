@@ -14,8 +14,9 @@ import (
 // podHolders maps the artifacts that pods on this node mount (a hostPath
 // under the store root, or a PV the loop made) to the pods. The daemon's
 // own pod (Config.Self) mounts the whole store and is never a holder.
-func (s *Syncer) podHolders() map[string][]api.Holder {
-	out := map[string][]api.Holder{}
+// names maps the UID of every pod on this node to its namespace/name.
+func (s *Syncer) podHolders() (out map[string][]api.Holder, podNames map[string]string) {
+	out, podNames = map[string][]api.Holder{}, map[string]string{}
 	root := strings.TrimRight(s.node.Root(), "/")
 	var names []string // every artifact, listed once and only for a pod that mounts a whole directory
 	listed := false
@@ -31,6 +32,7 @@ func (s *Syncer) podHolders() map[string][]api.Holder {
 			continue
 		}
 		id := p.Namespace + "/" + p.Name
+		podNames[string(p.UID)] = id
 		if s.cfg.Self != "" && id == s.cfg.Self {
 			continue
 		}
@@ -56,7 +58,7 @@ func (s *Syncer) podHolders() map[string][]api.Holder {
 			}
 		}
 	}
-	return out
+	return out, podNames
 }
 
 func (s *Syncer) allNames() []string {

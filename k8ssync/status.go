@@ -38,13 +38,25 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 				Message: fetchers.RedactText(n.Message), Reason: n.Reason}
 		}
 		for _, h := range a.InUse {
-			as.InUseBy = append(as.InUseBy, h.Kind+" "+h.ID)
+			as.InUseBy = append(as.InUseBy, h.String())
+			if h.Kind == "pod" && !slices.Contains(as.Pods, h.ID) {
+				as.Pods = append(as.Pods, h.ID)
+			}
 		}
-		if a.LastPull != nil {
-			as.DownloadSeconds, as.BytesPerSecond = round(a.LastPull.Seconds), round(a.LastPull.BytesPerSecond)
+		sort.Strings(as.Pods)
+		if lp := a.LastPull; lp != nil {
+			as.DownloadSeconds, as.BytesPerSecond = round(lp.Seconds), round(lp.BytesPerSecond)
+			done := lp.At.UTC().Truncate(time.Second)
+			as.DownloadCompleted = done.Format(time.RFC3339)
+			as.DownloadStarted = done.Add(-time.Duration(lp.Seconds * float64(time.Second))).Truncate(time.Second).Format(time.RFC3339)
+		}
+		if p := a.Progress; p != nil && a.Phase == api.PhaseDownloading && !p.Started.IsZero() {
+			as.DownloadStarted, as.DownloadCompleted = p.Started.UTC().Truncate(time.Second).Format(time.RFC3339), ""
 		}
 		if a.LastUsed != nil {
-			as.LastUsed = a.LastUsed.UTC().Truncate(time.Minute).Format(time.RFC3339) // minutes: no status churn on every read
+			// Hours: a model in use would otherwise write status on every
+			// read (a request per minute per node); the heartbeat is hourly.
+			as.LastUsed = a.LastUsed.UTC().Truncate(time.Hour).Format(time.RFC3339)
 		}
 		st.Artifacts = append(st.Artifacts, as)
 	}

@@ -9,8 +9,8 @@
 // Where each concern lives:
 //
 //	sync.go       the Node it serves, Config, New, Run and one pass of the loop
-//	desires.go    ModelCache objects selected for this node → desires, and
-//	              the Secrets that hold their credentials
+//	desires.go    ModelCache objects selected for this node → desires
+//	secrets.go    watches of the Secrets that hold their credentials
 //	pods.go       pods on this node that mount an artifact (hostPath or a
 //	              PV of ours) → the holders that keep it from eviction
 //	events.go     Events on a ModelCache when one of its artifacts changes phase
@@ -54,7 +54,10 @@ type Node interface {
 	GPUs() api.GPUInventory
 	Root() string
 	Changed() <-chan struct{}
-	SetPodHolders(map[string][]api.Holder)
+	// SetPodHolders hands over the artifacts pods on this node mount
+	// (artifact → holders) and the names of those pods (UID →
+	// "namespace/name").
+	SetPodHolders(holders map[string][]api.Holder, names map[string]string)
 	// Resolve pins a desire's source (the elected daemon's one
 	// resolution for the cluster), with the ModelCache Secret's
 	// credentials: the immutable revision and the URI that names it.
@@ -123,7 +126,8 @@ type Syncer struct {
 	nodeInf cache.SharedIndexInformer
 	podInf  cache.SharedIndexInformer
 
-	kick chan struct{}
+	kick    chan struct{}
+	secrets secretWatches // the watches of the Secrets ModelCaches name (secrets.go)
 
 	mu           sync.Mutex
 	lastStatus   []byte
@@ -133,7 +137,6 @@ type Syncer struct {
 	lastWant     map[string]api.Desire // the desires last handed to the daemon
 	labelPatch   string                // the last patch of this node's labels, and when
 	labelPatchAt time.Time
-	secretCache  map[string]secretEntry
 	polled       map[string]time.Time // modelcache/artifact → when this leader last polled its source
 	flipped      map[string]string    // modelcache/artifact → the revision this leader last made active (one Event per flip)
 	nexts        map[string]string    // artifact → the phase of its prefetch at the last pass (for Events)
@@ -141,11 +144,7 @@ type Syncer struct {
 	timer        bool   // a later poke is pending
 	created      bool   // this node's ModelCacheNode exists
 	aggProblem   string // why this node cannot take part in aggregation ("" when it can)
-}
-
-type secretEntry struct {
-	data map[string]string
-	at   time.Time
+	leading      bool   // this daemon is the elected one
 }
 
 // New prepares the loop; Run starts it.
@@ -186,7 +185,7 @@ func New(cfg Config, node Node) (*Syncer, error) {
 		return nil, err
 	}
 	s := &Syncer{cfg: cfg, node: node, log: cfg.Log, kc: kc, dyn: dyn, kick: make(chan struct{}, 1),
-		phases: map[string]string{}, owners: map[string]string{}, secretCache: map[string]secretEntry{},
+		phases: map[string]string{}, owners: map[string]string{},
 		polled: map[string]time.Time{}, flipped: map[string]string{}, nexts: map[string]string{},
 		pvRL: flowcontrol.NewTokenBucketRateLimiter(cfg.PVQPS, cfg.PVBurst)}
 	b := record.NewBroadcaster(record.WithCorrelatorOptions(record.CorrelatorOptions{QPS: 1.0 / 10, BurstSize: 10}))
@@ -248,6 +247,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 	df.Start(ctx.Done())
 	nf.Start(ctx.Done())
 	pf.Start(ctx.Done())
+	defer s.keepSecrets(map[string]bool{}, nil) // stops the Secrets' watches
 	if s.cfg.Aggregate {
 		go s.aggregate(ctx)
 	}

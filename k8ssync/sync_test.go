@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -358,6 +359,42 @@ func TestClusterSync(t *testing.T) {
 		x, err := a.c.Get(ctx, "both")
 		if err != nil || len(x.InUse) != 1 || x.InUse[0].Kind != "pod" || x.InUse[0].ID != "default/vllm" {
 			return fmt.Errorf("want the one holder pod default/vllm (the daemon's own pod is none): %+v %v", x, err)
+		}
+		return nil
+	})
+	// Per-version status: the node reports the pod by name (the holder in
+	// the one form), the download's start and end, the last use to the
+	// hour; the ModelCache adds up every node's.
+	eventually(t, "node-a reports the pod, the download and the last use of both", 20*time.Second, func() error {
+		n, err := nodeStatus(dyn, "node-a")
+		if err != nil {
+			return err
+		}
+		as := artifactOn(n, "both")
+		if as == nil || !slices.Equal(as.InUseBy, []string{"pod default/vllm"}) || !slices.Equal(as.Pods, []string{"default/vllm"}) {
+			return fmt.Errorf("holders %+v", as)
+		}
+		started, err1 := time.Parse(time.RFC3339, as.DownloadStarted)
+		done, err2 := time.Parse(time.RFC3339, as.DownloadCompleted)
+		used, err3 := time.Parse(time.RFC3339, as.LastUsed)
+		if err := errors.Join(err1, err2, err3); err != nil || done.Before(started) || !used.Equal(used.Truncate(time.Hour)) {
+			return fmt.Errorf("times started %q completed %q lastUsed %q (%v)", as.DownloadStarted, as.DownloadCompleted, as.LastUsed, err)
+		}
+		return nil
+	})
+	eventually(t, "the ModelCache's status.versions of both", 20*time.Second, func() error {
+		m := getMC(t, dyn, "both")
+		if m == nil || len(m.Status.Versions) != 1 {
+			return fmt.Errorf("%+v", m)
+		}
+		v := m.Status.Versions[0]
+		x, err := a.c.Get(ctx, "both")
+		if err != nil {
+			return err
+		}
+		if v.Artifact != "both" || v.Nodes.ReadyText != "2/2" || len(v.Revisions) != 1 || v.Revisions[0] != (k8ssync.RevisionCount{Revision: x.Revision, Digest: x.ManifestDigest, Nodes: 2}) ||
+			!slices.Equal(v.Pods, []string{"default/vllm"}) || v.PodCount != 1 || v.LastUsed == "" || v.LastDownloaded == "" {
+			return fmt.Errorf("%+v", v)
 		}
 		return nil
 	})

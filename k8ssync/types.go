@@ -142,6 +142,49 @@ type ModelCacheStatus struct {
 	// Rollout is the main artifact's rollout: target and active revision,
 	// the nodes that hold the target.
 	Rollout *RolloutStatus `json:"rollout,omitempty"`
+	// Versions is, per model artifact (the main source first, then each
+	// versions entry), what the nodes report of it: nodes by phase, the
+	// revisions and folder checksums seen, the pods that use it and when
+	// it was last used anywhere.
+	Versions []VersionStatus `json:"versions,omitempty"`
+}
+
+// Bounds of status.versions, which must stay small (one object, written
+// whole): at most MaxStatusPods pods and MaxStatusRevisions revisions are
+// listed; the counts say how many there are.
+const (
+	MaxStatusPods      = 20
+	MaxStatusRevisions = 10
+)
+
+// VersionStatus is one model artifact of a ModelCache across the nodes.
+type VersionStatus struct {
+	// Artifact is the node artifact: the ModelCache's name, or
+	// <name>-<suffix> for a versions entry (Suffix).
+	Artifact string `json:"artifact"`
+	Suffix   string `json:"suffix,omitempty"`
+	// Nodes counts the selected nodes by the artifact's phase.
+	Nodes NodeCounts `json:"nodes"`
+	// Revisions are the revisions the nodes serve (Ready), each with its
+	// folder checksum and how many nodes serve it: more than one is drift
+	// or a rollout. At most MaxStatusRevisions, most served first.
+	Revisions []RevisionCount `json:"revisions,omitempty"`
+	// Pods are the pods that use the artifact on any node, as
+	// namespace/name, sorted; at most MaxStatusPods, PodCount is all.
+	Pods     []string `json:"pods,omitempty"`
+	PodCount int      `json:"podCount"`
+	// LastUsed is the latest use on any node, to the hour (RFC 3339).
+	LastUsed string `json:"lastUsed,omitempty"`
+	// LastDownloaded is when the latest download of it finished on any
+	// node (RFC 3339).
+	LastDownloaded string `json:"lastDownloaded,omitempty"`
+}
+
+// RevisionCount is one revision served by some nodes.
+type RevisionCount struct {
+	Revision string `json:"revision"`
+	Digest   string `json:"digest,omitempty"`
+	Nodes    int    `json:"nodes"`
 }
 
 // Rollout phases.
@@ -255,15 +298,27 @@ type ArtifactStatus struct {
 	Phase      string `json:"phase"`
 	Revision   string `json:"revision,omitempty"`
 	// Source is the (redacted) source the current revision came from.
-	Source          string   `json:"source,omitempty"`
-	Digest          string   `json:"digest,omitempty"`
-	Bytes           int64    `json:"bytes"`
-	LastUsed        string   `json:"lastUsed,omitempty"`
-	InUseBy         []string `json:"inUseBy,omitempty"`
-	DownloadSeconds float64  `json:"downloadSeconds,omitempty"`
-	BytesPerSecond  float64  `json:"bytesPerSecond,omitempty"`
-	Message         string   `json:"message,omitempty"`
-	Reason          string   `json:"reason,omitempty"`
+	Source string `json:"source,omitempty"`
+	Digest string `json:"digest,omitempty"`
+	Bytes  int64  `json:"bytes"`
+	// LastUsed is when the current revision was last used (read, leased,
+	// pulled), to the hour (RFC 3339): a model in use writes no status
+	// for it more than once an hour.
+	LastUsed string `json:"lastUsed,omitempty"`
+	// InUseBy are what holds it: "pod ns/name", "lease <holder>",
+	// "process pid 12 (python3)"; Pods the pods among them, as
+	// namespace/name.
+	InUseBy []string `json:"inUseBy,omitempty"`
+	Pods    []string `json:"pods,omitempty"`
+	// DownloadStarted and DownloadCompleted are when this node's last
+	// download of the current revision started and finished (RFC 3339,
+	// seconds); DownloadStarted alone while one is in flight.
+	DownloadStarted   string  `json:"downloadStarted,omitempty"`
+	DownloadCompleted string  `json:"downloadCompleted,omitempty"`
+	DownloadSeconds   float64 `json:"downloadSeconds,omitempty"`
+	BytesPerSecond    float64 `json:"bytesPerSecond,omitempty"`
+	Message           string  `json:"message,omitempty"`
+	Reason            string  `json:"reason,omitempty"`
 	// Next is the revision this node prefetches for a rollout while
 	// Revision serves.
 	Next *NextStatus `json:"next,omitempty"`

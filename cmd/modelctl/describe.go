@@ -184,12 +184,15 @@ func describe(w io.Writer, a *api.Artifact, now time.Time) {
 		field("Last used", "%s", ago(*a.LastUsed))
 	}
 	if lp := a.LastPull; lp != nil {
-		field("Last pull", "%s fetched in %s (%s/s), %s", api.FormatBytes(lp.BytesFetched), humanDuration(time.Duration(lp.Seconds*float64(time.Second))), api.FormatBytes(int64(lp.BytesPerSecond)), ago(lp.At))
+		took := time.Duration(lp.Seconds * float64(time.Second))
+		field("Last pull", "%s fetched in %s (%s/s), %s", api.FormatBytes(lp.BytesFetched), humanDuration(took), api.FormatBytes(int64(lp.BytesPerSecond)), ago(lp.At))
+		// As a ModelCacheNode reports it (downloadStarted, downloadCompleted).
+		field("Downloaded", "started %s, completed %s", lp.At.Add(-took).UTC().Format(time.RFC3339), lp.At.UTC().Format(time.RFC3339))
 	}
 	if len(a.InUse) > 0 {
 		var hs []string
 		for _, h := range a.InUse {
-			hs = append(hs, h.Kind+" "+h.ID)
+			hs = append(hs, h.String())
 		}
 		field("In use by", "%s", strings.Join(hs, ", "))
 	}

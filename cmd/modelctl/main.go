@@ -589,7 +589,7 @@ func inUseText(hs []api.Holder) string {
 	if len(hs) == 0 {
 		return "-"
 	}
-	s := hs[0].Kind + ":" + hs[0].ID
+	s := hs[0].String()
 	if len(hs) > 1 {
 		s += fmt.Sprintf(" (+%d)", len(hs)-1)
 	}
