@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
 )
 
@@ -52,8 +54,14 @@ func TestKillSoakHundredPulls(t *testing.T) {
 	env := "HF_ENDPOINT=" + hub.URL()
 	e := newEnv(t)
 	e.start(env)
+	// Queued through the API, not 100 runs of modelctl: on a loaded machine
+	// those took longer than the pulls, which were all Ready before the
+	// first kill.
+	c := &api.Client{Socket: e.socket}
 	for i := 0; i < models; i++ {
-		e.mustCtl("pull", fmt.Sprintf("hf://soak/m%03d", i), "--name", fmt.Sprintf("m%03d", i), "--no-wait")
+		if _, err := c.Pull(context.Background(), api.PullRequest{Name: fmt.Sprintf("m%03d", i), URI: fmt.Sprintf("hf://soak/m%03d", i)}, false, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	deadline := time.Now().Add(3 * time.Minute)
 	kills, fscks := 0, 0
