@@ -242,7 +242,7 @@ func getArray[T any](ctx context.Context, c *Client, path string) ([]T, error) {
 	// copied. The count only sizes memory, bounded; the body decides.
 	first := 64
 	if n, err := strconv.Atoi(resp.Header.Get(HeaderCount)); err == nil && n > 0 {
-		first = min(n, 1<<20)
+		first = min(n, 1<<16) // a few MiB at most, whatever the header says
 	}
 	var chunks [][]T
 	chunk, n := make([]T, 0, first), 0
