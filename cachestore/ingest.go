@@ -56,9 +56,13 @@ type WriterOpts struct {
 	Owner string
 }
 
-// Writer streams one blob into the store. The bytes are hashed on one
-// goroutine and written on another (with O_DIRECT where the filesystem
-// allows it), so the caller's goroutine only copies from the network.
+// Writer streams one blob into the store. The caller's goroutine copies
+// from the network and hashes each buffer as it fills; another goroutine
+// writes it (with O_DIRECT where the filesystem allows it), so the disk
+// works while the next buffer is read and hashed. A third goroutine for
+// the hash cost more than it gave: each buffer then woke two goroutines
+// and waited for both, and on a 2-core VM the extra hand-offs took 15 %
+// more CPU for the same or less throughput (docs/benchmarks.md).
 //
 // A Writer is not safe for concurrent use. After Commit or Close it must not
 // be used again; reopen the ref with Store.Writer to resume.
@@ -75,7 +79,6 @@ type Writer struct {
 	cur      *ioBuf
 	free     chan *ioBuf
 	bufs     int // buffers taken from bufPool, at most ioBuffers
-	hashCh   chan *ioBuf
 	writeCh  chan *ioBuf
 	wg       sync.WaitGroup
 	unsynced int64 // bytes written since the last fdatasync (write goroutine only)
@@ -86,13 +89,12 @@ type Writer struct {
 }
 
 // Stages is where a Writer's time went, summed over its life: hashing
-// (on its own goroutine), writing the data (on another), and fsync (the
-// periodic fdatasyncs while writing and the one at Commit). Hash and
-// write run beside the caller's reads, so they overlap each other and
-// the network; a stage that takes as long as the whole transfer is the
-// one that bounds it.
+// (on the caller's goroutine, between reads), writing the data (on
+// another goroutine, beside the reads), and fsync (the periodic
+// fdatasyncs while writing and the one at Commit). A stage that takes as
+// long as the whole transfer is the one that bounds it.
 // Wait is the time the caller's Write or ReadFrom waited for a free
-// buffer: hashing or the disk falling behind.
+// buffer: the disk falling behind.
 type Stages struct {
 	Hash, Write, Sync, Wait time.Duration
 }
@@ -115,7 +117,6 @@ type ioBuf struct {
 	mapped bool   // mem is an anonymous mapping (bufPool)
 	n      int
 	pos    int64
-	refs   atomic.Int32
 }
 
 // alignOffset is how far into raw the first ioAlign-aligned byte is.
@@ -203,10 +204,8 @@ func (s *Store) openWriter(ctx context.Context, opts WriterOpts) (*Writer, error
 	}
 
 	w.free = make(chan *ioBuf, ioBuffers) // filled as needed (next): a small blob takes one buffer
-	w.hashCh = make(chan *ioBuf, ioBuffers)
 	w.writeCh = make(chan *ioBuf, ioBuffers)
-	w.wg.Add(2)
-	go w.hashLoop()
+	w.wg.Add(1)
 	go w.writeLoop()
 	return w, nil
 }
@@ -247,23 +246,6 @@ func (w *Writer) getErr() error {
 	return w.err
 }
 
-func (w *Writer) release(b *ioBuf) {
-	if b.refs.Add(-1) == 0 {
-		b.n = 0
-		w.free <- b
-	}
-}
-
-func (w *Writer) hashLoop() {
-	defer w.wg.Done()
-	for b := range w.hashCh {
-		t0 := time.Now()
-		w.h.Write(b.mem[:b.n])
-		w.times.hash.Add(int64(time.Since(t0)))
-		w.release(b)
-	}
-}
-
 func (w *Writer) writeLoop() {
 	defer w.wg.Done()
 	for b := range w.writeCh {
@@ -272,7 +254,8 @@ func (w *Writer) writeLoop() {
 				w.setErr(fmt.Errorf("ingest %s: write: %w", w.opts.Ref, err))
 			}
 		}
-		w.release(b)
+		b.n = 0
+		w.free <- b
 	}
 }
 
@@ -411,8 +394,9 @@ func (w *Writer) submit() {
 		w.free <- b
 		return
 	}
-	b.refs.Store(2)
-	w.hashCh <- b
+	t0 := time.Now()
+	w.h.Write(b.mem[:b.n])
+	w.times.hash.Add(int64(time.Since(t0)))
 	w.writeCh <- b
 }
 
@@ -425,7 +409,6 @@ func (w *Writer) drain() error {
 	if w.cur != nil {
 		w.submit()
 	}
-	close(w.hashCh)
 	close(w.writeCh)
 	w.wg.Wait()
 	for len(w.free) > 0 {

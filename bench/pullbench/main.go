@@ -79,6 +79,10 @@ func must(err error) {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "reference" {
+		referenceMain(os.Args[2:])
+		return
+	}
 	flag.Parse()
 	dir := *workDir
 	if dir == "" {
@@ -138,7 +142,8 @@ func main() {
 	listAndRestart(dir, *nArts)
 }
 
-// httpBench alternates curl -o (+ sync) with modelctl pull of the four
+// httpBench alternates curl -o (+ sync), the reference pipeline
+// (reference.go) and modelctl pull of the four
 // shards over plain HTTP, O_DIRECT and buffered; the origin is a Go file
 // server over the model on tmpfs, so the node's disk holds only what is
 // pulled.
@@ -153,7 +158,7 @@ func httpBench(dir, src string, files []file, canDrop bool) {
 	go http.Serve(ln, countBytes(http.FileServer(http.Dir(src)), &served))
 	base := "http://" + ln.Addr().String()
 
-	curlRes, curlNoSync, directRes, bufRes := []float64{}, []float64{}, []float64{}, []float64{}
+	curlRes, curlNoSync, directRes, bufRes, refRes := []float64{}, []float64{}, []float64{}, []float64{}, []float64{}
 	var rss, cpuPerGB, wall []float64
 	var directStages, bufStages []map[string]float64
 	for i := 0; i < *runs; i++ {
@@ -174,6 +179,20 @@ func httpBench(dir, src string, files []file, canDrop bool) {
 		// (modelcached fsyncs every blob before it is visible).
 		syscall.Sync()
 		curlRes = append(curlRes, float64(total)/time.Since(t0).Seconds())
+		os.RemoveAll(out)
+
+		// the reference pipeline (reference.go): verified and fsynced
+		os.MkdirAll(out, 0o755)
+		args = []string{"reference", out}
+		for _, f := range files {
+			args = append(args, base+"/"+f.name+"#sha256="+f.sha)
+		}
+		coldPrep(canDrop)
+		t0 = time.Now()
+		c = exec.Command(os.Args[0], args...)
+		c.Stderr = os.Stderr
+		must(c.Run())
+		refRes = append(refRes, float64(total)/time.Since(t0).Seconds())
 		os.RemoveAll(out)
 
 		for _, direct := range []bool{true, false} {
@@ -204,12 +223,14 @@ func httpBench(dir, src string, files []file, canDrop bool) {
 	fmt.Printf("cold pull of %s over loopback (GB/s, median of %d):\n", api.FormatBytes(total), *runs)
 	fmt.Printf("  curl -o (no fsync)         %.2f  %v\n", median(curlNoSync)/1e9, gbps(curlNoSync))
 	fmt.Printf("  curl -o + sync             %.2f  %v\n", median(curlRes)/1e9, gbps(curlRes))
-	fmt.Printf("  modelctl pull, O_DIRECT    %.2f  %v  vs curl+sync %.2fx, vs curl %.2fx\n", median(directRes)/1e9, gbps(directRes), median(ratios(directRes, curlRes)), median(ratios(directRes, curlNoSync)))
+	fmt.Printf("  reference pipeline         %.2f  %v  (verified, fsynced: the machine's limit for a verified pull)\n", median(refRes)/1e9, gbps(refRes))
+	fmt.Printf("  modelctl pull, O_DIRECT    %.2f  %v  vs curl+sync %.2fx, vs curl %.2fx, vs the reference %.2fx\n", median(directRes)/1e9, gbps(directRes), median(ratios(directRes, curlRes)), median(ratios(directRes, curlNoSync)), median(ratios(directRes, refRes)))
 	fmt.Printf("  modelctl pull, buffered    %.2f  %v  vs curl+sync %.2fx, vs curl %.2fx\n", median(bufRes)/1e9, gbps(bufRes), median(ratios(bufRes, curlRes)), median(ratios(bufRes, curlNoSync)))
 	fmt.Printf("  daemon peak RSS (O_DIRECT) %s; daemon CPU per GB %.2f s\n", api.FormatBytes(int64(median(rss))), median(cpuPerGB))
 	fmt.Printf("  where the seconds go (daemon's modelcache_pull_stage_seconds, summed over the 4 shards, which run side by side; wall %.2fs):\n", median(wall))
 	fmt.Printf("    O_DIRECT: %s\n    buffered: %s\n", stageLine(directStages), stageLine(bufStages))
 	addRow("http pull of "+api.FormatBytes(total)+" (4 shards), cold, incl. sync", gb(median(directRes)), "curl -o + sync "+gb(median(curlRes)), fmt.Sprintf("%.2fx", median(ratios(directRes, curlRes))))
+	addRow("http pull of "+api.FormatBytes(total)+" (4 shards), cold, incl. sync", gb(median(directRes)), "reference pipeline (verified, fsynced) "+gb(median(refRes)), fmt.Sprintf("%.2fx", median(ratios(directRes, refRes))))
 	addRow("http pull of "+api.FormatBytes(total)+" (4 shards), cold, buffered (--direct-io=false)", gb(median(bufRes)), "curl -o + sync "+gb(median(curlRes)), fmt.Sprintf("%.2fx", median(ratios(bufRes, curlRes))))
 }
 
@@ -365,8 +386,10 @@ func startDaemon(root, sock string, direct bool, env ...string) *daemon {
 		"--metrics-addr", maddr, "--models-dir", "", "--socket-group", "", "--log-level", "warn",
 		"--direct-io="+strconv.FormatBool(direct), "--max-concurrent-pulls", "4")
 	cmd.Args = append(cmd.Args, daemonArgs...)
+	cmd.Args = append(cmd.Args, strings.Fields(os.Getenv("BENCH_DAEMON_ARGS"))...)
 	cmd.Stderr = os.Stderr
 	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(cmd.Env, strings.Fields(os.Getenv("BENCH_DAEMON_ENV"))...)
 	must(cmd.Start())
 	c := &api.Client{Socket: sock}
 	for c.Health(context.Background()) != nil {

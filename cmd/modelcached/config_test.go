@@ -119,3 +119,18 @@ func TestPackagedConfigKeys(t *testing.T) {
 		t.Fatalf("the packaged config as shipped: %v", err)
 	}
 }
+
+func TestSpareProcs(t *testing.T) {
+	for _, c := range []struct {
+		env       string
+		def, want int
+	}{
+		{"", 2, 4},  // two spare Ps beside the CPUs
+		{"", 1, 3},  // a cgroup limit of one CPU
+		{"3", 2, 0}, // the operator's GOMAXPROCS stands
+	} {
+		if got := spareProcs(c.env, c.def); got != c.want {
+			t.Errorf("spareProcs(%q, %d) = %d, want %d", c.env, c.def, got, c.want)
+		}
+	}
+}
