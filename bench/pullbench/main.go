@@ -223,7 +223,7 @@ func httpBench(dir, src string, files []file, canDrop bool) {
 	fmt.Printf("cold pull of %s over loopback (GB/s, median of %d):\n", api.FormatBytes(total), *runs)
 	fmt.Printf("  curl -o (no fsync)         %.2f  %v\n", median(curlNoSync)/1e9, gbps(curlNoSync))
 	fmt.Printf("  curl -o + sync             %.2f  %v\n", median(curlRes)/1e9, gbps(curlRes))
-	fmt.Printf("  reference pipeline         %.2f  %v  (verified, fsynced: the machine's limit for a verified pull)\n", median(refRes)/1e9, gbps(refRes))
+	fmt.Printf("  reference pipeline         %.2f  %v  (verified, fsynced, the 4 files at once: what this machine allows a verified pull)\n", median(refRes)/1e9, gbps(refRes))
 	fmt.Printf("  modelctl pull, O_DIRECT    %.2f  %v  vs curl+sync %.2fx, vs curl %.2fx, vs the reference %.2fx\n", median(directRes)/1e9, gbps(directRes), median(ratios(directRes, curlRes)), median(ratios(directRes, curlNoSync)), median(ratios(directRes, refRes)))
 	fmt.Printf("  modelctl pull, buffered    %.2f  %v  vs curl+sync %.2fx, vs curl %.2fx\n", median(bufRes)/1e9, gbps(bufRes), median(ratios(bufRes, curlRes)), median(ratios(bufRes, curlNoSync)))
 	fmt.Printf("  daemon peak RSS (O_DIRECT) %s; daemon CPU per GB %.2f s\n", api.FormatBytes(int64(median(rss))), median(cpuPerGB))
