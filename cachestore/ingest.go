@@ -22,8 +22,8 @@ import (
 
 const (
 	ioAlign = 4096 // O_DIRECT alignment of offsets, lengths and memory
-	// A writer has two buffers: one filled from the network while the
-	// other is hashed and written. So it holds 2 MiB, and a crash (kill -9)
+	// A writer has two buffers: one filled from the network and hashed
+	// while the other is written. So it holds 2 MiB, and a crash (kill -9)
 	// loses at most those 2 MiB of what it read: a resume fetches them
 	// again. Four buffers of 2 MiB were no faster (the disk or the hash
 	// bounds a pull, not the queue: docs/benchmarks.md) and lost 8 MiB.
