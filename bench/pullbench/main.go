@@ -71,9 +71,18 @@ func envInt(k string, def int64) int64 {
 	return def
 }
 
+// cleanup runs, last first, when must ends the bench on an error (the
+// deferred calls do not run on os.Exit): it stops the daemons started,
+// unmounts the origins' tmpfs and removes the scratch directory, so a
+// failed run leaves no daemon or mount behind.
+var cleanup []func()
+
 func must(err error) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pullbench:", err)
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
 		os.Exit(1)
 	}
 }
@@ -91,6 +100,7 @@ func main() {
 		dir = d
 	}
 	defer os.RemoveAll(dir)
+	cleanup = append(cleanup, func() { os.RemoveAll(dir) })
 	fmt.Printf("pullbench: model %d MiB in 4 shards + 2 JSON files, %d alternating runs, scratch %s\n", *sizeMiB, *runs, dir)
 	canDrop := dropCaches() == nil
 	if !canDrop {
@@ -99,6 +109,7 @@ func main() {
 
 	origin := originDir(dir)
 	defer syscall.Unmount(origin, 0)
+	cleanup = append(cleanup, func() { syscall.Unmount(origin, 0) })
 
 	switch *only {
 	case "", "http":
@@ -391,6 +402,7 @@ func startDaemon(root, sock string, direct bool, env ...string) *daemon {
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Env = append(cmd.Env, strings.Fields(os.Getenv("BENCH_DAEMON_ENV"))...)
 	must(cmd.Start())
+	cleanup = append(cleanup, func() { cmd.Process.Kill() })
 	c := &api.Client{Socket: sock}
 	for c.Health(context.Background()) != nil {
 		if time.Since(t0) > 60*time.Second {
