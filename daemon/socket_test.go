@@ -490,9 +490,21 @@ func TestSocketAcceptEMFILE(t *testing.T) {
 	cfg.SocketIdleTimeout = time.Hour
 	h := start(t, cfg)
 
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
+	// Several clients wait in the backlog: a descriptor the daemon itself
+	// frees meanwhile (seen on a cold, loaded CI machine: 1 error in 30 s)
+	// lets one accept succeed, and the next client meets EMFILE again.
+	// The first is the one checked for service once descriptors are back.
+	clients := make([]int, 8)
+	for i := range clients {
+		c, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients[i] = c
+	}
+	fd := clients[0]
+	for _, c := range clients[1:] {
+		defer unix.Close(c)
 	}
 	var orig syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
@@ -533,9 +545,11 @@ func TestSocketAcceptEMFILE(t *testing.T) {
 		t.Fatal(err)
 	}
 	takeFree()
-	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: cfg.Socket}); err != nil {
-		restore()
-		t.Fatalf("connect: %v", err)
+	for _, c := range clients {
+		if err := unix.Connect(c, &unix.SockaddrUnix{Name: cfg.Socket}); err != nil {
+			restore()
+			t.Fatalf("connect: %v", err)
+		}
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for acceptErrs.Load() < 4 && time.Now().Before(deadline) {
