@@ -59,10 +59,10 @@ type WriterOpts struct {
 // Writer streams one blob into the store. The caller's goroutine copies
 // from the network and hashes each buffer as it fills; another goroutine
 // writes it (with O_DIRECT where the filesystem allows it), so the disk
-// works while the next buffer is read and hashed. A third goroutine for
-// the hash cost more than it gave: each buffer then woke two goroutines
-// and waited for both, and on a 2-core VM the extra hand-offs took 15 %
-// more CPU for the same or less throughput (docs/benchmarks.md).
+// works while the next buffer is read and hashed. Hashing on a third
+// goroutine would wake two goroutines per buffer, not one: measured no
+// faster, and up to 15 % more CPU in a standalone pipeline
+// (docs/benchmarks.md, CPU).
 //
 // A Writer is not safe for concurrent use. After Commit or Close it must not
 // be used again; reopen the ref with Store.Writer to resume.

@@ -14,15 +14,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The reference pipeline is ../shared/PERFORMANCE.md's fastest verified
-// pull, as a program of its own with none of the daemon's duties (no
-// index, no resume, no limits, no API): one connection per file, all
-// files at once as the daemon fetches them, four 8 MiB buffers per file
-// (the fastest sizes tried on this machine), sha256 on one goroutine and
-// O_DIRECT writes on another, the digest checked and the file fsynced. The bench runs it in
-// the same run as curl and the daemon, so the http rows say how far the
-// daemon is from what the machine allows a verified pull, not only from
-// a peer that verifies nothing.
+// The reference pipeline is the fastest verified pull of the study that
+// set the project's performance goals, as a program of its own with none
+// of the daemon's duties (no index, no resume, no limits, no API): one
+// connection per file, all files at once as the daemon fetches them, four
+// 8 MiB buffers per file (the fastest sizes tried on this machine), sha256
+// on one goroutine and O_DIRECT writes on another, the digest checked and
+// the file fsynced. The bench runs it in the same run as curl and the
+// daemon, so the http rows say how far the daemon is from what the machine
+// allows a verified pull, not only from a peer that verifies nothing.
 const (
 	refBufSize = 8 << 20
 	refBuffers = 4
