@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 )
 
@@ -16,10 +17,12 @@ func TestWriteColumnsAsTabwriter(t *testing.T) {
 		{{"NAME", "MESSAGE"}, {"m\nn", "two lines"}, {"o", "x"}},     // a newline ends a tabwriter line
 		{{"NAME", "MESSAGE"}, {"m", "\xffescaped\xff"}, {"o", "\v"}}, // tabwriter's escape and vertical tab
 		{{"A", "B", "C"}, {"", "", ""}},
+		{{"NAME", "SOURCE"}, {strings.Repeat("long-", 40), "x"}, {"m", "y"}}, // padding wider than one run of spaces
 	} {
 		var got, want bytes.Buffer
-		writeColumns(&got, rows)
-		tabwrite(&want, rows)
+		row := func(i int, dst []string) []string { return append(dst, rows[i]...) }
+		writeColumns(&got, len(rows), row)
+		tabwrite(&want, len(rows), row)
 		if got.String() != want.String() {
 			t.Errorf("rows %q:\ngot\n%q\nwant (tabwriter)\n%q", rows, got.String(), want.String())
 		}
