@@ -1,8 +1,6 @@
 package daemon
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -154,22 +152,7 @@ func writeJSON(w http.ResponseWriter, v any) error {
 func writeJSONArray[T any](w http.ResponseWriter, items []T) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set(api.HeaderCount, strconv.Itoa(len(items)))
-	bw := bufio.NewWriterSize(w, 64<<10)
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	bw.WriteByte('[')
-	for i := range items {
-		if i > 0 {
-			bw.WriteByte(',')
-		}
-		buf.Reset()
-		if err := enc.Encode(&items[i]); err != nil {
-			return err
-		}
-		bw.Write(buf.Bytes()[:buf.Len()-1]) // Encode ends each value with a newline
-	}
-	bw.WriteString("]\n")
-	return bw.Flush()
+	return api.WriteJSONArray(w, items)
 }
 
 // decode reads a bounded JSON body, rejecting unknown fields.
