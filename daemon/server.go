@@ -138,12 +138,12 @@ func writeError(w http.ResponseWriter, e *api.Error) {
 	out.Message = fetchers.RedactText(out.Message)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(out.Status)
-	json.NewEncoder(w).Encode(&out)
+	api.WriteJSON(w, &out, "")
 }
 
 func writeJSON(w http.ResponseWriter, v any) error {
 	w.Header().Set("Content-Type", "application/json")
-	return json.NewEncoder(w).Encode(v)
+	return api.WriteJSON(w, v, "")
 }
 
 // writeJSONArray writes items as writeJSON would (the same bytes), one
