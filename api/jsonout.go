@@ -19,7 +19,9 @@ var v1Options = jsonv1.DefaultOptionsV1()
 
 // WriteJSON writes v and a newline, byte for byte as an encoding/json
 // Encoder with SetIndent("", indent) does ("" for compact), streamed
-// through a 64 KiB buffer.
+// through a 64 KiB buffer. One difference: invalid UTF-8 in a string
+// becomes the character U+FFFD where encoding/json writes its escape
+// \ufffd, the same JSON value.
 func WriteJSON(w io.Writer, v any, indent string) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	opts := []jsonv2.Options{v1Options}

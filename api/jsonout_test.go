@@ -3,13 +3,16 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // TestWriteJSONAsEncodingJSON: what modelctl -o json prints and what the
-// daemon answers are byte for byte what encoding/json wrote before: field
-// rules, escapes, map order, nulls, indentation.
+// daemon answers are byte for byte what encoding/json wrote before (field
+// rules, escapes, map order, nulls, indentation), and the same value where
+// a string holds invalid UTF-8.
 func TestWriteJSONAsEncodingJSON(t *testing.T) {
 	now := time.Date(2026, 11, 23, 20, 1, 2, 345678901, time.UTC)
 	full := Artifact{
@@ -48,6 +51,27 @@ func TestWriteJSONAsEncodingJSON(t *testing.T) {
 			if got.String() != want.String() {
 				t.Errorf("WriteJSON(%T, indent %q):\ngot  %s\nwant %s", v, indent, got.String(), want.String())
 			}
+		}
+	}
+	// Invalid UTF-8 (a remote server's error text, a process name) becomes
+	// U+FFFD either way; encoding/json writes it as the escape \ufffd, this
+	// writer as the character: the same JSON value, valid UTF-8.
+	for _, v := range []any{
+		"invalid UTF-8 \xff\xfe from a remote error, \xe2\x82 cut",
+		Artifact{Name: "m", Message: "bad \xc3\x28 bytes", InUse: []Holder{{ID: "pid 1 (\xffexe)"}}},
+		map[string]string{"\xff": "key"},
+	} {
+		want, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got bytes.Buffer
+		if err := WriteJSON(&got, v, ""); err != nil {
+			t.Fatalf("WriteJSON(%T) with invalid UTF-8: %v", v, err)
+		}
+		var gv, wv any
+		if !utf8.Valid(got.Bytes()) || json.Unmarshal(got.Bytes(), &gv) != nil || json.Unmarshal(want, &wv) != nil || !reflect.DeepEqual(gv, wv) {
+			t.Errorf("WriteJSON(%T) with invalid UTF-8:\ngot  %s\nwant %s (the same value)", v, got.String(), want)
 		}
 	}
 	for _, items := range [][]Artifact{nil, {}, {full}, {full, {}, full}} {
