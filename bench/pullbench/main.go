@@ -170,7 +170,7 @@ func httpBench(dir, src string, files []file, canDrop bool) {
 	base := "http://" + ln.Addr().String()
 
 	curlRes, curlNoSync, directRes, bufRes, refRes := []float64{}, []float64{}, []float64{}, []float64{}, []float64{}
-	var rss, cpuPerGB, wall []float64
+	var rss, idleRSS, cpuPerGB, wall []float64
 	var directStages, bufStages []map[string]float64
 	for i := 0; i < *runs; i++ {
 		// curl
@@ -209,6 +209,7 @@ func httpBench(dir, src string, files []file, canDrop bool) {
 		for _, direct := range []bool{true, false} {
 			d := startDaemon(filepath.Join(dir, "root"), filepath.Join(dir, "mc.sock"), direct)
 			coldPrep(canDrop)
+			idle := d.peakRSS()
 			cpu0 := d.cpuSeconds()
 			t0 := time.Now()
 			pullAll(d, base, files, "m")
@@ -218,6 +219,7 @@ func httpBench(dir, src string, files []file, canDrop bool) {
 				wall = append(wall, el)
 				directRes = append(directRes, float64(total)/el)
 				rss = append(rss, float64(d.peakRSS()))
+				idleRSS = append(idleRSS, float64(idle))
 				cpuPerGB = append(cpuPerGB, (d.cpuSeconds()-cpu0)/(float64(total)/1e9))
 			} else {
 				bufStages = append(bufStages, d.stages())
@@ -237,12 +239,19 @@ func httpBench(dir, src string, files []file, canDrop bool) {
 	fmt.Printf("  reference pipeline         %.2f  %v  (verified, fsynced, the 4 files at once: what this machine allows a verified pull)\n", median(refRes)/1e9, gbps(refRes))
 	fmt.Printf("  modelctl pull, O_DIRECT    %.2f  %v  vs curl+sync %.2fx, vs curl %.2fx, vs the reference %.2fx\n", median(directRes)/1e9, gbps(directRes), median(ratios(directRes, curlRes)), median(ratios(directRes, curlNoSync)), median(ratios(directRes, refRes)))
 	fmt.Printf("  modelctl pull, buffered    %.2f  %v  vs curl+sync %.2fx, vs curl %.2fx\n", median(bufRes)/1e9, gbps(bufRes), median(ratios(bufRes, curlRes)), median(ratios(bufRes, curlNoSync)))
-	fmt.Printf("  daemon peak RSS (O_DIRECT) %s; daemon CPU per GB %.2f s\n", api.FormatBytes(int64(median(rss))), median(cpuPerGB))
+	// What each pull adds to the daemon: its writer's buffers and the
+	// connection's, above the idle daemon (the 4 pulls run at once).
+	perPull := (median(rss) - median(idleRSS)) / concurrentPulls
+	fmt.Printf("  daemon peak RSS (O_DIRECT) %s, idle before it %s: %s per concurrent pull (%d at once); daemon CPU per GB %.2f s\n",
+		api.FormatBytes(int64(median(rss))), api.FormatBytes(int64(median(idleRSS))), api.FormatBytes(int64(perPull)), concurrentPulls, median(cpuPerGB))
 	fmt.Printf("  where the seconds go (daemon's modelcache_pull_stage_seconds, summed over the 4 shards, which run side by side; wall %.2fs):\n", median(wall))
 	fmt.Printf("    O_DIRECT: %s\n    buffered: %s\n", stageLine(directStages), stageLine(bufStages))
 	addRow("http pull of "+api.FormatBytes(total)+" (4 shards), cold, incl. sync", gb(median(directRes)), "curl -o + sync "+gb(median(curlRes)), fmt.Sprintf("%.2fx", median(ratios(directRes, curlRes))))
 	addRow("http pull of "+api.FormatBytes(total)+" (4 shards), cold, incl. sync", gb(median(directRes)), "reference pipeline (verified, fsynced) "+gb(median(refRes)), fmt.Sprintf("%.2fx", median(ratios(directRes, refRes))))
 	addRow("http pull of "+api.FormatBytes(total)+" (4 shards), cold, buffered (--direct-io=false)", gb(median(bufRes)), "curl -o + sync "+gb(median(curlRes)), fmt.Sprintf("%.2fx", median(ratios(bufRes, curlRes))))
+	addRow(fmt.Sprintf("daemon RSS per concurrent pull (%d at once, O_DIRECT), above the idle daemon", concurrentPulls),
+		fmt.Sprintf("%s (peak %s, idle %s)", api.FormatBytes(int64(perPull)), api.FormatBytes(int64(median(rss))), api.FormatBytes(int64(median(idleRSS)))),
+		"a pull's own buffers: 2 × 1 MiB", fmt.Sprintf("%.2fx the buffers", perPull/float64(2<<20)))
 }
 
 // originDir is where the origins keep their data: a tmpfs under dir
@@ -395,7 +404,7 @@ func startDaemon(root, sock string, direct bool, env ...string) *daemon {
 	}
 	cmd := exec.Command(filepath.Join(bin, "modelcached"), "--root", root, "--socket", sock,
 		"--metrics-addr", maddr, "--models-dir", "", "--socket-group", "", "--log-level", "warn",
-		"--direct-io="+strconv.FormatBool(direct), "--max-concurrent-pulls", "4")
+		"--direct-io="+strconv.FormatBool(direct), "--max-concurrent-pulls", strconv.Itoa(concurrentPulls))
 	cmd.Args = append(cmd.Args, daemonArgs...)
 	cmd.Args = append(cmd.Args, strings.Fields(os.Getenv("BENCH_DAEMON_ARGS"))...)
 	cmd.Stderr = os.Stderr
@@ -597,6 +606,10 @@ func mustList(st *cachestore.Store) []cachestore.Artifact {
 	must(err)
 	return l
 }
+
+// concurrentPulls is the daemon's --max-concurrent-pulls in the bench:
+// the http scenario's files are fetched this many at once.
+const concurrentPulls = 4
 
 // listAndRestart fills an index with n artifacts, then times the daemon's
 // start and modelctl list.
