@@ -280,7 +280,7 @@ func (d *Daemon) env(name string) (map[string]string, error) {
 		}
 		return out, nil
 	}
-	out["MODEL_PATH"] = filepath.Join(d.store.TreePath(cur.Kind, name, ""), "current")
+	out["MODEL_PATH"] = d.store.TreePath(cur.Kind, name, "current")
 	if cur.HFRepo != "" {
 		out["HF_HUB_CACHE"] = filepath.Join(d.store.Root(), "hf")
 		out["HF_HUB_OFFLINE"] = "1"

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"sort"
 	"time"
 
@@ -89,16 +88,19 @@ func (d *Daemon) handleList(w http.ResponseWriter, r *http.Request) error {
 	if fields != "" && fields != "row" {
 		return api.Errorf(api.CodeInvalid, "fields=%q: the one value is row (what modelctl list's table shows); leave it out for every field", fields)
 	}
+	if fields == "row" {
+		// Each view becomes its row as it is made: 10,000 full views
+		// kept until the last is made are megabytes more garbage per
+		// list, collected while the next lists are answered.
+		rows, err := collectViews(d, (*api.Artifact).Row, func(r *api.ArtifactRow) string { return r.Name })
+		if err != nil {
+			return err
+		}
+		return writeJSONArray(w, rows)
+	}
 	list, err := d.list()
 	if err != nil {
 		return err
-	}
-	if fields == "row" {
-		rows := make([]api.ArtifactRow, len(list))
-		for i := range list {
-			rows[i] = list[i].Row()
-		}
-		return writeJSONArray(w, rows)
 	}
 	return writeJSONArray(w, list)
 }
@@ -114,6 +116,12 @@ func (d *Daemon) handleGet(w http.ResponseWriter, r *http.Request) error {
 // list joins desires, in-memory state and the index into one view per
 // name: the summary of each (no versions, no files; inspect has those).
 func (d *Daemon) list() ([]api.Artifact, error) {
+	return collectViews(d, func(a *api.Artifact) api.Artifact { return *a }, func(a *api.Artifact) string { return a.Name })
+}
+
+// collectViews makes list's view of each name, keeps conv of it, and
+// returns them sorted by name.
+func collectViews[T any](d *Daemon, conv func(*api.Artifact) T, name func(*T) string) ([]T, error) {
 	arts, err := d.store.ListSummaries()
 	if err != nil {
 		return nil, err
@@ -122,28 +130,30 @@ func (d *Daemon) list() ([]api.Artifact, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	want := d.desired()
+	out := make([]T, 0, len(arts)+len(want))
+	add := func(name string, a *cachestore.Artifact) {
+		v := d.viewLocked(name, a, want, viewSummary)
+		v.Desire = nil
+		v.InUse = holdersOf(uses, name)
+		out = append(out, conv(&v))
+	}
 	seen := make(map[string]bool, len(arts)+len(want))
-	out := make([]api.Artifact, 0, len(arts)+len(want))
 	for i := range arts {
 		seen[arts[i].Name] = true
-		out = append(out, d.viewLocked(arts[i].Name, &arts[i], want, viewSummary))
+		add(arts[i].Name, &arts[i])
 	}
-	for name, ds := range want {
-		if !seen[name] && ds.State != api.StateAbsent {
-			seen[name] = true
-			out = append(out, d.viewLocked(name, nil, want, viewSummary))
+	for n, ds := range want {
+		if !seen[n] && ds.State != api.StateAbsent {
+			seen[n] = true
+			add(n, nil)
 		}
 	}
-	for name := range d.evicted {
-		if !seen[name] {
-			out = append(out, d.viewLocked(name, nil, want, viewSummary))
+	for n := range d.evicted {
+		if !seen[n] {
+			add(n, nil)
 		}
 	}
-	for i := range out {
-		out[i].Desire = nil
-		out[i].InUse = holdersOf(uses, out[i].Name)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	sort.Slice(out, func(i, j int) bool { return name(&out[i]) < name(&out[j]) })
 	return out, nil
 }
 
@@ -237,7 +247,7 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 		switch cur.State {
 		case cachestore.StateReady:
 			out.Phase = api.PhaseReady
-			out.Path = filepath.Join(d.store.TreePath(cur.Kind, name, ""), "current")
+			out.Path = d.store.TreePath(cur.Kind, name, "current")
 		case cachestore.StateMissing: // a re-fetch is due
 			out.Phase, out.Message = api.PhasePending, cur.Message
 		default:
