@@ -4,12 +4,14 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"reflect"
 	"regexp"
 	"runtime/debug"
 	"sort"
@@ -570,6 +572,21 @@ func output(c *cli.Context, v any, table func(io.Writer)) error {
 	case format == "json":
 		return api.WriteJSON(w, v, "  ")
 	case format == "yaml":
+		return writeYAML(w, v)
+	}
+	table(w)
+	return nil
+}
+
+// writeYAML writes v as sigs.k8s.io/yaml's Marshal does. A non-empty
+// slice goes one element at a time, each marshalled alone and written as
+// an item of the sequence: Marshal goes through JSON and a generic tree
+// of the whole value, 330 MiB and 2 s for -o yaml list of 10,000
+// artifacts. The items are the same YAML; a string long enough for the
+// emitter to fold may fold at other spaces, two columns further in.
+func writeYAML(w io.Writer, v any) error {
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Slice || rv.Len() == 0 {
 		b, err := yaml.Marshal(v)
 		if err != nil {
 			return err
@@ -577,8 +594,25 @@ func output(c *cli.Context, v any, table func(io.Writer)) error {
 		_, err = w.Write(b)
 		return err
 	}
-	table(w)
-	return nil
+	bw := bufio.NewWriterSize(w, 64<<10)
+	for i := range rv.Len() {
+		b, err := yaml.Marshal(rv.Index(i).Interface())
+		if err != nil {
+			return err
+		}
+		lines := bytes.SplitAfter(bytes.TrimSuffix(b, []byte("\n")), []byte("\n"))
+		for j, l := range lines {
+			switch {
+			case j == 0:
+				bw.WriteString("- ")
+			case len(l) > 1: // an empty line of a block scalar stays empty
+				bw.WriteString("  ")
+			}
+			bw.Write(l)
+		}
+		bw.WriteByte('\n')
+	}
+	return bw.Flush()
 }
 
 // inUseText is the IN USE column: "-" or the first holder and a count.
