@@ -20,6 +20,10 @@ type RangeFunc func(ctx context.Context, off, n int64) (io.ReadCloser, error)
 // more connections only add copies and requests.
 const DefaultRangeBelow = 256 << 20
 
+// DefaultChunk is the bytes of one Range request of the hf, s3 and ngc
+// fetchers unless set otherwise: the unit they fetch a large file in.
+const DefaultChunk = 8 << 20
+
 // Ranged is a file that can be read in byte ranges.
 type Ranged struct {
 	Open  RangeFunc

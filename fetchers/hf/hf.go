@@ -105,7 +105,7 @@ func WithInternal(internal func(netip.Addr) bool) Option {
 
 // New returns a hub fetcher.
 func New(opts ...Option) (*Fetcher, error) {
-	o := options{conns: 4, chunk: 8 << 20, endpoint: os.Getenv("HF_ENDPOINT"), token: os.Getenv("HF_TOKEN"), tokenFile: os.Getenv("HF_TOKEN_PATH"), idleTimeout: 60 * time.Second}
+	o := options{conns: 4, chunk: fetchers.DefaultChunk, endpoint: os.Getenv("HF_ENDPOINT"), token: os.Getenv("HF_TOKEN"), tokenFile: os.Getenv("HF_TOKEN_PATH"), idleTimeout: 60 * time.Second}
 	for _, opt := range opts {
 		opt(&o)
 	}

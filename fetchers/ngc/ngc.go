@@ -183,7 +183,7 @@ func New(opts ...Option) (*Fetcher, error) {
 		key = os.Getenv("NGC_CLI_API_KEY")
 	}
 	o := options{api: os.Getenv("NGC_API_ENDPOINT"), auth: os.Getenv("NGC_AUTH_ENDPOINT"), key: key, keyFile: os.Getenv("NGC_API_KEY_FILE"),
-		pageSize: 500, conns: 4, chunk: 8 << 20, idleTimeout: 60 * time.Second, now: time.Now}
+		pageSize: 500, conns: 4, chunk: fetchers.DefaultChunk, idleTimeout: 60 * time.Second, now: time.Now}
 	for _, opt := range opts {
 		opt(&o)
 	}

@@ -84,7 +84,7 @@ func (f *Fetcher) WithRangeBelow(bps float64) *Fetcher {
 // parallel ranges lift it.
 func New(conns int, chunk int64) *Fetcher {
 	if chunk < 1<<20 {
-		chunk = 8 << 20
+		chunk = fetchers.DefaultChunk
 	}
 	return &Fetcher{conns: conns, chunk: chunk}
 }
