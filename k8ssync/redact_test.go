@@ -28,3 +28,14 @@ func TestEventsRedactCredentials(t *testing.T) {
 		t.Fatalf("event: %s", ev)
 	}
 }
+
+// TestRoundKeepsSmallDurations: the status's seconds and rates keep three
+// significant digits, so a download faster than 10 ms is not reported as
+// taking 0 s (omitted) beside its rate.
+func TestRoundKeepsSmallDurations(t *testing.T) {
+	for in, want := range map[float64]float64{0.0071234: 0.00712, 148252521.41: 1.48e8, 12.3456: 12.3, 0: 0} {
+		if got := round(in); got != want {
+			t.Errorf("round(%v) = %v, want %v", in, got, want)
+		}
+	}
+}

@@ -146,7 +146,13 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 	s.lastStatus = body
 }
 
-func round(f float64) float64 { return float64(int64(f*100)) / 100 }
+// round keeps 3 significant digits, so the status does not churn with
+// noise digits and a download of 7 ms reads 0.007 s, not 0 (which
+// omitempty would drop beside its bytes per second).
+func round(f float64) float64 {
+	v, _ := strconv.ParseFloat(strconv.FormatFloat(f, 'g', 3, 64), 64)
+	return v
+}
 
 // phaseSummary is "2 Ready, 1 Downloading": the artifacts' phases counted,
 // in the order of an artifact's life, then any other phase by name.
