@@ -253,13 +253,24 @@ func TestClusterSync(t *testing.T) {
 	}
 
 	// A private source with credentials from a Secret.
-	kc.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "hf"}, StringData: map[string]string{"HF_TOKEN": "hf_secret_token"}}, metav1.CreateOptions{})
-	dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("private", map[string]any{"source": "hf://org/private",
-		"secretRef": map[string]any{"namespace": "default", "name": "hf"}, "nodeSelector": map[string]any{"matchLabels": map[string]any{"gpu": "a100"}}}), metav1.CreateOptions{})
-	eventually(t, "the private repo Ready on node-b with the Secret's token", 30*time.Second, func() error {
+	if _, err := kc.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "hf"}, StringData: map[string]string{"HF_TOKEN": "hf_secret_token"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("private", map[string]any{"source": "hf://org/private",
+		"secretRef": map[string]any{"namespace": "default", "name": "hf"}, "nodeSelector": map[string]any{"matchLabels": map[string]any{"gpu": "a100"}}}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Generous: the elected daemon resolves the branch with the Secret's
+	// token first, and a loaded CI machine (the real-node test beside it)
+	// once took longer than 30 s; the failure shows how far it got.
+	eventually(t, "the private repo Ready on node-b with the Secret's token", 90*time.Second, func() error {
 		if p := phaseOf(b, "private"); p != api.PhaseReady {
-			a, _ := b.c.Get(ctx, "private")
-			return fmt.Errorf("phase %s %+v", p, a)
+			a, err := b.c.Get(ctx, "private")
+			m := getMC(t, dyn, "private")
+			if m != nil {
+				return fmt.Errorf("node-b: phase %q %+v (%v); the ModelCache's status: %+v", p, a, err, m.Status)
+			}
+			return fmt.Errorf("node-b: phase %q %+v (%v)", p, a, err)
 		}
 		return nil
 	})
