@@ -22,12 +22,11 @@ import (
 
 const (
 	ioAlign = 4096 // O_DIRECT alignment of offsets, lengths and memory
-	// A writer has two buffers: one filled from the network and hashed
-	// while the other is written. So it holds 2 MiB, and a crash (kill -9)
-	// loses at most those 2 MiB of what it read: a resume fetches them
-	// again. Four buffers of 2 MiB were no faster (the disk or the hash
-	// bounds a pull, not the queue: docs/benchmarks.md) and lost 8 MiB.
-	ioBufSize  = 1 << 20  // one pipeline buffer
+	// A writer has two buffers (WithWriteBuffer sizes them): one filled
+	// from the network and hashed while the other is written. A crash
+	// (kill -9) loses at most those two of what it read: a resume fetches
+	// them again. More buffers of the same size were no faster (the size
+	// of a write is what counts, not the queue: docs/benchmarks.md).
 	ioBuffers  = 2        // buffers per writer
 	syncEvery  = 64 << 20 // fdatasync this often while writing: Commit's fsync then has little left (measured: 140 → 50 ms for 256 MiB)
 	ingestData = "data"
@@ -78,7 +77,7 @@ type Writer struct {
 	h        hash.Hash
 	cur      *ioBuf
 	free     chan *ioBuf
-	bufs     int // buffers taken from bufPool, at most ioBuffers
+	bufs     int // buffers taken from the store's pool, at most ioBuffers
 	writeCh  chan *ioBuf
 	wg       sync.WaitGroup
 	unsynced int64 // bytes written since the last fdatasync (write goroutine only)
@@ -113,17 +112,21 @@ func (w *Writer) Stages() Stages {
 }
 
 type ioBuf struct {
-	mem    []byte // aligned, len ioBufSize
-	mapped bool   // mem is an anonymous mapping (bufPool)
+	mem    []byte // aligned, the pool's size
+	mapped bool   // mem is an anonymous mapping (mapBuffer)
 	n      int
 	pos    int64
 }
 
 // alignOffset is how far into raw the first ioAlign-aligned byte is.
-func alignOffset(raw []byte) int {
-	off := int(uintptr(unsafe.Pointer(&raw[0])) & (ioAlign - 1))
+func alignOffset(raw []byte) int { return alignUp(raw, ioAlign) }
+
+// alignUp is how far into raw the first byte aligned to a (a power of
+// two) is.
+func alignUp(raw []byte, a int) int {
+	off := int(uintptr(unsafe.Pointer(&raw[0])) & uintptr(a-1))
 	if off != 0 {
-		off = ioAlign - off
+		off = a - off
 	}
 	return off
 }
@@ -377,7 +380,7 @@ func (w *Writer) next() {
 	default:
 		if w.bufs < ioBuffers {
 			w.bufs++
-			w.cur = bufPool.get()
+			w.cur = w.s.bufs.get()
 			break
 		}
 		t0 := time.Now()
@@ -412,7 +415,7 @@ func (w *Writer) drain() error {
 	close(w.writeCh)
 	w.wg.Wait()
 	for len(w.free) > 0 {
-		bufPool.put(<-w.free)
+		w.s.bufs.put(<-w.free)
 	}
 	return w.getErr()
 }

@@ -8,14 +8,16 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/modelcache/modelcache/cachestore"
 )
 
-// pipelineBlob is larger than a writer's buffers together (4 × 2 MiB)
-// and ends off a 4 KiB boundary, so every buffer is reused and the tail
-// leaves O_DIRECT.
+// pipelineBlob is larger than a writer's buffers together (2 × 2 MiB
+// at the default size) and ends off a 4 KiB boundary, so every buffer is
+// reused and the tail leaves O_DIRECT.
 func pipelineBlob() ([]byte, string) {
 	b := make([]byte, 11<<20+123)
 	rand.NewChaCha8([32]byte{7}).Read(b)
@@ -28,12 +30,24 @@ func pipelineBlob() ([]byte, string) {
 // a blob whose bytes do not match the expected digest is refused and
 // leaves neither a blob nor partial data; the right bytes land intact;
 // a writer closed halfway resumes from what is on disk; the stage times
-// are counted.
+// are counted. So for the default buffers (huge-page aligned), the
+// smallest, and a size that is no multiple of a huge page.
 func TestPipelineVerifiesBeforeVisible(t *testing.T) {
-	for _, direct := range []bool{true, false} {
-		t.Run(map[bool]string{true: "direct", false: "buffered"}[direct], func(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		direct bool
+		buf    int
+	}{
+		{"direct", true, cachestore.DefaultWriteBuffer},
+		{"buffered", false, cachestore.DefaultWriteBuffer},
+		{"direct-64KiB", true, cachestore.MinWriteBuffer},
+		{"direct-4MiB", true, 4 << 20},
+		{"direct-3MiB", true, 3 << 20},
+	} {
+		direct := tc.direct
+		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			s, _, err := cachestore.Open(ctx, t.TempDir(), cachestore.WithDirectIO(direct))
+			s, _, err := cachestore.Open(ctx, t.TempDir(), cachestore.WithDirectIO(direct), cachestore.WithWriteBuffer(tc.buf))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -94,5 +108,21 @@ func TestPipelineVerifiesBeforeVisible(t *testing.T) {
 				t.Fatalf("blob on disk differs from the bytes sent (%v)", err)
 			}
 		})
+	}
+}
+
+// TestWriteBufferSizeRefused: Open refuses a buffer size O_DIRECT or the
+// memory bound cannot take, naming the size and what it wants, and
+// creates nothing.
+func TestWriteBufferSizeRefused(t *testing.T) {
+	for _, n := range []int{0, -4096, 32 << 10, 1<<20 + 512, 128 << 20} {
+		root := t.TempDir() + "/store"
+		_, _, err := cachestore.Open(context.Background(), root, cachestore.WithWriteBuffer(n))
+		if err == nil || !strings.Contains(err.Error(), strconv.Itoa(n)) || !strings.Contains(err.Error(), "multiple of 4 KiB") {
+			t.Errorf("WithWriteBuffer(%d): %v, want an error naming the size and the rule", n, err)
+		}
+		if _, err := os.Stat(root); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("WithWriteBuffer(%d): the refused Open created the root (%v)", n, err)
+		}
 	}
 }

@@ -45,6 +45,7 @@ type Store struct {
 	hook     func(point string)
 	directIO bool
 	now      func() time.Time
+	bufs     *ioBufPool // the Writers' pipeline buffers
 
 	directBytes atomic.Int64 // blob bytes written with O_DIRECT since Open
 
@@ -64,6 +65,7 @@ type options struct {
 	log          *slog.Logger
 	hook         func(string)
 	directIO     bool
+	writeBuffer  int
 	lockTimeout  time.Duration
 	now          func() time.Time
 	ingestMaxAge time.Duration
@@ -82,6 +84,13 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 // inference processes on the same node. Filesystems that refuse it (tmpfs)
 // get buffered writes either way.
 func WithDirectIO(on bool) Option { return func(o *options) { o.directIO = on } }
+
+// WithWriteBuffer sets the size of each of a Writer's two pipeline
+// buffers, which is the size of its writes to disk; default
+// DefaultWriteBuffer (2 MiB). Open refuses a size ValidWriteBuffer
+// refuses. Smaller buffers hold less memory per pull and lose less of
+// what was read to a crash; larger ones cost less CPU per byte.
+func WithWriteBuffer(n int) Option { return func(o *options) { o.writeBuffer = n } }
 
 // DirectIOBytes is how many bytes of blob data this store has written
 // with O_DIRECT since Open: 0 when WithDirectIO(false) or when the
@@ -117,12 +126,15 @@ func WithHook(fn func(point string)) Option { return func(o *options) { o.hook =
 // Open opens (creating if needed) the store at root, migrates the index,
 // and repairs what a crash may have left half-done (see Repair).
 func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairReport, error) {
-	o := options{directIO: true, lockTimeout: time.Second, now: time.Now, ingestMaxAge: 7 * 24 * time.Hour}
+	o := options{directIO: true, writeBuffer: DefaultWriteBuffer, lockTimeout: time.Second, now: time.Now, ingestMaxAge: 7 * 24 * time.Hour}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
+	}
+	if err := ValidWriteBuffer(int64(o.writeBuffer)); err != nil {
+		return nil, nil, err
 	}
 	abs, err := filepath.Abs(root)
 	if err != nil {
@@ -157,7 +169,7 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 		return nil, nil, fmt.Errorf("store root %q: %w", abs, err)
 	}
 	s := &Store{
-		root: abs, db: db, log: o.log, hook: o.hook, directIO: o.directIO, now: o.now,
+		root: abs, db: db, log: o.log, hook: o.hook, directIO: o.directIO, now: o.now, bufs: newBufPool(o.writeBuffer),
 		refs: map[string]bool{}, holds: map[string]int{}, abandoned: o.abandoned,
 	}
 	var rebuilt *RebuildReport
@@ -193,6 +205,7 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.bufs.close()
 	if err := s.markClean(); err != nil {
 		s.log.Warn("clean shutdown not recorded; the next start walks the whole store", "err", err)
 	}

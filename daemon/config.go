@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/csi"
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/k8ssync"
@@ -32,6 +33,7 @@ type Config struct {
 	MaxConcurrentPulls int           // artifacts pulled at once
 	FilesPerPull       int           // files of one artifact fetched at once
 	DirectIO           bool          // write blobs with O_DIRECT where possible
+	WriteBufferSize    int64         // each of a blob writer's two buffers (cachestore.WithWriteBuffer)
 	RetryInitial       time.Duration // first delay after a failed pull
 	RetryMax           time.Duration // cap of the delay between pull attempts
 	IdleTimeout        time.Duration // a stream that delivers nothing this long is retried
@@ -97,6 +99,7 @@ func DefaultConfig() Config {
 		MaxConcurrentPulls: 2,
 		FilesPerPull:       4,
 		DirectIO:           true,
+		WriteBufferSize:    cachestore.DefaultWriteBuffer,
 		RetryInitial:       5 * time.Second,
 		RetryMax:           10 * time.Minute,
 		IdleTimeout:        60 * time.Second,
@@ -183,6 +186,9 @@ func (c *Config) Validate() error {
 		if err := c.CSI.Validate(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := cachestore.ValidWriteBuffer(c.WriteBufferSize); err != nil {
+		errs = append(errs, fmt.Errorf("--write-buffer-size: %w", err))
 	}
 	if c.BandwidthLimit < 0 {
 		errs = append(errs, fmt.Errorf("--bandwidth-limit %d: want >= 0", c.BandwidthLimit))

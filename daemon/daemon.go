@@ -119,7 +119,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, errors.New("--systemd-socket: no socket from systemd (LISTEN_FDS unset); start modelcached.socket, or drop the flag to listen on --socket")
 	}
 	var d *Daemon // the store asks it which partial downloads are abandoned (never before New returns)
-	opts := []cachestore.Option{cachestore.WithLogger(log.With("component", "store")), cachestore.WithDirectIO(cfg.DirectIO),
+	opts := []cachestore.Option{cachestore.WithLogger(log.With("component", "store")), cachestore.WithDirectIO(cfg.DirectIO), cachestore.WithWriteBuffer(int(cfg.WriteBufferSize)),
 		cachestore.WithAbandoned(func(in cachestore.IngestInfo) bool { return d.abandoned(in) })}
 	if cfg.Hook != nil {
 		opts = append(opts, cachestore.WithHook(cfg.Hook))

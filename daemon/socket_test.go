@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
 
@@ -611,5 +612,19 @@ func TestSocketConfig(t *testing.T) {
 	cfg.MaxConnectionsPerUID = 0
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("no limit (0): %v", err)
+	}
+}
+
+// TestWriteBufferConfig: --write-buffer-size defaults to the store's
+// default, and Validate refuses a size the store would refuse, naming the
+// flag and the rule.
+func TestWriteBufferConfig(t *testing.T) {
+	cfg := DefaultConfig()
+	if cfg.WriteBufferSize != cachestore.DefaultWriteBuffer {
+		t.Fatalf("default %d, want %d", cfg.WriteBufferSize, cachestore.DefaultWriteBuffer)
+	}
+	cfg.WriteBufferSize = 1000
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--write-buffer-size") || !strings.Contains(err.Error(), "multiple of 4 KiB") {
+		t.Fatalf("Validate of a 1000-byte buffer: %v", err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers"
 )
 
 // genFile is a large file made in memory on the fly: a 16 MiB random
@@ -117,7 +118,7 @@ func bigPull(dir string, sizeMiB int64, canDrop bool) {
 		api.FormatBytes(size), api.FormatBytes(first), api.FormatBytes(again), api.FormatBytes(inKernel), api.FormatBytes(lost))
 	addRow(fmt.Sprintf("restart of a half-done %s pull (SIGKILL at half)", api.FormatBytes(size)),
 		fmt.Sprintf("%s fetched again: %s the daemon had read, %s in socket buffers", api.FormatBytes(again), api.FormatBytes(lost), api.FormatBytes(inKernel)),
-		"goal: ≤ one chunk (2 MiB)", fmt.Sprintf("%.2fx the goal (all: %.2fx)", float64(lost)/float64(2<<20), float64(again)/float64(2<<20)))
+		"goal: ≤ one chunk ("+api.FormatBytes(fetchers.DefaultChunk)+", a Range request)", fmt.Sprintf("%.2fx the goal (all: %.2fx)", float64(lost)/fetchers.DefaultChunk, float64(again)/fetchers.DefaultChunk))
 }
 
 // socketQueued is what the loopback connections to or from port hold in

@@ -251,7 +251,24 @@ func httpBench(dir, src string, files []file, canDrop bool) {
 	addRow("http pull of "+api.FormatBytes(total)+" (4 shards), cold, buffered (--direct-io=false)", gb(median(bufRes)), "curl -o + sync "+gb(median(curlRes)), fmt.Sprintf("%.2fx", median(ratios(bufRes, curlRes))))
 	addRow(fmt.Sprintf("daemon RSS per concurrent pull (%d at once, O_DIRECT), above the idle daemon", concurrentPulls),
 		fmt.Sprintf("%s (peak %s, idle %s)", api.FormatBytes(int64(perPull)), api.FormatBytes(int64(median(rss))), api.FormatBytes(int64(median(idleRSS)))),
-		"a pull's own buffers: 2 × 1 MiB", fmt.Sprintf("%.2fx the buffers", perPull/float64(2<<20)))
+		"a pull's own buffers: 2 × "+api.FormatBytes(writeBuffer()), fmt.Sprintf("%.2fx the buffers", perPull/float64(2*writeBuffer())))
+}
+
+// writeBuffer is the size of each of a pull's two buffers in the daemons
+// the bench starts: --write-buffer-size in BENCH_DAEMON_ARGS, or the
+// default.
+func writeBuffer() int64 {
+	args := strings.Fields(os.Getenv("BENCH_DAEMON_ARGS"))
+	for i, a := range args {
+		v, ok := strings.CutPrefix(a, "--write-buffer-size=")
+		if !ok && a == "--write-buffer-size" && i+1 < len(args) {
+			v, ok = args[i+1], true
+		}
+		if n, err := capacity.ParseBytes(v); ok && err == nil {
+			return n
+		}
+	}
+	return cachestore.DefaultWriteBuffer
 }
 
 // originDir is where the origins keep their data: a tmpfs under dir

@@ -40,6 +40,7 @@ quota: 500Gi
 min-age: 10m
 high-watermark: 90
 bandwidth-limit: 100M
+write-buffer-size: 1Mi
 file-roots: [/srv/models, /mnt/nfs]
 direct-io: false
 maxConnectionsPerUID: 8
@@ -52,6 +53,9 @@ maxConnectionsPerUID: 8
 	}
 	if b := size(c, "bandwidth-limit"); b != 100_000_000 {
 		t.Errorf("bandwidth-limit %d, want 100M", b)
+	}
+	if b := size(c, "write-buffer-size"); b != 1<<20 {
+		t.Errorf("write-buffer-size %d, want 1Mi", b)
 	}
 	if d := c.Duration("min-age"); d != 5*time.Minute {
 		t.Errorf("min-age %s: the command line's 5m must win over the file's 10m", d)

@@ -112,6 +112,7 @@ func newApp() *cli.App {
 			&cli.IntFlag{Name: "max-concurrent-pulls", Value: def.MaxConcurrentPulls, Usage: "artifacts pulled at once"},
 			&cli.IntFlag{Name: "files-per-pull", Value: def.FilesPerPull, Usage: "files of one artifact fetched at once"},
 			&cli.BoolFlag{Name: "direct-io", Value: def.DirectIO, Usage: "write blobs with O_DIRECT where the filesystem allows (--direct-io=false: buffered)"},
+			&cli.GenericFlag{Name: "write-buffer-size", Value: &sizeFlag{n: def.WriteBufferSize, set: true}, DefaultText: "2Mi", Usage: "each of a file's two pipeline buffers, and so each write to disk: a multiple of 4Ki from 64Ki to 64Mi; larger costs less CPU per byte, smaller holds less memory per file and loses less to a crash"},
 			&cli.GenericFlag{Name: "bandwidth-limit", Value: &sizeFlag{}, Usage: "bytes per second over all pulls: bytes or a size such as 500M or 1Gi; 0 = unlimited"},
 			&cli.DurationFlag{Name: "retry-initial", Value: def.RetryInitial, Usage: "first delay after a failed pull"},
 			&cli.DurationFlag{Name: "retry-max", Value: def.RetryMax, Usage: "longest delay between pull attempts"},
@@ -213,6 +214,7 @@ func run(c *cli.Context) error {
 	cfg.Capacity.KeepRevisions = c.Int("keep-revisions")
 	cfg.MaxConcurrentPulls = c.Int("max-concurrent-pulls")
 	cfg.BandwidthLimit = size(c, "bandwidth-limit")
+	cfg.WriteBufferSize = size(c, "write-buffer-size")
 	cfg.ProgressFloor = size(c, "progress-floor")
 	cfg.ProgressWindow = c.Duration("progress-window")
 	cfg.KernelCacheSignaturePolicy = c.String("kernel-cache-signature-policy")
