@@ -288,12 +288,26 @@ func originDir(dir string) string {
 	return o
 }
 
-func gbps(xs []float64) []string {
+func gbps(xs []float64) []string { return each(xs, 1e9, "%.2f") }
+
+// each formats every x/unit with format: the runs behind a median.
+func each(xs []float64, unit float64, format string) []string {
 	out := make([]string, len(xs))
 	for i, x := range xs {
-		out[i] = fmt.Sprintf("%.2f", x/1e9)
+		out[i] = fmt.Sprintf(format, x/unit)
 	}
 	return out
+}
+
+// medianIndex is the index of the median of xs (the lower one for an even
+// count).
+func medianIndex(xs []float64) int {
+	idx := make([]int, len(xs))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.Slice(idx, func(a, b int) bool { return xs[idx[a]] < xs[idx[b]] })
+	return idx[(len(idx)-1)/2]
 }
 
 func ratios(a, b []float64) []float64 {
