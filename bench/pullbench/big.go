@@ -160,4 +160,3 @@ func socketQueued(port int) int64 {
 	}
 	return n
 }
-
