@@ -45,12 +45,14 @@ func ValidWriteBuffer(n int64) error {
 }
 
 // bufKeepWriters is how many writers' buffers stay mapped when they come
-// back to the pool, for the next writers (four writers: 16 MiB at the
-// default size); beyond it a buffer is unmapped at once. bufIdleTime is
+// back to the pool, for the next writers (eight: the default
+// --max-concurrent-pulls × --files-per-pull, and more than a kernel
+// cache's unpack holds at once; 32 MiB at the default size); beyond it a
+// buffer is unmapped at once. bufIdleTime is
 // how long the kept ones stay once no writer takes one: then the pool
 // unmaps them all, so an idle daemon holds none.
 const (
-	bufKeepWriters = 4
+	bufKeepWriters = 8
 	bufIdleTime    = 30 * time.Second
 )
 
@@ -82,19 +84,38 @@ func (p *ioBufPool) get() *ioBuf {
 		return b
 	}
 	p.mu.Unlock()
-	if mem, err := mapBuffer(p.size); err == nil {
-		return &ioBuf{mem: mem, mapped: true}
-	}
-	// No mapping to be had: the heap, aligned by hand.
-	raw := make([]byte, p.size+ioAlign)
-	off := alignOffset(raw)
-	return &ioBuf{mem: raw[off : off+p.size]}
+	return newBuf(p.size, true)
 }
 
-// mapBuffer maps size bytes of anonymous memory, on a huge page
-// boundary with MADV_HUGEPAGE when size is a multiple of hugePage.
-func mapBuffer(size int) ([]byte, error) {
-	if size%hugePage != 0 {
+// getFor returns a buffer for a writer that has left bytes still to
+// come (< 0: unknown). A blob smaller than half a pooled buffer gets one
+// of its own size (one byte more, to see an overlong body, rounded up to
+// 4 KiB) in small pages, unmapped when it comes back: a batch of small
+// members (daemon/unpack.go) holds hundreds of writers at once, and each
+// would otherwise hold a whole pooled buffer, faulted in as a huge page
+// by its first byte.
+func (p *ioBufPool) getFor(left int64) *ioBuf {
+	if left < 0 || left+1 >= int64(p.size/2) {
+		return p.get()
+	}
+	return newBuf(int((left+ioAlign)&^(ioAlign-1)), false)
+}
+
+// newBuf maps a buffer of size bytes (huge: on huge pages where size
+// allows), or takes it from the heap when no mapping is to be had.
+func newBuf(size int, huge bool) *ioBuf {
+	if mem, err := mapBuffer(size, huge); err == nil {
+		return &ioBuf{mem: mem, mapped: true}
+	}
+	raw := make([]byte, size+ioAlign)
+	off := alignOffset(raw)
+	return &ioBuf{mem: raw[off : off+size]}
+}
+
+// mapBuffer maps size bytes of anonymous memory; with huge, and when size
+// is a multiple of hugePage, on a huge page boundary with MADV_HUGEPAGE.
+func mapBuffer(size int, huge bool) ([]byte, error) {
+	if !huge || size%hugePage != 0 {
 		return unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	}
 	// Map one huge page more and unmap what lies outside the aligned span.
@@ -117,6 +138,10 @@ func mapBuffer(size int) ([]byte, error) {
 // put takes a buffer back; it must not be used after.
 func (p *ioBufPool) put(b *ioBuf) {
 	b.n = 0
+	if len(b.mem) != p.size { // a small blob's own (getFor)
+		b.free()
+		return
+	}
 	p.mu.Lock()
 	if len(p.idle) < bufKeepWriters*ioBuffers {
 		p.idle = append(p.idle, b)

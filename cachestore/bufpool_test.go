@@ -1,6 +1,13 @@
 package cachestore
 
 import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 	"unsafe"
@@ -58,5 +65,65 @@ func TestBufPoolAlignsAndTrims(t *testing.T) {
 	}
 	if b := p.get(); len(b.mem) != MinWriteBuffer {
 		t.Fatalf("a get after the trim: %d bytes", len(b.mem))
+	}
+}
+
+// TestSmallBlobsOwnBuffers: a blob smaller than half a pooled buffer is
+// written from a buffer of its own size (one byte more, rounded up to
+// 4 KiB) in small pages, which is unmapped when it comes back and never
+// kept; larger or unknown sizes take pooled buffers. Every size around
+// the edges lands intact, through Write and ReadFrom, and a body one
+// byte longer than announced is refused.
+func TestSmallBlobsOwnBuffers(t *testing.T) {
+	p := newBufPool(DefaultWriteBuffer)
+	var held []*ioBuf
+	for _, tc := range []struct {
+		left int64
+		want int
+	}{{0, 4096}, {5000, 8192}, {4095, 4096}, {4096, 8192}, {DefaultWriteBuffer/2 - 2, DefaultWriteBuffer / 2}, {DefaultWriteBuffer/2 - 1, DefaultWriteBuffer}, {-1, DefaultWriteBuffer}, {1 << 30, DefaultWriteBuffer}} {
+		b := p.getFor(tc.left)
+		if len(b.mem) != tc.want {
+			t.Errorf("getFor(%d): %d bytes, want %d", tc.left, len(b.mem), tc.want)
+		}
+		held = append(held, b)
+	}
+	for _, b := range held {
+		p.put(b)
+	}
+	if n := p.idleBuffers(); n != 3 {
+		t.Errorf("%d buffers kept, want the 3 pooled ones only", n)
+	}
+	p.close()
+
+	ctx := context.Background()
+	s, _, err := Open(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, size := range []int{0, 1, 4095, 4096, 4097, DefaultWriteBuffer/2 - 2, DefaultWriteBuffer/2 - 1, DefaultWriteBuffer, 2*DefaultWriteBuffer + 1} {
+		b := make([]byte, size+1)
+		rand.NewChaCha8([32]byte{byte(size)}).Read(b)
+		body := b[:size]
+		sum := sha256.Sum256(body)
+		want := "sha256:" + hex.EncodeToString(sum[:])
+		got, err := s.Ingest(ctx, "r"+strconv.Itoa(size), bytes.NewReader(body), int64(size), want)
+		if err != nil || got != want {
+			t.Fatalf("size %d via ReadFrom: %s %v", size, got, err)
+		}
+		w, err := s.Writer(ctx, WriterOpts{Ref: "w" + strconv.Itoa(size), Size: int64(size)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Write(body); err != nil {
+			t.Fatalf("size %d via Write: %v", size, err)
+		}
+		if got, err := w.Commit(ctx, int64(size), want); err != nil || got != want {
+			t.Fatalf("size %d via Write: %s %v", size, got, err)
+		}
+		if _, err := s.Ingest(ctx, "long"+strconv.Itoa(size), bytes.NewReader(b), int64(size), ""); !errors.Is(err, ErrSizeMismatch) {
+			t.Fatalf("size %d with one byte more: %v, want ErrSizeMismatch", size, err)
+		}
+		s.RemoveIngest("long" + strconv.Itoa(size))
 	}
 }

@@ -379,8 +379,12 @@ func (w *Writer) next() {
 	case w.cur = <-w.free:
 	default:
 		if w.bufs < ioBuffers {
+			left := int64(-1) // a pooled buffer, but for the first of a small blob
+			if w.opts.Size >= 0 && w.bufs == 0 {
+				left = w.opts.Size - w.offset
+			}
 			w.bufs++
-			w.cur = w.s.bufs.get()
+			w.cur = w.s.bufs.getFor(left)
 			break
 		}
 		t0 := time.Now()
