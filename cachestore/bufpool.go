@@ -48,9 +48,9 @@ func ValidWriteBuffer(n int64) error {
 // back to the pool, for the next writers (eight: the default
 // --max-concurrent-pulls × --files-per-pull, and more than a kernel
 // cache's unpack holds at once; 32 MiB at the default size); beyond it a
-// buffer is unmapped at once. bufIdleTime is
-// how long the kept ones stay once no writer takes one: then the pool
-// unmaps them all, so an idle daemon holds none.
+// buffer is unmapped at once. bufIdleTime is how long the kept ones stay
+// once no writer takes one: then the pool unmaps them all, so an idle
+// daemon holds none.
 const (
 	bufKeepWriters = 8
 	bufIdleTime    = 30 * time.Second
@@ -67,7 +67,7 @@ type ioBufPool struct {
 
 	mu    sync.Mutex
 	idle  []*ioBuf
-	timer *time.Timer // trims the idle buffers after bufIdleTime without a get
+	timer *time.Timer // trims the idle buffers after idleTime without a get
 	gets  uint64      // gets so far; trim leaves the buffers when it moved
 }
 

@@ -112,7 +112,7 @@ func (w *Writer) Stages() Stages {
 }
 
 type ioBuf struct {
-	mem    []byte // aligned, the pool's size
+	mem    []byte // aligned: the pool's size, or a small blob's own (getFor)
 	mapped bool   // mem is an anonymous mapping (mapBuffer)
 	n      int
 	pos    int64

@@ -30,8 +30,8 @@ func pipelineBlob() ([]byte, string) {
 // a blob whose bytes do not match the expected digest is refused and
 // leaves neither a blob nor partial data; the right bytes land intact;
 // a writer closed halfway resumes from what is on disk; the stage times
-// are counted. So for the default buffers (huge-page aligned), the
-// smallest, and a size that is no multiple of a huge page.
+// are counted. So for the default buffers (one huge page), the smallest,
+// two huge pages, and a size that is no multiple of a huge page.
 func TestPipelineVerifiesBeforeVisible(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
