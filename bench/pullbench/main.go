@@ -157,7 +157,8 @@ func main() {
 // (reference.go) and modelctl pull of the four
 // shards over plain HTTP, O_DIRECT and buffered; the origin is a Go file
 // server over the model on tmpfs, so the node's disk holds only what is
-// pulled.
+// pulled, sending with sendfile(2) as file servers do, so that it takes
+// little of the CPU the node under test shares with it.
 func httpBench(dir, src string, files []file, canDrop bool) {
 	var total int64
 	for _, f := range files {
