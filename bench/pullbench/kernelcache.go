@@ -22,8 +22,10 @@ import (
 // one tar+gzip layer; BENCH_KC_MIB, default 500 MiB of cubins) to
 // docker-registry and compares modelctl pull --kind kernelcache (signature
 // check, compatibility check, digest check, extraction, fsync, commit) with
-// crane export | tar -x (extraction only), both followed by sync.
-func kernelCacheBench(dir string, canDrop bool) {
+// crane export | tar -x (extraction only), both followed by sync. The
+// registry keeps its data on the origin tmpfs (originDir), as the oci
+// scenario's does.
+func kernelCacheBench(dir, origin string, canDrop bool) {
 	reg, err1 := testenv.Tool("docker-registry")
 	crane, err2 := testenv.Tool("crane")
 	cosign, err3 := testenv.Tool("cosign")
@@ -37,7 +39,7 @@ func kernelCacheBench(dir string, canDrop bool) {
 		must(err)
 		mib = n
 	}
-	host, stop, err := testenv.StartRegistry(reg, dir)
+	host, stop, err := testenv.StartRegistry(reg, origin)
 	must(err)
 	defer stop()
 

@@ -118,7 +118,7 @@ func main() {
 		printTable()
 		return
 	case "kernelcache":
-		kernelCacheBench(dir, canDrop)
+		kernelCacheBench(dir, origin, canDrop)
 		printTable()
 		return
 	case "list":
@@ -148,7 +148,7 @@ func main() {
 	hfBench(dir, src, files, canDrop)
 	ociBench(dir, src, files, canDrop)
 	s3Bench(dir, src, files, canDrop)
-	kernelCacheBench(dir, canDrop)
+	kernelCacheBench(dir, origin, canDrop)
 	materializeVsCp(dir, src, files)
 	listAndRestart(dir, *nArts)
 }
