@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -275,7 +276,7 @@ func (d *Daemon) readLayer(dg, mediaType string, fn func(io.Reader) error) error
 	unix.Fadvise(int(fh.Fd()), 0, 0, unix.FADV_SEQUENTIAL)
 	var src io.Reader = fh
 	if compression(mediaType) != "" {
-		src = bufio.NewReaderSize(fh, 1<<20)
+		src = bufio.NewReaderSize(&readAhead{f: fh}, 1<<20)
 	}
 	body, closeBody, err := decompress(src, mediaType)
 	if err != nil {
@@ -405,4 +406,30 @@ func (c *layerCheck) finish(size int64, ok bool) (checked bool, err error) {
 	c.pw.Close() // the end of the stream, where the check has not ended
 	err = <-c.done
 	return ok && c.used && !c.broken && c.pos == size, err
+}
+
+// readAhead keeps the next aheadWindow bytes of a file read sequentially
+// asked of the disk (FADV_WILLNEED), so that the disk reads the blob
+// while the unpack writes members. The kernel's own read-ahead starts
+// small and waits for the reader; the kernel caps one WILLNEED at the
+// device's read-ahead or I/O size (as little as 128 KiB), so the window
+// is asked for in aheadChunk pieces, a few syscalls per MiB read.
+type readAhead struct {
+	f        *os.File
+	pos, req int64 // read up to pos; asked for up to req
+}
+
+const (
+	aheadWindow = 32 << 20
+	aheadChunk  = 128 << 10
+)
+
+func (r *readAhead) Read(p []byte) (int, error) {
+	for r.req < r.pos+aheadWindow {
+		unix.Fadvise(int(r.f.Fd()), r.req, aheadChunk, unix.FADV_WILLNEED)
+		r.req += aheadChunk
+	}
+	n, err := r.f.Read(p)
+	r.pos += int64(n)
+	return n, err
 }
