@@ -54,13 +54,21 @@ type EvictionNote struct {
 // package compares against these names, never a string literal.
 const (
 	// ReasonPullFailed: a failure worth retrying (a network error, a
-	// server error, a digest mismatch); retried with backoff.
+	// server error, a stream cut short); retried with backoff.
 	ReasonPullFailed = "PullFailed"
 	// Failures no retry can fix: not retried until the desire changes or
 	// an explicit pull asks again.
 	ReasonSourceNotFound = "SourceNotFound" // the repo, revision, object, URL or host does not exist
 	ReasonAccessDenied   = "AccessDenied"   // the source refuses these credentials (or none)
 	ReasonInvalidSource  = "InvalidSource"  // the URI cannot name a source
+	// ReasonDigestMismatch: the bytes do not hash to the digest the user
+	// (#sha256=, --digest) or the source's listing gave; the message names
+	// both digests. Another download of the same bytes cannot match.
+	ReasonDigestMismatch = "DigestMismatch"
+	// ReasonSourceInconsistent: the source contradicts itself (a file
+	// listing shorter than the count it announces); asking again the same
+	// way gets the same answer.
+	ReasonSourceInconsistent = "SourceInconsistent"
 	// ReasonSourceChanged: the source's files no longer hash to the folder
 	// checksum the cluster recorded for this revision (the first node's):
 	// the node keeps what it served and does not retry until the desire

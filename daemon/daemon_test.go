@@ -176,9 +176,14 @@ func TestWrongBytesNothingVisible(t *testing.T) {
 	if h.d.store.HasBlob("sha256:" + sha(evil)) {
 		t.Fatal("unverified bytes were kept as a blob")
 	}
+	// Another download of the same bytes cannot match the digest the user
+	// gave: Failed for good, naming both digests, with no retry scheduled.
 	a, _ := h.c.Get(context.Background(), "evil")
-	if a.Phase != api.PhaseFailed || a.NextRetry == nil || a.Attempts < 1 {
-		t.Fatalf("artifact %+v: want Failed with attempts and a next retry", a)
+	if a.Phase != api.PhaseFailed || a.Reason != api.ReasonDigestMismatch || a.NextRetry != nil || a.Attempts != 1 {
+		t.Fatalf("artifact %+v: want Failed (DigestMismatch) after one attempt, no next retry", a)
+	}
+	if !strings.Contains(a.Message, sha(good)) || !strings.Contains(a.Message, sha(evil)) {
+		t.Fatalf("message %q: want both digests named", a.Message)
 	}
 }
 

@@ -24,6 +24,10 @@ func permanentReason(err error) string {
 		return api.ReasonInvalidSource
 	case errors.Is(err, errSourceChanged):
 		return api.ReasonSourceChanged
+	case errors.Is(err, cachestore.ErrDigestMismatch):
+		return api.ReasonDigestMismatch
+	case errors.Is(err, fetchers.ErrInconsistent):
+		return api.ReasonSourceInconsistent
 	}
 	return ""
 }

@@ -30,6 +30,10 @@ var (
 	// holds are of another version: it discards them and opens the file
 	// again from offset 0. Not Permanent.
 	ErrCannotResume = errors.New("cannot resume")
+	// ErrInconsistent says the source contradicts itself (a listing that
+	// holds fewer files than it announces): another attempt gets the same
+	// answer, so the daemon does not retry it (api.ReasonSourceInconsistent).
+	ErrInconsistent = errors.New("inconsistent source")
 )
 
 // Source is what a desire asks for.
