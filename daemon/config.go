@@ -131,7 +131,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--socket %q is %d bytes; unix socket paths must be shorter than 108", c.Socket, len(c.Socket)))
 	}
 	if c.SocketMode&^0o777 != 0 || c.SocketMode&0o600 != 0o600 {
-		errs = append(errs, fmt.Errorf("--socket-mode %#o: want permission bits that include 0600, e.g. 0666 or 0660", c.SocketMode))
+		errs = append(errs, fmt.Errorf("--socket-mode %#o: want permission bits that include 0600, e.g. 0666 or 0660 (octal, as chmod reads them: in a config file write socket-mode: \"0660\", not a decimal number)", c.SocketMode))
 	}
 	if c.MaxConnectionsPerUID < 0 {
 		errs = append(errs, fmt.Errorf("--max-connections-per-uid %d: want >= 0 (0: no limit)", c.MaxConnectionsPerUID))

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
+	yaml3 "go.yaml.in/yaml/v3"
 	"sigs.k8s.io/yaml"
 
 	"github.com/modelcache/modelcache/internal/cliutil"
@@ -60,6 +61,7 @@ func applyConfigFile(c *cli.Context, flags []cli.Flag, path string) error {
 	if err := dec.Decode(&keys); err != nil || (keys == nil && strings.TrimSpace(string(js)) != "null") {
 		return fmt.Errorf("--config %s: want a YAML mapping of flag names to values, such as \"quota: 500Gi\"", path)
 	}
+	literals := literalScalars(raw)
 	var valid []string
 	for _, f := range flags {
 		if n := f.Names()[0]; !notInFile[n] {
@@ -90,6 +92,9 @@ func applyConfigFile(c *cli.Context, flags []cli.Flag, path string) error {
 			continue
 		}
 		values, err := scalars(keys[key])
+		if lit, ok := literals[key]; ok && err == nil {
+			values = lit // as written: 0660 stays the octal mode the flag reads
+		}
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("%s: %v", key, err))
 			continue
@@ -120,6 +125,45 @@ func applyConfigFile(c *cli.Context, flags []cli.Flag, path string) error {
 		setFromFile[s.flag] = true
 	}
 	return nil
+}
+
+// literalScalars returns, for each top-level key whose value is a scalar
+// or a list of scalars, the values as written in the file. YAML 1.1 (which
+// the JSON conversion follows) reads socket-mode: 0660 as the octal
+// integer 432; the flag reads the text "0660", and so must the file.
+func literalScalars(raw []byte) map[string][]string {
+	var doc yaml3.Node
+	if yaml3.Unmarshal(raw, &doc) != nil || len(doc.Content) != 1 || doc.Content[0].Kind != yaml3.MappingNode {
+		return nil
+	}
+	text := func(n *yaml3.Node) (string, bool) {
+		return n.Value, n.Kind == yaml3.ScalarNode && n.Tag != "!!null"
+	}
+	out := map[string][]string{}
+	m := doc.Content[0].Content
+	for i := 0; i+1 < len(m); i += 2 {
+		k, v := m[i], m[i+1]
+		switch v.Kind {
+		case yaml3.ScalarNode:
+			if s, ok := text(v); ok {
+				out[k.Value] = []string{s}
+			}
+		case yaml3.SequenceNode:
+			var list []string
+			for _, e := range v.Content {
+				s, ok := text(e)
+				if !ok {
+					list = nil
+					break
+				}
+				list = append(list, s)
+			}
+			if list != nil {
+				out[k.Value] = list
+			}
+		}
+	}
+	return out
 }
 
 // scalars reads a YAML value as the flag strings it stands for: a scalar

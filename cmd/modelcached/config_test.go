@@ -138,3 +138,25 @@ func TestSpareProcs(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigFileReadsValuesAsWritten: a value is read as the flag reads
+// its text: socket-mode: 0660 is the octal mode 0660 (YAML 1.1 would make
+// it the integer 432), in a list too; a quoted value is the same.
+func TestConfigFileReadsValuesAsWritten(t *testing.T) {
+	for _, body := range []string{"socket-mode: 0660\n", "socket-mode: \"0660\"\n", "socket-mode: 0o660\n"} {
+		c, err := withConfig(t, body)
+		if err != nil {
+			t.Fatalf("%q: %v", body, err)
+		}
+		if got := c.String("socket-mode"); strings.TrimPrefix(got, "0o") != "660" && got != "0660" {
+			t.Errorf("%q: socket-mode %q, want the text 0660", body, got)
+		}
+	}
+	c, err := withConfig(t, "file-roots: [0755, /srv]\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.StringSlice("file-roots"); strings.Join(got, ",") != "0755,/srv" {
+		t.Errorf("file-roots %q, want the elements as written", got)
+	}
+}

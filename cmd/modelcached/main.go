@@ -202,7 +202,7 @@ func run(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit("modelcached: "+err.Error(), 2)
 	}
-	mode, err := strconv.ParseUint(c.String("socket-mode"), 8, 32)
+	mode, err := strconv.ParseUint(strings.TrimPrefix(c.String("socket-mode"), "0o"), 8, 32)
 	if err != nil {
 		return cli.Exit(fmt.Sprintf("modelcached: --socket-mode %q: want octal bits such as 0666 or 0660", c.String("socket-mode")), 2)
 	}

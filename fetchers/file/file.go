@@ -104,6 +104,9 @@ func (f *Fetcher) CheckRoots(uri string) error {
 }
 
 func (f *Fetcher) checkRoots(uri, p string) error {
+	if err := kernelFS(uri, p); err != nil {
+		return err
+	}
 	if len(f.roots) == 0 {
 		return nil
 	}
@@ -114,6 +117,37 @@ func (f *Fetcher) checkRoots(uri, p string) error {
 	}
 	return fmt.Errorf("source %q: %w: %s is outside the directories file:// may read on this node (%s); copy the model under one of them or ask the node's admin to add its directory to --file-roots",
 		uri, fetchers.ErrUnauthorized, p, strings.Join(f.roots, ", "))
+}
+
+// kernelMounts are the kernel's views of processes and devices: no model
+// lives there, and /proc/self, /proc/thread-self and /proc/<pid> name the
+// daemon itself (its memory maps, environment and descriptors), which the
+// requester's fsuid does not hide on every kernel.
+var kernelMounts = []string{"/proc", "/sys"}
+
+// kernelFS refuses, by path and before anything is opened, a source under
+// /proc or /sys.
+func kernelFS(uri, p string) error {
+	for _, m := range kernelMounts {
+		if p == m || strings.HasPrefix(p, m+"/") {
+			return fmt.Errorf("source %q: %w: %s is under %s, the kernel's view of processes and devices, which file:// never reads; copy the model to a directory", uri, fetchers.ErrUnauthorized, p, m)
+		}
+	}
+	return nil
+}
+
+// kernelFD refuses a directory on procfs or sysfs mounted elsewhere (a
+// DaemonSet's /host/proc): the same views kernelFS refuses by path.
+func kernelFD(uri, p string, fd int) error {
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return explain(uri, p, err)
+	}
+	switch fs.Type {
+	case unix.PROC_SUPER_MAGIC, unix.SYSFS_MAGIC:
+		return fmt.Errorf("source %q: %w: %s is on a procfs or sysfs mount, the kernel's view of processes and devices, which file:// never reads; copy the model to a directory", uri, fetchers.ErrUnauthorized, p)
+	}
+	return nil
 }
 
 // loc is what Resolve tells Open about a file: the directory it is opened
@@ -231,6 +265,9 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 			return explain(src.URI, parent, err)
 		}
 		defer unix.Close(pfd)
+		if err := kernelFD(src.URI, parent, pfd); err != nil {
+			return err
+		}
 		var st unix.Stat_t
 		if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return explain(src.URI, p, err)

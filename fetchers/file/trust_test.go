@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -250,5 +251,47 @@ func TestDeepTree(t *testing.T) {
 	_, err = New().Resolve(context.Background(), fetchers.Source{URI: "file://" + build(maxDepth+5)})
 	if !errors.Is(err, fetchers.ErrBadSource) || !strings.Contains(err.Error(), "deeper than") || len(err.Error()) > 1000 {
 		t.Fatalf("a tree deeper than %d: %v", maxDepth, err)
+	}
+}
+
+// TestKernelViewsRefused: file:// never reads the daemon's own /proc
+// entries (its maps, environment, descriptors) nor anything under /proc or
+// /sys, for a requester or the daemon's own configuration: refused by path
+// before any open, and by filesystem type where procfs is mounted
+// elsewhere (a DaemonSet's /host/proc).
+func TestKernelViewsRefused(t *testing.T) {
+	f := New()
+	pid := strconv.Itoa(os.Getpid())
+	for _, p := range []string{"/proc/self/maps", "/proc/thread-self/environ", "/proc/" + pid + "/maps", "/proc/" + pid, "/proc", "/sys/kernel", "/proc/self/fd/"} {
+		for _, as := range []*fetchers.Identity{nobody, nil} {
+			_, err := f.Resolve(context.Background(), fetchers.Source{URI: "file://" + p, As: as})
+			if !errors.Is(err, fetchers.ErrUnauthorized) || !fetchers.IsPermanent(err) || !strings.Contains(err.Error(), "kernel's view") {
+				t.Errorf("%s as %v: %v, want a permanent refusal naming the kernel's view", p, as, err)
+			}
+		}
+		if err := f.CheckRoots("file://" + p); !errors.Is(err, fetchers.ErrUnauthorized) {
+			t.Errorf("CheckRoots(%s): %v, want refused before the pull is saved", p, err)
+		}
+	}
+	// /procfoo is not /proc.
+	dir := filepath.Join(t.TempDir(), "procfoo")
+	if err := kernelFS("file://"+dir, dir); err != nil {
+		t.Errorf("%s: %v", dir, err)
+	}
+
+	requireRoot(t)
+	host := filepath.Join(t.TempDir(), "host", "proc")
+	if err := os.MkdirAll(host, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("proc", host, "proc", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, ""); err != nil {
+		testenv.Missing(t, "a procfs mount ("+err.Error()+")", "run the tests as root, as CI does")
+	}
+	t.Cleanup(func() { syscall.Unmount(host, syscall.MNT_DETACH) })
+	for _, p := range []string{host + "/" + pid + "/environ", host + "/self", host + "/" + pid} {
+		_, err := f.Resolve(context.Background(), fetchers.Source{URI: "file://" + p})
+		if !errors.Is(err, fetchers.ErrUnauthorized) || !strings.Contains(err.Error(), "procfs") {
+			t.Errorf("%s: %v, want refused as procfs", p, err)
+		}
 	}
 }
