@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"net"
 	"time"
 
 	"github.com/modelcache/modelcache/api"
@@ -43,8 +42,7 @@ func failureReason(err error, attempt int) string {
 	if r := permanentReason(err); r != "" {
 		return r
 	}
-	var de *net.DNSError
-	if errors.As(err, &de) && de.IsNotFound && attempt >= unknownHostAttempts {
+	if fetchers.UnknownHost(err) && attempt >= unknownHostAttempts {
 		return api.ReasonSourceNotFound
 	}
 	return ""

@@ -6,13 +6,18 @@ import (
 	"github.com/modelcache/modelcache/internal/testenv"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/modelcache/modelcache/api"
@@ -111,5 +116,58 @@ func TestMetricsShowFailingSource(t *testing.T) {
 	if present["modelcache_store_bytes"] || !present["modelcache_filesystem_free_bytes"] {
 		t.Errorf("series present: store bytes %v (want none: its source failed), free bytes %v (want one)",
 			present["modelcache_store_bytes"], present["modelcache_filesystem_free_bytes"])
+	}
+}
+
+// TestFetchBytesMoveDuringDownload: modelcache_fetch_bytes_total counts
+// bytes while a file downloads, not only when it ends: a source that has
+// sent 3 of 4 MiB and stalls has moved the counter past 2 MiB.
+func TestFetchBytesMoveDuringDownload(t *testing.T) {
+	const size, first = 4 << 20, 3 << 20
+	body := data(size, 9)
+	release := make(chan struct{})
+	var gets atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		if r.Method == http.MethodHead {
+			return
+		}
+		gets.Add(1)
+		w.Write(body[:first])
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		w.Write(body[first:])
+	}))
+	defer srv.Close()
+	cfg := testConfig(t)
+	cfg.IdleTimeout = 5 * time.Minute // the stall must not end the stream: the counter moves within it
+	h := start(t, cfg)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.pull(api.PullRequest{Name: "slow", URI: srv.URL + "/w.bin#sha256=" + sha(body)})
+		done <- err
+	}()
+	c := h.d.metrics.fetchedBytes.WithLabelValues("http")
+	deadline := time.Now().Add(30 * time.Second)
+	for testutil.ToFloat64(c) < 2<<20 {
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatalf("fetch_bytes_total is %v with 3 MiB sent and the download stalled; want it past 2 MiB", testutil.ToFloat64(c))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := gets.Load(); n != 1 {
+		t.Fatalf("%d GETs: the counter must move within the one stalled stream", n)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(c); got != size {
+		t.Fatalf("fetch_bytes_total %v after the pull, want %d", got, size)
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/fetchers"
@@ -348,6 +350,34 @@ func (p *pull) stage(name string, d time.Duration) {
 	p.d.metrics.pullStages.WithLabelValues(name).Observe(d.Seconds())
 }
 
+// meterStep is how many bytes a download reads between two updates of
+// modelcache_fetch_bytes_total: the counter moves while a large file
+// downloads, not only when it ends.
+const meterStep = 1 << 20
+
+// meteredReader adds what it reads from r to c every meterStep bytes;
+// flush adds the rest. One download's attempts read through it in turn.
+type meteredReader struct {
+	r       io.Reader
+	c       prometheus.Counter
+	pending int64
+}
+
+func (m *meteredReader) Read(b []byte) (int, error) {
+	n, err := m.r.Read(b)
+	if m.pending += int64(n); m.pending >= meterStep {
+		m.flush()
+	}
+	return n, err
+}
+
+func (m *meteredReader) flush() {
+	if m.pending > 0 {
+		m.c.Add(float64(m.pending))
+		m.pending = 0
+	}
+}
+
 // timedReader sums the time spent inside Read: waiting on the source.
 type timedReader struct {
 	r  io.Reader
@@ -471,7 +501,7 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 		d.log.Info("resuming download", "ref", ref, "offset", resumed)
 	}
 	start := time.Now()
-	var fetched atomic.Int64
+	fetched := &meteredReader{c: d.metrics.fetchedBytes.WithLabelValues(scheme)}
 	var readNs int64 // time inside the source's Read, over every attempt
 	err = p.backoff.Do(ctx, func(int) error {
 		rc, err := f.Open(ctx, fl, w.Offset())
@@ -491,15 +521,15 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 		}
 		rc = fetchers.MinRate(rc, d.cfg.ProgressFloor, d.cfg.ProgressWindow)
 		defer rc.Close()
-		var r io.Reader = fetchers.CountingReader{R: timedReader{rc, &readNs}, N: &fetched}
+		fetched.r = timedReader{rc, &readNs}
+		var r io.Reader = fetched
 		if fl.Size < 0 {
 			r = budgetReader{r: r, p: prog}
 		}
 		r = fetchers.RateLimited(ctx, r, d.limiter)
 		r = check.tee(r, w.Offset())
-		before := fetched.Load()
 		_, err = w.ReadFrom(fetchers.CountingReader{R: r, N: &prog.done})
-		d.metrics.fetchedBytes.WithLabelValues(scheme).Add(float64(fetched.Load() - before))
+		fetched.flush()
 		switch {
 		case errors.Is(err, cachestore.ErrSizeMismatch):
 			return fetchers.Permanent(fmt.Errorf("the source sent more than the %d bytes it announced", fl.Size))

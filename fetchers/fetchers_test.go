@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"golang.org/x/time/rate"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"testing"
 	"time"
 )
@@ -102,9 +104,17 @@ func TestBackoffHonoursRetryAfterAndPermanent(t *testing.T) {
 		t.Fatalf("permanent error retried %d times: %v", calls, err)
 	}
 	calls = 0
-	err = b.Do(context.Background(), func(int) error { calls++; return errors.New("always") }, nil)
-	if calls != 5 || err == nil {
-		t.Fatalf("attempts: %d calls, %v", calls, err)
+	always := errors.New("always")
+	err = b.Do(context.Background(), func(int) error { calls++; return always }, nil)
+	if calls != 5 || err != always {
+		t.Fatalf("attempts: %d calls, %v; want the last error as it was (the pull counts attempts)", calls, err)
+	}
+	// A host DNS denies is not asked again within the attempt.
+	calls = 0
+	nx := &url.Error{Op: "Get", URL: "https://nosuch.invalid/x", Err: &net.OpError{Op: "dial", Err: &net.DNSError{Err: "no such host", Name: "nosuch.invalid", IsNotFound: true}}}
+	err = b.Do(context.Background(), func(int) error { calls++; return nx }, nil)
+	if calls != 1 || !UnknownHost(err) {
+		t.Fatalf("unknown host asked %d times: %v", calls, err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -69,6 +70,16 @@ func (b Backoff) Delay(n int, err error) time.Duration {
 	return d/2 + rand.N(d/2+1) // half fixed, half jitter: never a thundering herd
 }
 
+// UnknownHost reports whether err says DNS has no such host: asking again
+// within seconds gets the same answer, so Do returns it at once and the
+// pull fails fast, saying so (the daemon still retries the pull a few
+// times before it calls the host a typo: a resolver at boot may deny a
+// host for a moment).
+func UnknownHost(err error) bool {
+	var de *net.DNSError
+	return errors.As(err, &de) && de.IsNotFound
+}
+
 // SleepCtx waits d, or until ctx ends (its error then).
 func SleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
@@ -91,11 +102,13 @@ func (b Backoff) Do(ctx context.Context, fn func(attempt int) error, onRetry fun
 	}
 	for n := 1; ; n++ {
 		err := fn(n)
-		if err == nil || IsPermanent(err) || ctx.Err() != nil {
+		if err == nil || IsPermanent(err) || ctx.Err() != nil || UnknownHost(err) {
 			return err
 		}
 		if b.Attempts > 0 && n >= b.Attempts {
-			return fmt.Errorf("gave up after %d attempts: %w", n, err)
+			// The error alone: the pull that called this counts its own
+			// attempts, and one counter in a message is enough.
+			return err
 		}
 		wait := b.Delay(n, err)
 		if onRetry != nil {
