@@ -54,15 +54,12 @@ func (d *Daemon) reservedBoth() (outstanding, total int64) {
 	return outstanding, total
 }
 
-// capacityLoop scans for use and runs an eviction pass every interval,
-// and when kicked (a pull finished: an old revision may be free to go).
+// capacityLoop runs an eviction pass (which scans for use first) every
+// interval, and when kicked (a pull finished: an old revision may be free to go).
 func (d *Daemon) capacityLoop(ctx context.Context) {
 	t := time.NewTicker(d.cfg.CapacityInterval)
 	defer t.Stop()
 	for {
-		if err := d.scan(); err != nil {
-			d.log.Warn("in-use scan", "err", err)
-		}
 		if n, bytes := d.store.RemoveAbandoned(); n > 0 {
 			d.log.Info("removed abandoned partial downloads", "ingests", n, "bytes", bytes)
 		}
@@ -87,10 +84,16 @@ func (d *Daemon) kickCapacity() {
 
 // evictPass runs the evictor; extra asks for more than the policy needs,
 // and protect names artifacts whose versions must stay (a pull being
-// admitted for them).
+// admitted for them). Every pass (pressure, admission) first scans /proc,
+// so that it decides against what is in use now, not at the last
+// interval: a model mapped a moment ago is not a victim (the scan's cost
+// is in docs/benchmarks.md).
 func (d *Daemon) evictPass(ctx context.Context, extra int64, protect ...string) (*capacity.Report, error) {
 	d.evictMu.Lock()
 	defer d.evictMu.Unlock()
+	if err := d.scan(); err != nil {
+		d.log.Warn("in-use scan", "err", err)
+	}
 	d.evictor.Protect = protect
 	// Making room for a pull: ad-hoc entries may go, never a declared
 	// model (that would thrash). Pressure alone may take declared ones.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
 )
 
@@ -202,5 +203,42 @@ func TestOldRevisionPrunedOnceUnused(t *testing.T) {
 	}
 	if !h.d.store.HasBlob("sha256:" + sha(v2)) {
 		t.Fatal("the current revision's blob was collected")
+	}
+}
+
+// TestAdmissionScansBeforeEvicting: a pull that needs room chooses its
+// victims against a /proc scan made for that decision, not the capacity
+// loop's last one: a model opened just before the pull stays, the next
+// least recently used one goes.
+func TestAdmissionScansBeforeEvicting(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.CapacityInterval = time.Hour // the loop's scans happen only when a pull ends
+	cfg.Capacity = capacity.Policy{QuotaBytes: 5 << 20, HighPercent: 85, LowPercent: 80}
+	h := start(t, cfg)
+	h.d.scanRun.Lock()
+	h.d.scanner.Self = -1 // the daemon runs in this process: scan it as if it were another
+	h.d.scanRun.Unlock()
+	for i, name := range []string{"a", "b"} {
+		src := t.TempDir()
+		os.WriteFile(filepath.Join(src, "w.bin"), data(2<<20, byte(60+i)), 0o644)
+		if _, err := h.pull(api.PullRequest{Name: name, URI: "file://" + src}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.Open(filepath.Join(h.cfg.Root, "models/a/current/w.bin")) // a, the older, is now in use
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "w.bin"), data(2<<20, 62), 0o644)
+	if _, err := h.pull(api.PullRequest{Name: "c", URI: "file://" + src}); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := h.c.Get(context.Background(), "a"); err != nil || a.Phase != api.PhaseReady {
+		t.Fatalf("a, open when c was admitted: %+v %v; want it kept", a, err)
+	}
+	if _, err := h.d.store.Summary("b"); !errors.Is(err, cachestore.ErrNotFound) {
+		t.Fatalf("b: %v; want it evicted to make room for c", err)
 	}
 }
