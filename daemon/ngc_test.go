@@ -129,6 +129,7 @@ func TestNGCResumeAndWrongDigest(t *testing.T) {
 			w.WriteHeader(http.StatusOK)
 			w.Write(big[:1<<20])
 			w.(http.Flusher).Flush()
+			reg.ExpireURLs() // the presigned URL expires during the pull
 			conn, _, _ := http.NewResponseController(w).Hijack()
 			conn.Close()
 		})
@@ -142,6 +143,9 @@ func TestNGCResumeAndWrongDigest(t *testing.T) {
 	}
 	if reg.RangeGets.Load() == 0 {
 		t.Fatal("the cut file was not resumed with a Range request")
+	}
+	if reg.ExpiredGets.Load() == 0 || reg.ManifestRequests.Load() < 2 {
+		t.Fatalf("%d requests on the expired URL, %d manifest answers: want the resume to meet the expired URL and ask the URL manifest again", reg.ExpiredGets.Load(), reg.ManifestRequests.Load())
 	}
 	reg.Hook = nil
 
@@ -164,7 +168,41 @@ func TestNGCResumeAndWrongDigest(t *testing.T) {
 			if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", c.name)); err == nil {
 				t.Fatal("a refused file became visible")
 			}
+			if c.name != "wrong-digest" {
+				return
+			}
+			// Right size, wrong bytes, against the listing's sha256_base64:
+			// failed for good, both digests named, not retried.
+			a, _ := h.c.Get(context.Background(), c.name)
+			if a.Phase != api.PhaseFailed || a.Reason != api.ReasonDigestMismatch || a.NextRetry != nil || a.Attempts != 1 {
+				t.Fatalf("artifact %+v: want Failed (DigestMismatch) after one attempt, no next retry", a)
+			}
+			if !strings.Contains(a.Message, ngctest.Sum(b)) || !strings.Contains(a.Message, ngctest.Sum(c.edit(append([]byte(nil), b...)))) {
+				t.Fatalf("message %q: want the listed and the streamed digest named", a.Message)
+			}
 		})
+	}
+}
+
+// TestNGCShortListingNotRetried: a listing that holds fewer files than the
+// version counts fails for good (SourceInconsistent), with no retry.
+func TestNGCShortListingNotRetried(t *testing.T) {
+	h, reg, _, _ := startWithNGC(t)
+	reg.AddVersion("org/short", "1", map[string][]byte{"a": []byte("a"), "b": []byte("b"), "c": []byte("c")}, true, true)
+	reg.Hook = func(w http.ResponseWriter, r *http.Request) bool { // page 1 (of 2) comes back empty
+		if strings.HasSuffix(r.URL.Path, "/versions/1/files") && r.URL.Query().Get("page-number") == "1" {
+			w.Write([]byte(`{"modelFiles":[],"paginationInfo":{"index":1,"size":0,"totalPages":2,"totalResults":3}}`))
+			return true
+		}
+		return false
+	}
+	_, err := h.pull(api.PullRequest{Name: "short", URI: "ngc://org/short:1"})
+	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "the file listing holds 2 files but the version says 3") {
+		t.Fatalf("%v; want Failed naming both counts", err)
+	}
+	a, _ := h.c.Get(context.Background(), "short")
+	if a.Reason != api.ReasonSourceInconsistent || a.NextRetry != nil || a.Attempts != 1 {
+		t.Fatalf("artifact %+v: want Failed (SourceInconsistent) after one attempt, no next retry", a)
 	}
 }
 
@@ -184,8 +222,8 @@ func TestNGCPrivateModelKeyNeverShown(t *testing.T) {
 	})
 
 	_, err := h.pull(api.PullRequest{Name: "nokey", URI: "ngc://acme/research/secret:4"})
-	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "no NGC API key is set") {
-		t.Fatalf("without a key: %v", err)
+	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "no NGC API key is set") || !strings.Contains(err.Error(), `NGC_API_KEY`) || !strings.Contains(err.Error(), `org "acme"`) {
+		t.Fatalf("without a key: %v; want the error to name NGC_API_KEY and the model's org", err)
 	}
 	h.waitPhase("secret", api.PhaseReady)
 	for p, b := range files {
