@@ -104,6 +104,18 @@ func TestNGCPullPinnedAndDedupWithHF(t *testing.T) {
 	if inode(t, filepath.Join(root, "models", "nosha", "current", "model.safetensors")) != want {
 		t.Fatal("a size-only NGC file did not land on the existing blob")
 	}
+	// inspect says, per file, which were checked by size only.
+	for name, streamed := range map[string]bool{"nosha": true, "from-ngc": false} {
+		full, err := h.c.Get(context.Background(), name)
+		if err != nil || len(full.Versions) == 0 || len(full.Versions[0].Files) == 0 {
+			t.Fatalf("%s: %+v %v", name, full, err)
+		}
+		for _, fl := range full.Versions[0].Files {
+			if fl.Streamed != streamed {
+				t.Fatalf("%s: file %s streamed=%v; want %v (NGC listed %s)", name, fl.Path, fl.Streamed, streamed, map[bool]string{true: "its size only", false: "its sha256"}[streamed])
+			}
+		}
+	}
 	reg.AddVersion("nvidia/llama-nosha", "3.0", map[string][]byte{"model.safetensors": safetensors(64<<10, 8)}, true, false)
 	if full, err := h.c.Get(context.Background(), "nosha"); err != nil || full.Revision != "2.0" {
 		t.Fatalf("a new latest version moved a pinned artifact: %+v %v", full, err)
