@@ -196,6 +196,41 @@ func TestNGCResumeAndWrongDigest(t *testing.T) {
 	}
 }
 
+// TestNGCLegacyV1AndRefusedManifest: a legacy V1 version (no sizes, no
+// checksums in its listing) pulls, each file marked as checked by nothing
+// published; where NGC refuses the URL manifest the deprecated per-file
+// path serves the files and the daemon's log says so.
+func TestNGCLegacyV1AndRefusedManifest(t *testing.T) {
+	h, reg, _, logs := startWithNGC(t)
+	files := map[string][]byte{"model.safetensors": safetensors(16<<10, 5), "config.json": []byte(`{"model_type":"llama"}`), "tok/t.json": []byte(`{}`)}
+	reg.AddVersion("nvidia/legacy", "0.9", files, true, false)
+	reg.SetLegacy("nvidia/legacy", "0.9")
+	if _, err := h.pull(api.PullRequest{Name: "legacy", URI: "ngc://nvidia/legacy:0.9"}); err != nil {
+		t.Fatal(err)
+	}
+	for p, b := range files {
+		if h.read("legacy", p) != string(b) {
+			t.Fatalf("%s differs", p)
+		}
+	}
+	full, err := h.c.Get(context.Background(), "legacy")
+	if err != nil || len(full.Versions) == 0 || len(full.Versions[0].Files) != 3 || !full.Versions[0].Files[0].Streamed {
+		t.Fatalf("%+v %v; want 3 files, checked by size only", full, err)
+	}
+
+	reg.RefuseManifest = true
+	reg.AddVersion("nvidia/old-api", "1", map[string][]byte{"tok/t.json": []byte(`{"v":1}`)}, true, true) // not in the store yet
+	if _, err := h.pull(api.PullRequest{Name: "old-api", URI: "ngc://nvidia/old-api:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if h.read("old-api", "tok/t.json") != `{"v":1}` || reg.PerFileRequests.Load() == 0 {
+		t.Fatalf("%d per-file downloads; want the files through the deprecated path", reg.PerFileRequests.Load())
+	}
+	if !strings.Contains(logs.String(), "refused the URL manifest") || !strings.Contains(logs.String(), "only its size is checked") {
+		t.Fatal("the log says neither that the manifest was refused nor which files are checked by size only")
+	}
+}
+
 // TestNGCShortListingNotRetried: a listing that holds fewer files than the
 // version counts fails for good (SourceInconsistent), with no retry.
 func TestNGCShortListingNotRetried(t *testing.T) {
