@@ -24,8 +24,9 @@
 //	with a key, the same under {api}/v2/org/<org>[/team/<team>]/models/<model>
 //	(spec getModelVersionInOrg, listModeFilesInOrg), with the bearer token.
 //	    The listing's page-number is "zero based" (spec), page-size 1..5000
-//	    (spec; ngcbase: the API's default is 100); we ask for WithPageSize
-//	    (500) from page 0 until paginationInfo.totalPages. ModelFile is
+//	    (spec; a request without it gets 100, as issue 31 quotes ngcbase);
+//	    we name WithPageSize (500) and read from page 0 until
+//	    paginationInfo.totalPages. ModelFile is
 //	    {path, sizeInBytes, sha256_base64 "Base64 encoded sha256 hash of
 //	    the artifact file"}; ModelVersion is {versionId, status
 //	    UPLOAD_PENDING|UPLOAD_COMPLETE, storageVersion V1|V2|"",
@@ -69,13 +70,15 @@
 //     modelFiles, without sizes or checksums (ai-dynamo/modelexpress
 //     reads it so); its files are fetched through the URL manifest like
 //     V2 ones, their size unknown until streamed.
-//   - 412 on a version means a licence to accept in the NGC UI (the ngc
-//     CLI's message); 400 with "org contex(t) missing" on a listing means
-//     the token lacks the org (modelexpress's comment on UAM orgs).
+//   - 412 on a version, its listing or its manifest means a licence to
+//     accept in the NGC UI (the spec lists no 412; issue 31 reports it);
+//     400 whose body holds "org contex(t) missing" means the token lacks
+//     the org (modelexpress's comment on UAM-gated orgs such as nim).
 //   - "no-team" in a URI is the ngc CLI's spelling of "no team".
-//   - A key's token is asked for the model's own org scope; a key of
-//     another org reading a public model is refused by the token service
-//     (403) rather than given a token: pull such a model without a key.
+//   - A key's token is asked for the model's own org scope, and the org
+//     paths of a public model answer any valid token. If the token service
+//     instead refuses a key of another org the public model's scope (403),
+//     the pull fails naming the scope: pull such a model without a key.
 //   - The page-number listing is stable while it is read (the spec also
 //     offers page-reference, a cursor, which ngcbase now uses; a listing
 //     that shifts between pages fails the count check, not silently).
