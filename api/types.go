@@ -260,6 +260,10 @@ type File struct {
 	Path   string `json:"path"`
 	Digest string `json:"digest"`
 	Size   int64  `json:"size"`
+	// Streamed: the source named no digest, so Digest is that of the bytes
+	// as they streamed, checked against the size only (an NGC file listed
+	// without sha256_base64, an http(s) URL without #sha256=).
+	Streamed bool `json:"streamed,omitempty"`
 }
 
 // Version is one revision of an artifact in the store.

@@ -99,6 +99,10 @@ type Entry struct {
 	// Etag is the source's name for the content (a hub's LFS sha256 or git
 	// blob sha1): the HF cache view's blob name. Not part of the digest.
 	Etag string `json:"etag,omitempty"`
+	// Streamed says the source named no digest for the file: Digest is the
+	// sha256 of the bytes as they streamed, checked against nothing but
+	// the size (where the source gave one). Not part of the digest.
+	Streamed bool `json:"streamed,omitempty"`
 }
 
 // Manifest is the file list of an artifact version.

@@ -104,6 +104,18 @@ func TestNGCPullPinnedAndDedupWithHF(t *testing.T) {
 	if inode(t, filepath.Join(root, "models", "nosha", "current", "model.safetensors")) != want {
 		t.Fatal("a size-only NGC file did not land on the existing blob")
 	}
+	// inspect says, per file, which were checked by size only.
+	for name, streamed := range map[string]bool{"nosha": true, "from-ngc": false} {
+		full, err := h.c.Get(context.Background(), name)
+		if err != nil || len(full.Versions) == 0 || len(full.Versions[0].Files) == 0 {
+			t.Fatalf("%s: %+v %v", name, full, err)
+		}
+		for _, fl := range full.Versions[0].Files {
+			if fl.Streamed != streamed {
+				t.Fatalf("%s: file %s streamed=%v; want %v (NGC listed %s)", name, fl.Path, fl.Streamed, streamed, map[bool]string{true: "its size only", false: "its sha256"}[streamed])
+			}
+		}
+	}
 	reg.AddVersion("nvidia/llama-nosha", "3.0", map[string][]byte{"model.safetensors": safetensors(64<<10, 8)}, true, false)
 	if full, err := h.c.Get(context.Background(), "nosha"); err != nil || full.Revision != "2.0" {
 		t.Fatalf("a new latest version moved a pinned artifact: %+v %v", full, err)
@@ -129,6 +141,7 @@ func TestNGCResumeAndWrongDigest(t *testing.T) {
 			w.WriteHeader(http.StatusOK)
 			w.Write(big[:1<<20])
 			w.(http.Flusher).Flush()
+			reg.ExpireURLs() // the presigned URL expires during the pull
 			conn, _, _ := http.NewResponseController(w).Hijack()
 			conn.Close()
 		})
@@ -142,6 +155,9 @@ func TestNGCResumeAndWrongDigest(t *testing.T) {
 	}
 	if reg.RangeGets.Load() == 0 {
 		t.Fatal("the cut file was not resumed with a Range request")
+	}
+	if reg.ExpiredGets.Load() == 0 || reg.ManifestRequests.Load() < 2 {
+		t.Fatalf("%d requests on the expired URL, %d manifest answers: want the resume to meet the expired URL and ask the URL manifest again", reg.ExpiredGets.Load(), reg.ManifestRequests.Load())
 	}
 	reg.Hook = nil
 
@@ -164,7 +180,76 @@ func TestNGCResumeAndWrongDigest(t *testing.T) {
 			if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", c.name)); err == nil {
 				t.Fatal("a refused file became visible")
 			}
+			if c.name != "wrong-digest" {
+				return
+			}
+			// Right size, wrong bytes, against the listing's sha256_base64:
+			// failed for good, both digests named, not retried.
+			a, _ := h.c.Get(context.Background(), c.name)
+			if a.Phase != api.PhaseFailed || a.Reason != api.ReasonDigestMismatch || a.NextRetry != nil || a.Attempts != 1 {
+				t.Fatalf("artifact %+v: want Failed (DigestMismatch) after one attempt, no next retry", a)
+			}
+			if !strings.Contains(a.Message, ngctest.Sum(b)) || !strings.Contains(a.Message, ngctest.Sum(c.edit(append([]byte(nil), b...)))) {
+				t.Fatalf("message %q: want the listed and the streamed digest named", a.Message)
+			}
 		})
+	}
+}
+
+// TestNGCLegacyV1AndRefusedManifest: a legacy V1 version (no sizes, no
+// checksums in its listing) pulls, each file marked as checked by nothing
+// published; where NGC refuses the URL manifest the deprecated per-file
+// path serves the files and the daemon's log says so.
+func TestNGCLegacyV1AndRefusedManifest(t *testing.T) {
+	h, reg, _, logs := startWithNGC(t)
+	files := map[string][]byte{"model.safetensors": safetensors(16<<10, 5), "config.json": []byte(`{"model_type":"llama"}`), "tok/t.json": []byte(`{}`)}
+	reg.AddVersion("nvidia/legacy", "0.9", files, true, false)
+	reg.SetLegacy("nvidia/legacy", "0.9")
+	if _, err := h.pull(api.PullRequest{Name: "legacy", URI: "ngc://nvidia/legacy:0.9"}); err != nil {
+		t.Fatal(err)
+	}
+	for p, b := range files {
+		if h.read("legacy", p) != string(b) {
+			t.Fatalf("%s differs", p)
+		}
+	}
+	full, err := h.c.Get(context.Background(), "legacy")
+	if err != nil || len(full.Versions) == 0 || len(full.Versions[0].Files) != 3 || !full.Versions[0].Files[0].Streamed {
+		t.Fatalf("%+v %v; want 3 files, checked by size only", full, err)
+	}
+
+	reg.RefuseManifest = true
+	reg.AddVersion("nvidia/old-api", "1", map[string][]byte{"tok/t.json": []byte(`{"v":1}`)}, true, true) // not in the store yet
+	if _, err := h.pull(api.PullRequest{Name: "old-api", URI: "ngc://nvidia/old-api:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if h.read("old-api", "tok/t.json") != `{"v":1}` || reg.PerFileRequests.Load() == 0 {
+		t.Fatalf("%d per-file downloads; want the files through the deprecated path", reg.PerFileRequests.Load())
+	}
+	if !strings.Contains(logs.String(), "refused the URL manifest") || !strings.Contains(logs.String(), "only its size is checked") {
+		t.Fatal("the log says neither that the manifest was refused nor which files are checked by size only")
+	}
+}
+
+// TestNGCShortListingNotRetried: a listing that holds fewer files than the
+// version counts fails for good (SourceInconsistent), with no retry.
+func TestNGCShortListingNotRetried(t *testing.T) {
+	h, reg, _, _ := startWithNGC(t)
+	reg.AddVersion("org/short", "1", map[string][]byte{"a": []byte("a"), "b": []byte("b"), "c": []byte("c")}, true, true)
+	reg.Hook = func(w http.ResponseWriter, r *http.Request) bool { // page 1 (of 2) comes back empty
+		if strings.HasSuffix(r.URL.Path, "/versions/1/files") && r.URL.Query().Get("page-number") == "1" {
+			w.Write([]byte(`{"modelFiles":[],"paginationInfo":{"index":1,"size":0,"totalPages":2,"totalResults":3}}`))
+			return true
+		}
+		return false
+	}
+	_, err := h.pull(api.PullRequest{Name: "short", URI: "ngc://org/short:1"})
+	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "the file listing holds 2 files but the version says 3") {
+		t.Fatalf("%v; want Failed naming both counts", err)
+	}
+	a, _ := h.c.Get(context.Background(), "short")
+	if a.Reason != api.ReasonSourceInconsistent || a.NextRetry != nil || a.Attempts != 1 {
+		t.Fatalf("artifact %+v: want Failed (SourceInconsistent) after one attempt, no next retry", a)
 	}
 }
 
@@ -184,8 +269,8 @@ func TestNGCPrivateModelKeyNeverShown(t *testing.T) {
 	})
 
 	_, err := h.pull(api.PullRequest{Name: "nokey", URI: "ngc://acme/research/secret:4"})
-	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "no NGC API key is set") {
-		t.Fatalf("without a key: %v", err)
+	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "no NGC API key is set") || !strings.Contains(err.Error(), `NGC_API_KEY`) || !strings.Contains(err.Error(), `org "acme"`) {
+		t.Fatalf("without a key: %v; want the error to name NGC_API_KEY and the model's org", err)
 	}
 	h.waitPhase("secret", api.PhaseReady)
 	for p, b := range files {

@@ -177,7 +177,8 @@ func (d *Daemon) sharedFetcher(ds api.Desire, src source) (fetchers.Fetcher, err
 // (or NGC_CLI_API_KEY, or the file NGC_API_KEY_FILE names).
 func (d *Daemon) newNGC(extra ...ngcfetcher.Option) (*ngcfetcher.Fetcher, error) {
 	return ngcfetcher.New(append([]ngcfetcher.Option{ngcfetcher.WithIdleTimeout(d.cfg.IdleTimeout),
-		ngcfetcher.WithConnections(max(d.cfg.RangeConnections, 1)), ngcfetcher.WithInternal(d.cfg.InternalAddress)}, extra...)...)
+		ngcfetcher.WithConnections(max(d.cfg.RangeConnections, 1)), ngcfetcher.WithInternal(d.cfg.InternalAddress),
+		ngcfetcher.WithLogger(d.log.With("fetcher", "ngc"))}, extra...)...)
 }
 
 // ngcWithCredentials is the ngc:// fetcher of a desire whose credentials

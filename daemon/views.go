@@ -219,7 +219,7 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 			}
 			if detail == viewFiles {
 				for _, e := range v.Manifest {
-					av.Files = append(av.Files, api.File{Path: e.Path, Digest: e.Digest, Size: e.Size})
+					av.Files = append(av.Files, api.File{Path: e.Path, Digest: e.Digest, Size: e.Size, Streamed: e.Streamed})
 				}
 			}
 			out.Versions = append(out.Versions, av)

@@ -246,6 +246,29 @@ func (t *guarded) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.rt.RoundTrip(req.WithContext(context.WithValue(req.Context(), guardKey{}, m)))
 }
 
+// Handoff returns ctx marked so that a request made with it to "to" is
+// held to the policy of a redirect from "from": a URL that a source hands
+// over in an answer's body (NGC's presigned storage URLs in its URL
+// manifest) may lead only where a redirect may. An internal address
+// literal or localhost name is refused at once (Permanent,
+// ErrInternalAddress); a name is checked when it is dialled, by a
+// transport from Transport.
+func (g Guard) Handoff(ctx context.Context, from, to *url.URL) (context.Context, error) {
+	if g.namedInternal(from.Hostname()) || (strings.EqualFold(from.Scheme, to.Scheme) && hostPort(from) == hostPort(to)) {
+		return ctx, nil
+	}
+	host := to.Hostname()
+	m := &guardMark{host: host, from: from.Host, to: to.Host}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		if g.internal(ip) {
+			return nil, g.refusal(m, ip.String(), ip)
+		}
+	} else if isLocalhostName(host) {
+		return nil, g.refusal(m, host, netip.IPv6Loopback())
+	}
+	return context.WithValue(ctx, guardKey{}, m), nil
+}
+
 // CloseIdleConnections lets http.Client.CloseIdleConnections reach the
 // transport.
 func (t *guarded) CloseIdleConnections() {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -152,14 +153,8 @@ func TestGuardRedirects(t *testing.T) {
 // address the dialer connects to, so a name that resolves (or rebinds)
 // to an internal address is refused; one that resolves outside is not.
 func TestGuardRedirectToNameResolvingInside(t *testing.T) {
-	inside := testenv.ServeOn(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "node-internal") }))
-	outside := testenv.ServeOn(t, "127.0.0.3", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "remote") }))
-	_, inPort, _ := net.SplitHostPort(inside.Listener.Addr().String())
-	_, outPort, _ := net.SplitHostPort(outside.Listener.Addr().String())
-	res := fakeDNS(t, map[string]string{"rebind.test.": "127.0.0.1", "cdn.test.": "127.0.0.3"})
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.Proxy = nil
-	client := &http.Client{Transport: fetchers.Guard{Internal: remoteIn127}.Transport(tr, &net.Dialer{Resolver: res})}
+	g := fetchers.Guard{Internal: remoteIn127}
+	client, inPort, outPort := resolvingInside(t, g)
 	for _, tc := range []struct{ target, want, refused string }{
 		{"http://rebind.test:" + inPort + "/x", "", "rebind.test resolves to 127.0.0.1, which is a host-internal address (loopback)"},
 		{"http://cdn.test:" + outPort + "/x", "remote", ""},
@@ -186,6 +181,20 @@ func TestGuardRedirectToNameResolvingInside(t *testing.T) {
 			t.Fatalf("redirect to %s: %q, want %q", tc.target, b, tc.want)
 		}
 	}
+}
+
+// resolvingInside serves "node-internal" on 127.0.0.1 and "remote" on
+// 127.0.0.3 and returns a client guarded by g whose resolver maps
+// rebind.test to the first and cdn.test to the second, with their ports.
+func resolvingInside(t *testing.T, g fetchers.Guard) (*http.Client, string, string) {
+	inside := testenv.ServeOn(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "node-internal") }))
+	outside := testenv.ServeOn(t, "127.0.0.3", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "remote") }))
+	_, inPort, _ := net.SplitHostPort(inside.Listener.Addr().String())
+	_, outPort, _ := net.SplitHostPort(outside.Listener.Addr().String())
+	res := fakeDNS(t, map[string]string{"rebind.test.": "127.0.0.1", "cdn.test.": "127.0.0.3"})
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	return &http.Client{Transport: g.Transport(tr, &net.Dialer{Resolver: res})}, inPort, outPort
 }
 
 // fakeDNS answers A queries for the names given (fully qualified) and
@@ -241,4 +250,44 @@ func fakeDNS(t *testing.T, names map[string]string) *net.Resolver {
 		var d net.Dialer
 		return d.DialContext(ctx, "udp", addr)
 	}}
+}
+
+// TestGuardHandoff: a URL that a source hands over in a body is held to
+// the policy of a redirect from the source: an internal literal is refused
+// at once, a name that resolves inside when it is dialled; a remote one,
+// and any URL on the source's own origin, pass.
+func TestGuardHandoff(t *testing.T) {
+	g := fetchers.Guard{Internal: remoteIn127}
+	client, inPort, outPort := resolvingInside(t, g)
+	inside := "http://127.0.0.1:" + inPort
+	api, _ := url.Parse("http://127.0.0.2:1/v2/x")
+	for _, tc := range []struct{ target, want, refused string }{
+		{inside + "/x", "", "127.0.0.1 is a host-internal address (loopback)"},
+		{"http://localhost:" + inPort + "/x", "", "localhost is a host-internal address"},
+		{"http://rebind.test:" + inPort + "/x", "", "rebind.test resolves to 127.0.0.1"},
+		{"http://cdn.test:" + outPort + "/x", "remote", ""},
+	} {
+		to, _ := url.Parse(tc.target)
+		ctx, err := g.Handoff(context.Background(), api, to)
+		if err == nil {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, tc.target, nil)
+			var resp *http.Response
+			if resp, err = client.Do(req); err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if tc.refused != "" || string(b) != tc.want {
+					t.Fatalf("%s: got %q; want %q, refused %q", tc.target, b, tc.want, tc.refused)
+				}
+				continue
+			}
+		}
+		if tc.refused == "" || !errors.Is(err, fetchers.ErrInternalAddress) || !fetchers.IsPermanent(err) || !strings.Contains(err.Error(), tc.refused) {
+			t.Fatalf("%s: %v; want refused with %q", tc.target, err, tc.refused)
+		}
+	}
+	// The source's own origin is not a handoff: it may be anywhere.
+	self, _ := url.Parse("http://127.0.0.2:1/files/a")
+	if ctx, err := g.Handoff(context.Background(), api, self); err != nil || ctx != context.Background() {
+		t.Fatalf("a URL on the source's origin: %v", err)
+	}
 }

@@ -289,7 +289,11 @@ func describe(w io.Writer, a *api.Artifact, now time.Time) {
 			fmt.Fprintf(w, "Files (%d):\n", len(v.Files))
 			tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 			for _, f := range v.Files {
-				fmt.Fprintf(tw, "  %s\t%s\t%s\n", f.Path, api.FormatBytes(f.Size), f.Digest)
+				check := ""
+				if f.Streamed {
+					check = "\t(size only: the source lists no digest)"
+				}
+				fmt.Fprintf(tw, "  %s\t%s\t%s%s\n", f.Path, api.FormatBytes(f.Size), f.Digest, check)
 			}
 			tw.Flush()
 		}

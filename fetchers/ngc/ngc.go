@@ -2,56 +2,98 @@
 // ngc://<org>[/<team>]/<model>[:<version>]. A model version is the
 // immutable revision (a missing version resolves to the model's latest
 // version once; the pull then stays pinned to it); the file list comes
-// from the version's paginated file listing; files stream from the
-// per-file download URL, which redirects to object storage, with Range
-// resume. A file whose listing carries a sha256 is verified by it before
-// its bytes become a blob; otherwise its size is checked and its streamed
-// sha256 recorded.
+// from the version's paginated file listing; files stream from presigned
+// storage URLs that the URL manifest hands out, with Range resume. A file
+// whose listing carries a sha256 (sha256_base64) is verified by it before
+// its bytes become a blob; otherwise only its size is checked (and said
+// so in the log, per file) and its streamed sha256 recorded.
 //
-// Endpoints (NGC's public REST API; the paths and JSON fields are those
-// of NGC's OpenAPI description as the stackql NVIDIA provider documents it
-// (resources private_registry.models and model_versions: latestVersionIdStr,
-// versionId, status, totalFileCount, storageVersion) and of NVIDIA's own
-// public client ai-dynamo/modelexpress, modelexpress_common/src/providers/ngc.rs
-// (the file listing, its pagination, the download path, the token exchange)):
+// What the adapter follows. NGC's published API description (the OpenAPI
+// document of api.ngc.nvidia.com, as harvested in
+// stackql-registry/stackql-provider-nvidia,
+// provider-dev/downloaded/cleaned/ngc_models.json: "spec" below) and
+// NVIDIA's own client (the ngc CLI, python package ngcbase: "ngcbase"):
 //
 //	GET {auth}/token?service=ngc&scope=group/ngc:<org>[&scope=group/ngc:<org>/<team>]
-//	    Basic auth "$oauthtoken":<API key> → {"token": …, "expires_in": seconds}
-//	    (the ngc CLI's and NVIDIA TAO's exchange; keys that start with
-//	    "nvapi-", NGC's personal keys, are sent as the bearer token as they
-//	    are, as modelexpress does)
-//	GET {api}/v2/org/<org>[/team/<team>]/models/<model>
-//	    → {"model": {"latestVersionIdStr": …}}            (only without :<version>)
-//	GET {api}/v2/org/<org>[/team/<team>]/models/<model>/versions/<version>
-//	    → {"modelVersion": {"versionId", "status", "totalFileCount", "storageVersion"}}
-//	GET {api}/v2/org/<org>[/team/<team>]/models/<model>/versions/<version>/files?page-size=N&page-number=P
-//	    → {"modelFiles": [{"path", "sizeInBytes", "sha256"?}], "paginationInfo": {"totalPages"}}
-//	    page-number counts from 1, as modelexpress asks; the count of files
-//	    listed must equal the version's totalFileCount, so a listing cut
-//	    short (or a different page base) fails the pull instead of
-//	    committing half a model.
-//	GET {api}/v2/org/<org>[/team/<team>]/models/<model>/versions/<version>/files/<path>
-//	    → 302 to object storage (another origin: the bearer token is
-//	    dropped there, as the hf fetcher drops it for the hub's CDN)
+//	    Basic "$oauthtoken":<API key> → {"token", "expires_in"}   (ngcbase, modelexpress;
+//	    "nvapi-" personal keys are sent as the bearer as they are, as modelexpress does)
+//	without a key, the guest paths (ngcbase GuestModelAPI):
+//	GET {api}/v2/models/<org>[/<team>]/<model>                      spec ModelResponse
+//	GET {api}/v2/models/<org>[/<team>]/<model>/versions/<v>         spec ModelVersionResponse
+//	GET {api}/v2/models/<org>[/<team>]/<model>/versions/<v>/files   spec ModelVersionFileListResponse
+//	with a key, the same under {api}/v2/org/<org>[/team/<team>]/models/<model>
+//	(spec getModelVersionInOrg, listModeFilesInOrg), with the bearer token.
+//	    The listing's page-number is "zero based" (spec), page-size 1..5000
+//	    (spec; a request without it gets 100, as issue 31 quotes ngcbase);
+//	    we name WithPageSize (500) and read from page 0 until
+//	    paginationInfo.totalPages. ModelFile is
+//	    {path, sizeInBytes, sha256_base64 "Base64 encoded sha256 hash of
+//	    the artifact file"}; ModelVersion is {versionId, status
+//	    UPLOAD_PENDING|UPLOAD_COMPLETE, storageVersion V1|V2|"",
+//	    totalFileCount}. The count of files listed must equal
+//	    totalFileCount (fetchers.ErrInconsistent otherwise: a listing cut
+//	    short fails the pull instead of committing part of a model).
+//	GET {api}/v2/org/<org>[/team/<team>]/models/<model>/<v>/files?path=<file>
+//	    the URL manifest (ngcbase ModelAPI.get_direct_download_URL; spec
+//	    ArtifactDownloadResponse {filepath, url}, or
+//	    ArtifactDownloadAllResponse {filepath[], urls[]} without ?path):
+//	    a presigned storage URL, fetched with no Authorization at all and
+//	    Range for resume; when storage refuses it (403, 400: it expired)
+//	    it is asked for again.
+//	GET {api}/…/versions/<v>/files/<path>   (deprecated in the spec) → 302 to storage:
+//	    used only where the URL manifest is refused (401, 403, 404, 405,
+//	    501), which is logged once per version; the token is dropped on
+//	    the redirect (fetchers.DropAuthAcrossOrigins).
 //
-// A public model needs no key. With a key, the bearer token is asked for
-// once per org/team scope and refreshed a minute before it expires (or
-// once, at once, when the API answers 401 to a cached one). The key and
-// the tokens go only to the token endpoint and the API origin: never in a
-// URL, an error, a log line or the index.
+// With a key, the bearer token is asked for once per org/team scope and
+// refreshed a minute before it expires (or once, at once, when the API
+// answers 401 to a cached one). The key and the tokens go only to the
+// token endpoint and the API origin: never to storage, in a URL, an
+// error, a log line or the index. A presigned URL is held to the
+// redirect policy (fetchers.Guard.Handoff).
 //
-// Versions of storage "V1" (legacy artifacts listed as presigned URLs
-// without sizes) are refused with a message that says so.
+// Assumed, stated by no document we have (check these first against the
+// real service):
+//   - A guest (no key) may read a public model's URL manifest on its org
+//     path: ngcbase's guest mode builds the same URL, but the spec does not
+//     say it answers without a token. Where it does not, the deprecated
+//     per-file guest path is used (and logged).
+//   - A private model answers a guest path with 401, 403 or 404; all
+//     three are explained as "private, or no such model: set
+//     NGC_API_KEY".
+//   - With ?path=, the manifest answers one object with "url" (or
+//     "urls"/"filepath" arrays holding the file); the spec names both
+//     shapes but not which the endpoint returns when.
+//   - A presigned URL that expired is refused by storage with 403 or 400
+//     (S3's and GCS's answers); storage never wants our token.
+//   - A legacy V1 listing holds filepath[] (with urls[]) instead of
+//     modelFiles, without sizes or checksums (ai-dynamo/modelexpress
+//     reads it so); its files are fetched through the URL manifest like
+//     V2 ones, their size unknown until streamed.
+//   - 412 on a version, its listing or its manifest means a licence to
+//     accept in the NGC UI (the spec lists no 412; issue 31 reports it);
+//     400 whose body holds "org contex(t) missing" means the token lacks
+//     the org (modelexpress's comment on UAM-gated orgs such as nim).
+//   - "no-team" in a URI is the ngc CLI's spelling of "no team".
+//   - A key's token is asked for the model's own org scope, and the org
+//     paths of a public model answer any valid token. If the token service
+//     instead refuses a key of another org the public model's scope (403),
+//     the pull fails naming the scope: pull such a model without a key.
+//   - The page-number listing is stable while it is read (the spec also
+//     offers page-reference, a cursor, which ngcbase now uses; a listing
+//     that shifts between pages fails the count check, not silently).
 package ngc
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	nethttp "net/http"
 	"net/netip"
 	"net/url"
@@ -97,10 +139,20 @@ type Fetcher struct {
 	now       func() time.Time
 	client    *nethttp.Client
 	get       *httpfetcher.Fetcher
+	guard     fetchers.Guard
+	log       *slog.Logger
 
 	mu     sync.Mutex
-	tokens map[string]token // by scope query
+	tokens map[string]token  // by scope query
+	urls   map[string]string // presigned URL by Locator, until storage refuses it
+	// perFile holds the versions ("org[/team]/model:version") whose URL
+	// manifest was refused: their files come from the deprecated per-file path.
+	perFile map[string]bool
 }
+
+// maxURLs bounds the presigned URLs kept (a URL is asked for again when
+// forgotten).
+const maxURLs = 4096
 
 type token struct {
 	value   string
@@ -119,6 +171,7 @@ type options struct {
 	transport   nethttp.RoundTripper
 	guard       fetchers.Guard
 	now         func() time.Time
+	log         *slog.Logger
 }
 
 // Option configures New.
@@ -132,9 +185,9 @@ func WithAPIEndpoint(u string) Option { return func(o *options) { o.api = u } }
 // else DefaultAuthEndpoint.
 func WithAuthEndpoint(u string) Option { return func(o *options) { o.auth = u } }
 
-// WithAPIKey sets the NGC API key; default $NGC_API_KEY, else
-// $NGC_CLI_API_KEY (the ngc CLI's name), else the key file. Empty: public
-// models only.
+// WithAPIKey sets the NGC API key; default $NGC_CLI_API_KEY (the ngc
+// CLI's name, which the CLI prefers), else $NGC_API_KEY, else the key
+// file. Empty: public models only, through NGC's guest paths.
 func WithAPIKey(k string) Option { return func(o *options) { o.key = k } }
 
 // WithAPIKeyFile sets the file the key is read from when no key is given;
@@ -142,7 +195,9 @@ func WithAPIKey(k string) Option { return func(o *options) { o.key = k } }
 // one (a directory, a FIFO, over 4 KiB) fails New.
 func WithAPIKeyFile(p string) Option { return func(o *options) { o.keyFile = p } }
 
-// WithPageSize sets how many files one listing page asks for; default 500.
+// WithPageSize sets how many files one listing page asks for (page-size;
+// NGC allows 1..5000 and answers 100 to a request that names none);
+// default 500.
 func WithPageSize(n int) Option { return func(o *options) { o.pageSize = n } }
 
 // WithIdleTimeout bounds a stalled download; default 60s.
@@ -176,11 +231,15 @@ func WithInternal(internal func(netip.Addr) bool) Option {
 // time.Now. Tests move it forward instead of sleeping.
 func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
 
+// WithLogger sets the logger that says which files are checked by size
+// only and when the URL manifest is refused; default nil, silent.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
 // New returns an NGC fetcher. Errors name the setting, never the key.
 func New(opts ...Option) (*Fetcher, error) {
-	key := os.Getenv("NGC_API_KEY")
+	key := os.Getenv("NGC_CLI_API_KEY")
 	if key == "" {
-		key = os.Getenv("NGC_CLI_API_KEY")
+		key = os.Getenv("NGC_API_KEY")
 	}
 	o := options{api: os.Getenv("NGC_API_ENDPOINT"), auth: os.Getenv("NGC_AUTH_ENDPOINT"), key: key, keyFile: os.Getenv("NGC_API_KEY_FILE"),
 		pageSize: 500, conns: 4, chunk: fetchers.DefaultChunk, idleTimeout: 60 * time.Second, now: time.Now}
@@ -212,8 +271,11 @@ func New(opts ...Option) (*Fetcher, error) {
 	if strings.ContainsAny(o.key, "\r\n\x00") {
 		return nil, errors.New("NGC API key: holds a line break or a NUL; give the key alone")
 	}
-	if o.conns < 1 || o.conns > 64 || o.chunk < 1<<20 || o.pageSize < 1 {
-		return nil, fmt.Errorf("ngc: connections %d (want 1..64), chunk %d (want >= 1 MiB), page size %d (want >= 1)", o.conns, o.chunk, o.pageSize)
+	if o.conns < 1 || o.conns > 64 || o.chunk < 1<<20 || o.pageSize < 1 || o.pageSize > 5000 {
+		return nil, fmt.Errorf("ngc: connections %d (want 1..64), chunk %d (want >= 1 MiB), page size %d (want 1..5000)", o.conns, o.chunk, o.pageSize)
+	}
+	if o.log == nil {
+		o.log = slog.New(slog.DiscardHandler)
 	}
 	if o.transport == nil {
 		t := nethttp.DefaultTransport.(*nethttp.Transport).Clone()
@@ -222,7 +284,8 @@ func New(opts ...Option) (*Fetcher, error) {
 		o.transport = t
 	}
 	f := &Fetcher{api: strings.TrimRight(o.api, "/"), auth: strings.TrimRight(o.auth, "/"), key: o.key, pageSize: o.pageSize,
-		conns: o.conns, chunk: o.chunk, below: o.below, now: o.now, tokens: map[string]token{}}
+		conns: o.conns, chunk: o.chunk, below: o.below, now: o.now, tokens: map[string]token{}, guard: o.guard, log: o.log,
+		urls: map[string]string{}, perFile: map[string]bool{}}
 	f.client = &nethttp.Client{Transport: o.guard.Transport(o.transport, nil), CheckRedirect: fetchers.DropAuthAcrossOrigins}
 	f.get = httpfetcher.New(httpfetcher.WithClient(f.client), httpfetcher.WithIdleTimeout(o.idleTimeout), httpfetcher.WithUserAgent("modelcached"))
 	return f, nil
@@ -247,14 +310,36 @@ func (r Ref) String() string {
 	return s
 }
 
-// path is r's model path under the API: /v2/org/<org>[/team/<team>]/models/<model>.
-func (r Ref) path() string {
+// orgPath is r's org (and team) under the API: /v2/org/<org>[/team/<team>].
+func (r Ref) orgPath() string {
 	p := "/v2/org/" + r.Org
 	if r.Team != "" {
 		p += "/team/" + r.Team
 	}
-	return p + "/models/" + r.Model
+	return p
 }
+
+// modelPath is r's model under the API: the guest path
+// /v2/models/<org>[/<team>]/<model>, or the org path
+// /v2/org/<org>[/team/<team>]/models/<model>.
+func (r Ref) modelPath(guest bool) string {
+	if !guest {
+		return r.orgPath() + "/models/" + r.Model
+	}
+	p := "/v2/models/" + r.Org
+	if r.Team != "" {
+		p += "/" + r.Team
+	}
+	return p + "/" + r.Model
+}
+
+// manifestPath is r's URL manifest: /v2/org/<org>[/team/<team>]/models/<model>/<version>/files.
+func (r Ref) manifestPath() string {
+	return r.orgPath() + "/models/" + r.Model + "/" + url.PathEscape(r.Version) + "/files"
+}
+
+// versionKey names r's version in the fetcher's maps.
+func (r Ref) versionKey() string { return r.Org + "/" + r.Team + "/" + r.Model + ":" + r.Version }
 
 // scope is the token endpoint's query for r's org (and team).
 func (r Ref) scope() string {
@@ -277,7 +362,6 @@ var (
 	nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 	// versionRe is a version the store can name a revision with.
 	versionRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-	hexRe     = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
 )
 
 // ParseURI splits ngc://<org>[/<team>]/<model>[:<version>].
@@ -305,6 +389,9 @@ func ParseURI(uri string) (Ref, error) {
 		r.Org, r.Model = segs[0], segs[1]
 	case 3:
 		r.Org, r.Team, r.Model = segs[0], segs[1], segs[2]
+		if r.Team == "no-team" { // the ngc CLI's spelling of "no team"
+			r.Team = ""
+		}
 	default:
 		return bad(fmt.Sprintf("%d path segments", len(segs)))
 	}
@@ -402,23 +489,39 @@ func (f *Fetcher) header(ctx context.Context, r Ref, force bool) (nethttp.Header
 }
 
 // apiError explains the registry's error answers; what is "model",
-// "version", "files" (the listing) or "file" (a download of file).
-func (f *Fetcher) apiError(r Ref, what, file string) func(*nethttp.Response) error {
+// "version", "files" (the listing), "manifest" or "file" (a download of
+// file). guest says the request carried no token.
+func (f *Fetcher) apiError(r Ref, what, file string, guest bool) func(*nethttp.Response) error {
 	return func(resp *nethttp.Response) error {
 		switch resp.StatusCode {
 		case nethttp.StatusUnauthorized, nethttp.StatusForbidden:
-			if f.key == "" {
-				return fetchers.Permanent(fmt.Errorf("%s: %w (HTTP %d): the model is not public; no NGC API key is set: give one with access to org %q%s in NGC_API_KEY, NGC_API_KEY_FILE, the ModelCache Secret's NGC_API_KEY or a models.d credentialsFile",
+			if guest {
+				return fetchers.Permanent(fmt.Errorf("%s: %w (HTTP %d): the model is not public; no NGC API key is set: give one with access to org %q%s in NGC_API_KEY (or NGC_CLI_API_KEY), NGC_API_KEY_FILE, the ModelCache Secret's NGC_API_KEY or a models.d credentialsFile",
 					r, fetchers.ErrUnauthorized, resp.StatusCode, r.Org, teamClause(r)))
 			}
 			return fetchers.Permanent(fmt.Errorf("%s: %w (HTTP %d): NGC_API_KEY has no read access to this model under scope %s; the key's user needs the registry read role in org %q%s",
 				r, fetchers.ErrUnauthorized, resp.StatusCode, r.scopeName(), r.Org, teamClause(r)))
+		case nethttp.StatusPreconditionFailed:
+			return fetchers.Permanent(fmt.Errorf("%s: %w (HTTP 412): the model's licence must be accepted before it can be downloaded: sign in to ngc.nvidia.com as the key's user, open the model and accept its licence terms, then pull again", r, fetchers.ErrUnauthorized))
+		case nethttp.StatusBadRequest:
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+			if low := strings.ToLower(string(b)); strings.Contains(low, "org contex") {
+				who := "NGC_API_KEY's token"
+				if guest {
+					who = "a request without NGC_API_KEY"
+				}
+				return fetchers.Permanent(fmt.Errorf("%s: %w (HTTP 400, \"org context missing\"): NGC serves this %s only to a token of org %q, and %s carries none; give a key of that org in NGC_API_KEY", r, fetchers.ErrUnauthorized, what, r.Org, who))
+			}
 		case nethttp.StatusNotFound:
+			private := ""
+			if guest {
+				private = fmt.Sprintf("; a private model answers so without a key: give one with access to org %q in NGC_API_KEY", r.Org)
+			}
 			switch what {
 			case "model":
-				return fetchers.Permanent(fmt.Errorf("%s: %w: NGC has no model %s in org %q%s (HTTP 404); check the names (a private model may also answer 404 to a key without access)", r, fetchers.ErrNotFound, r.Model, r.Org, teamClause(r)))
+				return fetchers.Permanent(fmt.Errorf("%s: %w: NGC has no model %s in org %q%s (HTTP 404); check the names (a private model may also answer 404 to a key without access)%s", r, fetchers.ErrNotFound, r.Model, r.Org, teamClause(r), private))
 			case "version", "files":
-				return fetchers.Permanent(fmt.Errorf("%s: %w: NGC has no version %q of this model (HTTP 404), or no such model; list its versions with `ngc registry model list %s`", r, fetchers.ErrNotFound, r.Version, strings.TrimPrefix(Ref{Org: r.Org, Team: r.Team, Model: r.Model + ":*"}.String(), "ngc://")))
+				return fetchers.Permanent(fmt.Errorf("%s: %w: NGC has no version %q of this model (HTTP 404), or no such model; list its versions with `ngc registry model list %s`%s", r, fetchers.ErrNotFound, r.Version, strings.TrimPrefix(Ref{Org: r.Org, Team: r.Team, Model: r.Model + ":*"}.String(), "ngc://"), private))
 			}
 			return fetchers.Permanent(fmt.Errorf("%s: %w: file %s is listed in the version but NGC does not serve it (HTTP 404)", r, fetchers.ErrNotFound, file))
 		case nethttp.StatusTooManyRequests:
@@ -428,13 +531,27 @@ func (f *Fetcher) apiError(r Ref, what, file string) func(*nethttp.Response) err
 	}
 }
 
-// apiGet GETs an API URL as r's scope and decodes its JSON into v. A 401
-// to a cached token fetches a new one and asks once more.
-func (f *Fetcher) apiGet(ctx context.Context, r Ref, u, what string, v any) error {
+// statusError is an API answer other than 200, as apiError explains it.
+type statusError struct {
+	code int
+	err  error
+}
+
+func (e *statusError) Error() string { return e.err.Error() }
+func (e *statusError) Unwrap() error { return e.err }
+
+// apiGet GETs an API URL, with r's token unless guest, and decodes its
+// JSON into v. A 401 to a cached token fetches a new one and asks once
+// more. An error status comes back as a *statusError.
+func (f *Fetcher) apiGet(ctx context.Context, r Ref, u, what string, guest bool, v any) error {
 	for attempt := 0; ; attempt++ {
-		h, fresh, err := f.header(ctx, r, attempt > 0)
-		if err != nil {
-			return err
+		h := nethttp.Header{}
+		fresh := false
+		if !guest {
+			var err error
+			if h, fresh, err = f.header(ctx, r, attempt > 0); err != nil {
+				return err
+			}
 		}
 		req, err := nethttp.NewRequestWithContext(ctx, nethttp.MethodGet, u, nil)
 		if err != nil {
@@ -453,10 +570,11 @@ func (f *Fetcher) apiGet(ctx context.Context, r Ref, u, what string, v any) erro
 		}
 		defer resp.Body.Close()
 		if resp.StatusCode != nethttp.StatusOK {
-			if err := f.apiError(r, what, "")(resp); err != nil {
-				return err
+			err := f.apiError(r, what, "", guest)(resp)
+			if err == nil {
+				err = httpfetcher.StatusError(u, resp)
 			}
-			return httpfetcher.StatusError(u, resp)
+			return &statusError{code: resp.StatusCode, err: err}
 		}
 		body, err := io.ReadAll(io.LimitReader(resp.Body, maxAPIBody+1))
 		if err != nil {
@@ -472,6 +590,7 @@ func (f *Fetcher) apiGet(ctx context.Context, r Ref, u, what string, v any) erro
 	}
 }
 
+// versionResp is the spec's ModelVersionResponse.
 type versionResp struct {
 	ModelVersion struct {
 		VersionID      string `json:"versionId"`
@@ -481,34 +600,38 @@ type versionResp struct {
 	} `json:"modelVersion"`
 }
 
+// filesResp is the spec's ModelVersionFileListResponse; a legacy (V1)
+// listing holds filepath[] (presigned urls[] beside it) in place of
+// modelFiles.
 type filesResp struct {
 	ModelFiles []struct {
-		Path        string `json:"path"`
-		SizeInBytes int64  `json:"sizeInBytes"`
-		SHA256      string `json:"sha256"`
+		Path         string `json:"path"`
+		SizeInBytes  int64  `json:"sizeInBytes"`
+		SHA256Base64 string `json:"sha256_base64"`
 	} `json:"modelFiles"`
 	PaginationInfo struct {
 		TotalPages int `json:"totalPages"`
 	} `json:"paginationInfo"`
-	// Legacy (V1) listings: presigned URLs, no sizes.
 	Filepath []string `json:"filepath"`
 }
 
 // Resolve pins the version (the latest one when the URI names none) and
-// lists its files.
+// lists its files: through the guest paths without a key, the org paths
+// with one.
 func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.Resolved, error) {
 	r, err := ParseURI(src.URI)
 	if err != nil {
 		return nil, fetchers.Permanent(err)
 	}
-	base := f.api + r.path()
+	guest := f.key == ""
+	base := f.api + r.modelPath(guest)
 	if r.Version == "" {
 		var m struct {
 			Model struct {
 				LatestVersionIDStr string `json:"latestVersionIdStr"`
 			} `json:"model"`
 		}
-		if err := f.apiGet(ctx, r, base, "model", &m); err != nil {
+		if err := f.apiGet(ctx, r, base, "model", guest, &m); err != nil {
 			return nil, err
 		}
 		v := m.Model.LatestVersionIDStr
@@ -522,52 +645,63 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 	}
 	vbase := base + "/versions/" + url.PathEscape(r.Version)
 	var ver versionResp
-	if err := f.apiGet(ctx, r, vbase, "version", &ver); err != nil {
+	if err := f.apiGet(ctx, r, vbase, "version", guest, &ver); err != nil {
 		return nil, err
 	}
 	mv := ver.ModelVersion
 	if mv.Status != "" && mv.Status != "UPLOAD_COMPLETE" {
 		return nil, fmt.Errorf("%s: the version's upload is not complete (status %s); it is retried", r, mv.Status)
 	}
-	if mv.StorageVersion == "V1" {
-		return nil, fetchers.Permanent(fmt.Errorf("%s: %w: the version is stored in NGC's legacy V1 format (presigned URLs without sizes), which this daemon does not fetch", r, fetchers.ErrUnsupported))
-	}
+	manifest := f.api + r.manifestPath()
 	var files []fetchers.File
 	seen := map[string]bool{}
-	for page := 1; ; page++ {
-		if page > maxPages {
+	add := func(p string, size int64, sum string) error {
+		if seen[p] {
+			return fetchers.Permanent(fmt.Errorf("%s: %w: file %q listed twice (the listing's pages overlap)", r, fetchers.ErrInconsistent, p))
+		}
+		seen[p] = true
+		if size < -1 {
+			return fetchers.Permanent(fmt.Errorf("%s: %w: file %q: negative size %d", r, fetchers.ErrInconsistent, p, size))
+		}
+		fl := fetchers.File{Path: p, Size: size, Mode: 0o644, Locator: manifest + "?" + url.Values{"path": {p}}.Encode()}
+		if sum != "" {
+			b, err := base64.StdEncoding.DecodeString(sum)
+			if err != nil || len(b) != sha256.Size {
+				return fetchers.Permanent(fmt.Errorf("%s: %w: file %q: sha256_base64 %q is not the base64 of 32 bytes", r, fetchers.ErrInconsistent, p, sum))
+			}
+			fl.Etag = hex.EncodeToString(b)
+			fl.Digest = "sha256:" + fl.Etag
+		} else {
+			f.log.Info("NGC lists no sha256 for this file: only its size is checked", "source", r.String(), "file", p, "size", size)
+		}
+		files = append(files, fl)
+		if len(files) > maxFiles {
+			return fetchers.Permanent(fmt.Errorf("%s: more than %d files; refusing", r, maxFiles))
+		}
+		return nil
+	}
+	for page := 0; ; page++ { // page-number: "zero based index"
+		if page >= maxPages {
 			return nil, fetchers.Permanent(fmt.Errorf("%s: more than %d pages of files; refusing", r, maxPages))
 		}
-		u := vbase + "/files?page-size=" + strconv.Itoa(f.pageSize) + "&page-number=" + strconv.Itoa(page)
+		u := vbase + "/files?" + url.Values{"page-size": {strconv.Itoa(f.pageSize)}, "page-number": {strconv.Itoa(page)}}.Encode()
 		var fr filesResp
-		if err := f.apiGet(ctx, r, u, "files", &fr); err != nil {
+		if err := f.apiGet(ctx, r, u, "files", guest, &fr); err != nil {
 			return nil, err
 		}
-		if len(fr.ModelFiles) == 0 && len(fr.Filepath) > 0 {
-			return nil, fetchers.Permanent(fmt.Errorf("%s: %w: NGC lists this version in its legacy V1 format (presigned URLs without sizes), which this daemon does not fetch", r, fetchers.ErrUnsupported))
-		}
 		for _, e := range fr.ModelFiles {
-			if seen[e.Path] {
-				return nil, fetchers.Permanent(fmt.Errorf("%s: file %q listed twice (the listing's pages overlap)", r, e.Path))
-			}
-			seen[e.Path] = true
-			if e.SizeInBytes < 0 {
-				return nil, fetchers.Permanent(fmt.Errorf("%s: file %q: negative size %d", r, e.Path, e.SizeInBytes))
-			}
-			fl := fetchers.File{Path: e.Path, Size: e.SizeInBytes, Mode: 0o644, Locator: vbase + "/files/" + fetchers.EscapePath(e.Path)}
-			if e.SHA256 != "" {
-				hx, err := sha256Hex(e.SHA256)
-				if err != nil {
-					return nil, fetchers.Permanent(fmt.Errorf("%s: file %q: %v", r, e.Path, err))
-				}
-				fl.Digest, fl.Etag = "sha256:"+hx, hx
-			}
-			files = append(files, fl)
-			if len(files) > maxFiles {
-				return nil, fetchers.Permanent(fmt.Errorf("%s: more than %d files; refusing", r, maxFiles))
+			if err := add(e.Path, e.SizeInBytes, e.SHA256Base64); err != nil {
+				return nil, err
 			}
 		}
-		if page >= fr.PaginationInfo.TotalPages || len(fr.ModelFiles) == 0 {
+		if len(fr.ModelFiles) == 0 {
+			for _, p := range fr.Filepath { // legacy V1: no sizes, no checksums
+				if err := add(p, -1, ""); err != nil {
+					return nil, err
+				}
+			}
+		}
+		if page+1 >= fr.PaginationInfo.TotalPages || len(fr.ModelFiles)+len(fr.Filepath) == 0 {
 			break
 		}
 	}
@@ -575,63 +709,191 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 		return nil, fetchers.Permanent(fmt.Errorf("%s: %w: the version has no files", r, fetchers.ErrNotFound))
 	}
 	if mv.TotalFileCount > 0 && int64(len(files)) != mv.TotalFileCount {
-		return nil, fetchers.Permanent(fmt.Errorf("%s: the file listing holds %d files but the version says %d; refusing a partial model", r, len(files), mv.TotalFileCount))
+		return nil, fetchers.Permanent(fmt.Errorf("%s: %w: the file listing holds %d files but the version says %d; refusing a partial model", r, fetchers.ErrInconsistent, len(files), mv.TotalFileCount))
 	}
 	return &fetchers.Resolved{URI: src.URI, Revision: r.Version, Files: files}, nil
 }
 
-// sha256Hex reads a listing's sha256: 64 hex digits or the base64 of 32
-// bytes.
-func sha256Hex(s string) (string, error) {
-	if hexRe.MatchString(s) {
-		return strings.ToLower(s), nil
-	}
-	if b, err := base64.StdEncoding.DecodeString(s); err == nil && len(b) == 32 {
-		return hex.EncodeToString(b), nil
-	}
-	return "", fmt.Errorf("sha256 %q is neither 64 hex digits nor the base64 of 32 bytes", s)
-}
-
-// refOf reads the Ref back from a file's Locator (made by Resolve).
+// refOf reads the Ref and the file's path back from a Locator (the URL
+// manifest's ?path= URL that Resolve made).
 func (f *Fetcher) refOf(loc string) (Ref, string, error) {
+	bad := func() (Ref, string, error) {
+		return Ref{}, "", fetchers.Permanent(fmt.Errorf("ngc: locator %q is not a file of the URL manifest on %s", fetchers.RedactURI(loc), f.api))
+	}
 	rest, ok := strings.CutPrefix(loc, f.api+"/v2/org/")
 	if !ok {
-		return Ref{}, "", fetchers.Permanent(fmt.Errorf("ngc: locator %q is not on %s", fetchers.RedactURI(loc), f.api))
+		return bad()
 	}
+	rest, query, _ := strings.Cut(rest, "?")
+	q, err := url.ParseQuery(query)
+	if err != nil || q.Get("path") == "" {
+		return bad()
+	}
+	segs := strings.Split(rest, "/")
 	var r Ref
-	var err error
-	segs := strings.SplitN(rest, "/", 9)
-	unesc := func(s string) string {
-		if err == nil {
-			s, err = url.PathUnescape(s)
-		}
-		return s
-	}
 	switch {
-	case len(segs) >= 9 && segs[1] == "team" && segs[3] == "models" && segs[5] == "versions" && segs[7] == "files":
-		r = Ref{Org: segs[0], Team: segs[2], Model: segs[4], Version: unesc(segs[6])}
-		return r, unesc(segs[8]), err
-	case len(segs) >= 7 && segs[1] == "models" && segs[3] == "versions":
-		tail := strings.SplitN(strings.Join(segs[4:], "/"), "/", 3) // version, "files", path
-		if len(tail) == 3 && tail[1] == "files" {
-			r = Ref{Org: segs[0], Model: segs[2], Version: unesc(tail[0])}
-			return r, unesc(tail[2]), err
-		}
+	case len(segs) == 7 && segs[1] == "team" && segs[3] == "models" && segs[6] == "files":
+		r = Ref{Org: segs[0], Team: segs[2], Model: segs[4], Version: segs[5]}
+	case len(segs) == 5 && segs[1] == "models" && segs[4] == "files":
+		r = Ref{Org: segs[0], Model: segs[2], Version: segs[3]}
+	default:
+		return bad()
 	}
-	return Ref{}, "", fetchers.Permanent(fmt.Errorf("ngc: locator %q is not a file download path", fetchers.RedactURI(loc)))
+	if r.Version, err = url.PathUnescape(r.Version); err != nil {
+		return bad()
+	}
+	return r, q.Get("path"), nil
 }
 
-// Open streams a file from its download URL, following the redirect to
-// storage (without the token). Each request asks for the token anew, so
-// a long download refreshes it.
+// manifestResp is the URL manifest's answer: the spec's
+// ArtifactDownloadResponse (filepath, url) or ArtifactDownloadAllResponse
+// (filepath[], urls[]).
+type manifestResp struct {
+	URL      string          `json:"url"`
+	URLs     []string        `json:"urls"`
+	Filepath json.RawMessage `json:"filepath"`
+}
+
+// urlOf picks file p's URL out of m.
+func (m manifestResp) urlOf(p string) string {
+	if m.URL != "" {
+		return m.URL
+	}
+	var paths []string
+	if json.Unmarshal(m.Filepath, &paths) == nil && len(paths) == len(m.URLs) {
+		for i, fp := range paths {
+			if fp == p {
+				return m.URLs[i]
+			}
+		}
+	}
+	return ""
+}
+
+// source is where one file's bytes are asked for: a presigned storage URL
+// (no credentials at all), or the deprecated per-file API path (the
+// bearer token, dropped on its redirect to storage).
+type source struct {
+	url       string
+	presigned bool
+}
+
+// sourceOf returns where file p of r is read from: the presigned URL kept
+// for loc, else a new one from the URL manifest, else (where the manifest
+// is refused) the per-file path.
+func (f *Fetcher) sourceOf(ctx context.Context, r Ref, p, loc string) (source, error) {
+	guest := f.key == ""
+	perFile := source{url: f.api + r.modelPath(guest) + "/versions/" + url.PathEscape(r.Version) + "/files/" + fetchers.EscapePath(p)}
+	f.mu.Lock()
+	u, known := f.urls[loc]
+	refused := f.perFile[r.versionKey()]
+	f.mu.Unlock()
+	switch {
+	case known:
+		return source{url: u, presigned: true}, nil
+	case refused:
+		return perFile, nil
+	}
+	var m manifestResp
+	err := f.apiGet(ctx, r, loc, "manifest", guest, &m)
+	var se *statusError
+	if errors.As(err, &se) {
+		switch se.code {
+		case nethttp.StatusUnauthorized, nethttp.StatusForbidden, nethttp.StatusNotFound, nethttp.StatusMethodNotAllowed, nethttp.StatusNotImplemented:
+			f.mu.Lock()
+			first := !f.perFile[r.versionKey()]
+			f.perFile[r.versionKey()] = true
+			f.mu.Unlock()
+			if first {
+				f.log.Warn("NGC refused the URL manifest; downloading this version through the deprecated per-file path", "source", r.String(), "status", se.code)
+			}
+			return perFile, nil
+		}
+	}
+	if err != nil {
+		return source{}, err
+	}
+	u = m.urlOf(p)
+	pu, perr := url.Parse(u)
+	if u == "" || perr != nil || (pu.Scheme != "https" && pu.Scheme != "http") || pu.Host == "" {
+		return source{}, fetchers.Permanent(fmt.Errorf("%s: file %s: %w: the URL manifest holds no storage URL for it", r, p, fetchers.ErrInconsistent))
+	}
+	f.mu.Lock()
+	if len(f.urls) >= maxURLs {
+		clear(f.urls)
+	}
+	f.urls[loc] = u
+	f.mu.Unlock()
+	return source{url: u, presigned: true}, nil
+}
+
+// forgetURL drops the presigned URL kept for loc if it is still u.
+func (f *Fetcher) forgetURL(loc, u string) {
+	f.mu.Lock()
+	if f.urls[loc] == u {
+		delete(f.urls, loc)
+	}
+	f.mu.Unlock()
+}
+
+// Open streams a file from a presigned storage URL (the URL manifest's),
+// from offset with Range, sending no credentials to storage. When storage
+// refuses the URL (403, 400: it expired during the pull) a new one is
+// asked for and the request made once more. Each request to the API asks
+// for the token anew, so a long download refreshes it.
 func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (io.ReadCloser, error) {
 	r, p, err := f.refOf(file.Locator)
 	if err != nil {
 		return nil, err
 	}
-	apiErr := f.apiError(r, "file", p)
+	apiURL, _ := url.Parse(f.api)
+	get := func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+		for attempt := 0; ; attempt++ {
+			src, err := f.sourceOf(ctx, r, p, file.Locator)
+			if err != nil {
+				return nil, err
+			}
+			if !src.presigned {
+				return f.openPerFile(ctx, r, p, src.url, file.Size, off, n)
+			}
+			to, _ := url.Parse(src.url)
+			gctx, err := f.guard.Handoff(ctx, apiURL, to)
+			if err != nil {
+				return nil, fmt.Errorf("%s: file %s: the URL manifest's storage URL: %w", r, p, err)
+			}
+			expired := false
+			onErr := func(resp *nethttp.Response) error {
+				switch resp.StatusCode {
+				case nethttp.StatusForbidden, nethttp.StatusBadRequest:
+					expired = true
+					return fmt.Errorf("%s: file %s: storage refused its presigned URL (HTTP %d; it expired); a new one is asked of the URL manifest", r, p, resp.StatusCode)
+				case nethttp.StatusNotFound:
+					return fetchers.Permanent(fmt.Errorf("%s: %w: file %s is listed in the version but storage does not hold it (HTTP 404)", r, fetchers.ErrNotFound, p))
+				}
+				return nil
+			}
+			rc, err := f.get.GetRange(gctx, src.url, file.Size, off, n, nil, onErr)
+			if expired {
+				f.forgetURL(file.Locator, src.url)
+				if attempt == 0 {
+					continue
+				}
+			}
+			return rc, err
+		}
+	}
+	return fetchers.AdaptiveReader(ctx, fetchers.Ranged{Open: get, Size: file.Size, Chunk: f.chunk, Conns: f.conns, Below: f.below,
+		Backoff: fetchers.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Attempts: 4, MaxRetryAfter: time.Minute}}, offset)
+}
+
+// openPerFile reads bytes [off, off+n) of file p from the deprecated
+// per-file path u, which redirects to storage (the token is dropped
+// there).
+func (f *Fetcher) openPerFile(ctx context.Context, r Ref, p, u string, size, off, n int64) (io.ReadCloser, error) {
+	guest := f.key == ""
+	apiErr := f.apiError(r, "file", p, guest)
 	onErr := func(resp *nethttp.Response) error {
-		if resp.StatusCode == nethttp.StatusUnauthorized && f.key != "" && resp.Request != nil && resp.Request.URL.Host == hostOf(f.api) {
+		if resp.StatusCode == nethttp.StatusUnauthorized && !guest && resp.Request != nil && resp.Request.URL.Host == hostOf(f.api) {
 			// Resolve could read the version a moment ago: most likely the
 			// token expired. A new one is fetched for the next attempt.
 			f.forget(r)
@@ -639,18 +901,14 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 		}
 		return apiErr(resp)
 	}
-	get := func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
-		h, _, err := f.header(ctx, r, false)
-		if err != nil {
+	h := nethttp.Header{}
+	if !guest {
+		var err error
+		if h, _, err = f.header(ctx, r, false); err != nil {
 			return nil, err
 		}
-		if n < 0 {
-			return f.get.Get(ctx, file.Locator, file.Size, off, h, onErr)
-		}
-		return f.get.GetRange(ctx, file.Locator, file.Size, off, n, h, onErr)
 	}
-	return fetchers.AdaptiveReader(ctx, fetchers.Ranged{Open: get, Size: file.Size, Chunk: f.chunk, Conns: f.conns, Below: f.below,
-		Backoff: fetchers.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Attempts: 4, MaxRetryAfter: time.Minute}}, offset)
+	return f.get.GetRange(ctx, u, size, off, n, h, onErr)
 }
 
 func hostOf(u string) string {

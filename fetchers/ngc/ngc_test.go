@@ -3,10 +3,9 @@ package ngc
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/netip"
@@ -49,6 +48,10 @@ func TestParseURI(t *testing.T) {
 		if err == nil && got.String() != tc.uri {
 			t.Errorf("String() = %q, want %q", got.String(), tc.uri)
 		}
+	}
+	// "no-team" is the ngc CLI's spelling of no team.
+	if got, err := ParseURI("ngc://nvidia/no-team/llama:1"); err != nil || got != (Ref{"nvidia", "", "llama", "1"}) {
+		t.Errorf("no-team: %+v %v", got, err)
 	}
 }
 
@@ -141,6 +144,15 @@ func TestResolvePinnedPaginated(t *testing.T) {
 	if r.s.RangeGets.Load() != 5 {
 		t.Fatalf("%d Range requests reached storage; want one per resumed file", r.s.RangeGets.Load())
 	}
+	if n := r.s.ListPages.Load(); n != 3 {
+		t.Fatalf("%d listing pages read; want pages 0, 1 and 2 of 2 files each", n)
+	}
+	if m, p := r.s.ManifestRequests.Load(), r.s.PerFileRequests.Load(); m != 5 || p != 0 {
+		t.Fatalf("%d URL manifest answers, %d per-file downloads; want one presigned URL per file, kept for its resume, and no deprecated path", m, p)
+	}
+	if r.s.TokenRequests.Load() != 0 || r.s.StorageSawAuth.Load() {
+		t.Fatal("a public model without a key asked for a token or sent credentials to storage")
+	}
 	// The latest version is resolved once, to its name.
 	res, err = f.Resolve(context.Background(), fetchers.Source{URI: "ngc://nvidia/nemo/tiny"})
 	if r.note(err) != nil || res.Revision != "2.0" || len(res.Files) != 1 {
@@ -148,44 +160,67 @@ func TestResolvePinnedPaginated(t *testing.T) {
 	}
 }
 
+// TestVersionOfExactlyOnePage: a version whose files fill page 0 and no
+// more is read from page 0 alone.
+func TestVersionOfExactlyOnePage(t *testing.T) {
+	r := newReg(t)
+	r.s.PageSize = 3
+	fs := files(3)
+	r.s.AddVersion("nvidia/one", "1", fs, true, true)
+	var pages []string
+	r.s.Hook = func(w http.ResponseWriter, q *http.Request) bool {
+		if strings.HasSuffix(q.URL.Path, "/versions/1/files") {
+			pages = append(pages, q.URL.Query().Get("page-number")+"/"+q.URL.Query().Get("page-size"))
+		}
+		return false
+	}
+	res, err := r.fetcher("").Resolve(context.Background(), fetchers.Source{URI: "ngc://nvidia/one:1"})
+	if r.note(err) != nil || len(res.Files) != 3 {
+		t.Fatalf("one page: %+v %v", res, err)
+	}
+	if len(pages) != 1 || pages[0] != "0/500" {
+		t.Fatalf("listing requests (page-number/page-size) %v; want page 0 once, of the size asked for", pages)
+	}
+}
+
 func TestListingWithoutDigestsAndShortListings(t *testing.T) {
 	r := newReg(t)
 	r.s.AddVersion("org/m", "v1", files(3), true, false)
-	f := r.fetcher("")
+	var logs bytes.Buffer
+	f := r.fetcher("", WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	res, err := f.Resolve(context.Background(), fetchers.Source{URI: "ngc://org/m:v1"})
 	if r.note(err) != nil || len(res.Files) != 3 || res.Files[0].Digest != "" || res.Files[0].Size != 1000 {
 		t.Fatalf("size-only listing: %+v %v", res, err)
 	}
-	// A base64 sha256 is read too; a malformed one is refused.
+	if n := strings.Count(logs.String(), "only its size is checked"); n != 3 {
+		t.Fatalf("%d log lines say a file is checked by size only; want one per file:\n%s", n, logs.String())
+	}
+	// sha256_base64 is read as the base64 of the sha256; anything else is
+	// the source contradicting itself.
 	b := []byte("x")
-	r.s.AddVersion("org/b64", "v1", map[string][]byte{"x": b}, true, false)
-	r.s.EditListing("org/b64", "v1", func(l []ngctest.File) []ngctest.File {
-		sum := sha256.Sum256(b)
-		l[0].SHA256 = base64.StdEncoding.EncodeToString(sum[:])
-		return l
-	})
+	r.s.AddVersion("org/b64", "v1", map[string][]byte{"x": b}, true, true)
 	res, err = f.Resolve(context.Background(), fetchers.Source{URI: "ngc://org/b64:v1"})
 	if r.note(err) != nil || res.Files[0].Digest != "sha256:"+ngctest.Sum(b) {
-		t.Fatalf("base64 sha256: %+v %v", res, err)
+		t.Fatalf("sha256_base64: %+v %v", res, err)
 	}
-	r.s.EditListing("org/b64", "v1", func(l []ngctest.File) []ngctest.File { l[0].SHA256 = "nope"; return l })
+	r.s.EditListing("org/b64", "v1", func(l []ngctest.File) []ngctest.File { l[0].SHA256Base64 = ngctest.Sum(b); return l })
 	_, err = f.Resolve(context.Background(), fetchers.Source{URI: "ngc://org/b64:v1"})
-	if r.note(err) == nil || !fetchers.IsPermanent(err) {
-		t.Fatalf("a malformed sha256 passed: %v", err)
+	if r.note(err) == nil || !fetchers.IsPermanent(err) || !errors.Is(err, fetchers.ErrInconsistent) {
+		t.Fatalf("hex where base64 belongs passed: %v", err)
 	}
 	// A listing that holds fewer files than the version counts (pages
 	// lost) is refused, not committed as a partial model.
 	r.s.AddVersion("org/short", "v1", files(3), true, false)
 	r.s.Hook = func(w http.ResponseWriter, q *http.Request) bool {
-		if strings.HasSuffix(q.URL.Path, "/files") && q.URL.Query().Get("page-number") == "2" {
+		if strings.HasSuffix(q.URL.Path, "/files") && q.URL.Query().Get("page-number") == "1" {
 			w.Write([]byte(`{"modelFiles":[],"paginationInfo":{"totalPages":2}}`))
 			return true
 		}
 		return false
 	}
 	_, err = f.Resolve(context.Background(), fetchers.Source{URI: "ngc://org/short:v1"})
-	if r.note(err) == nil || !strings.Contains(err.Error(), "refusing a partial model") {
-		t.Fatalf("short listing: %v", err)
+	if r.note(err) == nil || !strings.Contains(err.Error(), "the file listing holds 2 files but the version says 3") || !errors.Is(err, fetchers.ErrInconsistent) || !fetchers.IsPermanent(err) {
+		t.Fatalf("short listing: %v; want ErrInconsistent", err)
 	}
 }
 
@@ -199,8 +234,9 @@ func TestPrivateModelKeyAndScopes(t *testing.T) {
 	ctx := context.Background()
 
 	_, err := r.fetcher("").Resolve(ctx, src)
-	if r.note(err); !errors.Is(err, fetchers.ErrUnauthorized) || !fetchers.IsPermanent(err) || !strings.Contains(err.Error(), "no NGC API key is set") {
-		t.Fatalf("without a key: %v", err)
+	if r.note(err); !errors.Is(err, fetchers.ErrUnauthorized) || !fetchers.IsPermanent(err) || !strings.Contains(err.Error(), "no NGC API key is set") ||
+		!strings.Contains(err.Error(), "NGC_API_KEY") || !strings.Contains(err.Error(), `org "acme"`) {
+		t.Fatalf("a private model without a key: %v; want a permanent error naming NGC_API_KEY and org acme", err)
 	}
 	_, err = r.fetcher("wrong").Resolve(ctx, src)
 	if r.note(err); !errors.Is(err, fetchers.ErrUnauthorized) || !strings.Contains(err.Error(), "rejected NGC_API_KEY") {
@@ -252,6 +288,20 @@ func TestTokenRefreshedBeforeExpiryAndAfterRevocation(t *testing.T) {
 	r.s.RevokeTokens()
 	if _, err := f.Resolve(ctx, fetchers.Source{URI: "ngc://acme/m:1"}); r.note(err) != nil {
 		t.Fatalf("after revocation: %v; want one retry with a new token", err)
+	}
+	// The URL manifest refused with 401 gets a new token and asks again.
+	r.s.RevokeTokens()
+	before := r.s.TokenRequests.Load()
+	r.readAll(f, fetchers.File{Path: res.Files[0].Path, Size: res.Files[0].Size, Locator: res.Files[0].Locator + "&x=1"}, 0)
+	if r.s.TokenRequests.Load() != before+1 {
+		t.Fatal("the manifest's 401 did not fetch a new token")
+	}
+	// The deprecated per-file path (where the manifest is refused): a 401
+	// is retryable, and the retry gets a new token.
+	r.s.RefuseManifest = true
+	f = r.fetcher(testKey, WithClock(clock))
+	if res, err = f.Resolve(ctx, fetchers.Source{URI: "ngc://acme/m:1"}); r.note(err) != nil {
+		t.Fatal(err)
 	}
 	r.s.RevokeTokens()
 	rc, err := f.Open(ctx, res.Files[0], 0)
@@ -345,8 +395,9 @@ func TestKeyFromFileAndEnvironment(t *testing.T) {
 		t.Fatalf("key file: %v", err)
 	}
 	t.Setenv("NGC_CLI_API_KEY", "cli-key")
+	t.Setenv("NGC_API_KEY", "api-key")
 	if f, _ := New(); f.key != "cli-key" {
-		t.Fatal("NGC_CLI_API_KEY not read")
+		t.Fatal("NGC_CLI_API_KEY not preferred over NGC_API_KEY, as the ngc CLI prefers it")
 	}
 	if _, err := New(WithAPIKey(""), WithAPIKeyFile(dir)); err == nil || strings.Contains(err.Error(), testKey) {
 		t.Fatalf("a directory as key file: %v", err)
@@ -399,6 +450,12 @@ func TestRedirectToInternalRefused(t *testing.T) {
 	if r.note(err) != nil {
 		t.Fatal(err)
 	}
+	_, err = f.Open(context.Background(), res.Files[0], 0)
+	if r.note(err); !errors.Is(err, fetchers.ErrInternalAddress) || !fetchers.IsPermanent(err) {
+		t.Fatalf("a presigned URL to loopback: %v; want a permanent refusal", err)
+	}
+	// The same through the deprecated per-file path's redirect.
+	r.s.RefuseManifest = true
 	_, err = f.Open(context.Background(), res.Files[0], 0)
 	if r.note(err); !errors.Is(err, fetchers.ErrInternalAddress) || !fetchers.IsPermanent(err) {
 		t.Fatalf("a download redirected to loopback: %v; want a permanent refusal", err)
