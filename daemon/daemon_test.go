@@ -177,13 +177,28 @@ func TestWrongBytesNothingVisible(t *testing.T) {
 		t.Fatal("unverified bytes were kept as a blob")
 	}
 	// Another download of the same bytes cannot match the digest the user
-	// gave: Failed for good, naming both digests, with no retry scheduled.
+	// gave: Failed for good, naming both digests, never retried. The
+	// mistake leaves nothing behind, unless --keep asked to keep it.
+	if !strings.Contains(err.Error(), sha(good)) || !strings.Contains(err.Error(), sha(evil)) || !strings.Contains(err.Error(), "nothing was kept") {
+		t.Fatalf("error %q: want both digests named, and that nothing was kept", err)
+	}
+	if a, err := h.c.Get(context.Background(), "evil"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("after a first pull failed for good: %+v %v; want no entry", a, err)
+	}
+	gets := srv.gets.Load()
+	_, err = h.pull(api.PullRequest{Name: "evil", URI: srv.URL + "/w.bin#sha256=" + sha(good), Keep: true})
+	if err == nil || !strings.Contains(err.Error(), "the desire is kept") {
+		t.Fatalf("with --keep: %v; want the failure, saying the desire is kept", err)
+	}
 	a, _ := h.c.Get(context.Background(), "evil")
 	if a.Phase != api.PhaseFailed || a.Reason != api.ReasonDigestMismatch || a.NextRetry != nil || a.Attempts != 1 {
 		t.Fatalf("artifact %+v: want Failed (DigestMismatch) after one attempt, no next retry", a)
 	}
 	if !strings.Contains(a.Message, sha(good)) || !strings.Contains(a.Message, sha(evil)) {
 		t.Fatalf("message %q: want both digests named", a.Message)
+	}
+	if n := srv.gets.Load() - gets; n != 1 {
+		t.Fatalf("%d GETs for the kept pull, want 1 (a mismatch is not retried)", n)
 	}
 }
 

@@ -122,7 +122,12 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	if err == nil && !req.Replace {
 		err = d.replaces(ds)
 	}
+	_, had := d.apiDesires[ds.Name]
 	d.mu.Unlock()
+	// A pull of a name the node knows nothing of: if its first attempt
+	// fails for good, nothing of it stays (dropFailedPull).
+	_, serr := d.store.Summary(ds.Name)
+	fresh := !had && errors.Is(serr, cachestore.ErrNotFound)
 	if err == nil {
 		err = d.persistDesire(ds.Name, ds)
 	}
@@ -158,12 +163,70 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	}
 	// The waiter gets the outcome of that pull, even where an older version
 	// still satisfies the desire (a refresh that failed is not Ready).
+	fp, dropping := fingerprint(ds), false
+	var outcome error // set under d.mu by dropFailedPull
 	return d.streamUntil(w, r, ds.Name, 0, func(st *artState) (bool, error) {
+		if outcome != nil {
+			return true, outcome
+		}
 		if st == nil || st.completed <= since || st.cancel != nil {
 			return false, nil
 		}
+		if st.permanent && st.spec == fp && st.lastErr != nil {
+			if fresh && !declared(ds) && st.attempts == 1 {
+				if !dropping {
+					dropping = true
+					go d.dropFailedPull(ds.Name, fp, func(err error) { outcome = err })
+				}
+				return false, nil
+			}
+			return true, keptFailure(ds.Name, st.lastErr)
+		}
 		return true, st.lastErr
 	})
+}
+
+// dropFailedPull removes the desire of an interactive pull whose first
+// attempt failed for good (a 404, a wrong digest, a refused source) and
+// that the node held nothing of before: a mistake leaves no Failed row and
+// no saved desire. set gets the waiter's error, which says whether the
+// desire went; it is called with d.mu held.
+func (d *Daemon) dropFailedPull(name, fp string, set func(error)) {
+	d.desireMu.Lock()
+	defer d.desireMu.Unlock()
+	d.mu.Lock()
+	ds, ok := d.apiDesires[name]
+	st := d.arts[name]
+	var failure error
+	if st != nil {
+		failure = st.lastErr
+	}
+	// Unchanged since the waiter saw it fail: another pull may have asked
+	// again or declared the name meanwhile.
+	still := ok && fingerprint(ds) == fp && !declared(ds) && st != nil && st.permanent && st.cancel == nil && failure != nil
+	d.mu.Unlock()
+	var err error
+	if still {
+		err = d.store.DeleteDesire(name) // an index write: outside the daemon lock
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case failure == nil:
+		set(fmt.Errorf("artifact %s changed while its failure was reported; see modelctl inspect %s", name, name))
+	case still && err == nil:
+		delete(d.apiDesires, name)
+		delete(d.arts, name)
+		set(fmt.Errorf("%w; nothing was kept (pull again once fixed, or with --keep to keep the desire and its Failed entry)", failure))
+	default:
+		set(keptFailure(name, failure))
+	}
+	d.notify()
+}
+
+// keptFailure is a permanent failure whose desire stays, saying so.
+func keptFailure(name string, err error) error {
+	return fmt.Errorf("%w; the desire is kept and not retried until a pull asks again ('modelctl evict %s' drops it)", err, name)
 }
 
 // pullConflict refuses a socket pull of a name the node's configuration

@@ -173,7 +173,7 @@ func TestNGCResumeAndWrongDigest(t *testing.T) {
 			b := data(2<<20, byte(len(c.name)))
 			reg.AddVersion(path, "1", map[string][]byte{"w.bin": b}, true, c.name == "wrong-digest")
 			reg.SetFile(path, "1", "w.bin", c.edit(append([]byte(nil), b...)))
-			_, err := h.pull(api.PullRequest{Name: c.name, URI: "ngc://" + path + ":1"})
+			_, err := h.pull(api.PullRequest{Name: c.name, URI: "ngc://" + path + ":1", Keep: true})
 			if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("%v; want Failed with %q", err, c.want)
 			}
@@ -243,7 +243,7 @@ func TestNGCShortListingNotRetried(t *testing.T) {
 		}
 		return false
 	}
-	_, err := h.pull(api.PullRequest{Name: "short", URI: "ngc://org/short:1"})
+	_, err := h.pull(api.PullRequest{Name: "short", URI: "ngc://org/short:1", Keep: true})
 	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "the file listing holds 2 files but the version says 3") {
 		t.Fatalf("%v; want Failed naming both counts", err)
 	}

@@ -127,7 +127,7 @@ func TestCredentialsInURIRedacted(t *testing.T) {
 	if _, ok := sawCreds.Load(http.MethodGet); !ok {
 		t.Fatal("the server never saw the URI's credentials: the fetch must still use them")
 	}
-	_, badErr := h.c.Pull(context.Background(), api.PullRequest{Name: "bad", URI: uri("missing.bin")}, true, func(ev api.Event) { events = append(events, ev) })
+	_, badErr := h.c.Pull(context.Background(), api.PullRequest{Name: "bad", URI: uri("missing.bin"), Keep: true}, true, func(ev api.Event) { events = append(events, ev) })
 	if badErr == nil {
 		t.Fatal("pull of a missing file succeeded")
 	}
