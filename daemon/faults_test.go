@@ -145,7 +145,7 @@ func TestPermanentFailureIsNotRetried(t *testing.T) {
 	srv := newFileServer(t, map[string][]byte{})
 	var requests atomic.Int64
 	srv.hook = func(http.ResponseWriter, *http.Request) bool { requests.Add(1); return false }
-	h := start(t, testConfig(t)) // retries after 50ms..200ms
+	h := start(t, testConfig(t))                                              // retries after 50ms..200ms
 	req := api.PullRequest{Name: "typo", URI: srv.URL + "/w.bin", Keep: true} // kept: a first failure without --keep leaves nothing
 	if _, err := h.pull(req); !errors.Is(err, api.ErrFailed) {
 		t.Fatalf("pull of a missing file: %v, want Failed", err)
