@@ -503,13 +503,25 @@ func modeType(m uint32) fs.FileMode {
 	return fs.ModeIrregular
 }
 
+// missingHint says why a path may be missing for the daemon but not for
+// the user: under systemd (INVOCATION_ID set) the packaged unit's
+// PrivateTmp=yes gives the daemon a /tmp and /var/tmp of its own.
+func missingHint(p string) string {
+	for _, tmp := range []string{"/tmp", "/var/tmp"} {
+		if (p == tmp || strings.HasPrefix(p, tmp+"/")) && os.Getenv("INVOCATION_ID") != "" {
+			return "the daemon runs under systemd with PrivateTmp=yes: its " + tmp + " is not the one you see; put the model in another directory, e.g. under /srv"
+		}
+	}
+	return "is the filesystem mounted on this node?"
+}
+
 func explain(uri, p string, err error) error {
 	var ie *identityError
 	switch {
 	case errors.As(err, &ie):
 		return err
 	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("source %q: %w: %s does not exist (is the filesystem mounted on this node?)", uri, fetchers.ErrNotFound, p)
+		return fmt.Errorf("source %q: %w: %s does not exist (%s)", uri, fetchers.ErrNotFound, p, missingHint(p))
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("source %q: %w: %s is not readable by the user who asked for it; a file:// pull reads only what its requester may read", uri, fetchers.ErrUnauthorized, p)
 	case errors.Is(err, unix.ELOOP):

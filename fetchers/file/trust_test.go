@@ -295,3 +295,19 @@ func TestKernelViewsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestMissingUnderPrivateTmp: under systemd, a missing path under /tmp
+// says that the unit's PrivateTmp hides the user's /tmp from the daemon.
+func TestMissingUnderPrivateTmp(t *testing.T) {
+	f := New()
+	t.Setenv("INVOCATION_ID", "0123")
+	_, err := f.Resolve(context.Background(), fetchers.Source{URI: "file:///tmp/no-such-model-here"})
+	if !errors.Is(err, fetchers.ErrNotFound) || !strings.Contains(err.Error(), "PrivateTmp") {
+		t.Fatalf("%v; want not found, naming PrivateTmp", err)
+	}
+	t.Setenv("INVOCATION_ID", "")
+	_, err = f.Resolve(context.Background(), fetchers.Source{URI: "file:///tmp/no-such-model-here"})
+	if !errors.Is(err, fetchers.ErrNotFound) || strings.Contains(err.Error(), "PrivateTmp") {
+		t.Fatalf("%v; outside systemd the hint does not apply", err)
+	}
+}
