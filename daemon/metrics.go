@@ -14,6 +14,7 @@ import (
 // metrics live on the daemon's own registry; nothing is global.
 type metrics struct {
 	reg           *prometheus.Registry
+	own           []prometheus.Collector // the modelcache_* series, for TestDocsNameOnlyRealMetrics
 	fetchedBytes  *prometheus.CounterVec
 	fetchErrors   *prometheus.CounterVec
 	fetchDuration *prometheus.HistogramVec
@@ -107,9 +108,10 @@ func newMetrics(d *Daemon) *metrics {
 	for _, r := range []string{"compatible", "incompatible"} {
 		m.compatChecks.WithLabelValues(r)
 	}
-	m.reg.MustRegister(m.fetchedBytes, m.fetchErrors, m.fetchDuration, m.pullStages, m.pulls, m.verifications, m.evictions, m.apiRequests, m.freedBytes, m.admissions, m.signatures, m.compatChecks, m.apiConns, m.apiRefused,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&stateCollector{d: d})
+	m.own = []prometheus.Collector{m.fetchedBytes, m.fetchErrors, m.fetchDuration, m.pullStages, m.pulls, m.verifications, m.evictions, m.apiRequests, m.freedBytes, m.admissions, m.signatures, m.compatChecks, m.apiConns, m.apiRefused,
+		&stateCollector{d: d}}
+	m.reg.MustRegister(m.own...)
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -5,18 +5,21 @@ import (
 	"context"
 	"github.com/modelcache/modelcache/internal/testenv"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
@@ -169,5 +172,66 @@ func TestFetchBytesMoveDuringDownload(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(c); got != size {
 		t.Fatalf("fetch_bytes_total %v after the pull, want %d", got, size)
+	}
+}
+
+// TestDocsNameOnlyRealMetrics: every modelcache_* series that README.md,
+// docs/ and deploy/ name is one the daemon describes, and every series the
+// daemon describes is named in docs/operator.md.
+func TestDocsNameOnlyRealMetrics(t *testing.T) {
+	h := start(t, testConfig(t))
+	described := map[string]bool{}
+	ch := make(chan *prometheus.Desc, 64)
+	go func() {
+		for _, c := range h.d.metrics.own {
+			c.Describe(ch)
+		}
+		close(ch)
+	}()
+	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
+	for d := range ch {
+		if m := fq.FindStringSubmatch(d.String()); m != nil {
+			described[m[1]] = true
+		}
+	}
+	if len(described) < 20 {
+		t.Fatalf("the daemon describes %d series: %v", len(described), described)
+	}
+	named := regexp.MustCompile(`modelcache_[a-z_]*[a-z]`)
+	var files []string
+	for _, dir := range []string{"../docs", "../deploy"} {
+		filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+			if err == nil && !e.IsDir() && (strings.HasSuffix(p, ".md") || strings.HasSuffix(p, ".yaml")) {
+				files = append(files, p)
+			}
+			return nil
+		})
+	}
+	files = append(files, "../README.md")
+	inOperator := ""
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasSuffix(f, "operator.md") {
+			inOperator = string(raw)
+		}
+		for _, n := range named.FindAllString(string(raw), -1) {
+			base := n
+			for _, suf := range []string{"_bucket", "_count", "_sum"} {
+				if b := strings.TrimSuffix(n, suf); b != n && described[b] {
+					base = b
+				}
+			}
+			if !described[base] {
+				t.Errorf("%s names %s, which the daemon does not export", f, n)
+			}
+		}
+	}
+	for n := range described {
+		if !strings.Contains(inOperator, n) {
+			t.Errorf("the daemon exports %s, which docs/operator.md does not name", n)
+		}
 	}
 }
