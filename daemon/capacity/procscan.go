@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/modelcache/modelcache/api"
 )
@@ -36,6 +38,10 @@ type ScanStats struct {
 }
 
 // Scan lists the uses of files under the root, one per (process, path).
+// Processes are read by up to scanWorkers goroutines at once: the cost is
+// system calls and the kernel's formatting of maps, per process, so a
+// node's cores divide it (docs/benchmarks.md has the figure at 10,000
+// processes).
 func (s *Scanner) Scan() ([]Use, ScanStats, error) {
 	proc := s.Proc
 	if proc == "" {
@@ -45,59 +51,87 @@ func (s *Scanner) Scan() ([]Use, ScanStats, error) {
 	if err != nil {
 		return nil, ScanStats{}, err
 	}
-	prefix := filepath.Clean(s.Root) + "/"
+	var pids []string
+	for _, e := range ents {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && pid != s.Self {
+			pids = append(pids, e.Name())
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), scanWorkers, max(len(pids)/64, 1))
+	type part struct {
+		uses []Use
+		st   ScanStats
+	}
+	parts := make([]part, workers)
+	var wg sync.WaitGroup
+	for w := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Contiguous shares: the parts joined keep /proc's order.
+			for _, pid := range pids[w*len(pids)/workers : (w+1)*len(pids)/workers] {
+				parts[w].uses = s.scanPid(proc, pid, parts[w].uses, &parts[w].st)
+			}
+		}()
+	}
+	wg.Wait()
 	var st ScanStats
 	var out []Use
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == s.Self {
-			continue
-		}
-		st.Processes++
-		seen := map[string]bool{}
-		var who string
-		add := func(p string) {
-			p = strings.TrimSuffix(p, " (deleted)")
-			if !strings.HasPrefix(p, prefix) || seen[p] {
-				return
-			}
-			seen[p] = true
-			if who == "" {
-				comm, _ := os.ReadFile(filepath.Join(proc, e.Name(), "comm"))
-				who = "pid " + e.Name() + " (" + strings.TrimSpace(string(comm)) + ")"
-			}
-			out = append(out, Use{Rel: p[len(prefix):], Holder: api.Holder{Kind: "process", ID: who}})
-		}
-		fdDir := filepath.Join(proc, e.Name(), "fd")
-		fds, err := os.ReadDir(fdDir)
-		if err != nil {
-			st.Unreadable++
-			continue
-		}
-		for _, fd := range fds {
-			if target, err := os.Readlink(filepath.Join(fdDir, fd.Name())); err == nil && target[0] == '/' {
-				add(target)
-			}
-		}
-		maps, err := os.ReadFile(filepath.Join(proc, e.Name(), "maps"))
-		if err != nil {
-			continue
-		}
-		if !bytes.Contains(maps, []byte(prefix)) {
-			continue // cheap: most processes map nothing of ours
-		}
-		sc := bufio.NewScanner(bytes.NewReader(maps))
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			// address perms offset dev inode pathname
-			if i := strings.Index(line, prefix); i >= 0 {
-				add(line[i:])
-			}
-		}
+	for _, p := range parts {
+		out = append(out, p.uses...)
+		st.Processes += p.st.Processes
+		st.Unreadable += p.st.Unreadable
 	}
 	st.Uses = len(out)
 	return out, st, nil
+}
+
+// scanWorkers bounds the goroutines of one scan.
+const scanWorkers = 8
+
+// scanPid appends pid's uses of files under the root to out.
+func (s *Scanner) scanPid(proc, pid string, out []Use, st *ScanStats) []Use {
+	prefix := filepath.Clean(s.Root) + "/"
+	st.Processes++
+	seen := map[string]bool{}
+	var who string
+	add := func(p string) {
+		p = strings.TrimSuffix(p, " (deleted)")
+		if !strings.HasPrefix(p, prefix) || seen[p] {
+			return
+		}
+		seen[p] = true
+		if who == "" {
+			comm, _ := os.ReadFile(filepath.Join(proc, pid, "comm"))
+			who = "pid " + pid + " (" + strings.TrimSpace(string(comm)) + ")"
+		}
+		out = append(out, Use{Rel: p[len(prefix):], Holder: api.Holder{Kind: "process", ID: who}})
+	}
+	fdDir := filepath.Join(proc, pid, "fd")
+	fds, err := os.ReadDir(fdDir)
+	if err != nil {
+		st.Unreadable++
+		return out
+	}
+	for _, fd := range fds {
+		if target, err := os.Readlink(filepath.Join(fdDir, fd.Name())); err == nil && target[0] == '/' {
+			add(target)
+		}
+	}
+	maps, err := os.ReadFile(filepath.Join(proc, pid, "maps"))
+	if err != nil || !bytes.Contains(maps, []byte(prefix)) {
+		return out // cheap: most processes map nothing of ours
+	}
+	sc := bufio.NewScanner(bytes.NewReader(maps))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		// address perms offset dev inode pathname
+		if i := strings.Index(line, prefix); i >= 0 {
+			add(line[i:])
+		}
+	}
+	return out
 }
 
 // VersionOf maps a path relative to the root to the artifact version
