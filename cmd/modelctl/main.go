@@ -74,6 +74,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		err = app.RunContext(ctx, inv.argv(args[0]))
 	}
+	if errors.Is(err, api.ErrInvalid) && inv.cmd != nil {
+		// The daemon refused an argument or a flag's value (a name, a
+		// digest, a URI): a usage error, as if modelctl had found it.
+		err = usageError{msgs: []string{err.Error()}, cmd: inv.cmd.Name}
+	}
 	return report(ctx, err, stderr, app.Metadata["socket"])
 }
 

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcache/modelcache/api"
 )
@@ -24,6 +27,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"inspect", "a", "b"}, []string{`unexpected "b"`}},
 		{[]string{"wait", "m", "--timeout", "soon"}, []string{`--timeout "soon": want a duration such as 30s, 5m or 1h30m (a bare number is seconds)`, "modelctl wait --help"}},
 		{[]string{"--sockt", "/s", "list"}, []string{"unknown flag --sockt (did you mean --socket?)", "Run 'modelctl --help'"}},
+		// A global flag's typo after the command is suggested too.
+		{[]string{"list", "--otput", "json"}, []string{"unknown flag --otput (did you mean --output?)", "Run 'modelctl --help'"}},
+		{[]string{"inspect", "m", "--sokcet=/s"}, []string{"unknown flag --sokcet (did you mean --socket?)"}},
 		{[]string{"-o", "xml", "list"}, []string{`-o "xml": want table, wide, json or yaml`}},
 		// Every bad flag, not only the first.
 		{[]string{"evict", "m", "--revison", "r", "--forse"}, []string{"unknown flag --revison (did you mean --revision?)", "unknown flag --forse (did you mean --force?)"}},
@@ -86,5 +92,63 @@ func TestWaitUnknownNameFailsFast(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "nothing desires it") || !strings.Contains(stderr.String(), "--for-create") {
 		t.Errorf("stderr: %s", stderr.String())
+	}
+}
+
+// A value the daemon refuses (a name, a digest, a URI) is a usage error
+// too: exit 2, the daemon's reason and the command's help.
+func TestInvalidValuesExit2(t *testing.T) {
+	sock := fakeDaemon(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+		json.NewEncoder(w).Encode(api.Error{Code: api.CodeInvalid, Message: `name "Bad/Name": invalid name: character '/' not allowed`})
+	})
+	for _, args := range [][]string{
+		{"pull", "--name", "Bad/Name", "file:///m"},
+		{"pull", "--name", "m", "--digest", "1234", "file:///m", "--no-wait"},
+		{"evict", "Bad/Name"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(append([]string{"modelctl", "--socket", sock}, args...), &stdout, &stderr)
+		if code != exitUsage {
+			t.Errorf("%q: exit %d, want %d\n%s", args, code, exitUsage, stderr.String())
+		}
+		for _, w := range []string{"invalid name", "Run 'modelctl " + args[0] + " --help'"} {
+			if !strings.Contains(stderr.String(), w) {
+				t.Errorf("%q: stderr lacks %q:\n%s", args, w, stderr.String())
+			}
+		}
+	}
+}
+
+// lease -- COMMAND that cannot run exits as a shell does: 127 when it is
+// not found, 126 when it is found and cannot be executed; a COMMAND that
+// runs gives its own exit code.
+func TestLeaseCommandThatCannotRun(t *testing.T) {
+	sock := fakeDaemon(t, func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(api.Lease{Name: "m", Revision: "r1", Holder: "h", Expires: time.Now().Add(time.Minute)})
+	})
+	notExec := filepath.Join(t.TempDir(), "script")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\nexit 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		cmd  []string
+		code int
+		want string
+	}{
+		{[]string{"modelcache-no-such-command-4711"}, 127, "modelcache-no-such-command-4711: command not found"},
+		{[]string{filepath.Join(t.TempDir(), "missing")}, 127, "command not found"},
+		{[]string{notExec}, 126, "cannot execute: permission denied"},
+		{[]string{t.TempDir()}, 126, "cannot execute"},
+		{[]string{"sh", "-c", "exit 3"}, 3, ""},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(append([]string{"modelctl", "--socket", sock, "lease", "m", "--"}, tc.cmd...), &stdout, &stderr)
+		if code != tc.code {
+			t.Errorf("%q: exit %d, want %d\n%s", tc.cmd, code, tc.code, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%q: stderr lacks %q:\n%s", tc.cmd, tc.want, stderr.String())
+		}
 	}
 }
