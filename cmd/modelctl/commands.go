@@ -17,7 +17,8 @@ import (
 
 func listCommand() *cli.Command {
 	return &cli.Command{
-		Name: "list", Aliases: []string{"ls"}, Usage: "list artifacts with their phase, revision, size and age (-o wide: the full source)",
+		Name: "list", Aliases: []string{"ls"}, Usage: "list artifacts with their phase, revision, size and age (-o wide: the full source; -o name: names only)",
+		Flags: []cli.Flag{&cli.BoolFlag{Name: "no-headers", Usage: "leave out the header row of the table"}},
 		Action: func(c *cli.Context) error {
 			// A short-lived process that decodes thousands of rows and
 			// keeps them all: collecting as the heap doubles from its
@@ -34,7 +35,13 @@ func listCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			listTable(c.App.Writer, rows, time.Now(), c.String("output") == "wide")
+			if c.String("output") == "name" { // one name a line, for xargs and scripts
+				for _, r := range rows {
+					fmt.Fprintln(c.App.Writer, r.Name)
+				}
+				return nil
+			}
+			listTable(c.App.Writer, rows, time.Now(), c.String("output") == "wide", c.Bool("no-headers"))
 			return nil
 		},
 	}
@@ -217,7 +224,7 @@ func waitCommand() *cli.Command {
 
 func evictCommand() *cli.Command {
 	return &cli.Command{
-		Name: "evict", Usage: "remove an artifact (or one revision) and its desire, then free unused blobs", ArgsUsage: "NAME",
+		Name: "evict", Aliases: []string{"rm", "delete"}, Usage: "remove an artifact (or one revision) and its desire, then free unused blobs", ArgsUsage: "NAME",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "revision", Usage: "remove only this revision"},
 			&cli.BoolFlag{Name: "force", Usage: "remove even if pinned"},

@@ -14,14 +14,18 @@ import (
 )
 
 // listTable is modelctl list for people: the source cut to keep a row on
-// one line of a terminal, unless wide.
-func listTable(w io.Writer, list []api.ArtifactRow, now time.Time, wide bool) {
+// one line of a terminal, unless wide; the header row unless noHeaders.
+func listTable(w io.Writer, list []api.ArtifactRow, now time.Time, wide, noHeaders bool) {
 	header := []string{"NAME", "PHASE", "ENTRY", "REVISION", "SIZE", "AGE", "PINNED", "IN USE", "SOURCE / MESSAGE"}
-	writeColumns(w, len(list)+1, func(i int, row []string) []string {
-		if i == 0 {
+	first := 1 // the row list[0] is written as
+	if noHeaders {
+		first = 0
+	}
+	writeColumns(w, len(list)+first, func(i int, row []string) []string {
+		if i < first {
 			return append(row, header...)
 		}
-		a := &list[i-1]
+		a := &list[i-first]
 		detail := a.URI
 		if a.Phase != api.PhaseReady && a.Message != "" {
 			detail = a.Message

@@ -158,13 +158,19 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Metadata:  map[string]any{},
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "socket", Value: api.DefaultSocket, EnvVars: []string{"MODELCACHE_SOCKET"}, Usage: "the daemon's unix socket"},
-			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table, wide (list: the full source), json or yaml"},
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table, wide (list: the full source), json, yaml, or name (list: one name a line)"},
 		},
 		Before: func(c *cli.Context) error {
 			switch c.String("output") {
 			case "table", "wide", "json", "yaml":
+			case "name":
+				// c.Args() begins with the command: only list has names to
+				// print and nothing else to say.
+				if cmd := c.App.Command(c.Args().First()); cmd == nil || cmd.Name != "list" {
+					return usagef("-o name: only list prints names; want table, wide, json or yaml")
+				}
 			default:
-				return usagef("-o %q: want table, wide, json or yaml", c.String("output"))
+				return usagef("-o %q: want table, wide, json, yaml or name (list)", c.String("output"))
 			}
 			c.App.Metadata["socket"] = c.String("socket")
 			return nil

@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,7 +32,8 @@ func TestUsageErrors(t *testing.T) {
 		// A global flag's typo after the command is suggested too.
 		{[]string{"list", "--otput", "json"}, []string{"unknown flag --otput (did you mean --output?)", "Run 'modelctl --help'"}},
 		{[]string{"inspect", "m", "--sokcet=/s"}, []string{"unknown flag --sokcet (did you mean --socket?)"}},
-		{[]string{"-o", "xml", "list"}, []string{`-o "xml": want table, wide, json or yaml`}},
+		{[]string{"-o", "xml", "list"}, []string{`-o "xml": want table, wide, json, yaml or name (list)`}},
+		{[]string{"inspect", "m", "-o", "name"}, []string{"-o name: only list prints names"}},
 		// Every bad flag, not only the first.
 		{[]string{"evict", "m", "--revison", "r", "--forse"}, []string{"unknown flag --revison (did you mean --revision?)", "unknown flag --forse (did you mean --force?)"}},
 		{[]string{"lease", "m", "--ttl", "x"}, []string{`--ttl "x"`}},
@@ -150,5 +153,61 @@ func TestLeaseCommandThatCannotRun(t *testing.T) {
 		if !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("%q: stderr lacks %q:\n%s", tc.cmd, tc.want, stderr.String())
 		}
+	}
+}
+
+// kubectl's habits: list -o name prints one name a line, list
+// --no-headers leaves out the header row, rm and delete are evict.
+func TestKubectlHabits(t *testing.T) {
+	var mu sync.Mutex
+	var requests []string
+	sent := func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), requests...) }
+	sock := fakeDaemon(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		requests = append(requests, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		switch r.Method {
+		case http.MethodDelete:
+			json.NewEncoder(w).Encode(api.EvictResult{Name: "m", Revisions: []string{"r1"}})
+		default:
+			json.NewEncoder(w).Encode([]api.ArtifactRow{{Name: "alpha", Phase: api.PhaseReady}, {Name: "beta", Phase: api.PhaseFailed}})
+		}
+	})
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"list", "-o", "name"}, "alpha\nbeta\n"},
+		{[]string{"ls", "--output=name"}, "alpha\nbeta\n"},
+		{[]string{"rm", "m"}, "m: evicted 1 revision(s); freed 0 B in 0 blob(s)\n"},
+		{[]string{"delete", "m"}, "m: evicted 1 revision(s); freed 0 B in 0 blob(s)\n"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(append([]string{"modelctl", "--socket", sock}, tc.args...), &stdout, &stderr); code != exitOK {
+			t.Fatalf("%q: exit %d\n%s", tc.args, code, stderr.String())
+		}
+		if stdout.String() != tc.want {
+			t.Errorf("%q: stdout %q, want %q", tc.args, stdout.String(), tc.want)
+		}
+	}
+	if got, want := sent()[len(sent())-1], "DELETE /v1/artifacts/m"; got != want {
+		t.Errorf("delete sent %q, want %q", got, want)
+	}
+	var with, without bytes.Buffer
+	run([]string{"modelctl", "--socket", sock, "list"}, &with, io.Discard)
+	if code := run([]string{"modelctl", "--socket", sock, "list", "--no-headers"}, &without, io.Discard); code != exitOK {
+		t.Fatalf("list --no-headers: exit %d", code)
+	}
+	lines := strings.Split(with.String(), "\n")
+	if !strings.HasPrefix(lines[0], "NAME") || len(lines) != 4 {
+		t.Fatalf("list:\n%s", with.String())
+	}
+	if strings.Contains(without.String(), "NAME") || !strings.HasPrefix(without.String(), "alpha") || strings.Count(without.String(), "\n") != 2 {
+		t.Errorf("list --no-headers:\n%s", without.String())
+	}
+	// -o name elsewhere is refused before anything is asked of the daemon.
+	n := len(sent())
+	if code := run([]string{"modelctl", "--socket", sock, "-o", "name", "gc"}, io.Discard, io.Discard); code != exitUsage || len(sent()) != n {
+		t.Errorf("gc -o name: exit %d, %d requests", code, len(sent())-n)
 	}
 }
