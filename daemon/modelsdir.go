@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -105,6 +106,10 @@ func (d *Daemon) parseModelsFile(path string) ([]api.Desire, error) {
 	}
 	var mf modelsFile
 	if err := yaml.UnmarshalStrict(raw, &mf); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return nil, fmt.Errorf("%s: %s", path, typeProblem(raw, te))
+		}
 		return nil, fmt.Errorf("%s: %v (a model's keys are: %s; or a list of models under models:)", path, err, strings.Join(modelsKeys(reflect.TypeFor[api.Desire]()), ", "))
 	}
 	list := mf.Models
@@ -243,6 +248,64 @@ func checkModelsKeys(raw []byte) error {
 		return nil
 	}
 	return errors.New(strings.Join(problems, "\n  "))
+}
+
+// typeProblem says which key of a models.d file holds a value of the
+// wrong type, by line: the first key on te's path whose YAML value is not
+// of the type the field wants (te names the path, not the list element).
+func typeProblem(raw []byte, te *json.UnmarshalTypeError) string {
+	want := map[reflect.Kind]string{reflect.Bool: "true or false", reflect.String: "a string", reflect.Slice: "a list",
+		reflect.Struct: "a mapping", reflect.Map: "a mapping", reflect.Pointer: "a mapping"}[te.Type.Kind()]
+	if want == "" {
+		want = "a " + te.Type.String()
+	}
+	tag := map[reflect.Kind]string{reflect.Bool: "!!bool", reflect.String: "!!str"}[te.Type.Kind()]
+	var path []string // te's JSON path, less the embedded desire's Go name
+	for _, p := range strings.Split(te.Field, ".") {
+		if f, ok := reflect.TypeFor[modelsFile]().FieldByName(p); !ok || !f.Anonymous {
+			path = append(path, p)
+		}
+	}
+	var doc yaml3.Node
+	if yaml3.Unmarshal(raw, &doc) == nil && len(doc.Content) > 0 {
+		var found *yaml3.Node
+		var walk func(n *yaml3.Node, path []string) bool
+		walk = func(n *yaml3.Node, path []string) bool {
+			switch n.Kind {
+			case yaml3.SequenceNode:
+				for _, c := range n.Content {
+					if walk(c, path) {
+						return true
+					}
+				}
+			case yaml3.MappingNode:
+				for i := 0; i+1 < len(n.Content); i += 2 {
+					if !strings.EqualFold(n.Content[i].Value, path[0]) {
+						continue
+					}
+					if len(path) > 1 {
+						if walk(n.Content[i+1], path[1:]) {
+							return true
+						}
+						continue
+					}
+					if found == nil {
+						found = n.Content[i]
+					}
+					if v := n.Content[i+1]; tag == "" || v.Tag != tag {
+						found = n.Content[i]
+						return true
+					}
+				}
+			}
+			return false
+		}
+		walk(doc.Content[0], path)
+		if found != nil {
+			return fmt.Sprintf("line %d: key %q: want %s, not a %s", found.Line, found.Value, want, te.Value)
+		}
+	}
+	return fmt.Sprintf("key %q: want %s, not a %s", strings.Join(path, "."), want, te.Value)
 }
 
 // watchModelsDir reloads the models dir when anything in it changes

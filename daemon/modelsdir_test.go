@@ -83,7 +83,8 @@ func TestModelsDirOnlyRegularFiles(t *testing.T) {
 // A models.d file with a key its place does not take is refused with the
 // file, the line, the key, the closest valid key and every valid key of
 // that place (a model's include credentialsFile and kernelCaches); a key
-// only the cluster sync or the daemon sets says so.
+// only the cluster sync or the daemon sets says so; a value of the wrong
+// type names its line and key.
 func TestModelsDirBadKeys(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct {
@@ -96,6 +97,9 @@ func TestModelsDirBadKeys(t *testing.T) {
 			[]string{`line 5: unknown key "signatur" (did you mean "signature"?); a kernel cache's keys are: name, uri, signature`}},
 		{"sig.yaml", "name: m\nuri: oci://r/k:1\nkind: kernelcache\nsignature:\n  polcy: off\n",
 			[]string{`line 5: unknown key "polcy" (did you mean "policy"?); a signature policy's keys are: policy, keys, identity, identityRegexp, issuer, issuerRegexp, trustedRoot`}},
+		// A value of the wrong type: its line and key, not the decoder's path.
+		{"type.yaml", "models:\n- name: a\n  pin: true\n- name: b\n  pin: maybe\n", []string{`line 5: key "pin": want true or false, not a string`}},
+		{"digest.yaml", "name: m\nuri: file:///x\ndigest: 123\n", []string{`line 3: key "digest": want a string, not a number`}},
 		{"cluster.yaml", "name: m\nuri: file:///x\nstage: true\nrequester: {uid: 0}\n", []string{`line 3: key "stage" is set by the cluster sync`, `line 4: key "requester" is set by the daemon`}},
 	} {
 		path := filepath.Join(dir, tc.file)
