@@ -15,12 +15,8 @@ import (
 // command of the modelctl built from this tree (but in a block that shows
 // modelctl answering a typo with "did you mean").
 func TestDocsLinksAndCommands(t *testing.T) {
-	pages, _ := filepath.Glob("docs/*.md")
-	pages = append(pages, "README.md")
-	bin := filepath.Join(t.TempDir(), "modelctl")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/modelctl").CombinedOutput(); err != nil {
-		t.Fatalf("build modelctl: %v\n%s", err, out)
-	}
+	pages := docPages()
+	bin := build(t, "modelctl")
 	out, err := exec.Command(bin, "__complete", "").Output()
 	if err != nil {
 		t.Fatal(err)
@@ -29,10 +25,14 @@ func TestDocsLinksAndCommands(t *testing.T) {
 	for _, c := range strings.Fields(string(out)) {
 		commands[c] = true
 	}
-	commands["ls"] = true // list's alias
+	for c, aliases := range map[string][]string{"list": {"ls"}, "evict": {"rm", "delete"}} {
+		for _, a := range aliases {
+			commands[a] = commands[c]
+		}
+	}
 
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
-	code := regexp.MustCompile("(?s)```.*?```|`[^`\n]+`")
+	code := codeRE
 	invocation := regexp.MustCompile(`(?:^|[\s/(;|&"'$]|` + "`" + `)modelctl((?:\s+(?:-o|--output|--socket)(?:\s+|=)\S+)*)\s+([a-z][a-z-]*)`)
 	for _, page := range pages {
 		b, err := os.ReadFile(page)
@@ -69,6 +69,129 @@ func TestDocsLinksAndCommands(t *testing.T) {
 			}
 		}
 	}
+}
+
+// codeRE matches a code block or a code span of markdown.
+var codeRE = regexp.MustCompile("(?s)```.*?```|`[^`\n]+`")
+
+func docPages() []string {
+	pages, _ := filepath.Glob("docs/*.md")
+	return append(pages, "README.md")
+}
+
+// build builds ./cmd/name from this tree and returns the binary's path.
+func build(t *testing.T, name string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), name)
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/"+name).CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", name, err, out)
+	}
+	return bin
+}
+
+// TestDocsFlagsExist: each flag the docs give modelctl or modelcached in a
+// code span or block ("modelctl pull URI --name x", "modelcached --quota
+// 500Gi", and a span that begins with a modelctl command, "pull --keep")
+// is a flag of the binary built from this tree: of the command named, or a
+// global one. A block that shows a typo answered with "did you mean" is
+// passed by; after a bare "--" come another program's arguments.
+func TestDocsFlagsExist(t *testing.T) {
+	ctl := build(t, "modelctl")
+	out, err := exec.Command(ctl, "__complete", "").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctlFlags := map[string]map[string]bool{"": completions(t, ctl, "--")} // command → its flags and the global ones
+	for _, c := range strings.Fields(string(out)) {
+		ctlFlags[c] = completions(t, ctl, c, "--")
+	}
+	for c, aliases := range map[string][]string{"list": {"ls"}, "evict": {"rm", "delete"}} {
+		for _, a := range aliases {
+			ctlFlags[a] = ctlFlags[c]
+		}
+	}
+	help, err := exec.Command(build(t, "modelcached"), "--help").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemonFlags := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^\s+(--[a-z][a-z0-9-]*)`).FindAllStringSubmatch(string(help), -1) {
+		daemonFlags[m[1]] = true
+	}
+	if !daemonFlags["--quota"] || !ctlFlags["pull"]["--name"] || !ctlFlags["list"]["--output"] {
+		t.Fatalf("flag sets not read: modelcached %v; modelctl %v", daemonFlags, ctlFlags)
+	}
+
+	flag := regexp.MustCompile(`(?:^|[\s\[(|=])(--[a-z][a-z0-9-]*)`)
+	// An invocation runs to the end of its line (one that ends in "\"
+	// goes on) or to a shell separator.
+	invocation := regexp.MustCompile(`\b(modelctl|modelcached)\b([^|;&\n` + "`" + `]*)`)
+	for _, page := range docPages() {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, span := range codeRE.FindAllString(string(b), -1) {
+			if strings.Contains(span, "did you mean") {
+				continue
+			}
+			check := func(prog, args string) {
+				args, _, _ = strings.Cut(args+" ", " -- ")
+				known, what := daemonFlags, "modelcached"
+				if prog == "modelctl" {
+					cmd := ctlCommand(args)
+					if known = ctlFlags[cmd]; known == nil {
+						return // not a command: TestDocsLinksAndCommands says so
+					}
+					what = strings.TrimSpace("modelctl " + cmd)
+				}
+				for _, m := range flag.FindAllStringSubmatch(args, -1) {
+					if !known[m[1]] {
+						t.Errorf("%s: %q: %s has no flag %s", page, strings.TrimSpace(prog+args), what, m[1])
+					}
+				}
+			}
+			for _, m := range invocation.FindAllStringSubmatch(strings.ReplaceAll(span, "\\\n", " "), -1) {
+				check(m[1], m[2])
+			}
+			// An inline span that begins with a command: "pull --keep".
+			if inner := strings.Trim(span, "`"); !strings.Contains(span, "\n") {
+				if w := strings.Fields(inner); len(w) > 1 && ctlFlags[w[0]] != nil {
+					check("modelctl", " "+inner)
+				}
+			}
+		}
+	}
+}
+
+// completions is what "modelctl __complete WORDS..." offers.
+func completions(t *testing.T, bin string, words ...string) map[string]bool {
+	t.Helper()
+	out, err := exec.Command(bin, append([]string{"__complete"}, words...)...).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := map[string]bool{}
+	for _, f := range strings.Fields(string(out)) {
+		set[f] = true
+	}
+	return set
+}
+
+// ctlCommand is the command of modelctl's arguments args: the first word
+// that is not a global flag or its value.
+func ctlCommand(args string) string {
+	w := strings.Fields(args)
+	for i := 0; i < len(w); i++ {
+		switch {
+		case w[i] == "-o" || w[i] == "--output" || w[i] == "--socket":
+			i++
+		case strings.HasPrefix(w[i], "-"):
+		default:
+			return w[i]
+		}
+	}
+	return ""
 }
 
 // hasHeading says whether the markdown file has a heading whose GitHub

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -77,4 +78,63 @@ func TestModelsDirOnlyRegularFiles(t *testing.T) {
 	// The loader is not wedged: a file added now is seen.
 	os.WriteFile(filepath.Join(md, "later.yaml"), []byte("name: later\nuri: file://"+src+"\n"), 0o644)
 	h.waitPhase("later", api.PhaseReady)
+}
+
+// A models.d file with a key its place does not take is refused with the
+// file, the line, the key, the closest valid key and every valid key of
+// that place (a model's include credentialsFile and kernelCaches); a key
+// only the cluster sync or the daemon sets says so; a value of the wrong
+// type names its line and key.
+func TestModelsDirBadKeys(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		file, body string
+		want       []string
+	}{
+		{"typo.yaml", "name: m\nuir: file:///x\n", []string{`line 2: unknown key "uir" (did you mean "uri"?); a model's keys are: ` + strings.Join(modelsKeys(reflect.TypeFor[modelsFile]()), ", ")}},
+		{"list.yaml", "models:\n- name: a\n  uri: file:///a\n  pinn: true\n", []string{`line 4: unknown key "pinn" (did you mean "pin"?)`}},
+		{"kc.yaml", "name: m\nuri: file:///x\nkernelCaches:\n- uri: oci://r/k:1\n  signatur:\n    polcy: off\n",
+			[]string{`line 5: unknown key "signatur" (did you mean "signature"?); a kernel cache's keys are: name, uri, signature`}},
+		{"sig.yaml", "name: m\nuri: oci://r/k:1\nkind: kernelcache\nsignature:\n  polcy: off\n",
+			[]string{`line 5: unknown key "polcy" (did you mean "policy"?); a signature policy's keys are: policy, keys, identity, identityRegexp, issuer, issuerRegexp, trustedRoot`}},
+		// A value of the wrong type: its line and key, not the decoder's path.
+		{"type.yaml", "models:\n- name: a\n  pin: true\n- name: b\n  pin: maybe\n", []string{`line 5: key "pin": want true or false, not a string`}},
+		{"digest.yaml", "name: m\nuri: file:///x\ndigest: 123\n", []string{`line 3: key "digest": want a string, not a number`}},
+		{"cluster.yaml", "name: m\nuri: file:///x\nstage: true\nrequester: {uid: 0}\n", []string{`line 3: key "stage" is set by the cluster sync`, `line 4: key "requester" is set by the daemon`}},
+	} {
+		path := filepath.Join(dir, tc.file)
+		if err := os.WriteFile(path, []byte(tc.body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := (&Daemon{}).parseModelsFile(path)
+		if err == nil {
+			t.Errorf("%s: accepted", tc.file)
+			continue
+		}
+		for _, w := range append(tc.want, path+": ") {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error lacks %q:\n%v", tc.file, w, err)
+			}
+		}
+	}
+	keys := strings.Join(modelsKeys(reflect.TypeFor[modelsFile]()), " ")
+	for _, k := range []string{"name", "uri", "digest", "pin", "state", "include", "exclude", "kind", "signature", "kernelCaches", "credentialsFile", "models"} {
+		if !strings.Contains(" "+keys+" ", " "+k+" ") {
+			t.Errorf("the keys %q lack %q", keys, k)
+		}
+	}
+	// Each field of a desire is a models.d key or one it refuses, and
+	// each refused one is a field: neither list can drift from the type.
+	dt := reflect.TypeFor[api.Desire]()
+	for f := range dt.Fields() {
+		n := jsonName(f)
+		if _, refused := notInModelsDir[n]; refused == strings.Contains(" "+keys+" ", " "+n+" ") {
+			t.Errorf("field %s (%q): a key %v, refused %v", f.Name, n, !refused, refused)
+		}
+	}
+	for k := range notInModelsDir {
+		if _, ok := modelsField(dt, k); !ok {
+			t.Errorf("notInModelsDir names %q, no field of api.Desire", k)
+		}
+	}
 }

@@ -37,7 +37,7 @@ func main() {
 	}
 	app := newApp()
 	if len(os.Args) == 2 && os.Args[1] == "--print-man" { // for packaging
-		m, err := app.ToMan()
+		m, err := manPage(app)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -80,14 +80,38 @@ func spareProcs(env string, def int) int {
 	return def + 2
 }
 
+// helpTemplate is the daemon's --help: it takes flags only, so there is
+// no command to list, no "help" command and no "global" options.
+const helpTemplate = `NAME:
+   {{template "helpNameTemplate" .}}
+
+USAGE:
+   {{wrap .UsageText 3}}
+
+VERSION:
+   {{.Version}}
+
+OPTIONS:{{template "visibleFlagTemplate" .}}
+`
+
+// manPage is the daemon's manual page (roff), for packaging: urfave/cli's,
+// with the options under OPTIONS rather than GLOBAL OPTIONS.
+func manPage(app *cli.App) (string, error) {
+	m, err := app.ToMan()
+	return strings.Replace(m, ".SH GLOBAL OPTIONS", ".SH OPTIONS", 1), err
+}
+
 // newApp is modelcached's command line: its flags are also the keys of
 // the config file (config.go).
 func newApp() *cli.App {
 	def := daemon.DefaultConfig()
 	return &cli.App{
-		Name:    "modelcached",
-		Usage:   "node-local cache of model weights and GPU kernel caches",
-		Version: version,
+		Name:                  "modelcached",
+		Usage:                 "node-local cache of model weights and GPU kernel caches",
+		UsageText:             "modelcached [options]",
+		Version:               version,
+		HideHelpCommand:       true,
+		CustomAppHelpTemplate: helpTemplate,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "config", Usage: "YAML config file: any flag below, by its name (quota: 500Gi, min-age: 2m, file-roots: [/srv/models]); the command line overrides it"},
 			&cli.GenericFlag{Name: "quota", Value: &sizeFlag{}, Usage: "byte quota of the store: bytes or a size such as 500Gi or 2T (default none)"},

@@ -60,7 +60,7 @@ func split(app *cli.App, args []string) invocation {
 		}
 		flags := &inv.flags
 		fs := inv.cmd.Flags
-		if lookup(inv.cmd.Flags, tok) == nil && lookup(app.Flags, tok) != nil {
+		if globalFlag(inv.cmd, app, tok) {
 			flags, fs = &inv.globals, app.Flags
 		}
 		*flags = append(*flags, tok)
@@ -178,12 +178,24 @@ func flagName(tok string) string {
 	return n
 }
 
-func lookup(flags []cli.Flag, tok string) cli.Flag { return cliutil.Lookup(flags, flagName(tok)) }
+// globalFlag says whether tok, after the command, is read as a global
+// flag: it names one and no flag of the command, or it is a typo of one
+// and close to no flag of the command ("list --otput json").
+func globalFlag(cmd *cli.Command, app *cli.App, tok string) bool {
+	name := flagName(tok)
+	if cliutil.Lookup(cmd.Flags, name) != nil {
+		return false
+	}
+	return cliutil.Lookup(app.Flags, name) != nil || meant(cmd.Flags, tok) == nil && meant(app.Flags, tok) != nil
+}
+
+// meant is the flag tok names or, failing that, is a typo of.
+func meant(flags []cli.Flag, tok string) cli.Flag { return cliutil.Meant(flags, flagName(tok)) }
 
 // takesValue says whether the flag tok reads the next argument; a
 // mistyped flag ("--sockt /s") is taken for the one it is close to, so
 // that its value is not read as an argument.
 func takesValue(flags []cli.Flag, tok string) bool {
-	f := cliutil.Meant(flags, flagName(tok))
+	f := meant(flags, tok)
 	return f != nil && cliutil.TakesValue(f) && !strings.Contains(tok, "=")
 }

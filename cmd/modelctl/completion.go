@@ -91,7 +91,7 @@ complete -c modelctl -f -a '(__modelctl_complete)'
 
 // flagValues are the values a flag takes, where they are few.
 var flagValues = map[string][]string{
-	"output": {"table", "wide", "json", "yaml"}, "o": {"table", "wide", "json", "yaml"},
+	"output": {"table", "wide", "json", "yaml", "name"}, "o": {"table", "wide", "json", "yaml", "name"},
 	"kind": {api.KindModel, api.KindKernelCache}, "signature-policy": {api.PolicyRequired, api.PolicyOff},
 }
 

@@ -14,14 +14,18 @@ import (
 )
 
 // listTable is modelctl list for people: the source cut to keep a row on
-// one line of a terminal, unless wide.
-func listTable(w io.Writer, list []api.ArtifactRow, now time.Time, wide bool) {
+// one line of a terminal, unless wide; the header row unless noHeaders.
+func listTable(w io.Writer, list []api.ArtifactRow, now time.Time, wide, noHeaders bool) {
 	header := []string{"NAME", "PHASE", "ENTRY", "REVISION", "SIZE", "AGE", "PINNED", "IN USE", "SOURCE / MESSAGE"}
-	writeColumns(w, len(list)+1, func(i int, row []string) []string {
-		if i == 0 {
+	first := 1 // the row list[0] is written as
+	if noHeaders {
+		first = 0
+	}
+	writeColumns(w, len(list)+first, func(i int, row []string) []string {
+		if i < first {
 			return append(row, header...)
 		}
-		a := &list[i-1]
+		a := &list[i-first]
 		detail := a.URI
 		if a.Phase != api.PhaseReady && a.Message != "" {
 			detail = a.Message
@@ -204,99 +208,126 @@ func describe(w io.Writer, a *api.Artifact, now time.Time) {
 		field("In use by", "%s", strings.Join(hs, ", "))
 	}
 	if d := a.Desire; d != nil {
-		s := "from " + d.Origin
-		if d.Digest != "" {
-			s += ", digest " + d.Digest
-		}
-		if len(d.Include) > 0 {
-			s += ", include " + strings.Join(d.Include, " ")
-		}
-		if len(d.Exclude) > 0 {
-			s += ", exclude " + strings.Join(d.Exclude, " ")
-		}
-		if d.Serves != "" {
-			s += ", serves " + d.Serves
-		}
-		if d.Policy != "" {
-			s += ", update policy " + d.Policy
-		}
-		for _, kc := range d.KernelCaches {
-			s += ", kernel cache " + kc.URI
-		}
-		field("Desired", "%s", s)
+		field("Desired", "%s", desiredText(d))
 	}
 	if m := a.Metadata; m != nil {
-		if len(m.Architectures) > 0 || m.ModelType != "" {
-			field("Architecture", "%s %s", strings.Join(m.Architectures, ", "), m.ModelType)
-		}
-		if m.TorchDtype != "" {
-			field("Dtype", "%s", m.TorchDtype)
-		}
-		if m.Parameters > 0 {
-			field("Parameters", "%s (%d)", humanCount(m.Parameters), m.Parameters)
-		}
-		if m.TensorBytes > 0 {
-			field("Tensors", "%s in %d safetensors file(s)", api.FormatBytes(m.TensorBytes), m.SafetensorsFiles)
-		}
-		if m.MaxPositionEmbeddings > 0 {
-			field("Context", "%d tokens", m.MaxPositionEmbeddings)
-		}
-		for _, p := range m.Problems {
-			field("Metadata problem", "%s", p)
-		}
+		describeMetadata(field, m)
 	}
 	if kc := a.KernelCache; kc != nil {
-		if s := kc.Signature; s != nil {
-			field("Signature", "policy %s, verified %v %s %s", s.Policy, s.Verified, s.Format, s.Signer)
-		}
-		if c := kc.Compatibility; c != nil {
-			v := "compatible"
-			if !c.Compatible {
-				v = "incompatible"
-			}
-			if c.Simulated {
-				v += " (simulated GPUs)"
-			}
-			if c.Reason != "" {
-				v += ": " + c.Reason
-			}
-			field("This node", "%s", v)
-			for _, d := range c.Devices {
-				line := fmt.Sprintf("GPU %d %s: compatible %v, %d entries", d.Index, d.Name, d.Compatible, d.Entries)
-				if d.Reason != "" {
-					line += " (" + d.Reason + ")"
-				}
-				field("", "%s", line)
-			}
-		}
-		if kc.CacheBytes > 0 {
-			field("Kernel cache", "%s in %d entries under %s", api.FormatBytes(kc.CacheBytes), kc.Entries, strings.Join(kc.Dirs, ", "))
-		}
+		describeKernelCache(field, kc)
 	}
 	tw.Flush()
 	if len(a.Versions) > 0 {
-		fmt.Fprintln(w, "Versions:")
+		describeVersions(w, a, now)
+	}
+}
+
+// fieldFunc writes one "Key: value" line of describe ("" as the key: a
+// further line of the field above).
+type fieldFunc func(k, format string, args ...any)
+
+// desiredText is describe's Desired line: where the desire comes from and
+// what it asks for.
+func desiredText(d *api.Desire) string {
+	s := "from " + d.Origin
+	if d.Digest != "" {
+		s += ", digest " + d.Digest
+	}
+	if len(d.Include) > 0 {
+		s += ", include " + strings.Join(d.Include, " ")
+	}
+	if len(d.Exclude) > 0 {
+		s += ", exclude " + strings.Join(d.Exclude, " ")
+	}
+	if d.Serves != "" {
+		s += ", serves " + d.Serves
+	}
+	if d.Policy != "" {
+		s += ", update policy " + d.Policy
+	}
+	for _, kc := range d.KernelCaches {
+		s += ", kernel cache " + kc.URI
+	}
+	return s
+}
+
+// describeMetadata writes the model's metadata fields.
+func describeMetadata(field fieldFunc, m *api.Metadata) {
+	if len(m.Architectures) > 0 || m.ModelType != "" {
+		field("Architecture", "%s %s", strings.Join(m.Architectures, ", "), m.ModelType)
+	}
+	if m.TorchDtype != "" {
+		field("Dtype", "%s", m.TorchDtype)
+	}
+	if m.Parameters > 0 {
+		field("Parameters", "%s (%d)", humanCount(m.Parameters), m.Parameters)
+	}
+	if m.TensorBytes > 0 {
+		field("Tensors", "%s in %d safetensors file(s)", api.FormatBytes(m.TensorBytes), m.SafetensorsFiles)
+	}
+	if m.MaxPositionEmbeddings > 0 {
+		field("Context", "%d tokens", m.MaxPositionEmbeddings)
+	}
+	for _, p := range m.Problems {
+		field("Metadata problem", "%s", p)
+	}
+}
+
+// describeKernelCache writes a kernel cache's signature, its
+// compatibility with this node's GPUs and its size.
+func describeKernelCache(field fieldFunc, kc *api.KernelCacheInfo) {
+	if s := kc.Signature; s != nil {
+		field("Signature", "policy %s, verified %v %s %s", s.Policy, s.Verified, s.Format, s.Signer)
+	}
+	if c := kc.Compatibility; c != nil {
+		v := "compatible"
+		if !c.Compatible {
+			v = "incompatible"
+		}
+		if c.Simulated {
+			v += " (simulated GPUs)"
+		}
+		if c.Reason != "" {
+			v += ": " + c.Reason
+		}
+		field("This node", "%s", v)
+		for _, d := range c.Devices {
+			line := fmt.Sprintf("GPU %d %s: compatible %v, %d entries", d.Index, d.Name, d.Compatible, d.Entries)
+			if d.Reason != "" {
+				line += " (" + d.Reason + ")"
+			}
+			field("", "%s", line)
+		}
+	}
+	if kc.CacheBytes > 0 {
+		field("Kernel cache", "%s in %d entries under %s", api.FormatBytes(kc.CacheBytes), kc.Entries, strings.Join(kc.Dirs, ", "))
+	}
+}
+
+// describeVersions writes the versions table and the current version's
+// files.
+func describeVersions(w io.Writer, a *api.Artifact, now time.Time) {
+	fmt.Fprintln(w, "Versions:")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  REVISION\tSTATE\tSIZE\tPINNED\tAGE\tMANIFEST DIGEST")
+	for _, v := range a.Versions {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%v\t%s\t%s\n", short(v.Revision), v.State, api.FormatBytes(v.Bytes), v.Pinned, humanAge(now.Sub(v.Created)), v.ManifestDigest)
+	}
+	tw.Flush()
+	for _, v := range a.Versions {
+		if v.Revision != a.Revision || len(v.Files) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "Files (%d):\n", len(v.Files))
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  REVISION\tSTATE\tSIZE\tPINNED\tAGE\tMANIFEST DIGEST")
-		for _, v := range a.Versions {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%v\t%s\t%s\n", short(v.Revision), v.State, api.FormatBytes(v.Bytes), v.Pinned, humanAge(now.Sub(v.Created)), v.ManifestDigest)
+		for _, f := range v.Files {
+			check := ""
+			if f.Streamed {
+				check = "\t(size only: the source lists no digest)"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s%s\n", f.Path, api.FormatBytes(f.Size), f.Digest, check)
 		}
 		tw.Flush()
-		for _, v := range a.Versions {
-			if v.Revision != a.Revision || len(v.Files) == 0 {
-				continue
-			}
-			fmt.Fprintf(w, "Files (%d):\n", len(v.Files))
-			tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-			for _, f := range v.Files {
-				check := ""
-				if f.Streamed {
-					check = "\t(size only: the source lists no digest)"
-				}
-				fmt.Fprintf(tw, "  %s\t%s\t%s%s\n", f.Path, api.FormatBytes(f.Size), f.Digest, check)
-			}
-			tw.Flush()
-		}
 	}
 }
 

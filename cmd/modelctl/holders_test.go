@@ -18,7 +18,7 @@ func TestHolderTextIsOneForm(t *testing.T) {
 	done := time.Date(2026, 11, 23, 10, 0, 30, 0, time.UTC)
 	a := &api.Artifact{Name: "m", Phase: api.PhaseReady, Revision: "r1", InUse: hs, LastPull: &api.PullStats{Seconds: 30, At: done}}
 	var list, inspect bytes.Buffer
-	listTable(&list, []api.ArtifactRow{a.Row()}, now, false)
+	listTable(&list, []api.ArtifactRow{a.Row()}, now, false, false)
 	describe(&inspect, a, now)
 	for _, c := range []struct{ what, out, want string }{
 		{"list", list.String(), "pod ml/server-0 (+1)"},

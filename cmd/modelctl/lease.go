@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -59,7 +60,7 @@ func leaseCommand() *cli.Command {
 				cmd := exec.Command(args[0], args[1:]...)
 				cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 				if err := cmd.Start(); err != nil {
-					return err
+					return cannotRun(args[0], err)
 				}
 				go func() { done <- cmd.Wait() }()
 			}
@@ -88,4 +89,19 @@ func leaseCommand() *cli.Command {
 			}
 		},
 	}
+}
+
+// Exit codes of a COMMAND that cannot run, as a shell reports them.
+const (
+	exitCannotExecute = 126 // found, but not executable
+	exitNotFound      = 127
+)
+
+// cannotRun is the error for a COMMAND that did not start: 127 when it
+// was not found, 126 when it was found and could not be executed.
+func cannotRun(name string, err error) error {
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+		return cli.Exit(fmt.Sprintf("%s: command not found", name), exitNotFound)
+	}
+	return cli.Exit(fmt.Sprintf("%s: cannot execute: %v", name, errors.Unwrap(err)), exitCannotExecute)
 }

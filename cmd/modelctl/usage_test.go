@@ -3,9 +3,14 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/modelcache/modelcache/api"
 )
@@ -24,7 +29,11 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"inspect", "a", "b"}, []string{`unexpected "b"`}},
 		{[]string{"wait", "m", "--timeout", "soon"}, []string{`--timeout "soon": want a duration such as 30s, 5m or 1h30m (a bare number is seconds)`, "modelctl wait --help"}},
 		{[]string{"--sockt", "/s", "list"}, []string{"unknown flag --sockt (did you mean --socket?)", "Run 'modelctl --help'"}},
-		{[]string{"-o", "xml", "list"}, []string{`-o "xml": want table, wide, json or yaml`}},
+		// A global flag's typo after the command is suggested too.
+		{[]string{"list", "--otput", "json"}, []string{"unknown flag --otput (did you mean --output?)", "Run 'modelctl --help'"}},
+		{[]string{"inspect", "m", "--sokcet=/s"}, []string{"unknown flag --sokcet (did you mean --socket?)"}},
+		{[]string{"-o", "xml", "list"}, []string{`-o "xml": want table, wide, json, yaml or name (list)`}},
+		{[]string{"inspect", "m", "-o", "name"}, []string{"-o name: only list prints names"}},
 		// Every bad flag, not only the first.
 		{[]string{"evict", "m", "--revison", "r", "--forse"}, []string{"unknown flag --revison (did you mean --revision?)", "unknown flag --forse (did you mean --force?)"}},
 		{[]string{"lease", "m", "--ttl", "x"}, []string{`--ttl "x"`}},
@@ -86,5 +95,119 @@ func TestWaitUnknownNameFailsFast(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "nothing desires it") || !strings.Contains(stderr.String(), "--for-create") {
 		t.Errorf("stderr: %s", stderr.String())
+	}
+}
+
+// A value the daemon refuses (a name, a digest, a URI) is a usage error
+// too: exit 2, the daemon's reason and the command's help.
+func TestInvalidValuesExit2(t *testing.T) {
+	sock := fakeDaemon(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+		json.NewEncoder(w).Encode(api.Error{Code: api.CodeInvalid, Message: `name "Bad/Name": invalid name: character '/' not allowed`})
+	})
+	for _, args := range [][]string{
+		{"pull", "--name", "Bad/Name", "file:///m"},
+		{"pull", "--name", "m", "--digest", "1234", "file:///m", "--no-wait"},
+		{"evict", "Bad/Name"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(append([]string{"modelctl", "--socket", sock}, args...), &stdout, &stderr)
+		if code != exitUsage {
+			t.Errorf("%q: exit %d, want %d\n%s", args, code, exitUsage, stderr.String())
+		}
+		for _, w := range []string{"invalid name", "Run 'modelctl " + args[0] + " --help'"} {
+			if !strings.Contains(stderr.String(), w) {
+				t.Errorf("%q: stderr lacks %q:\n%s", args, w, stderr.String())
+			}
+		}
+	}
+}
+
+// lease -- COMMAND that cannot run exits as a shell does: 127 when it is
+// not found, 126 when it is found and cannot be executed; a COMMAND that
+// runs gives its own exit code.
+func TestLeaseCommandThatCannotRun(t *testing.T) {
+	sock := fakeDaemon(t, func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(api.Lease{Name: "m", Revision: "r1", Holder: "h", Expires: time.Now().Add(time.Minute)})
+	})
+	notExec := filepath.Join(t.TempDir(), "script")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\nexit 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		cmd  []string
+		code int
+		want string
+	}{
+		{[]string{"modelcache-no-such-command-4711"}, 127, "modelcache-no-such-command-4711: command not found"},
+		{[]string{filepath.Join(t.TempDir(), "missing")}, 127, "command not found"},
+		{[]string{notExec}, 126, "cannot execute: permission denied"},
+		{[]string{t.TempDir()}, 126, "cannot execute"},
+		{[]string{"sh", "-c", "exit 3"}, 3, ""},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(append([]string{"modelctl", "--socket", sock, "lease", "m", "--"}, tc.cmd...), &stdout, &stderr)
+		if code != tc.code {
+			t.Errorf("%q: exit %d, want %d\n%s", tc.cmd, code, tc.code, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%q: stderr lacks %q:\n%s", tc.cmd, tc.want, stderr.String())
+		}
+	}
+}
+
+// kubectl's habits: list -o name prints one name a line, list
+// --no-headers leaves out the header row, rm and delete are evict.
+func TestKubectlHabits(t *testing.T) {
+	var mu sync.Mutex
+	var requests []string
+	sent := func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), requests...) }
+	sock := fakeDaemon(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		requests = append(requests, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		switch r.Method {
+		case http.MethodDelete:
+			json.NewEncoder(w).Encode(api.EvictResult{Name: "m", Revisions: []string{"r1"}})
+		default:
+			json.NewEncoder(w).Encode([]api.ArtifactRow{{Name: "alpha", Phase: api.PhaseReady}, {Name: "beta", Phase: api.PhaseFailed}})
+		}
+	})
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"list", "-o", "name"}, "alpha\nbeta\n"},
+		{[]string{"ls", "--output=name"}, "alpha\nbeta\n"},
+		{[]string{"rm", "m"}, "m: evicted 1 revision(s); freed 0 B in 0 blob(s)\n"},
+		{[]string{"delete", "m"}, "m: evicted 1 revision(s); freed 0 B in 0 blob(s)\n"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(append([]string{"modelctl", "--socket", sock}, tc.args...), &stdout, &stderr); code != exitOK {
+			t.Fatalf("%q: exit %d\n%s", tc.args, code, stderr.String())
+		}
+		if stdout.String() != tc.want {
+			t.Errorf("%q: stdout %q, want %q", tc.args, stdout.String(), tc.want)
+		}
+	}
+	if got, want := sent()[len(sent())-1], "DELETE /v1/artifacts/m"; got != want {
+		t.Errorf("delete sent %q, want %q", got, want)
+	}
+	var with, without bytes.Buffer
+	run([]string{"modelctl", "--socket", sock, "list"}, &with, io.Discard)
+	if code := run([]string{"modelctl", "--socket", sock, "list", "--no-headers"}, &without, io.Discard); code != exitOK {
+		t.Fatalf("list --no-headers: exit %d", code)
+	}
+	lines := strings.Split(with.String(), "\n")
+	if !strings.HasPrefix(lines[0], "NAME") || len(lines) != 4 {
+		t.Fatalf("list:\n%s", with.String())
+	}
+	if strings.Contains(without.String(), "NAME") || !strings.HasPrefix(without.String(), "alpha") || strings.Count(without.String(), "\n") != 2 {
+		t.Errorf("list --no-headers:\n%s", without.String())
+	}
+	// -o name elsewhere is refused before anything is asked of the daemon.
+	n := len(sent())
+	if code := run([]string{"modelctl", "--socket", sock, "-o", "name", "gc"}, io.Discard, io.Discard); code != exitUsage || len(sent()) != n {
+		t.Errorf("gc -o name: exit %d, %d requests", code, len(sent())-n)
 	}
 }
