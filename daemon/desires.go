@@ -172,15 +172,12 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 		if st == nil || st.completed <= since || st.cancel != nil {
 			return false, nil
 		}
-		if st.permanent && st.spec == fp && st.lastErr != nil {
-			if fresh && !declared(ds) && st.attempts == 1 {
-				if !dropping {
-					dropping = true
-					go d.dropFailedPull(ds.Name, fp, func(err error) { outcome = err })
-				}
-				return false, nil
+		if st.permanent && st.spec == fp && st.lastErr != nil && fresh && !declared(ds) && st.attempts == 1 {
+			if !dropping {
+				dropping = true
+				go d.dropFailedPull(ds.Name, fp, func(err error) { outcome = err })
 			}
-			return true, keptFailure(ds.Name, st.lastErr)
+			return false, nil
 		}
 		return true, st.lastErr
 	})
@@ -219,14 +216,9 @@ func (d *Daemon) dropFailedPull(name, fp string, set func(error)) {
 		delete(d.arts, name)
 		set(fmt.Errorf("%w; nothing was kept (pull again once fixed, or with --keep to keep the desire and its Failed entry)", failure))
 	default:
-		set(keptFailure(name, failure))
+		set(failure) // the desire stays, Failed: the waiter's view says so
 	}
 	d.notify()
-}
-
-// keptFailure is a permanent failure whose desire stays, saying so.
-func keptFailure(name string, err error) error {
-	return fmt.Errorf("%w; the desire is kept and not retried until a pull asks again ('modelctl evict %s' drops it)", err, name)
 }
 
 // pullConflict refuses a socket pull of a name the node's configuration

@@ -6,6 +6,7 @@ import (
 	"io"
 	"runtime/debug"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -224,21 +225,74 @@ func waitCommand() *cli.Command {
 
 func evictCommand() *cli.Command {
 	return &cli.Command{
-		Name: "evict", Aliases: []string{"rm", "delete"}, Usage: "remove an artifact (or one revision) and its desire, then free unused blobs", ArgsUsage: "NAME",
+		Name: "evict", Aliases: []string{"rm", "delete"}, Usage: "remove artifacts (or one revision) and their desires, then free unused blobs", ArgsUsage: "[NAME...]",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "revision", Usage: "remove only this revision"},
+			&cli.StringFlag{Name: "revision", Usage: "remove only this revision (of one NAME)"},
 			&cli.BoolFlag{Name: "force", Usage: "remove even if pinned"},
+			&cli.BoolFlag{Name: "failed", Usage: "also every ad-hoc entry whose pull failed (list shows them Failed, ENTRY ad-hoc)"},
 		},
-		Action: func(c *cli.Context) error {
-			r, err := client(c).Evict(c.Context, c.Args().First(), c.String("revision"), c.Bool("force"))
-			if err != nil {
+		Action: evict,
+	}
+}
+
+// evict removes each NAME, and with --failed every Failed ad-hoc entry,
+// one request each: one that is refused (in use, pinned) does not stop
+// the others, and the exit status is 1 if any was refused.
+func evict(c *cli.Context) error {
+	names := c.Args().Slice()
+	if c.String("revision") != "" && len(names) != 1 {
+		return usagef("evict --revision takes exactly one NAME (got %d)", len(names))
+	}
+	if c.Bool("failed") {
+		rows, err := client(c).ListRows(c.Context)
+		if err != nil {
+			return err
+		}
+		named := map[string]bool{}
+		for _, n := range names {
+			named[n] = true
+		}
+		for _, r := range rows {
+			if r.Phase == api.PhaseFailed && r.Entry == api.EntryAdHoc && !named[r.Name] {
+				names = append(names, r.Name)
+			}
+		}
+		if len(names) == 0 {
+			fmt.Fprintln(c.App.ErrWriter, "no Failed ad-hoc entries")
+			return nil
+		}
+	}
+	if len(names) == 0 {
+		return usagef("evict: want NAME..., or --failed")
+	}
+	var results []*api.EvictResult
+	var errs []string
+	for _, n := range names {
+		r, err := client(c).Evict(c.Context, n, c.String("revision"), c.Bool("force"))
+		if err != nil {
+			if len(names) == 1 {
 				return err
 			}
-			return output(c, r, func(w io.Writer) {
-				fmt.Fprintf(w, "%s: evicted %d revision(s); freed %s in %d blob(s)\n", r.Name, len(r.Revisions), api.FormatBytes(r.GC.BytesFreed), r.GC.BlobsRemoved)
-			})
-		},
+			errs = append(errs, err.Error())
+			continue
+		}
+		results = append(results, r)
 	}
+	var v any = results
+	if len(names) == 1 {
+		v = results[0]
+	}
+	if err := output(c, v, func(w io.Writer) {
+		for _, r := range results {
+			fmt.Fprintf(w, "%s: evicted %d revision(s); freed %s in %d blob(s)\n", r.Name, len(r.Revisions), api.FormatBytes(r.GC.BytesFreed), r.GC.BlobsRemoved)
+		}
+	}); err != nil {
+		return err
+	}
+	if len(errs) > 0 {
+		return cli.Exit(strings.Join(errs, "\n"), exitFailure)
+	}
+	return nil
 }
 
 func verifyCommand() *cli.Command {

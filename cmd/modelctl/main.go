@@ -134,10 +134,15 @@ func explain(err error, socket any) string {
 }
 
 // pullFailed says what a failed pull leaves behind: the desire stays (the
-// daemon keeps trying, or waits for it to change), and how to drop it.
+// daemon keeps trying, or waits for it to change), and how to drop it; or,
+// where the daemon dropped a new name's desire after a failure no retry
+// can fix (the artifact is no longer Failed), that nothing stays.
 func pullFailed(name string, a *api.Artifact, err error) error {
 	if !errors.Is(err, api.ErrFailed) {
 		return err
+	}
+	if a != nil && a.Phase != api.PhaseFailed {
+		return fmt.Errorf("%w\n  Fix the URI and pull again; --keep keeps the desire (Failed, shown by list) when a pull fails.", err)
 	}
 	next := "the daemon retries it with backoff"
 	if a != nil && a.NextRetry == nil {

@@ -26,6 +26,9 @@ func TestPullFailureSaysTheDesireStays(t *testing.T) {
 			[]string{"pull of typo failed", "desire for typo stays", "does not retry it (SourceNotFound)", "modelctl evict typo"}},
 		{"retried", api.Artifact{Name: "typo", Phase: api.PhaseFailed, Reason: api.ReasonPullFailed, NextRetry: &next},
 			[]string{"desire for typo stays", "retries it with backoff", "modelctl evict typo"}},
+		// A new name whose first pull failed for good: the daemon kept nothing.
+		{"dropped", api.Artifact{Name: "typo", Phase: api.PhasePending, Message: "not desired yet"},
+			[]string{"pull of typo failed", "Fix the URI and pull again", "--keep keeps the desire"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sock := fakeDaemon(t, func(w http.ResponseWriter, r *http.Request) {
@@ -40,6 +43,9 @@ func TestPullFailureSaysTheDesireStays(t *testing.T) {
 				if !strings.Contains(stderr.String(), w) {
 					t.Errorf("stderr lacks %q:\n%s", w, stderr.String())
 				}
+			}
+			if tc.art.Phase != api.PhaseFailed && strings.Contains(stderr.String(), "stays") {
+				t.Errorf("nothing was kept, yet stderr says the desire stays:\n%s", stderr.String())
 			}
 		})
 	}

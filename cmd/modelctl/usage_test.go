@@ -211,3 +211,58 @@ func TestKubectlHabits(t *testing.T) {
 		t.Errorf("gc -o name: exit %d, %d requests", code, len(sent())-n)
 	}
 }
+
+// TestEvictSeveralAndFailed: evict takes several names and --failed (every
+// Failed ad-hoc entry); one refusal does not stop the others and exits 1.
+func TestEvictSeveralAndFailed(t *testing.T) {
+	var mu sync.Mutex
+	var deleted []string
+	sock := fakeDaemon(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodDelete {
+			json.NewEncoder(w).Encode([]api.ArtifactRow{
+				{Name: "ok", Phase: api.PhaseReady, Entry: api.EntryAdHoc},
+				{Name: "typo", Phase: api.PhaseFailed, Entry: api.EntryAdHoc},
+				{Name: "declared", Phase: api.PhaseFailed, Entry: api.EntryDeclared},
+				{Name: "404", Phase: api.PhaseFailed, Entry: api.EntryAdHoc},
+			})
+			return
+		}
+		name := strings.TrimPrefix(r.URL.Path, "/v1/artifacts/")
+		mu.Lock()
+		deleted = append(deleted, name)
+		mu.Unlock()
+		if name == "busy" {
+			w.WriteHeader(http.StatusConflict)
+			json.NewEncoder(w).Encode(api.Error{Code: api.CodeInUse, Message: "artifact busy is in use (lease j)"})
+			return
+		}
+		json.NewEncoder(w).Encode(api.EvictResult{Name: name, Revisions: []string{"r1"}})
+	})
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"modelctl", "--socket", sock, "evict", "a", "b", "--failed"}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	got := func() string { mu.Lock(); defer mu.Unlock(); return strings.Join(deleted, " ") }
+	if got := got(); got != "a b typo 404" {
+		t.Errorf("evicted %q, want a b and the Failed ad-hoc entries (not the declared one)", got)
+	}
+	if n := strings.Count(stdout.String(), "evicted 1 revision(s)"); n != 4 {
+		t.Errorf("stdout %q: want four results", stdout.String())
+	}
+	mu.Lock()
+	deleted = nil
+	mu.Unlock()
+	stdout.Reset()
+	stderr.Reset()
+	if code := run([]string{"modelctl", "--socket", sock, "evict", "busy", "c"}, &stdout, &stderr); code != exitFailure {
+		t.Fatalf("a refused name among several: exit %d, want %d", code, exitFailure)
+	}
+	if got() != "busy c" || !strings.Contains(stdout.String(), "c: evicted") || !strings.Contains(stderr.String(), "busy is in use") {
+		t.Errorf("deleted %q, stdout %q, stderr %q: want c evicted after busy was refused, and why", got(), stdout.String(), stderr.String())
+	}
+	for _, args := range [][]string{{"evict"}, {"evict", "a", "b", "--revision", "r1"}} {
+		if code := run(append([]string{"modelctl", "--socket", sock}, args...), io.Discard, io.Discard); code != exitUsage {
+			t.Errorf("%q: exit %d, want %d", args, code, exitUsage)
+		}
+	}
+}
