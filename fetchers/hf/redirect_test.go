@@ -2,11 +2,9 @@ package hf
 
 import (
 	"bytes"
-	"context"
-	"io"
 	"testing"
 
-	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/fetcherstest"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
@@ -29,19 +27,7 @@ func TestTokenStaysAtTheHub(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := f.Resolve(context.Background(), fetchers.Source{URI: "hf://org/m"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			rc, err := f.Open(context.Background(), res.Files[0], 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := io.ReadAll(rc)
-			rc.Close()
-			if err != nil || !bytes.Equal(got, w) {
-				t.Fatalf("read %d bytes, %v", len(got), err)
-			}
+			fetcherstest.FetchFirst(t, f, "hf://org/m", w)
 			if !cdn.Saw("/lfs/") || cdn.Saw("Authorization") || hub.CDNSawAuth.Load() {
 				t.Fatalf("the CDN at %s saw %q; want the file's requests without the token", cdn.URL, cdn.Seen())
 			}

@@ -1,12 +1,11 @@
 package http
 
 import (
-	"context"
 	"io"
 	nethttp "net/http"
 	"testing"
 
-	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/fetcherstest"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
 
@@ -25,19 +24,7 @@ func TestAuthorizationStaysAtItsOrigin(t *testing.T) {
 			}))
 			origin := testenv.ServeOrigin(t, "127.0.0.1", nethttp.RedirectHandler(cdn.URL+"/cdn/w.bin", nethttp.StatusFound))
 			f := New(WithAuthorization(token))
-			res, err := f.Resolve(context.Background(), fetchers.Source{URI: origin.URL + "/w.bin"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			rc, err := f.Open(context.Background(), res.Files[0], 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := io.ReadAll(rc)
-			rc.Close()
-			if err != nil || string(got) != body {
-				t.Fatalf("read %q, %v", got, err)
-			}
+			fetcherstest.FetchFirst(t, f, origin.URL+"/w.bin", []byte(body))
 			if !origin.Saw("/w.bin Authorization=" + token) {
 				t.Fatalf("the origin had no Authorization: %q", origin.Seen())
 			}

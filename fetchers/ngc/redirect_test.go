@@ -2,11 +2,9 @@ package ngc
 
 import (
 	"bytes"
-	"context"
-	"io"
 	"testing"
 
-	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/fetcherstest"
 	"github.com/modelcache/modelcache/fetchers/ngc/ngctest"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
@@ -32,19 +30,7 @@ func TestTokenStaysAtTheAPI(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := f.Resolve(context.Background(), fetchers.Source{URI: "ngc://acme/m:1"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			rc, err := f.Open(context.Background(), res.Files[0], 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := io.ReadAll(rc)
-			rc.Close()
-			if err != nil || !bytes.Equal(got, w) {
-				t.Fatalf("read %d bytes, %v", len(got), err)
-			}
+			fetcherstest.FetchFirst(t, f, "ngc://acme/m:1", w)
 			if !api.Saw("Authorization=Bearer ") {
 				t.Fatalf("the API had no token: %q", api.Seen())
 			}

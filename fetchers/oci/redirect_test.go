@@ -2,7 +2,6 @@ package oci
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"log"
 	"net/http"
@@ -16,7 +15,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
-	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/fetcherstest"
 	"github.com/modelcache/modelcache/fetchers/oci/ocitest"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
@@ -58,19 +57,7 @@ func TestRegistryCredentialsStayAtTheRegistry(t *testing.T) {
 				t.Fatal(err)
 			}
 			f := New(WithInsecureRegistries(host), WithKeychain(kc))
-			res, err := f.Resolve(context.Background(), fetchers.Source{URI: "oci://" + host + "/team/w:1"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			rc, err := f.Open(context.Background(), res.Files[0], 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := io.ReadAll(rc)
-			rc.Close()
-			if err != nil || !bytes.Equal(got, data) {
-				t.Fatalf("read %d bytes, %v", len(got), err)
-			}
+			fetcherstest.FetchFirst(t, f, "oci://"+host+"/team/w:1", data)
 			if !reg.Saw("/manifests/1 Authorization=Basic ") {
 				t.Fatalf("the registry had no credentials: %q", reg.Seen())
 			}

@@ -1,13 +1,12 @@
 package s3
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"testing"
 
-	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/fetcherstest"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
 
@@ -43,19 +42,7 @@ func TestCredentialsStayAtTheEndpoint(t *testing.T) {
 				t.Setenv(k, v)
 			}
 			f := New(1, 1<<20).WithStaticCredentials("AKIDEXAMPLE", "SECRET-KEY-0123456789", session)
-			res, err := f.Resolve(context.Background(), fetchers.Source{URI: "s3://models/llama"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			rc, err := f.Open(context.Background(), res.Files[0], 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := io.ReadAll(rc)
-			rc.Close()
-			if err != nil || string(got) != body {
-				t.Fatalf("read %q, %v", got, err)
-			}
+			fetcherstest.FetchFirst(t, f, "s3://models/llama", []byte(body))
 			if !ep.Saw("/models/llama/w.bin Authorization=AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/") || !ep.Saw("X-Amz-Security-Token="+session) {
 				t.Fatalf("the endpoint had no signed request: %q", ep.Seen())
 			}
