@@ -215,7 +215,9 @@ type guarded struct {
 }
 
 // RoundTrip passes a request through unless a redirect made it (an
-// http.Client sets Request.Response on those) and it leaves the origin.
+// http.Client sets Request.Response on those) and it leaves the origin:
+// then the first request's credentials are removed (the redirect policy,
+// redirect.go) and the Guard's check applies.
 func (t *guarded) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Response == nil || req.URL == nil {
 		return t.rt.RoundTrip(req)
@@ -225,7 +227,10 @@ func (t *guarded) RoundTrip(req *http.Request) (*http.Response, error) {
 		origin = origin.Response.Request
 	}
 	from := origin.URL
-	if from == nil || t.g.namedInternal(from.Hostname()) || (strings.EqualFold(from.Scheme, req.URL.Scheme) && hostPort(from) == hostPort(req.URL)) {
+	if from != nil {
+		req = withoutCredentials(req, from) // the redirect policy (redirect.go)
+	}
+	if from == nil || t.g.namedInternal(from.Hostname()) || SameOrigin(from, req.URL) {
 		return t.rt.RoundTrip(req)
 	}
 	host := req.URL.Hostname()

@@ -39,8 +39,9 @@ type Option func(*Fetcher)
 // WithClient sets the HTTP client; default: a client with the default
 // transport's proxy and TLS settings and no overall timeout (large files
 // take long; IdleTimeout bounds a stalled stream instead), whose redirects
-// cannot reach host-internal addresses (fetchers.Guard). A client given
-// here is used as it is: its maker guards it (hf does).
+// cannot reach host-internal addresses (fetchers.Guard) and take no
+// credentials to another origin (fetchers.DropAuthAcrossOrigins). A client
+// given here is used as it is: its maker guards it (hf does).
 func WithClient(c *nethttp.Client) Option { return func(f *Fetcher) { f.client = c } }
 
 // WithInternal sets which addresses count as host-internal for the
@@ -55,8 +56,9 @@ func WithInternal(internal func(netip.Addr) bool) Option {
 func WithIdleTimeout(d time.Duration) Option { return func(f *Fetcher) { f.idleTimeout = d } }
 
 // WithAuthorization sends v as the Authorization header of every request
-// to the source (default none). Go's client drops it on a redirect to
-// another host that is not a subdomain of the source's (a CDN).
+// to the source (default none). A redirect that leaves the source's
+// origin (scheme, host and port: another host, a subdomain, another port,
+// http from https) is followed without it (fetchers.DropAuthAcrossOrigins).
 func WithAuthorization(v string) Option { return func(f *Fetcher) { f.authorization = v } }
 
 // WithUserAgent sets the User-Agent; default "modelcached".
@@ -72,7 +74,7 @@ func New(opts ...Option) *Fetcher {
 		t := nethttp.DefaultTransport.(*nethttp.Transport).Clone()
 		t.ResponseHeaderTimeout = 60 * time.Second
 		t.MaxIdleConnsPerHost = 16
-		f.client = &nethttp.Client{Transport: f.guard.Transport(t, nil)}
+		f.client = &nethttp.Client{Transport: f.guard.Transport(t, nil), CheckRedirect: fetchers.DropAuthAcrossOrigins}
 	}
 	return f
 }

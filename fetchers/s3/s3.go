@@ -116,20 +116,15 @@ func (f *Fetcher) s3(ctx context.Context) (*s3.Client, error) {
 	return f.client, f.err
 }
 
-// checkRedirect is the SDK's own policy (aws/transport/http): only 307
-// and 308, which keep the method and body; a session token is not sent to
-// another host. At most 10.
+// checkRedirect follows only 307 and 308, which keep the method and
+// body, as the SDK's own policy (aws/transport/http) does; the rest is
+// every fetcher's: at most 10, and no credential (the signature, a
+// session token) to another origin (fetchers.DropAuthAcrossOrigins).
 func checkRedirect(req *http.Request, via []*http.Request) error {
-	if len(via) >= 10 {
-		return fmt.Errorf("stopped after 10 redirects (last to %s)", req.URL.Redacted())
-	}
 	if req.Response == nil || (req.Response.StatusCode != http.StatusTemporaryRedirect && req.Response.StatusCode != http.StatusPermanentRedirect) {
 		return http.ErrUseLastResponse
 	}
-	if len(via) > 0 && via[len(via)-1].URL.Host != req.URL.Host {
-		req.Header.Del("X-Amz-Security-Token")
-	}
-	return nil
+	return fetchers.DropAuthAcrossOrigins(req, via)
 }
 
 // ParseURI splits s3://bucket/prefix.

@@ -6,6 +6,7 @@ package testenv
 
 import (
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -148,4 +150,67 @@ func ServeOn(t testing.TB, ip string, h http.Handler) *httptest.Server {
 	s.Start()
 	t.Cleanup(s.Close)
 	return s
+}
+
+// Origin is a test server that records the credentials of every
+// request it answers: redirect tests hold the origins of a redirect to
+// it. An Origin is also the recording http.Handler.
+type Origin struct {
+	*httptest.Server
+	h    http.Handler
+	mu   sync.Mutex
+	seen []string
+}
+
+// NewOrigin returns an Origin that answers with h (nil: 200 "ok") and
+// has no server yet: the caller starts one with it as the handler
+// (httptest.NewTLSServer(o)) and sets Server.
+func NewOrigin(h http.Handler) *Origin { return &Origin{h: h} }
+
+// ServeOrigin serves an Origin answering with h on ip (ServeOn).
+func ServeOrigin(t testing.TB, ip string, h http.Handler) *Origin {
+	t.Helper()
+	o := NewOrigin(h)
+	o.Server = ServeOn(t, ip, o)
+	return o
+}
+
+// ServeHTTP records the request's path and each credential it carried
+// (the Authorization, Cookie, X-Amz-Security-Token and X-Api-Key headers,
+// and the query) as "path", "path Header=value" and "path ?query" lines,
+// then answers.
+func (o *Origin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	o.mu.Lock()
+	o.seen = append(o.seen, r.URL.Path)
+	for _, k := range []string{"Authorization", "Cookie", "X-Amz-Security-Token", "X-Api-Key"} {
+		if v := r.Header.Get(k); v != "" {
+			o.seen = append(o.seen, r.URL.Path+" "+k+"="+v)
+		}
+	}
+	if r.URL.RawQuery != "" {
+		o.seen = append(o.seen, r.URL.Path+" ?"+r.URL.RawQuery)
+	}
+	o.mu.Unlock()
+	if o.h == nil {
+		io.WriteString(w, "ok")
+		return
+	}
+	o.h.ServeHTTP(w, r)
+}
+
+// Seen returns what the origin recorded, in order.
+func (o *Origin) Seen() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.seen...)
+}
+
+// Saw reports whether any recorded line contains s.
+func (o *Origin) Saw(s string) bool {
+	for _, l := range o.Seen() {
+		if strings.Contains(l, s) {
+			return true
+		}
+	}
+	return false
 }
