@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/file/filetest"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
 
@@ -296,23 +297,6 @@ func TestKernelViewsRefused(t *testing.T) {
 	}
 }
 
-// projectedVolume lays out what kubelet writes for a projected
-// service-account token under pods/<uid>: a hidden timestamped directory
-// holding the 0600 token, ..data linking to it, token linking through
-// ..data. It returns the volume's directory.
-func projectedVolume(t *testing.T, pods string) string {
-	t.Helper()
-	vol := filepath.Join(pods, "0f1e2d3c-uid", "volumes", "kubernetes.io~projected", "kube-api-access-abcde")
-	ts := filepath.Join(vol, "..2026_11_25_00_00_00.123456789")
-	write(t, filepath.Join(ts, "token"), "eyJhbGciOi.a-service-account-token")
-	os.Chmod(filepath.Join(ts, "token"), 0o600)
-	write(t, filepath.Join(ts, "namespace"), "team-a")
-	os.Symlink("..2026_11_25_00_00_00.123456789", filepath.Join(vol, "..data"))
-	os.Symlink("..data/token", filepath.Join(vol, "token"))
-	os.Symlink("..data/namespace", filepath.Join(vol, "namespace"))
-	return vol
-}
-
 // TestDeniedDirs: kubelet's directory and the daemon's own state are
 // never read, even under a root that contains them, by path, through a
 // bind mount or a symlinked name; no error names the hidden timestamped
@@ -321,7 +305,7 @@ func TestDeniedDirs(t *testing.T) {
 	dir := t.TempDir()
 	openTree(t, dir)
 	kubelet := filepath.Join(dir, "kubelet")
-	vol := projectedVolume(t, filepath.Join(kubelet, "pods"))
+	vol := filetest.ProjectedVolume(t, filepath.Join(kubelet, "pods"))
 	write(t, filepath.Join(dir, "models", "llama", "w.bin"), "weights")
 	os.Symlink(kubelet, filepath.Join(dir, "kubelet-link"))
 	f := New(WithRoots(dir), WithDenied(filepath.Join(dir, "kubelet-link"), filepath.Join(dir, "state")))
@@ -408,8 +392,8 @@ func TestErrorsNameNothingBeyond(t *testing.T) {
 	if !errors.Is(err, fetchers.ErrUnauthorized) || strings.Contains(err.Error(), "hidden-7f3a") || strings.Contains(err.Error(), "/b") || !strings.Contains(err.Error(), dir+"/tree/a") {
 		t.Errorf("unreadable deep directory: %v; want access denied naming %s/tree/a and nothing deeper", err, dir)
 	}
-	vol := projectedVolume(t, filepath.Join(dir, "copy"))
-	openTree(t, filepath.Join(vol, "..2026_11_25_00_00_00.123456789"))
+	vol := filetest.ProjectedVolume(t, filepath.Join(dir, "copy"))
+	openTree(t, filepath.Join(vol, filetest.HiddenDir))
 	for _, as := range []*fetchers.Identity{nil, nobody} {
 		got, err := readAll(t, New(), fetchers.Source{URI: "file://" + vol, As: as})
 		if err == nil || strings.Contains(err.Error(), "..2026") {
