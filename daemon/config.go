@@ -244,12 +244,12 @@ const DefaultKubeletDir = "/var/lib/kubelet"
 // fileDenied are the paths file:// never reads, whatever --file-roots
 // says: kubelet's directories (the default one, and the ones the CSI
 // plugin is configured with) and the daemon's own state (the store root,
-// the socket and its directory, models.d, the config file).
+// the socket, the packaged socket's directory /run/modelcached, models.d,
+// the config file). A socket elsewhere denies itself, not its directory:
+// the daemon keeps nothing else there, and a dev run or a test often puts
+// its socket beside the models it pulls.
 func (c *Config) fileDenied() []string {
-	out := []string{DefaultKubeletDir, c.Root, c.Socket, c.ModelsDir, c.ConfigFile}
-	if dir := filepath.Dir(c.Socket); !sharedDir(dir) {
-		out = append(out, dir)
-	}
+	out := []string{DefaultKubeletDir, c.Root, c.Socket, filepath.Dir(api.DefaultSocket), c.ModelsDir, c.ConfigFile}
 	if c.CSI != nil {
 		pods := c.CSI.PodsDir
 		if pods == "" {
@@ -267,17 +267,6 @@ func (c *Config) fileDenied() []string {
 		}
 	}
 	return paths
-}
-
-// sharedDir: a directory every user may create files in (/tmp, sticky
-// and world-writable), or the filesystem root: a socket there makes it
-// no more the daemon's than anyone's.
-func sharedDir(dir string) bool {
-	if dir == "/" || dir == "." {
-		return true
-	}
-	fi, err := os.Stat(dir)
-	return err == nil && fi.Mode()&fs.ModeSticky != 0 && fi.Mode().Perm()&0o002 != 0
 }
 
 // groupID looks the socket group up; -1 when unset or absent (logged).

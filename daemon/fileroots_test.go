@@ -134,8 +134,8 @@ func TestClusterFileSources(t *testing.T) {
 // when it is anything else; the default reads as nobody when the daemon
 // is root; kubelet's directories (the default and the CSI plugin's,
 // with its parent as kubelet's root) and the daemon's own state are
-// denied, and a socket in a shared directory such as /tmp denies the
-// socket, not the directory.
+// denied; a socket outside /run/modelcached denies itself, not the
+// directory it shares (with the models of a dev run, or /tmp).
 func TestFileIdentityAndDenied(t *testing.T) {
 	cfg := testConfig(t)
 	for _, bad := range []string{"nobody", "1000", "1000:", "-1:0", "1:2:3"} {
@@ -159,7 +159,7 @@ func TestFileIdentityAndDenied(t *testing.T) {
 	cfg.CSI = &csi.Config{Socket: "/data/kubelet/plugins/csi.modelcache.io/csi.sock", PodsDir: "/data/kubelet/pods", RegistrationDir: "/data/kubelet/plugins_registry"}
 	cfg.ConfigFile = "/etc/modelcached/config.yaml"
 	denied := strings.Join(cfg.fileDenied(), " ") + " "
-	for _, want := range []string{DefaultKubeletDir, "/data/kubelet", "/data/kubelet/pods", cfg.Root, filepath.Dir(cfg.Socket), cfg.ModelsDir, cfg.ConfigFile} {
+	for _, want := range []string{DefaultKubeletDir, "/data/kubelet", "/data/kubelet/pods", cfg.Root, cfg.Socket, "/run/modelcached", cfg.ModelsDir, cfg.ConfigFile} {
 		if !strings.Contains(denied, want+" ") {
 			t.Errorf("%s is not denied: %s", want, denied)
 		}
