@@ -192,8 +192,8 @@ func parseCredentials(path string, b []byte) (map[string]string, error) {
 	return out, nil
 }
 
-// identity is the fetchers' form of a desire's requester; nil (the node's
-// own configuration) reads as the daemon.
+// identity is the fetchers' form of a socket desire's requester; nil
+// reads as the daemon (readAs never passes nil).
 func identity(r *api.Requester) *fetchers.Identity {
 	if r == nil {
 		return nil
@@ -228,6 +228,43 @@ func listsKernelCache(model api.Desire, name, uri string) bool {
 		}
 	}
 	return false
+}
+
+// fromCluster: the desire comes from a ModelCache (k8ssync), not from the
+// socket or a models.d file. Whatever origin is not one of those two
+// counts as the cluster's, the most confined.
+func fromCluster(ds api.Desire) bool {
+	return ds.Origin != originAPI && !strings.HasPrefix(ds.Origin, originFile)
+}
+
+// readAs is who a desire's file:// source is read as: a socket pull as
+// its requester (nobody when unknown), a models.d file or a ModelCache as
+// --file-identity; never as the daemon by default.
+func (d *Daemon) readAs(ds api.Desire) *fetchers.Identity {
+	if ds.Origin == originAPI {
+		if ds.Requester == nil {
+			return &fetchers.Identity{UID: nobody, GID: nobody}
+		}
+		return identity(ds.Requester)
+	}
+	return d.fileAs
+}
+
+// checkClusterSource refuses, before it is persisted, a ModelCache's
+// file:// source this node never reads for the cluster: any while
+// --file-roots is unset, one outside them, one under kubelet's or the
+// daemon's own directories.
+func (d *Daemon) checkClusterSource(ds api.Desire) error {
+	if ds.State == api.StateAbsent || d.clusterFile == nil {
+		return nil
+	}
+	if s, _ := fetchers.Scheme(ds.URI); s != "file" {
+		return nil
+	}
+	if err := d.clusterFile.CheckRoots(ds.URI); err != nil {
+		return api.Errorf(toAPIError(err).Code, "artifact %s: %v", ds.Name, err)
+	}
+	return nil
 }
 
 // checkSourceAccess refuses, before anything is persisted, a socket pull

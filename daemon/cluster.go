@@ -57,7 +57,11 @@ func (d *Daemon) SetClusterDesires(want map[string]api.Desire, creds map[string]
 			valid[name] = ds
 			continue
 		}
-		if _, err := d.validateDesire(ds); err != nil {
+		_, err := d.validateDesire(ds)
+		if err == nil {
+			err = d.checkClusterSource(ds)
+		}
+		if err != nil {
 			rejected[name] = fmt.Sprintf("refused the ModelCache's desire: %v", err)
 			errs = append(errs, fmt.Errorf("desire %s from the cluster: %w", name, err))
 			continue
@@ -184,7 +188,7 @@ func (d *Daemon) Resolve(ctx context.Context, ds api.Desire, creds map[string]st
 	if err != nil {
 		return "", "", err
 	}
-	res, err := f.Resolve(ctx, fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: ds.Kind == api.KindKernelCache})
+	res, err := f.Resolve(ctx, fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: ds.Kind == api.KindKernelCache, As: d.readAs(ds)})
 	if err != nil {
 		return "", "", redactedError{err}
 	}

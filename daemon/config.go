@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"os/user"
 	"path/filepath"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/csi"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -46,9 +48,20 @@ type Config struct {
 	GPUInventory       string        // a JSON file describing a simulated node; "" = NVML
 	// FileRoots, when set, are the only directories file:// sources may
 	// come from, whoever asks (root, models.d and the cluster included).
-	// Empty: any path the requester may read (a socket peer reads only
-	// what its own uid and groups may read, whatever the daemon may).
+	// Empty: a socket pull reads any path its requester may read (its own
+	// uid and groups, whatever the daemon may), a models.d file any path
+	// FileIdentity may read, and a ModelCache's file:// source is refused.
+	// Whatever they say, kubelet's directories and the daemon's own state
+	// are never read (fileDenied).
 	FileRoots []string
+	// FileIdentity is who file:// sources of models.d files and ModelCache
+	// objects are read as: "UID:GID", numeric. "" = nobody (65534:65534)
+	// when the daemon is root, the daemon's own uid and gid otherwise;
+	// "0:0" reads as root. A socket pull reads as its requester.
+	FileIdentity string
+	// ConfigFile is the daemon's config file, if any; file:// never
+	// reads it.
+	ConfigFile string
 	// KernelCacheSignaturePolicy is the node's policy for kernel cache
 	// signatures, required (the default) or off: the default of every
 	// desire and the floor of socket requests, which may tighten it but
@@ -179,6 +192,11 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--file-roots %q: want a clean absolute directory, e.g. /srv/models", r))
 		}
 	}
+	if c.FileIdentity != "" {
+		if _, err := parseIdentity(c.FileIdentity); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.ProgressFloor < 0 || (c.ProgressFloor > 0 && c.ProgressWindow <= 0) {
 		errs = append(errs, fmt.Errorf("--progress-floor %d per --progress-window %s: want a floor >= 0 (0 = off) and a window > 0, e.g. 1Mi per 1m", c.ProgressFloor, c.ProgressWindow))
 	}
@@ -194,6 +212,61 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--bandwidth-limit %d: want >= 0", c.BandwidthLimit))
 	}
 	return errors.Join(errs...)
+}
+
+// parseIdentity reads --file-identity: UID:GID, numeric.
+func parseIdentity(s string) (*fetchers.Identity, error) {
+	u, g, ok := strings.Cut(s, ":")
+	uid, err1 := strconv.ParseUint(u, 10, 32)
+	gid, err2 := strconv.ParseUint(g, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("--file-identity %q: want UID:GID, numeric, e.g. 65534:65534 (nobody) or the uid and gid that own your models", s)
+	}
+	return &fetchers.Identity{UID: uint32(uid), GID: uint32(gid)}, nil
+}
+
+// fileIdentity is who models.d and ModelCache file:// sources read as
+// (FileIdentity and its default).
+func (c *Config) fileIdentity() *fetchers.Identity {
+	if id, err := parseIdentity(c.FileIdentity); err == nil {
+		return id
+	}
+	if os.Geteuid() == 0 {
+		return &fetchers.Identity{UID: nobody, GID: nobody}
+	}
+	return &fetchers.Identity{UID: uint32(os.Geteuid()), GID: uint32(os.Getegid())}
+}
+
+// DefaultKubeletDir is kubelet's root directory: every pod's projected
+// tokens, Secrets and volumes live under it.
+const DefaultKubeletDir = "/var/lib/kubelet"
+
+// fileDenied are the paths file:// never reads, whatever --file-roots
+// says: kubelet's directories (the default one, and the ones the CSI
+// plugin is configured with) and the daemon's own state (the store root,
+// the socket, the packaged socket's directory /run/modelcached, models.d,
+// the config file). A socket elsewhere denies itself, not its directory:
+// the daemon keeps nothing else there, and a dev run or a test often puts
+// its socket beside the models it pulls.
+func (c *Config) fileDenied() []string {
+	out := []string{DefaultKubeletDir, c.Root, c.Socket, filepath.Dir(api.DefaultSocket), c.ModelsDir, c.ConfigFile}
+	if c.CSI != nil {
+		pods := c.CSI.PodsDir
+		if pods == "" {
+			pods = csi.DefaultPodsDir
+		}
+		out = append(out, pods, filepath.Dir(c.CSI.Socket), c.CSI.RegistrationDir)
+		if filepath.Base(pods) == "pods" { // kubelet's --root-dir
+			out = append(out, filepath.Dir(pods))
+		}
+	}
+	var paths []string
+	for _, p := range out {
+		if p != "" && filepath.IsAbs(p) {
+			paths = append(paths, filepath.Clean(p))
+		}
+	}
+	return paths
 }
 
 // groupID looks the socket group up; -1 when unset or absent (logged).

@@ -64,6 +64,12 @@ type Daemon struct {
 	capKick  chan struct{}     // kicks the capacity loop
 	pulls    sync.WaitGroup    // pulls in flight; Run waits for them
 
+	// clusterFile reads ModelCache file:// sources: only under
+	// --file-roots, nothing without them; fileAs is who models.d and
+	// cluster file:// sources read as (--file-identity).
+	clusterFile *filefetcher.Fetcher
+	fileAs      *fetchers.Identity
+
 	// desireMu serialises changes of the desire maps with their index
 	// writes; the maps change only with desireMu and mu both held.
 	desireMu sync.Mutex
@@ -141,11 +147,14 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		log.Warn("socket group not found; only root and the daemon's user may change the cache", "group", cfg.SocketGroup, "err", err)
 		gid = -1
 	}
+	files := filefetcher.New(filefetcher.WithRoots(cfg.FileRoots...), filefetcher.WithDenied(cfg.fileDenied()...))
 	d = &Daemon{
 		cfg: cfg, log: log, store: st, started: time.Now(), gid: gid,
 		fetchers: fetchers.Registry{
-			"file": filefetcher.New(filefetcher.WithRoots(cfg.FileRoots...)),
+			"file": files,
 		},
+		clusterFile:    files.Confined(),
+		fileAs:         cfg.fileIdentity(),
 		backoff:        fetchers.DefaultBackoff,
 		apiDesires:     map[string]api.Desire{},
 		fileDesires:    map[string]api.Desire{},

@@ -345,6 +345,7 @@ func TestNewRevisionFetchedWhileOldServed(t *testing.T) {
 func TestModelsDirDesires(t *testing.T) {
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "w.bin"), []byte("file-declared"), 0o644)
+	traversable(t, src) // models.d reads as --file-identity, nobody by default
 	cfg := testConfig(t)
 	os.MkdirAll(cfg.ModelsDir, 0o755)
 	h := start(t, cfg)

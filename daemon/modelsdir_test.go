@@ -22,6 +22,7 @@ import (
 func TestModelsDirOnlyRegularFiles(t *testing.T) {
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "w.bin"), []byte("declared"), 0o644)
+	traversable(t, src) // models.d reads as --file-identity, nobody by default
 	secret := t.TempDir()
 	os.WriteFile(filepath.Join(secret, "desire"), []byte("name: leaked\nuri: file:///secret-token-4711\n"), 0o600)
 	os.WriteFile(filepath.Join(secret, "shadow"), []byte("secret-token-4712: x\n"), 0o600)

@@ -188,7 +188,7 @@ func (p *pull) resolve(ctx context.Context) error {
 	}
 	p.f = f
 	kernel := ds.Kind == api.KindKernelCache
-	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: kernel, As: identity(ds.Requester)}
+	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: kernel, As: p.d.readAs(ds)}
 	err = p.backoff.Do(ctx, func(int) error {
 		var err error
 		p.res, err = f.Resolve(ctx, src)

@@ -166,6 +166,9 @@ func (d *Daemon) newS3() *s3fetcher.Fetcher {
 
 // sharedFetcher is the daemon's fetcher of the source's scheme.
 func (d *Daemon) sharedFetcher(ds api.Desire, src source) (fetchers.Fetcher, error) {
+	if src.scheme == "file" && fromCluster(ds) && d.clusterFile != nil {
+		return d.clusterFile, nil
+	}
 	if f, ok := d.fetchers[src.scheme]; ok {
 		return f, nil
 	}

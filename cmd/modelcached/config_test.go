@@ -42,6 +42,7 @@ high-watermark: 90
 bandwidth-limit: 100M
 write-buffer-size: 1Mi
 file-roots: [/srv/models, /mnt/nfs]
+file-identity: 1000:10
 direct-io: false
 maxConnectionsPerUID: 8
 `, "--min-age", "5m")
@@ -65,6 +66,9 @@ maxConnectionsPerUID: 8
 	}
 	if r := c.StringSlice("file-roots"); strings.Join(r, ",") != "/srv/models,/mnt/nfs" {
 		t.Errorf("file-roots %v", r)
+	}
+	if id := c.String("file-identity"); id != "1000:10" {
+		t.Errorf("file-identity %q, want 1000:10 as written (not YAML 1.1's base 60)", id)
 	}
 	if c.Bool("direct-io") {
 		t.Error("direct-io: false was not applied")

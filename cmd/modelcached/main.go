@@ -144,7 +144,8 @@ func newApp() *cli.App {
 			&cli.StringSliceFlag{Name: "insecure-registry", Usage: "an OCI registry (host:port) to reach over plain HTTP (repeatable; for local registries)"},
 			&cli.StringSliceFlag{Name: "registry-mirror", Usage: "registry=mirror: pull from the mirror first, the registry when it fails (repeatable; digests are verified either way)"},
 			&cli.StringFlag{Name: "gpu-inventory", Usage: "JSON file describing a simulated node's GPUs (tests; nodes where NVML is unavailable); shown as simulated everywhere", EnvVars: []string{"MODELCACHED_GPU_INVENTORY"}},
-			&cli.StringSliceFlag{Name: "file-roots", Usage: "the only directories file:// sources may come from, whoever asks (repeatable or comma-separated); default: any path the requester may read (a socket peer reads only what its own uid and groups may)"},
+			&cli.StringSliceFlag{Name: "file-roots", Usage: "the only directories file:// sources may come from, whoever asks (repeatable or comma-separated); a ModelCache's file:// source is refused until this is set; without it a socket pull reads any path its requester may read and a models.d file any path --file-identity may read; kubelet's directories and the daemon's own (--root, the socket's, --models-dir, --config) are never read"},
+			&cli.StringFlag{Name: "file-identity", DefaultText: "65534:65534 (nobody) when run as root, else the daemon's own", Usage: "UID:GID (numeric) that file:// sources of ModelCaches and models.d files are read as, by the kernel's permission checks; 0:0 reads as root (socket pulls always read as their requester)"},
 			&cli.StringFlag{Name: "kernel-cache-signature-policy", Value: def.KernelCacheSignaturePolicy, Usage: "required or off: kernel caches must be signed; socket pulls may tighten this, never turn it off"},
 			&cli.StringFlag{Name: "cluster", Value: "auto", Usage: "sync with Kubernetes: auto (when a node name and a kubeconfig or in-cluster config exist), on, off"},
 			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file; default in-cluster config", EnvVars: []string{"KUBECONFIG"}},
@@ -248,6 +249,12 @@ func run(c *cli.Context) error {
 			if x = strings.TrimSpace(x); x != "" {
 				cfg.FileRoots = append(cfg.FileRoots, x)
 			}
+		}
+	}
+	cfg.FileIdentity = c.String("file-identity")
+	if f := c.String("config"); f != "" {
+		if cfg.ConfigFile, err = filepath.Abs(f); err != nil {
+			return cli.Exit(fmt.Sprintf("modelcached: --config: %v", err), 2)
 		}
 	}
 	cfg.MaxConnectionsPerUID = c.Int("max-connections-per-uid")

@@ -19,7 +19,15 @@
 //     device is refused by name instead of blocking or streaming forever.
 //
 // With roots configured (WithRoots) file:// reads only under them, whoever
-// asks.
+// asks; a Confined fetcher (a ModelCache's source, which no one on the node
+// vouches for) reads nothing until roots are configured. Directories
+// named WithDenied (kubelet's, the daemon's own state) are never read,
+// whatever the roots: by path, and by device and inode (a bind mount or a
+// symlink of one is refused too).
+//
+// An error names the path the source gave and, inside a tree, at most
+// the entry it failed on; it never prints a symlink's target (the
+// content of a link is content like any other).
 package file
 
 import (
@@ -43,7 +51,10 @@ import (
 // Fetcher implements fetchers.Fetcher for file:// URIs. The zero value
 // reads any path the requester may read.
 type Fetcher struct {
-	roots []string
+	roots  []string
+	denied []string
+	// confined: without roots nothing is read (Confined).
+	confined bool
 	// walks bounds the tree walks at once (a socket peer can ask for many).
 	walks chan struct{}
 }
@@ -59,6 +70,31 @@ func WithRoots(roots ...string) Option {
 			f.roots = append(f.roots, filepath.Clean(r))
 		}
 	}
+}
+
+// WithDenied names directories (or files) file:// never reads, whoever
+// asks and whatever the roots, even a root that contains them: kubelet's
+// directory (every pod's projected tokens and Secrets) and the daemon's
+// own state. A source under one, a tree that holds one, and a path that
+// is one by device and inode (a bind mount, a symlinked kubelet dir) are
+// refused. Default: none.
+func WithDenied(dirs ...string) Option {
+	return func(f *Fetcher) {
+		for _, d := range dirs {
+			if d = filepath.Clean(d); filepath.IsAbs(d) && d != "/" {
+				f.denied = append(f.denied, d)
+			}
+		}
+	}
+}
+
+// Confined returns a fetcher like f for sources no one on the node
+// vouches for (a ModelCache's): it reads only under f's roots, and
+// nothing while none are configured. It shares f's bound on walks.
+func (f *Fetcher) Confined() *Fetcher {
+	c := *f
+	c.confined = true
+	return &c
 }
 
 // New returns a file fetcher.
@@ -107,7 +143,16 @@ func (f *Fetcher) checkRoots(uri, p string) error {
 	if err := kernelFS(uri, p); err != nil {
 		return err
 	}
+	for _, d := range f.denied {
+		if p == d || strings.HasPrefix(p, d+"/") {
+			return deniedError(uri, p, d)
+		}
+	}
 	if len(f.roots) == 0 {
+		if f.confined {
+			return fmt.Errorf("source %q: %w: a cluster file:// source reads only under directories the node's operator names, and this node names none; set modelcached --file-roots (config file-roots: [DIR]) to the directories that hold models, or use another scheme",
+				uri, fetchers.ErrUnauthorized)
+		}
 		return nil
 	}
 	for _, r := range f.roots {
@@ -117,6 +162,61 @@ func (f *Fetcher) checkRoots(uri, p string) error {
 	}
 	return fmt.Errorf("source %q: %w: %s is outside the directories file:// may read on this node (%s); copy the model under one of them or ask the node's admin to add its directory to --file-roots",
 		uri, fetchers.ErrUnauthorized, p, strings.Join(f.roots, ", "))
+}
+
+func deniedError(uri, p, d string) error {
+	return fmt.Errorf("source %q: %w: %s is under %s, kubelet's or this daemon's own directory, which file:// never reads whatever --file-roots says; copy the model to a directory of its own", uri, fetchers.ErrUnauthorized, p, d)
+}
+
+// deniedIDs are the device and inode of each denied path that exists and
+// of the directories directly in it (kubelet's pods/, plugins/), looked
+// up as the daemon, following symlinks: where a denied path leads, and a
+// bind mount of it or of one of those, is refused wherever it shows up.
+// A bind mount of something deeper is not recognised; the reading
+// identity is what keeps it out (kubelet's per-pod directories are 0750
+// root).
+func (f *Fetcher) deniedIDs() map[fileID]string {
+	if len(f.denied) == 0 {
+		return nil
+	}
+	ids := make(map[fileID]string, len(f.denied))
+	for _, d := range f.denied {
+		var st unix.Stat_t
+		if unix.Stat(d, &st) != nil {
+			continue
+		}
+		ids[idOf(&st)] = d
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		ents, _ := os.ReadDir(d)
+		for _, e := range ents {
+			if e.IsDir() && unix.Lstat(filepath.Join(d, e.Name()), &st) == nil {
+				ids[idOf(&st)] = d
+			}
+		}
+	}
+	return ids
+}
+
+// deniedAncestor refuses a source whose path passes through a denied
+// directory by another name (a bind mount of kubelet's pods directory
+// under a root): each directory on the way is compared by identity.
+func deniedAncestor(uri, p string, ids map[fileID]string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	for q := p; ; q = filepath.Dir(q) {
+		var st unix.Stat_t
+		if unix.Lstat(q, &st) == nil {
+			if d, ok := ids[idOf(&st)]; ok {
+				return deniedError(uri, p, d)
+			}
+		}
+		if q == "/" {
+			return nil
+		}
+	}
 }
 
 // kernelMounts are the kernel's views of processes and devices: no model
@@ -254,6 +354,10 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 			return nil, ctx.Err()
 		}
 	}
+	denied := f.deniedIDs()
+	if err := deniedAncestor(src.URI, p, denied); err != nil {
+		return nil, fetchers.Permanent(err)
+	}
 	res := &fetchers.Resolved{URI: src.URI}
 	err = asIdentity(src.As, func() error {
 		parent, base := filepath.Split(p)
@@ -290,13 +394,15 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 			if st.Mode&unix.S_IFMT != unix.S_IFREG {
 				return fmt.Errorf("source %q: %w: %s changed while it was listed", src.URI, fetchers.ErrBadSource, p)
 			}
+			if d, ok := denied[idOf(&st)]; ok {
+				return deniedError(src.URI, p, d)
+			}
 			l := loc{dir: filepath.Clean(parent), rel: base, dirID: idOf(&pst), fileID: idOf(&st), as: src.As}
 			res.Files = []fetchers.File{{Path: base, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String()}}
 			return nil
 		case unix.S_IFDIR:
 		case unix.S_IFLNK:
-			target, _ := os.Readlink(p)
-			return fmt.Errorf("source %q: %w: %s is a symlink (to %s); give the real path (realpath %s)", src.URI, fetchers.ErrBadSource, p, target, p)
+			return fmt.Errorf("source %q: %w: %s is a symlink; give the real path (realpath %s)", src.URI, fetchers.ErrBadSource, p, p)
 		default:
 			return fmt.Errorf("source %q: %w: %s is a %s, not a regular file or directory", src.URI, fetchers.ErrBadSource, p, fetchers.TypeName(fs.FileMode(0)|modeType(st.Mode)))
 		}
@@ -309,7 +415,10 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 		if err := unix.Fstat(rfd, &rst); err != nil {
 			return explain(src.URI, p, err)
 		}
-		w := walker{ctx: ctx, uri: src.URI, root: p, rootfd: rfd, rootID: idOf(&rst), as: src.As}
+		if d, ok := denied[idOf(&rst)]; ok {
+			return deniedError(src.URI, p, d)
+		}
+		w := walker{ctx: ctx, uri: src.URI, root: p, rootfd: rfd, rootID: idOf(&rst), as: src.As, denied: denied}
 		if err := w.walk(rfd, "", 0); err != nil {
 			return err
 		}
@@ -333,7 +442,22 @@ type walker struct {
 	rootfd int
 	rootID fileID
 	as     *fetchers.Identity
+	denied map[fileID]string
 	files  []fetchers.File
+}
+
+// deniedInTree: the tree holds a denied directory (the source is a
+// parent of it, or a bind mount of it lies inside).
+func (w *walker) deniedInTree(rel, d string) error {
+	return fmt.Errorf("source %q: %w: the tree holds %s (at %s), kubelet's or this daemon's own directory, which file:// never reads whatever --file-roots says; point the source at a directory of models", w.uri, fetchers.ErrUnauthorized, d, w.at(rel))
+}
+
+// at is what an error says of the entry rel of the tree: the source path
+// and the first component beyond it, never what lies deeper (a refused
+// or unreadable directory's contents are not the requester's to learn).
+func (w *walker) at(rel string) string {
+	first, _, _ := strings.Cut(rel, "/")
+	return filepath.Join(w.root, short(first))
 }
 
 // Bounds of a tree walk: a tree deeper or larger than this is refused
@@ -363,16 +487,18 @@ func (w *walker) walk(dirfd int, rel string, depth int) error {
 	ents, err := d.ReadDir(-1)
 	d.Close()
 	if err != nil {
-		return explain(w.uri, filepath.Join(w.root, short(rel)), err)
+		return explain(w.uri, w.at(rel), err)
 	}
 	var dirs []string
 	for _, e := range ents {
 		name := e.Name()
 		crel := path.Join(rel, name)
-		full := filepath.Join(w.root, crel)
 		var st unix.Stat_t
 		if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return explain(w.uri, full, err)
+			return explain(w.uri, w.at(crel), err)
+		}
+		if d, ok := w.denied[idOf(&st)]; ok {
+			return w.deniedInTree(crel, d)
 		}
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
@@ -380,21 +506,24 @@ func (w *walker) walk(dirfd int, rel string, depth int) error {
 			continue
 		case unix.S_IFLNK:
 			// Follow it only inside the tree: the kernel refuses an escape.
-			target, _ := os.Readlink(full)
+			// Its target is not printed: it is the link's content.
 			fd, err := openat2(w.rootfd, crel, unix.O_PATH|unix.O_CLOEXEC, unix.RESOLVE_BENEATH|unix.RESOLVE_NO_MAGICLINKS)
 			if errors.Is(err, unix.EXDEV) {
-				return fmt.Errorf("source %q: %w: symlink %s points outside the source tree (to %s); copy the file into the tree or point the source at a directory that contains it", w.uri, fetchers.ErrBadSource, crel, target)
+				return fmt.Errorf("source %q: %w: symlink %s points outside the source tree; copy the file into the tree or point the source at a directory that contains it", w.uri, fetchers.ErrBadSource, short(crel))
 			}
 			if err != nil {
-				return explain(w.uri, full, err)
+				return explain(w.uri, w.at(crel), err)
 			}
 			err = unix.Fstat(fd, &st)
 			unix.Close(fd)
 			if err != nil {
-				return explain(w.uri, full, err)
+				return explain(w.uri, w.at(crel), err)
+			}
+			if d, ok := w.denied[idOf(&st)]; ok {
+				return w.deniedInTree(crel, d)
 			}
 			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-				return fmt.Errorf("source %q: %w: symlink %s points to a directory (%s); directory symlinks are not followed", w.uri, fetchers.ErrBadSource, crel, target)
+				return fmt.Errorf("source %q: %w: symlink %s points to a directory; directory symlinks are not followed", w.uri, fetchers.ErrBadSource, short(crel))
 			}
 		}
 		if st.Mode&unix.S_IFMT != unix.S_IFREG {
@@ -409,7 +538,7 @@ func (w *walker) walk(dirfd int, rel string, depth int) error {
 	for _, crel := range dirs {
 		fd, err := openBeneath(w.rootfd, crel, unix.O_DIRECTORY|unix.O_NOFOLLOW)
 		if err != nil {
-			return explain(w.uri, filepath.Join(w.root, short(crel)), err)
+			return explain(w.uri, w.at(crel), err)
 		}
 		err = w.walk(fd, crel, depth+1)
 		unix.Close(fd)
@@ -523,7 +652,7 @@ func explain(uri, p string, err error) error {
 	case errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("source %q: %w: %s does not exist (%s)", uri, fetchers.ErrNotFound, p, missingHint(p))
 	case errors.Is(err, fs.ErrPermission):
-		return fmt.Errorf("source %q: %w: %s is not readable by the user who asked for it; a file:// pull reads only what its requester may read", uri, fetchers.ErrUnauthorized, p)
+		return fmt.Errorf("source %q: %w: %s is not readable, or holds what is not readable, by the user this pull reads as; a file:// pull reads only what its requester may read (a socket pull: the peer's uid and groups; a ModelCache or models.d source: modelcached --file-identity)", uri, fetchers.ErrUnauthorized, p)
 	case errors.Is(err, unix.ELOOP):
 		return fmt.Errorf("source %q: %w: the path %s crosses a symlink; give the real path (realpath %s)", uri, fetchers.ErrBadSource, p, p)
 	case errors.Is(err, unix.EXDEV):

@@ -111,7 +111,7 @@ func TestUnreadable(t *testing.T) {
 	if os.Geteuid() == 0 {
 		// root reads everything; the message is checked through explain instead.
 		err := explain("file:///x", "/x/y", os.ErrPermission)
-		if !errors.Is(err, fetchers.ErrUnauthorized) || !strings.Contains(err.Error(), "not readable by the user who asked") {
+		if !errors.Is(err, fetchers.ErrUnauthorized) || !strings.Contains(err.Error(), "by the user this pull reads as") {
 			t.Fatalf("explain: %v", err)
 		}
 		return

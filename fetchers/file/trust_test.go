@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/file/filetest"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
 
@@ -309,5 +310,116 @@ func TestMissingUnderPrivateTmp(t *testing.T) {
 	_, err = f.Resolve(context.Background(), fetchers.Source{URI: "file:///tmp/no-such-model-here"})
 	if !errors.Is(err, fetchers.ErrNotFound) || strings.Contains(err.Error(), "PrivateTmp") {
 		t.Fatalf("%v; outside systemd the hint does not apply", err)
+	}
+}
+
+// TestDeniedDirs: kubelet's directory and the daemon's own state are
+// never read, even under a root that contains them, by path, through a
+// bind mount or a symlinked name; no error names the hidden timestamped
+// directory inside.
+func TestDeniedDirs(t *testing.T) {
+	dir := t.TempDir()
+	openTree(t, dir)
+	kubelet := filepath.Join(dir, "kubelet")
+	vol := filetest.ProjectedVolume(t, filepath.Join(kubelet, "pods"))
+	write(t, filepath.Join(dir, "models", "llama", "w.bin"), "weights")
+	os.Symlink(kubelet, filepath.Join(dir, "kubelet-link"))
+	f := New(WithRoots(dir), WithDenied(filepath.Join(dir, "kubelet-link"), filepath.Join(dir, "state")))
+	g := New(WithRoots(dir), WithDenied(kubelet))
+	check := func(f *Fetcher, uri string) {
+		t.Helper()
+		for _, as := range []*fetchers.Identity{nil, nobody} {
+			if os.Geteuid() != 0 && as != nil {
+				continue
+			}
+			got, err := readAll(t, f, fetchers.Source{URI: uri, As: as})
+			if !errors.Is(err, fetchers.ErrUnauthorized) || !fetchers.IsPermanent(err) || !strings.Contains(err.Error(), "never reads") {
+				t.Errorf("%s as %v: read %v, err %v; want a permanent refusal", uri, as, got, err)
+			}
+			if err != nil && strings.Contains(err.Error(), "..2026") {
+				t.Errorf("%s: the error names what lies beyond the refused path: %v", uri, err)
+			}
+		}
+	}
+	for _, uri := range []string{"file://" + vol, "file://" + vol + "/token", "file://" + kubelet, "file://" + dir + "/kubelet/pods"} {
+		check(g, uri) // by path
+		check(f, uri) // by where a denied symlink leads
+	}
+	check(g, "file://"+dir) // a root that holds kubelet's directory
+	if err := f.CheckRoots("file://" + dir + "/state/index.db"); !errors.Is(err, fetchers.ErrUnauthorized) {
+		t.Errorf("the daemon's state by path: %v", err)
+	}
+	if got, err := readAll(t, g, fetchers.Source{URI: "file://" + dir + "/models"}); err != nil || got["llama/w.bin"] != "weights" {
+		t.Fatalf("a model beside kubelet's directory: %v %v", got, err)
+	}
+
+	requireRoot(t)
+	bind := filepath.Join(dir, "models", "pods")
+	os.MkdirAll(bind, 0o755)
+	if err := syscall.Mount(filepath.Join(kubelet, "pods"), bind, "", syscall.MS_BIND, ""); err != nil {
+		testenv.Missing(t, "a bind mount ("+err.Error()+")", "run the tests as root, as CI does")
+	}
+	t.Cleanup(func() { syscall.Unmount(bind, syscall.MNT_DETACH) })
+	check(g, "file://"+bind+"/0f1e2d3c-uid/volumes/kubernetes.io~projected/kube-api-access-abcde")
+	check(g, "file://"+bind)
+	check(g, "file://"+dir+"/models")
+}
+
+// TestConfined: a confined fetcher (a ModelCache's source) reads nothing
+// until roots are configured, and then only under them.
+func TestConfined(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "in/w.bin"), "in")
+	write(t, filepath.Join(dir, "out/w.bin"), "out")
+	for _, uri := range []string{"file://" + dir + "/in", "file:///etc/hostname"} {
+		_, err := New().Confined().Resolve(context.Background(), fetchers.Source{URI: uri})
+		if !errors.Is(err, fetchers.ErrUnauthorized) || !strings.Contains(err.Error(), "--file-roots") {
+			t.Errorf("%s with no roots: %v; want a refusal naming --file-roots", uri, err)
+		}
+		if err := New().Confined().CheckRoots(uri); !errors.Is(err, fetchers.ErrUnauthorized) {
+			t.Errorf("CheckRoots(%s) with no roots: %v", uri, err)
+		}
+	}
+	f := New(WithRoots(filepath.Join(dir, "in"))).Confined()
+	if got, err := readAll(t, f, fetchers.Source{URI: "file://" + dir + "/in"}); err != nil || got["w.bin"] != "in" {
+		t.Fatalf("under the root: %v %v", got, err)
+	}
+	if _, err := f.Resolve(context.Background(), fetchers.Source{URI: "file://" + dir + "/out"}); !errors.Is(err, fetchers.ErrUnauthorized) {
+		t.Fatalf("outside the root: %v", err)
+	}
+	// The fetcher it came from is not confined.
+	if _, err := readAll(t, New(), fetchers.Source{URI: "file://" + dir + "/out"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestErrorsNameNothingBeyond: an unreadable directory deep in a tree, or
+// a projected volume copied under a root, fails with the source path and
+// at most the first entry beyond it: not the hidden directory's name, not
+// a symlink's target.
+func TestErrorsNameNothingBeyond(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	openTree(t, dir)
+	write(t, filepath.Join(dir, "tree/a/b/hidden-7f3a/w.bin"), "x")
+	openTree(t, filepath.Join(dir, "tree/a/b"))
+	os.Chmod(filepath.Join(dir, "tree/a/b/hidden-7f3a"), 0o700)
+	_, err := New().Resolve(context.Background(), fetchers.Source{URI: "file://" + dir + "/tree", As: nobody})
+	if !errors.Is(err, fetchers.ErrUnauthorized) || strings.Contains(err.Error(), "hidden-7f3a") || strings.Contains(err.Error(), "/b") || !strings.Contains(err.Error(), dir+"/tree/a") {
+		t.Errorf("unreadable deep directory: %v; want access denied naming %s/tree/a and nothing deeper", err, dir)
+	}
+	vol := filetest.ProjectedVolume(t, filepath.Join(dir, "copy"))
+	openTree(t, filepath.Join(vol, filetest.HiddenDir))
+	for _, as := range []*fetchers.Identity{nil, nobody} {
+		got, err := readAll(t, New(), fetchers.Source{URI: "file://" + vol, As: as})
+		if err == nil || strings.Contains(err.Error(), "..2026") {
+			t.Errorf("projected layout as %v: read %v, err %v; want refused without naming the hidden directory", as, got, err)
+		}
+	}
+	os.Symlink("/etc/secret-place", filepath.Join(dir, "tree", "esc"))
+	os.Chmod(filepath.Join(dir, "tree/a/b/hidden-7f3a"), 0o755)
+	_, err = New().Resolve(context.Background(), fetchers.Source{URI: "file://" + dir + "/tree"})
+	if err == nil || strings.Contains(err.Error(), "secret-place") {
+		t.Errorf("escaping symlink: %v; want refused without its target", err)
 	}
 }
