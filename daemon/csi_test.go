@@ -31,7 +31,7 @@ type csiRig struct {
 	pods string
 }
 
-func csiConfig(t *testing.T) Config {
+func csiConfig(t testing.TB) Config {
 	if os.Geteuid() != 0 {
 		testenv.Missing(t, "root (to bind-mount CSI volumes)", "run the tests as root, as CI does")
 	}
@@ -44,7 +44,7 @@ func csiConfig(t *testing.T) Config {
 	return cfg
 }
 
-func startCSI(t *testing.T, cfg Config) *csiRig {
+func startCSI(t testing.TB, cfg Config) *csiRig {
 	t.Helper()
 	h := start(t, cfg)
 	conn, err := grpc.NewClient("unix://"+cfg.CSI.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -126,7 +126,7 @@ func (r *csiRig) released(names ...string) {
 	}
 }
 
-func isMounted(t *testing.T, p string) bool {
+func isMounted(t testing.TB, p string) bool {
 	raw, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ func isMounted(t *testing.T, p string) bool {
 }
 
 // files lists the regular files under dir with their contents.
-func files(t *testing.T, dir string) map[string]string {
+func files(t testing.TB, dir string) map[string]string {
 	out := map[string]string{}
 	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
 		if err != nil || fi.IsDir() {
@@ -157,7 +157,7 @@ func files(t *testing.T, dir string) map[string]string {
 	return out
 }
 
-func holders(t *testing.T, h *harness, name string) []string {
+func holders(t testing.TB, h *harness, name string) []string {
 	t.Helper()
 	a, err := h.c.Get(context.Background(), name)
 	if err != nil {
