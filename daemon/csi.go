@@ -130,16 +130,18 @@ func (d *Daemon) readyVersion(name, rev string) (cachestore.Version, bool) {
 	return cachestore.Version{}, false
 }
 
-// csiUses adds the CSI holds to an in-use map; called with d.mu held.
+// csiUses adds the CSI holds to an in-use map, each holder once per
+// version (a pod with two volumes of a model, or a volume whose record
+// was found again under another ID, is one pod); called with d.mu held.
 func (d *Daemon) csiUses(out map[string][]api.Holder) {
 	for _, v := range d.csiHolds {
 		h := csiHolder(v, d.podNames)
 		k := capacity.Key(v.Model, v.Revision)
-		out[k] = append(out[k], h)
+		out[k] = appendHolder(out[k], h)
 		for _, kc := range v.Kernels {
 			h.Revision = kc.Revision
 			k := capacity.Key(kc.Name, kc.Revision)
-			out[k] = append(out[k], h)
+			out[k] = appendHolder(out[k], h)
 		}
 	}
 }
