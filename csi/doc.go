@@ -25,7 +25,9 @@
 // files with its kernel caches compatible with the node under
 // kernels/<name>/ (Volume.Kernels names them; they are held too), or the
 // model's own tree when there are none. A repeated call for a mounted
-// target succeeds without a second mount. NodeUnpublishVolume unmounts,
+// target succeeds without a second mount. A volume ID mounts at one
+// target: at another while the first is mounted it is FailedPrecondition;
+// a hold whose target's mount went is released and taken afresh. NodeUnpublishVolume unmounts,
 // removes the target directory and
 // releases the hold; it succeeds for a target already gone.
 //

@@ -456,6 +456,9 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		// anything else mounted there is not ours to stack on.
 		return nil, d.publishedBefore(v)
 	}
+	if err := d.heldElsewhere(ctx, v); err != nil {
+		return nil, err
+	}
 	rev, tree, err := d.backend.Hold(ctx, v)
 	if err != nil {
 		if _, ok := status.FromError(err); !ok {
@@ -492,6 +495,30 @@ func (d *Driver) publishedBefore(v Volume) error {
 		}
 	}
 	return status.Errorf(codes.AlreadyExists, "target_path %q: something else is mounted there", v.Target)
+}
+
+// heldElsewhere refuses a volume ID held for another target that is
+// still mounted (FailedPrecondition): an inline volume has one target,
+// and a second mount under its one hold would be left unheld when the
+// first target is unpublished. A hold whose target is no longer mounted
+// is released, and the publish holds afresh for its own target.
+func (d *Driver) heldElsewhere(ctx context.Context, v Volume) error {
+	held, err := d.backend.Holds()
+	if err != nil {
+		return status.Errorf(codes.Internal, "reading holds: %v", err)
+	}
+	for _, h := range held {
+		if h.ID != v.ID || h.Target == v.Target {
+			continue
+		}
+		if mounted, err := d.targetMounted(h.Target); err != nil || mounted {
+			return status.Errorf(codes.FailedPrecondition, "volume %s is published at %s; one volume mounts at one target (unpublish it there first)", v.ID, h.Target)
+		}
+		if err := d.backend.Release(ctx, h.ID); err != nil {
+			return status.Errorf(codes.Internal, "releasing the hold of volume %s, no longer mounted at %s: %v", h.ID, h.Target, err)
+		}
+	}
+	return nil
 }
 
 // mount creates the target directory (its parent exists: kubelet made

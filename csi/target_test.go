@@ -301,3 +301,53 @@ func TestOpenDirBeneath(t *testing.T) {
 		}
 	}
 }
+
+// TestOneTargetPerVolume: a volume ID is published at one target; at a
+// second one it is refused while the first is mounted, and once that
+// mount is gone (its pod went while nothing unpublished it) the publish
+// at the second target holds afresh for it.
+func TestOneTargetPerVolume(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (to bind-mount CSI volumes)", "run the tests as root, as CI does")
+	}
+	dir := t.TempDir()
+	pods, tree := filepath.Join(dir, "pods"), filepath.Join(dir, "tree")
+	first, second := filepath.Join(pods, "a", "mount"), filepath.Join(pods, "b", "mount")
+	for _, p := range []string{tree, filepath.Dir(first), filepath.Dir(second)} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, m := range mountsUnder(t, dir) {
+			unix.Unmount(m.point, unix.MNT_DETACH)
+		}
+	})
+	b := &memBackend{tree: tree}
+	d, err := New(Config{Socket: filepath.Join(dir, "csi.sock"), PodsDir: pods, NodeID: "n"}, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := d.NodePublishVolume(ctx, publishReq("vol", first)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.NodePublishVolume(ctx, publishReq("vol", second)); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("a second target while the first is mounted: %v, want FailedPrecondition", err)
+	}
+	if err := unix.Unmount(first, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.NodePublishVolume(ctx, publishReq("vol", second)); err != nil {
+		t.Fatalf("the second target once the first mount went: %v", err)
+	}
+	if held, _ := b.Holds(); len(held) != 1 || held[0].Target != second {
+		t.Fatalf("holds %+v, want the volume held for %s", held, second)
+	}
+	if _, err := d.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: "vol", TargetPath: second}); err != nil {
+		t.Fatal(err)
+	}
+	if held, _ := b.Holds(); len(held) != 0 {
+		t.Fatalf("holds left: %+v", held)
+	}
+}

@@ -514,9 +514,10 @@ func TestCSIHoldsSurviveALostIndex(t *testing.T) {
 
 // TestCSIHoldersOncePerPod: kubelet's retries of one publish (1,000 of
 // them, many at once), publishes of other volume IDs racing for the same
-// target, and a second volume of the same model in the same pod leave
-// each pod listed once among the model's holders, and one mount per
-// target.
+// target, the same volume ID at a second target (refused while the first
+// is mounted), and a second volume of the same model in the same pod
+// leave each pod listed once among the model's holders, and one mount
+// per target.
 func TestCSIHoldersOncePerPod(t *testing.T) {
 	w := data(1000, 13)
 	srv := newFileServer(t, map[string][]byte{"w.bin": w})
@@ -549,6 +550,10 @@ func TestCSIHoldersOncePerPod(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+	// The same volume at another target while mounted at the first.
+	if err := r.publish("vol-1", r.target("uid-1", "elsewhere"), map[string]string{"modelCache": "m"}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("the volume at a second target: %v, want FailedPrecondition", err)
 	}
 	// The same pod's second volume of the model.
 	second := r.target("uid-1", "model-2")
