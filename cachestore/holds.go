@@ -82,6 +82,17 @@ func (s *Store) DeleteHold(key string) error {
 	return nil
 }
 
+// RemoveHoldTree removes the composed tree of the hold under key and
+// keeps the record; none there is no error. It is DeleteHold's slow half
+// (a tree of many files), for a caller that takes a lock around
+// DeleteHold; the caller has unmounted anything that showed the tree.
+func (s *Store) RemoveHoldTree(key string) {
+	tree := s.HoldTreePath(key)
+	if _, err := os.Lstat(tree); err == nil {
+		s.removeTree(tree)
+	}
+}
+
 // Holds returns every hold record by key.
 func (s *Store) Holds() (map[string][]byte, error) { return s.records(bucketHolds) }
 
@@ -170,6 +181,12 @@ type TreePart struct {
 // parts that place a file at the same path (or a file where the other has
 // a directory) are ErrInvalidPath, naming the path. The
 // tree goes with DeleteHold; the caller holds the versions meanwhile.
+//
+// The links are made without the store's lock (a tree of 20,000 files
+// takes seconds; commits, evictions, Touch and GC go on meanwhile): the
+// tree's blobs are leased from GC for the while, and the tree is the
+// hold's own, under holds/<sha256(key)>/. Calls for different keys run
+// alongside; the caller serialises HoldTree and DeleteHold of one key.
 func (s *Store) HoldTree(ctx context.Context, key string, parts []TreePart) (string, error) {
 	type entry struct {
 		e    Entry
@@ -218,13 +235,20 @@ func (s *Store) HoldTree(ctx context.Context, key string, parts []TreePart) (str
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
+	lease := s.NewLease()
+	defer lease.Release()
+	for _, e := range m {
+		lease.Hold(e.Digest)
+	}
 	dir := s.holdDir(key)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.hit("holdtree.link")
 	if err := s.materialize(dir, "", holdTreeDir, m); err != nil {
+		if errors.Is(err, fs.ErrNotExist) { // a blob GC took before the lease (its version evicted since Get)
+			return "", fmt.Errorf("composed tree of hold %q: %w: %v", key, ErrNotFound, err)
+		}
 		return "", fmt.Errorf("composed tree of hold %q: %w", key, err)
 	}
 	return filepath.Join(dir, holdTreeDir), nil

@@ -119,8 +119,9 @@ func WithAbandoned(abandoned func(IngestInfo) bool) Option {
 }
 
 // WithHook calls fn at named points of the commit protocols ("ingest.write",
-// "blob.after-rename", "tree.after-rename", "commit.after-index"). It exists
-// for crash tests; default none.
+// "blob.after-rename", "tree.after-rename", "commit.after-index"), and
+// before HoldTree links a composed tree ("holdtree.link"). It exists for
+// crash and concurrency tests; default none.
 func WithHook(fn func(point string)) Option { return func(o *options) { o.hook = fn } }
 
 // Open opens (creating if needed) the store at root, migrates the index,
@@ -635,7 +636,8 @@ func (s *Store) Activate(name, rev string) error {
 
 // materialize builds the tree for (name, rev) under tmp/ and renames it
 // into place, replacing an existing tree atomically where the kernel
-// supports RENAME_EXCHANGE. Called with s.mu held.
+// supports RENAME_EXCHANGE. Called with s.mu held, or (HoldTree) with
+// the blobs of m leased and base owned by the caller.
 func (s *Store) materialize(base, name, rev string, m Manifest) error {
 	tmp, err := os.MkdirTemp(filepath.Join(s.root, dirTmp), "tree-")
 	if err != nil {

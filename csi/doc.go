@@ -16,7 +16,7 @@
 //	      kernelCaches: none          # none (the default) or auto
 //
 // NodePublishVolume validates the request (target under kubelet's pods
-// directory, no "..", no symlink out of it; attributes by name), asks the
+// directory, no ".."; attributes by name), asks the
 // Backend for the tree of one exact revision, which the Backend holds from
 // then on, and bind-mounts that tree read-only (nosuid, nodev) at the
 // target; the bind is read-only before it is attached, so the copies that
@@ -25,9 +25,26 @@
 // files with its kernel caches compatible with the node under
 // kernels/<name>/ (Volume.Kernels names them; they are held too), or the
 // model's own tree when there are none. A repeated call for a mounted
-// target succeeds without a second mount. NodeUnpublishVolume unmounts,
+// target succeeds without a second mount. A volume ID mounts at one
+// target: at another while the first is mounted it is FailedPrecondition;
+// a hold whose target's mount went is released and taken afresh. NodeUnpublishVolume unmounts,
 // removes the target directory and
 // releases the hold; it succeeds for a target already gone.
+//
+// The target is resolved once per call, beneath a descriptor of the pods
+// directory and through no symlink (openat2 RESOLVE_BENEATH |
+// RESOLVE_NO_SYMLINKS; a walk with O_NOFOLLOW per directory before Linux
+// 5.6): a symlink anywhere below the pods directory is InvalidArgument.
+// Everything after works on descriptors: mkdirat and unlinkat on the
+// parent's, the mount-point check (the target's mount ID against its
+// parent's) and move_mount onto one descriptor of the target, and the
+// unmount of exactly the mount a descriptor shows (mount.go says why
+// through /proc/self/fd). A directory of the path swapped for a symlink
+// during a call therefore cannot move a mount outside the pods directory
+// or stack one on a mounted target. Calls for one target path run one
+// at a time; calls for different targets run alongside (a Backend.Hold
+// that composes a large tree holds up only its own target), sharing only
+// the few syscalls from the mount-point check to the mount.
 //
 // Errors are gRPC status errors kubelet understands: the Backend returns
 // Unavailable (kubelet retries; the message is the node's progress) while

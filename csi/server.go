@@ -14,6 +14,7 @@ import (
 	"sync"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -121,11 +122,16 @@ type Driver struct {
 	cfg     Config
 	log     *slog.Logger
 	backend Backend
-	mounter mounter
 
-	// mu serialises publish and unpublish: each is a few syscalls, and
-	// one at a time keeps "is it mounted? then mount" atomic per target.
-	mu sync.Mutex
+	// targets serialises the calls for one target path (kubelet's
+	// retries, a publish and its unpublish); calls for other targets run
+	// alongside, however long one's Backend.Hold takes (a composed tree
+	// of a large kernel cache).
+	targets keyedMutex
+	// mountMu is held across each check-then-mount (target.bindReadOnly),
+	// a few syscalls: two targets that name one directory (through a
+	// rename between their calls) get one mount, not two stacked.
+	mountMu sync.Mutex
 
 	csipb.UnimplementedIdentityServer
 	csipb.UnimplementedNodeServer
@@ -150,7 +156,7 @@ func New(cfg Config, b Backend) (*Driver, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Driver{cfg: cfg, log: log, backend: b, mounter: sysMounter{log: log}}, nil
+	return &Driver{cfg: cfg, log: log, backend: b}, nil
 }
 
 // Register adds the driver's services to s (tests add a fake controller
@@ -255,8 +261,15 @@ func (d *Driver) Reconcile(ctx context.Context) {
 	}
 	kept := 0
 	for _, v := range vols {
-		mounted, err := d.mounter.IsMountPoint(v.Target)
-		if err == nil && mounted {
+		mounted, err := d.targetMounted(v.Target)
+		if err != nil {
+			// Not resolvable beneath the pods directory (a symlink on
+			// the way): whether it is mounted cannot be told; kept.
+			d.log.Warn("csi: cannot tell whether a recorded volume is still mounted; its hold is kept", "volume", v.ID, "target", v.Target, "err", err)
+			kept++
+			continue
+		}
+		if mounted {
 			kept++
 			continue
 		}
@@ -366,7 +379,7 @@ func (d *Driver) volumeFrom(req *csipb.NodePublishVolumeRequest) (Volume, error)
 }
 
 // validTarget: absolute, clean (no ".."), strictly under the pods
-// directory, and the parent resolves (symlinks followed) under it too.
+// directory, by its name; openTarget then resolves it.
 func (d *Driver) validTarget(target string) error {
 	if !filepath.IsAbs(target) || filepath.Clean(target) != target || strings.Contains(target, "/../") {
 		return status.Errorf(codes.InvalidArgument, "target_path %q: want a clean absolute path under %s", target, d.cfg.PodsDir)
@@ -374,24 +387,47 @@ func (d *Driver) validTarget(target string) error {
 	if !under(d.cfg.PodsDir, target) {
 		return status.Errorf(codes.InvalidArgument, "target_path %q: not under kubelet's pods directory %s", target, d.cfg.PodsDir)
 	}
-	pods, err := filepath.EvalSymlinks(d.cfg.PodsDir)
-	if err != nil {
-		return status.Errorf(codes.FailedPrecondition, "pods directory %s: %v", d.cfg.PodsDir, err)
-	}
-	parent, err := filepath.EvalSymlinks(filepath.Dir(target))
-	if errors.Is(err, fs.ErrNotExist) {
-		return status.Errorf(codes.NotFound, "target_path %q: its parent does not exist", target)
-	}
-	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "target_path %q: %v", target, err)
-	}
-	if !under(pods, filepath.Join(parent, filepath.Base(target))) {
-		return status.Errorf(codes.InvalidArgument, "target_path %q: resolves outside kubelet's pods directory %s", target, d.cfg.PodsDir)
-	}
-	if fi, err := os.Lstat(target); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
-		return status.Errorf(codes.InvalidArgument, "target_path %q is a symlink", target)
-	}
 	return nil
+}
+
+// openTarget resolves a valid target's parent once, beneath the pods
+// directory and through no symlink (target); every later step uses the
+// descriptor. NotFound when the parent is missing (kubelet makes it).
+func (d *Driver) openTarget(path string) (*target, error) {
+	t, err := openTarget(d.cfg.PodsDir, path)
+	if err != nil {
+		return nil, d.targetError(path, err)
+	}
+	return t, nil
+}
+
+// targetError maps the kernel's answer about a target to the code
+// kubelet sees.
+func (d *Driver) targetError(path string, err error) error {
+	var pe *podsDirError
+	switch {
+	case errors.As(err, &pe):
+		return status.Errorf(codes.FailedPrecondition, "pods directory %s: %v", d.cfg.PodsDir, pe.err)
+	case errors.Is(err, unix.ENOENT):
+		return status.Errorf(codes.NotFound, "target_path %q: its parent does not exist", path)
+	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.EXDEV):
+		return status.Errorf(codes.InvalidArgument, "target_path %q: resolves outside kubelet's pods directory %s, or through a symlink (%v)", path, d.cfg.PodsDir, err)
+	}
+	return status.Errorf(codes.Internal, "target_path %q: %v", path, err)
+}
+
+// targetMounted says whether something is mounted at path, resolved as
+// publish resolves it; false when it or its parent is gone.
+func (d *Driver) targetMounted(path string) (bool, error) {
+	t, err := openTarget(d.cfg.PodsDir, path)
+	if errors.Is(err, unix.ENOENT) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer t.Close()
+	return t.mounted()
 }
 
 func under(dir, p string) bool {
@@ -405,28 +441,23 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 	if err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	mounted, err := d.mounter.IsMountPoint(v.Target)
+	defer d.targets.lock(v.Target)()
+	t, err := d.openTarget(v.Target)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "target_path %q: %v", v.Target, err)
+		return nil, err
+	}
+	defer t.Close()
+	mounted, err := t.mounted()
+	if err != nil {
+		return nil, d.targetError(v.Target, err)
 	}
 	if mounted {
 		// Published before (kubelet retries): the same volume is a success;
 		// anything else mounted there is not ours to stack on.
-		held, err := d.backend.Holds()
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "reading holds: %v", err)
-		}
-		for _, h := range held {
-			if h.ID == v.ID && h.Target == v.Target {
-				if h.Model != v.Model || (v.Revision != "" && v.Revision != h.Revision) {
-					return nil, status.Errorf(codes.AlreadyExists, "volume %s is already published at %s with %s@%s", v.ID, v.Target, h.Model, h.Revision)
-				}
-				return &csipb.NodePublishVolumeResponse{}, nil
-			}
-		}
-		return nil, status.Errorf(codes.AlreadyExists, "target_path %q: something else is mounted there", v.Target)
+		return nil, d.publishedBefore(v)
+	}
+	if err := d.heldElsewhere(ctx, v); err != nil {
+		return nil, err
 	}
 	rev, tree, err := d.backend.Hold(ctx, v)
 	if err != nil {
@@ -435,9 +466,12 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		}
 		return nil, err
 	}
-	if err := d.mount(tree, v.Target); err != nil {
+	if err := d.mount(t, tree); err != nil {
 		if rerr := d.backend.Release(ctx, v.ID); rerr != nil {
 			d.log.Error("csi: releasing a hold after a failed mount", "volume", v.ID, "err", rerr)
+		}
+		if errors.Is(err, errMounted) {
+			return nil, status.Errorf(codes.AlreadyExists, "target_path %q: %v", v.Target, err)
 		}
 		return nil, status.Errorf(codes.Internal, "mounting %s@%s at %s: %v", v.Model, rev, v.Target, err)
 	}
@@ -445,22 +479,62 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 	return &csipb.NodePublishVolumeResponse{}, nil
 }
 
-// mount creates the target directory (its parent exists: kubelet made
-// it) and bind-mounts tree there read-only; on failure nothing is left.
-func (d *Driver) mount(tree, target string) error {
-	created := false
-	if err := os.Mkdir(target, 0o750); err == nil {
-		created = true
-	} else if !errors.Is(err, fs.ErrExist) {
-		return err
+// publishedBefore answers a publish whose target is mounted already:
+// nil (success) when the mount is this volume's, AlreadyExists otherwise.
+func (d *Driver) publishedBefore(v Volume) error {
+	held, err := d.backend.Holds()
+	if err != nil {
+		return status.Errorf(codes.Internal, "reading holds: %v", err)
 	}
-	if err := d.mounter.BindReadOnly(tree, target); err != nil {
-		if created {
-			os.Remove(target)
+	for _, h := range held {
+		if h.ID == v.ID && h.Target == v.Target {
+			if h.Model != v.Model || (v.Revision != "" && v.Revision != h.Revision) {
+				return status.Errorf(codes.AlreadyExists, "volume %s is already published at %s with %s@%s", v.ID, v.Target, h.Model, h.Revision)
+			}
+			return nil
 		}
-		return err
+	}
+	return status.Errorf(codes.AlreadyExists, "target_path %q: something else is mounted there", v.Target)
+}
+
+// heldElsewhere refuses a volume ID held for another target that is
+// still mounted (FailedPrecondition): an inline volume has one target,
+// and a second mount under its one hold would be left unheld when the
+// first target is unpublished. A hold whose target is no longer mounted
+// is released, and the publish holds afresh for its own target.
+func (d *Driver) heldElsewhere(ctx context.Context, v Volume) error {
+	held, err := d.backend.Holds()
+	if err != nil {
+		return status.Errorf(codes.Internal, "reading holds: %v", err)
+	}
+	for _, h := range held {
+		if h.ID != v.ID || h.Target == v.Target {
+			continue
+		}
+		if mounted, err := d.targetMounted(h.Target); err != nil || mounted {
+			return status.Errorf(codes.FailedPrecondition, "volume %s is published at %s; one volume mounts at one target (unpublish it there first)", v.ID, h.Target)
+		}
+		if err := d.backend.Release(ctx, h.ID); err != nil {
+			return status.Errorf(codes.Internal, "releasing the hold of volume %s, no longer mounted at %s: %v", h.ID, h.Target, err)
+		}
 	}
 	return nil
+}
+
+// mount creates the target directory (its parent exists: kubelet made
+// it) and bind-mounts tree there read-only; on failure nothing is left.
+func (d *Driver) mount(t *target, tree string) error {
+	created, err := t.mkdir()
+	if err != nil {
+		return err
+	}
+	d.mountMu.Lock()
+	err = t.bindReadOnly(d.log, tree)
+	d.mountMu.Unlock()
+	if err != nil && created {
+		t.rmdir()
+	}
+	return err
 }
 
 // NodeUnpublishVolume unmounts the target, removes it and releases the
@@ -473,25 +547,34 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpubli
 	if target == "" {
 		return nil, status.Error(codes.InvalidArgument, "target_path is empty")
 	}
-	if err := d.validTarget(target); err != nil && status.Code(err) != codes.NotFound {
+	if err := d.validTarget(target); err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for {
-		mounted, err := d.mounter.IsMountPoint(target)
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "target_path %q: %v", target, err)
+	defer d.targets.lock(target)()
+	t, err := d.openTarget(target)
+	switch {
+	case status.Code(err) == codes.NotFound: // its parent is gone: nothing is mounted there
+	case err != nil:
+		return nil, err
+	default:
+		defer t.Close()
+		// Each round unmounts the mount on top (a stack left by an older
+		// driver comes off whole).
+		for i := 0; ; i++ {
+			more, err := t.unmountTop()
+			if err != nil {
+				return nil, d.targetError(target, err)
+			}
+			if !more {
+				break
+			}
+			if i == 100 {
+				return nil, status.Errorf(codes.Internal, "target_path %q: still mounted after %d unmounts", target, i+1)
+			}
 		}
-		if !mounted {
-			break
+		if err := t.rmdir(); err != nil {
+			return nil, status.Errorf(codes.Internal, "removing %s: %v", target, err)
 		}
-		if err := d.mounter.Unmount(target); err != nil {
-			return nil, status.Errorf(codes.Internal, "unmounting %s: %v", target, err)
-		}
-	}
-	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, status.Errorf(codes.Internal, "removing %s: %v", target, err)
 	}
 	if err := d.backend.Release(ctx, id); err != nil {
 		return nil, status.Errorf(codes.Internal, "releasing the hold of volume %s: %v", id, err)

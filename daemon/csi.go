@@ -130,16 +130,18 @@ func (d *Daemon) readyVersion(name, rev string) (cachestore.Version, bool) {
 	return cachestore.Version{}, false
 }
 
-// csiUses adds the CSI holds to an in-use map; called with d.mu held.
+// csiUses adds the CSI holds to an in-use map, each holder once per
+// version (a pod with two volumes of a model, or a volume whose record
+// was found again under another ID, is one pod); called with d.mu held.
 func (d *Daemon) csiUses(out map[string][]api.Holder) {
 	for _, v := range d.csiHolds {
 		h := csiHolder(v, d.podNames)
 		k := capacity.Key(v.Model, v.Revision)
-		out[k] = append(out[k], h)
+		out[k] = appendHolder(out[k], h)
 		for _, kc := range v.Kernels {
 			h.Revision = kc.Revision
 			k := capacity.Key(kc.Name, kc.Revision)
-			out[k] = append(out[k], h)
+			out[k] = appendHolder(out[k], h)
 		}
 	}
 }
@@ -161,8 +163,23 @@ func csiHolder(v csi.Volume, names map[string]string) api.Holder {
 	return api.Holder{Kind: "csi", ID: v.ID, Revision: v.Revision}
 }
 
-// Hold implements csi.Backend.
+// Hold implements csi.Backend. Concurrent calls for one volume ID share
+// one run (a kubelet retry while the first composes a tree waits for it
+// rather than mounting a tree not built yet); calls for other volumes do
+// not wait for it: composing a large tree holds no lock they take.
 func (b csiBackend) Hold(ctx context.Context, v csi.Volume) (string, string, error) {
+	type held struct{ rev, tree string }
+	r, err, _ := b.d.csiHoldFlight.Do(v.ID, func() (any, error) {
+		rev, tree, err := b.hold(ctx, v)
+		return held{rev, tree}, err
+	})
+	if err != nil {
+		return "", "", err
+	}
+	return r.(held).rev, r.(held).tree, nil
+}
+
+func (b csiBackend) hold(ctx context.Context, v csi.Volume) (string, string, error) {
 	d := b.d
 	d.mu.Lock()
 	if h, ok := d.csiHolds[v.ID]; ok { // kubelet retried a publish that held already
@@ -400,9 +417,12 @@ func listOr(xs []string, none string) string {
 	return strings.Join(xs, ", ")
 }
 
-// Release implements csi.Backend.
+// Release implements csi.Backend. The composed tree goes first, outside
+// desireMu: removing a tree of many files takes as long as making it,
+// and every Hold takes desireMu.
 func (b csiBackend) Release(_ context.Context, id string) error {
 	d := b.d
+	d.store.RemoveHoldTree(csiHoldKey(id))
 	d.desireMu.Lock()
 	defer d.desireMu.Unlock()
 	if err := d.store.DeleteHold(csiHoldKey(id)); err != nil {

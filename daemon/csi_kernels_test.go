@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -195,4 +197,96 @@ func keys(m map[string]string) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// composeRig is a CSI daemon on a (simulated) H100 node with "llama", a
+// model with a compatible kernel cache of files (so kernelCaches: auto
+// composes a tree of them), and "plain", a model without. hook is the
+// store's hook (Config.Hook).
+func composeRig(t testing.TB, files map[string][]byte, hook func(point string)) *csiRig {
+	host := testenv.Registry(t)
+	ocitest.Push(t, host, "kernels/llama:sm90", ocitest.SM90(files).Image(t))
+	cfg := csiConfig(t)
+	cfg.InsecureRegistries = []string{host}
+	cfg.GPUInventory = inventoryFile(t, h100Inventory)
+	cfg.KernelCacheSignaturePolicy = api.PolicyOff
+	cfg.Hook = hook
+	r := startCSI(t, cfg)
+	w, p := data(4000, 40), data(3000, 41)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w, "p.bin": p})
+	if _, err := r.pull(api.PullRequest{Name: "llama", URI: srv.URL + "/w.bin#sha256=" + sha(w), KernelCaches: []api.KernelCacheRef{
+		{URI: "oci://" + host + "/kernels/llama:sm90", Signature: &api.SignaturePolicy{Policy: api.PolicyOff}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	r.waitPhaseWithin("llama.kc0", api.PhaseReady, 5*time.Minute) // the benchmark's has 20,000 files
+	if _, err := r.pull(api.PullRequest{Name: "plain", URI: srv.URL + "/p.bin#sha256=" + sha(p)}); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestCSIComposeHoldsUpNoOtherPublish: while a kernelCaches: auto volume's
+// tree is being composed (held at the store's hook), another pod's
+// volume of a plain model publishes, lists and unpublishes, a pull
+// commits another model, and kubelet's
+// retry of the auto volume waits for the one compose rather than
+// mounting a tree not built yet; once the compose goes on, both auto
+// publishes succeed with the same tree.
+func TestCSIComposeHoldsUpNoOtherPublish(t *testing.T) {
+	composing, gate := make(chan struct{}, 1), make(chan struct{})
+	r := composeRig(t, map[string][]byte{"h90/a.cubin": data(1000, 42), "h90/b.cubin": data(1000, 43)}, func(point string) {
+		if point == "holdtree.link" {
+			composing <- struct{}{}
+			<-gate
+		}
+	})
+	defer r.stop()
+	release := sync.OnceFunc(func() { close(gate) })
+	defer release() // before the stop, should the test fail with the compose held
+	auto := r.target("uid-auto", "model")
+	autoDone := make(chan error, 2)
+	for range 2 { // the publish and kubelet's retry of it
+		go func() {
+			autoDone <- r.publish("vol-auto", auto, map[string]string{"modelCache": "llama", "kernelCaches": "auto"})
+		}()
+	}
+	<-composing
+	plain := r.target("uid-plain", "model")
+	plainDone := make(chan error, 1)
+	go func() { plainDone <- r.publish("vol-plain", plain, map[string]string{"modelCache": "plain"}) }()
+	select {
+	case err := <-plainDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case err := <-autoDone:
+		t.Fatalf("the auto publish returned (%v) while its compose was held", err)
+	case <-time.After(20 * time.Second): // a failure's guard, not a measurement
+		t.Fatal("a plain publish waited for another volume's compose")
+	}
+	if got := holders(t, r.harness, "plain"); len(got) != 1 || !strings.HasPrefix(got[0], "pod ml/pod-vol-plain@") {
+		t.Fatalf("plain's holders while the compose is held: %v", got)
+	}
+	r.unpublishGone("vol-plain", plain)
+	// Nor does it hold the store: a pull commits meanwhile.
+	o := data(2000, 44)
+	srv := newFileServer(t, map[string][]byte{"o.bin": o})
+	if _, err := r.pull(api.PullRequest{Name: "other", URI: srv.URL + "/o.bin#sha256=" + sha(o)}); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	for range 2 {
+		if err := <-autoDone; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := files(t, auto); got["w.bin"] == "" || got["kernels/llama.kc0/io.triton.cache/h90/a.cubin"] == "" || got["kernels/llama.kc0/io.triton.cache/h90/b.cubin"] == "" {
+		t.Fatalf("the auto volume shows %v", keys(got))
+	}
+	if got := holders(t, r.harness, "llama.kc0"); len(got) != 1 {
+		t.Fatalf("the kernel cache's holders: %v, want the one pod", got)
+	}
+	r.unpublishGone("vol-auto", auto)
+	r.released("llama", "llama.kc0", "plain")
 }

@@ -89,3 +89,96 @@ func TestCSIMeasurePublish(t *testing.T) {
 	}
 	t.Logf("101 unpublishes: %s", time.Since(u0).Round(time.Microsecond))
 }
+
+// BenchmarkCSIPublishDuringCompose measures 50 publishes of a plain
+// model, one after another, alone and while kernelCaches: auto volumes of
+// a model whose kernel cache has 20,000 files are composed back to back
+// (one compose at any time, from before the first publish to after the
+// last); it reports both p99s and their ratio (the goal: within 2x).
+//
+//	go test ./daemon -run '^$' -bench CSIPublishDuringCompose -benchtime 1x
+func BenchmarkCSIPublishDuringCompose(b *testing.B) {
+	const nFiles, nPublishes = 20000, 50
+	kc := map[string][]byte{}
+	for i := range nFiles {
+		kc[fmt.Sprintf("k%02d/%05d.cubin", i%100, i)] = []byte(fmt.Sprintf("cubin %d", i))
+	}
+	composing := make(chan struct{}, 1)
+	r := composeRig(b, kc, func(point string) {
+		if point == "holdtree.link" {
+			select {
+			case composing <- struct{}{}:
+			default:
+			}
+		}
+	})
+	defer r.stop()
+	pod := 0
+	publishes := func() []time.Duration {
+		var lat []time.Duration
+		var targets []string
+		for range nPublishes {
+			pod++
+			target := r.target(fmt.Sprintf("plain-%d", pod), "model")
+			t0 := time.Now()
+			if err := r.publish(fmt.Sprintf("vol-plain-%d", pod), target, map[string]string{"modelCache": "plain"}); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(t0))
+			targets = append(targets, target)
+		}
+		for i, target := range targets {
+			if err := r.unpublish(fmt.Sprintf("vol-plain-%d", pod-len(targets)+i+1), target); err != nil {
+				b.Fatal(err)
+			}
+		}
+		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+		return lat
+	}
+	p99 := func(lat []time.Duration) time.Duration { return lat[(len(lat)*99+99)/100-1] }
+	b.ResetTimer()
+	for range b.N {
+		alone := publishes()
+
+		stop, done := make(chan struct{}), make(chan int)
+		go func() { // auto volumes composed back to back until the publishes end
+			n := 0
+			defer func() { done <- n }()
+			for {
+				pod++
+				target := r.target(fmt.Sprintf("auto-%d", pod), "model")
+				id := fmt.Sprintf("vol-auto-%d", pod)
+				if err := r.publish(id, target, map[string]string{"modelCache": "llama", "kernelCaches": "auto"}); err != nil {
+					b.Error(err)
+					return
+				}
+				n++
+				select {
+				case <-stop:
+				default:
+				}
+				if err := r.unpublish(id, target); err != nil {
+					b.Error(err)
+					return
+				}
+				select {
+				case <-stop:
+					return
+				default:
+				}
+			}
+		}()
+		<-composing
+		t0 := time.Now()
+		during := publishes()
+		took := time.Since(t0)
+		close(stop)
+		composes := <-done
+		b.Logf("%d publishes of a plain model, p50/p99/max: alone %s/%s/%s; while trees of a %d-file kernel cache were composed (%s for the publishes, %d composes finished in it): %s/%s/%s",
+			nPublishes, alone[len(alone)/2], p99(alone), alone[len(alone)-1], nFiles, took.Round(time.Millisecond), composes,
+			during[len(during)/2], p99(during), during[len(during)-1])
+		b.ReportMetric(float64(p99(alone).Microseconds())/1000, "p99-alone-ms")
+		b.ReportMetric(float64(p99(during).Microseconds())/1000, "p99-during-ms")
+		b.ReportMetric(float64(p99(during))/float64(p99(alone)), "p99-ratio")
+	}
+}

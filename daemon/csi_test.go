@@ -3,11 +3,13 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,7 +33,7 @@ type csiRig struct {
 	pods string
 }
 
-func csiConfig(t *testing.T) Config {
+func csiConfig(t testing.TB) Config {
 	if os.Geteuid() != 0 {
 		testenv.Missing(t, "root (to bind-mount CSI volumes)", "run the tests as root, as CI does")
 	}
@@ -44,7 +46,7 @@ func csiConfig(t *testing.T) Config {
 	return cfg
 }
 
-func startCSI(t *testing.T, cfg Config) *csiRig {
+func startCSI(t testing.TB, cfg Config) *csiRig {
 	t.Helper()
 	h := start(t, cfg)
 	conn, err := grpc.NewClient("unix://"+cfg.CSI.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -126,7 +128,7 @@ func (r *csiRig) released(names ...string) {
 	}
 }
 
-func isMounted(t *testing.T, p string) bool {
+func isMounted(t testing.TB, p string) bool {
 	raw, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +142,7 @@ func isMounted(t *testing.T, p string) bool {
 }
 
 // files lists the regular files under dir with their contents.
-func files(t *testing.T, dir string) map[string]string {
+func files(t testing.TB, dir string) map[string]string {
 	out := map[string]string{}
 	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
 		if err != nil || fi.IsDir() {
@@ -157,7 +159,7 @@ func files(t *testing.T, dir string) map[string]string {
 	return out
 }
 
-func holders(t *testing.T, h *harness, name string) []string {
+func holders(t testing.TB, h *harness, name string) []string {
 	t.Helper()
 	a, err := h.c.Get(context.Background(), name)
 	if err != nil {
@@ -508,4 +510,71 @@ func TestCSIHoldsSurviveALostIndex(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCSIHoldersOncePerPod: kubelet's retries of one publish (1,000 of
+// them, many at once), publishes of other volume IDs racing for the same
+// target, the same volume ID at a second target (refused while the first
+// is mounted), and a second volume of the same model in the same pod
+// leave each pod listed once among the model's holders, and one mount
+// per target.
+func TestCSIHoldersOncePerPod(t *testing.T) {
+	w := data(1000, 13)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	r := startCSI(t, csiConfig(t))
+	defer r.stop()
+	if _, err := r.pull(api.PullRequest{Name: "m", URI: srv.URL + "/w.bin#sha256=" + sha(w)}); err != nil {
+		t.Fatal(err)
+	}
+	target := r.target("uid-1", "model")
+	const retries, parallel = 1000, 8
+	errs := make(chan error, retries+parallel)
+	var wg sync.WaitGroup
+	for g := range parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < retries; i += parallel {
+				errs <- r.publish("vol-1", target, map[string]string{"modelCache": "m"})
+			}
+			// Another volume ID at the same target: refused, never stacked.
+			err := r.publish(fmt.Sprintf("vol-other-%d", g), target, map[string]string{"modelCache": "m"})
+			if status.Code(err) != codes.AlreadyExists {
+				errs <- fmt.Errorf("another volume at a mounted target: %v, want AlreadyExists", err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The same volume at another target while mounted at the first.
+	if err := r.publish("vol-1", r.target("uid-1", "elsewhere"), map[string]string{"modelCache": "m"}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("the volume at a second target: %v, want FailedPrecondition", err)
+	}
+	// The same pod's second volume of the model.
+	second := r.target("uid-1", "model-2")
+	if err := r.publish("vol-2", second, map[string]string{"modelCache": "m", "csi.storage.k8s.io/pod.name": "pod-vol-1"}); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := r.c.Get(context.Background(), "m")
+	if got := holders(t, r.harness, "m"); len(got) != 1 || got[0] != "pod ml/pod-vol-1@"+a.Revision {
+		t.Fatalf("holders %v, want the one pod once", got)
+	}
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(raw), " "+target+" "); n != 1 {
+		t.Fatalf("%d mounts at the target, want 1", n)
+	}
+	r.unpublishGone("vol-1", target)
+	if got := holders(t, r.harness, "m"); len(got) != 1 {
+		t.Fatalf("with one of its volumes unpublished the pod should still hold m: %v", got)
+	}
+	r.unpublishGone("vol-2", second)
+	r.released("m")
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/coreos/go-systemd/v22/daemon"
+	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 
 	"github.com/modelcache/modelcache/api"
@@ -94,6 +95,7 @@ type Daemon struct {
 	flights         map[string]*flight           // one download per blob (pull.go)
 	leases          map[string]map[string]*lease // name → holder → lease
 	csiHolds        map[string]csi.Volume        // CSI volume id → what it holds (csi.go)
+	csiHoldFlight   singleflight.Group           // one Hold per volume id at a time (csi.go), outside every other lock
 	changed         chan struct{}                // closed and replaced on every state change
 	evicted         map[string]api.EvictionNote  // ad-hoc entries evicted to make room (evict.go)
 

@@ -28,7 +28,7 @@ import (
 )
 
 // startWith is start with the daemon's retry policy inside a pull set to b.
-func startWith(t *testing.T, cfg Config, b fetchers.Backoff) *harness {
+func startWith(t testing.TB, cfg Config, b fetchers.Backoff) *harness {
 	t.Helper()
 	d, err := New(context.Background(), cfg)
 	if err != nil {

@@ -142,7 +142,7 @@ func (d *Daemon) podUses(out map[string][]api.Holder) {
 		}
 		for _, h := range hs {
 			k := capacity.Key(name, a.Current)
-			out[k] = append(out[k], api.Holder{Kind: h.Kind, ID: h.ID, Revision: a.Current})
+			out[k] = appendHolder(out[k], api.Holder{Kind: h.Kind, ID: h.ID, Revision: a.Current})
 		}
 	}
 }

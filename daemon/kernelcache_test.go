@@ -23,7 +23,7 @@ import (
 const h100Inventory = `{"driverVersion":"550.54.15","cudaDriverVersion":"12.4","devices":[
   {"name":"NVIDIA H100 80GB HBM3","uuid":"GPU-0000","computeCapability":"9.0","memoryBytes":85520809984}]}`
 
-func inventoryFile(t *testing.T, body string) string {
+func inventoryFile(t testing.TB, body string) string {
 	p := filepath.Join(t.TempDir(), "gpus.json")
 	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
