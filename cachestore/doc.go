@@ -60,7 +60,7 @@
 //	                            annotations: opaque JSON of the committer (the
 //	                             daemon's api.KernelCacheInfo for a kernel cache)
 //	        manifests/       (bucket; since schema 2)
-//	            <revision>   -> JSON Manifest [{path, digest, size, mode, etag}], sorted by path
+//	            <revision>   -> JSON Manifest [{path, digest, size, mode, etag, streamed}], sorted by path
 //	desires/
 //	    <name>               -> opaque to the store: the daemon's JSON api.Desire
 //	                            (source URIs with credentials redacted) of a
