@@ -206,7 +206,7 @@ func aggregate(mc *ModelCache, nodes []ModelCacheNode, now time.Time) (ModelCach
 	for i := range nodes {
 		statuses[i] = nodes[i].Status
 	}
-	st := ModelCacheStatus{ObservedGeneration: mc.Generation, Resolved: recordDigests(mc.Status.Resolved, statuses)}
+	st := ModelCacheStatus{ObservedGeneration: mc.Generation, Resolved: recordDigests(mc.Status.Resolved, nodes)}
 	var flips []flip
 	st.Active, st.Rollout, flips = rollouts(mc, st.Resolved, nodes, now)
 	st.Versions = versionStatuses(mc, statuses)
