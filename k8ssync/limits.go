@@ -3,6 +3,8 @@ package k8ssync
 import (
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/modelcache/modelcache/fetchers"
 )
 
 // Caps on what a status copies. A status is one object, written whole,
@@ -26,6 +28,10 @@ const (
 	// MaxStatusHolders is how many holders (inUseBy) and pods an
 	// artifact lists; a last entry counts the rest.
 	MaxStatusHolders = 32
+	// MaxNodePods is how many pods an artifact of one node lists (by
+	// name; the first in order): more pods on one node mounting one
+	// model are not counted in the ModelCache's podCount.
+	MaxNodePods = 64
 	// MaxNodeStatusBytes is the budget of a ModelCacheNode's status:
 	// artifacts past it (those of no ModelCache first) are left out, and
 	// status.problems says how many.
@@ -34,11 +40,26 @@ const (
 
 // clip is s cut to at most n bytes (at a UTF-8 boundary), ending in a
 // marker that gives its full length; s itself when it fits.
-func clip(s string, n int) string {
-	if len(s) <= n {
+func clip(s string, n int) string { return clipOf(s, n, len(s)) }
+
+// clipText is a message from the daemon or a fetcher redacted
+// (fetchers.RedactText) and clipped to n. Only its first 4n bytes are
+// redacted: what follows is cut anyway, and a message of megabytes costs
+// no more than a short one.
+func clipText(s string, n int) string {
+	total := len(s)
+	if total > 4*n {
+		s = s[:4*n]
+	}
+	return clipOf(fetchers.RedactText(s), n, total)
+}
+
+// clipOf clips s, a part of a text of total bytes, to n.
+func clipOf(s string, n, total int) string {
+	if len(s) <= n && total == len(s) {
 		return s
 	}
-	marker := "… [clipped: " + strconv.Itoa(len(s)) + " bytes]"
+	marker := "… [clipped: " + strconv.Itoa(total) + " bytes]"
 	cut := max(n-len(marker), 0)
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--

@@ -207,6 +207,7 @@ func rollouts(mc *ModelCache, resolved []ResolvedSource, nodes []ModelCacheNode,
 			if len(failed) > 0 {
 				rs.Message += "; could not get it (they keep serving " + a.Revision + "): " + strings.Join(failed, "; ")
 			}
+			rs.Message = clip(rs.Message, MaxStatusMessage) // the nodes' messages, each clipped too (count)
 		}
 		if src.artifact != mc.Name {
 			continue
@@ -242,7 +243,7 @@ func count(nodes []ModelCacheNode, mc, artifact string, e ResolvedSource) (ready
 			if holds(as, e) {
 				ready++
 			} else if x := as.Next; x != nil && x.Source == src && api.Phase(x.Phase) == api.PhaseFailed {
-				failed = append(failed, n.Name+": "+x.Message)
+				failed = append(failed, n.Name+": "+clip(x.Message, MaxStatusField))
 			}
 		}
 	}
