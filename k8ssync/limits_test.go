@@ -159,3 +159,22 @@ func TestModelCacheStatusStaysSmall(t *testing.T) {
 		t.Fatalf("rollout: %+v", st.Rollout)
 	}
 }
+
+// longRevisionNode resolves every source to a revision of 100 KB.
+type longRevisionNode struct{ Node }
+
+func (longRevisionNode) Resolve(_ context.Context, ds api.Desire, _ map[string]string) (string, string, error) {
+	return strings.Repeat("v", 100<<10), ds.URI, nil
+}
+
+// TestLongRevisionIsAnError: a revision longer than MaxStatusField (an
+// origin's validator, say) is not copied into status.resolved: the
+// resolution is recorded as an error, retried.
+func TestLongRevisionIsAnError(t *testing.T) {
+	mc := &ModelCache{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Spec: ModelCacheSpec{Source: "https://example.com/w.bin"}}
+	s := &Syncer{cfg: Config{Now: time.Now}, node: longRevisionNode{}, log: discard, polled: map[string]time.Time{}}
+	out, again := s.resolveAll(context.Background(), mc)
+	if len(out) != 1 || out[0].URI != "" || out[0].Revision != "" || !strings.Contains(out[0].Error, "a revision of 102400 bytes") || !again {
+		t.Fatalf("%+v again %v", out, again)
+	}
+}

@@ -105,6 +105,9 @@ func (s *Syncer) resolveAll(ctx context.Context, mc *ModelCache) (out []Resolved
 			if bad := atRevision(src.source, uri); bad != nil {
 				// The nodes would refuse it: an error, retried.
 				err = fmt.Errorf("the resolution %s is not the source at a revision: %w", clip(fetchers.RedactURI(uri), MaxStatusURI), bad)
+			} else if len(rev) > MaxStatusField {
+				// Not clipped: a clipped revision names no revision.
+				err = fmt.Errorf("a revision of %d bytes; the status holds at most %d", len(rev), MaxStatusField)
 			}
 		}
 		if polling {
