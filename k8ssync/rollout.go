@@ -165,7 +165,7 @@ func rollouts(mc *ModelCache, resolved []ResolvedSource, nodes []ModelCacheNode,
 		if src.ds.Kind == api.KindKernelCache {
 			continue
 		}
-		a, had, _ := activeFor(mc, src.artifact, src.source) // a forged one is dropped (and logged: lead)
+		a, had, _ := activeFor(mc, src.artifact, src.source) // a forged one is dropped: the target becomes active
 		var t ResolvedSource
 		tok := false
 		for _, e := range resolved {
