@@ -427,6 +427,12 @@ type Event struct {
 	Done     bool      `json:"done,omitempty"`
 }
 
+// MaxURIBytes caps a source URI (a pull's, a kernel cache's, a models.d
+// file's, a ModelCache's): a longer one is refused, naming the cap. It
+// bounds what a desire copies into messages, the index and the cluster's
+// status.
+const MaxURIBytes = 8 << 10
+
 // PullRequest asks for an artifact over the socket; the daemon turns it
 // into a persisted desire. It holds only what a socket client may set:
 // where a desire comes from (Origin), which model a kernel cache serves

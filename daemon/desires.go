@@ -297,6 +297,9 @@ func (d *Daemon) validateDesire(ds api.Desire) (api.Desire, error) {
 	if ds.URI == "" {
 		return ds, api.Errorf(api.CodeInvalid, "artifact %s: no source URI", ds.Name)
 	}
+	if err := checkURISizes(ds); err != nil {
+		return ds, err
+	}
 	if _, err := d.fetchers.For(ds.URI); err != nil {
 		return ds, api.Errorf(api.CodeInvalid, "artifact %s: %v", ds.Name, err)
 	}

@@ -206,7 +206,7 @@ func aggregate(mc *ModelCache, nodes []ModelCacheNode, now time.Time) (ModelCach
 	for i := range nodes {
 		statuses[i] = nodes[i].Status
 	}
-	st := ModelCacheStatus{ObservedGeneration: mc.Generation, Resolved: recordDigests(mc.Status.Resolved, statuses)}
+	st := ModelCacheStatus{ObservedGeneration: mc.Generation, Resolved: recordDigests(mc.Status.Resolved, nodes)}
 	var flips []flip
 	st.Active, st.Rollout, flips = rollouts(mc, st.Resolved, nodes, now)
 	st.Versions = versionStatuses(mc, statuses)
@@ -348,7 +348,7 @@ func versionStatus(owner, artifact, suffix string, nodes []ModelCacheNodeStatus)
 			switch api.Phase(a.Phase) {
 			case api.PhaseReady:
 				vs.Nodes.Ready++
-				revs[rd{a.Revision, a.Digest}]++
+				revs[rd{clip(a.Revision, MaxStatusField), clip(a.Digest, MaxStatusField)}]++
 			case api.PhaseDownloading:
 				vs.Nodes.Downloading++
 			case api.PhaseFailed:
@@ -359,10 +359,12 @@ func versionStatus(owner, artifact, suffix string, nodes []ModelCacheNodeStatus)
 				vs.Nodes.Pending++
 			}
 			for _, p := range a.Pods {
-				pods[p] = true
+				pods[clip(p, MaxStatusField)] = true
 			}
-			vs.LastUsed = max(vs.LastUsed, a.LastUsed) // RFC 3339 in UTC sorts as time
-			vs.LastDownloaded = max(vs.LastDownloaded, a.DownloadCompleted)
+			// RFC 3339 in UTC sorts as time; another node's report is
+			// clipped like the rest of what is copied from it.
+			vs.LastUsed = max(vs.LastUsed, clip(a.LastUsed, MaxStatusField))
+			vs.LastDownloaded = max(vs.LastDownloaded, clip(a.DownloadCompleted, MaxStatusField))
 		}
 	}
 	vs.Nodes.ReadyText = strconv.Itoa(vs.Nodes.Ready) + "/" + strconv.Itoa(vs.Nodes.Total)

@@ -70,6 +70,12 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 	owners = map[string]string{}
 	secrets := map[string]bool{} // the Secrets the selected ModelCaches name
 	defer s.keepSecrets(secrets, all)
+	refused := map[string]bool{}
+	defer func() {
+		s.mu.Lock()
+		s.refused = refused
+		s.mu.Unlock()
+	}()
 	var nodeLabels map[string]string
 	if node != nil {
 		nodeLabels = node.Labels
@@ -100,6 +106,7 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 		var resolved bool
 		var why string
 		if state == api.StatePresent {
+			s.refuse(mc, forged(mc), refused)
 			base, resolved, why = rolled(mc, base, mc.Spec.Source)
 		}
 		for i, kc := range mc.Spec.KernelCaches {

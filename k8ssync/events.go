@@ -26,6 +26,10 @@ const (
 	// active one).
 	EventPrefetched     = "Prefetched"
 	EventPrefetchFailed = "PrefetchFailed"
+	// EventResolutionRefused: this node refused an entry of the
+	// ModelCache's status.resolved or status.active that is not the
+	// spec's source at a revision; it keeps what it serves.
+	EventResolutionRefused = "ResolutionRefused"
 )
 
 // events emits an Event on the ModelCache for each transition of one of

@@ -122,19 +122,16 @@ func TestBranchMovesBetweenPulls(t *testing.T) {
 		}
 		return nil
 	})
-	var digest string
-	eventually(t, "status.resolved names commit 1 and the first node's folder checksum", 30*time.Second, func() error {
+	eventually(t, "status.resolved names commit 1", 30*time.Second, func() error {
 		m := getMC(t, dyn, "m")
 		r := resolvedOf(m, "m")
-		if r == nil || r.Revision != c1 || r.URI != "hf://org/m@"+c1 || r.Digest == "" || r.ResolvedAt.IsZero() || m.Status.Revision != c1 {
+		if r == nil || r.Revision != c1 || r.URI != "hf://org/m@"+c1 || r.ResolvedAt.IsZero() || m.Status.Revision != c1 {
 			return fmt.Errorf("%+v", m.Status)
 		}
-		digest = r.Digest
 		return nil
 	})
-	x, _ := a.c.Get(ctx, "m")
-	if x.ManifestDigest != digest {
-		t.Fatalf("the cluster's digest %s is not node-a's %s", digest, x.ManifestDigest)
+	if r := resolvedOf(getMC(t, dyn, "m"), "m"); r.Digest != "" {
+		t.Fatalf("one node's report set the cluster's folder checksum %s", r.Digest)
 	}
 	eventually(t, "node-a labelled ready", 20*time.Second, func() error {
 		if l := labelsOf(kc, "node-a"); l[k8ssync.LabelModelPrefix+"m"] != "ready" {
@@ -151,6 +148,17 @@ func TestBranchMovesBetweenPulls(t *testing.T) {
 		if err != nil || x.Phase != api.PhaseReady {
 			return fmt.Errorf("%+v %v", x, err)
 		}
+		return nil
+	})
+	// Two nodes agree: their folder checksum is the cluster's.
+	var digest string
+	eventually(t, "status.resolved records the folder checksum both nodes report", 30*time.Second, func() error {
+		r := resolvedOf(getMC(t, dyn, "m"), "m")
+		x, _ := a.c.Get(ctx, "m")
+		if r == nil || r.Digest == "" || x == nil || r.Digest != x.ManifestDigest {
+			return fmt.Errorf("%+v / %+v", r, x)
+		}
+		digest = r.Digest
 		return nil
 	})
 	for _, n := range []*node{a, b} {
@@ -201,11 +209,11 @@ func TestBranchMovesBetweenPulls(t *testing.T) {
 }
 
 // TestFolderChecksumPerCluster: a source without revisions (plain HTTP)
-// whose bytes change after the first node committed them: a node that
-// pulls it afterwards fails with the cluster's reason and keeps serving
-// what it had.
+// whose bytes change after two nodes committed them (their agreement is
+// the cluster's folder checksum): a node that pulls it afterwards fails
+// with the cluster's reason and keeps serving what it had.
 func TestFolderChecksumPerCluster(t *testing.T) {
-	cl, _, dyn := fleetCluster(t, "node-a", "node-b")
+	cl, _, dyn := fleetCluster(t, "node-a", "node-b", "node-c")
 	ctx := context.Background()
 	var mu sync.Mutex
 	files := map[string][]byte{"/v1.bin": storetest.Data(64<<10, 1), "/v2.bin": storetest.Data(64<<10, 2)}
@@ -222,10 +230,11 @@ func TestFolderChecksumPerCluster(t *testing.T) {
 	defer srv.Close()
 	a := startNode(t, cl.Config, "node-a", noGPU, false)
 	b := startNode(t, cl.Config, "node-b", noGPU, false)
+	c := startNode(t, cl.Config, "node-c", noGPU, false)
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("drift", map[string]any{"source": srv.URL + "/v1.bin"}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []*node{a, b} {
+	for _, n := range []*node{a, b, c} {
 		eventually(t, "v1 Ready on "+n.name, 30*time.Second, func() error {
 			if p := phaseOf(n, "drift"); p != api.PhaseReady {
 				return fmt.Errorf("phase %q", p)
@@ -233,15 +242,16 @@ func TestFolderChecksumPerCluster(t *testing.T) {
 			return nil
 		})
 	}
-	old, _ := b.c.Get(ctx, "drift")
+	old, _ := c.c.Get(ctx, "drift")
 
-	// v2 on node-a only: its folder checksum becomes the cluster's.
+	// v2 on node-a and node-b only: their folder checksum becomes the
+	// cluster's.
 	updateSpec(t, dyn, "drift", func(spec map[string]any) {
 		spec["source"] = srv.URL + "/v2.bin"
-		spec["nodeSelector"] = map[string]any{"matchLabels": map[string]any{"pool": "node-a"}}
+		spec["nodeSelector"] = map[string]any{"matchExpressions": []any{map[string]any{"key": "pool", "operator": "In", "values": []any{"node-a", "node-b"}}}}
 	})
 	var digest string
-	eventually(t, "the cluster records node-a's checksum of v2", 30*time.Second, func() error {
+	eventually(t, "the cluster records the checksum of v2 that node-a and node-b agree on", 30*time.Second, func() error {
 		r := resolvedOf(getMC(t, dyn, "drift"), "drift")
 		x, _ := a.c.Get(ctx, "drift")
 		if r == nil || r.Source != srv.URL+"/v2.bin" || r.Digest == "" || x == nil || x.ManifestDigest != r.Digest {
@@ -251,28 +261,28 @@ func TestFolderChecksumPerCluster(t *testing.T) {
 		return nil
 	})
 
-	// The bytes change; node-b is selected again.
+	// The bytes change; node-c is selected again.
 	mu.Lock()
 	files["/v2.bin"] = storetest.Data(64<<10, 3)
 	mu.Unlock()
 	updateSpec(t, dyn, "drift", func(spec map[string]any) { delete(spec, "nodeSelector") })
-	eventually(t, "node-b fails with the cluster's reason", 30*time.Second, func() error {
-		x, err := b.c.Get(ctx, "drift")
+	eventually(t, "node-c fails with the cluster's reason", 30*time.Second, func() error {
+		x, err := c.c.Get(ctx, "drift")
 		if err != nil || x.Phase != api.PhaseFailed || x.Reason != api.ReasonSourceChanged ||
 			!strings.Contains(x.Message, "source changed since the cluster resolved it: digest ") || !strings.Contains(x.Message, "cluster has "+digest) {
 			return fmt.Errorf("%+v %v", x, err)
 		}
 		return nil
 	})
-	x, _ := b.c.Get(ctx, "drift")
+	x, _ := c.c.Get(ctx, "drift")
 	if x.Revision != old.Revision || x.ManifestDigest != old.ManifestDigest {
-		t.Fatalf("node-b no longer serves what it had: %s (%s), had %s (%s)", x.Revision, x.ManifestDigest, old.Revision, old.ManifestDigest)
+		t.Fatalf("node-c no longer serves what it had: %s (%s), had %s (%s)", x.Revision, x.ManifestDigest, old.Revision, old.ManifestDigest)
 	}
-	if _, err := os.Stat(filepath.Join(b.root, "models", "drift", "current")); err != nil {
+	if _, err := os.Stat(filepath.Join(c.root, "models", "drift", "current")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "node-b's status says why", 20*time.Second, func() error {
-		n, err := nodeStatus(dyn, "node-b")
+	eventually(t, "node-c's status says why", 20*time.Second, func() error {
+		n, err := nodeStatus(dyn, "node-c")
 		if err != nil {
 			return err
 		}
@@ -333,7 +343,7 @@ func TestOCITagMovesBetweenPulls(t *testing.T) {
 	eventually(t, "status.resolved pins both by digest", 20*time.Second, func() error {
 		m := getMC(t, dyn, "m")
 		r, k := resolvedOf(m, "m"), resolvedOf(m, "m-sm90")
-		if r == nil || k == nil || r.URI != "oci://"+host+"/models/m@sha256:"+m1 || k.URI != "oci://"+host+"/kernels/m@sha256:"+k1 || r.Digest == "" {
+		if r == nil || k == nil || r.URI != "oci://"+host+"/models/m@sha256:"+m1 || k.URI != "oci://"+host+"/kernels/m@sha256:"+k1 {
 			return fmt.Errorf("%+v", m.Status.Resolved)
 		}
 		return nil

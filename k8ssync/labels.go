@@ -76,9 +76,9 @@ func nodeLabels(arts []api.Artifact, mcs []*ModelCache, want map[string]api.Desi
 		if !ok || a.Phase != api.PhaseReady {
 			continue
 		}
-		e, ok := activeOf(mc, mc.Name) // during a rollout: the revision that serves
+		e, ok, _ := activeFor(mc, mc.Name, mc.Spec.Source) // during a rollout: the revision that serves
 		if !ok {
-			e, ok = resolution(mc, mc.Name, mc.Spec.Source)
+			e, ok, _ = resolution(mc, mc.Name, mc.Spec.Source)
 		}
 		if ok && e.Revision != "" && a.Revision != e.Revision {
 			continue // another revision than the cluster's active one

@@ -15,9 +15,10 @@ import (
 // One resolution per cluster. The elected daemon resolves each source of
 // a ModelCache (main, versions, kernel caches) once and records it in
 // status.resolved; every node turns that record into the desire it hands
-// its daemon: the pinned URI, and the folder checksum the first node to
-// commit it reported. A node never resolves a branch or tag on its own,
-// so a node that joins later serves the same bytes as its peers.
+// its daemon: the pinned URI (only when it is the spec's source at a
+// revision: pinned.go), and the folder checksum that two nodes agreed on
+// (recordDigests). A node never resolves a branch or tag on its own, so a
+// node that joins later serves the same bytes as its peers.
 
 // resolveRetry is how soon a failed resolution is tried again.
 const resolveRetry = 30 * time.Second
@@ -47,8 +48,9 @@ func sources(mc *ModelCache) []sourceOf {
 }
 
 // resolveAll is mc's status.resolved after this pass: an entry whose
-// source the spec still names is kept (with its folder checksum); a new
-// or changed source is resolved now; a failed one again after
+// source the spec still names is kept (with its folder checksum) when
+// its URI is that source at a revision (atRevision); a new or changed
+// source, or a forged entry, is resolved now; a failed one again after
 // resolveRetry; under updatePolicy Poll every entry again each interval
 // (kept as it was when the revision has not moved, and when the poll
 // fails: a known resolution is never dropped for a passing error). again
@@ -68,6 +70,14 @@ func (s *Syncer) resolveAll(ctx context.Context, mc *ModelCache) (out []Resolved
 	for _, src := range sources(mc) {
 		key := mc.Name + "/" + src.artifact
 		e, had := old[src.artifact]
+		if had && e.Source == src.source && e.URI != "" {
+			if err := atRevision(src.source, e.URI); err != nil {
+				// Forged: resolved again now (the nodes refused it).
+				s.log.Warn("k8s sync: dropping a recorded resolution that is not the spec's source at a revision", "modelcache", mc.Name,
+					"artifact", src.artifact, "source", fetchers.RedactURI(src.source), "uri", clip(fetchers.RedactURI(e.URI), MaxStatusURI), "why", err)
+				had = false
+			}
+		}
 		polling := false
 		if had && e.Source == src.source {
 			switch {
@@ -91,6 +101,15 @@ func (s *Syncer) resolveAll(ctx context.Context, mc *ModelCache) (out []Resolved
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		rev, uri, err := s.node.Resolve(rctx, src.ds, creds)
 		cancel()
+		if err == nil {
+			if bad := atRevision(src.source, uri); bad != nil {
+				// The nodes would refuse it: an error, retried.
+				err = fmt.Errorf("the resolution %s is not the source at a revision: %w", clip(fetchers.RedactURI(uri), MaxStatusURI), bad)
+			} else if len(rev) > MaxStatusField {
+				// Not clipped: a clipped revision names no revision.
+				err = fmt.Errorf("a revision of %d bytes; the status holds at most %d", len(rev), MaxStatusField)
+			}
+		}
 		if polling {
 			if err != nil || (rev == e.Revision && uri == e.URI) {
 				// Nothing to record: the next poll is an interval on. (A
@@ -112,7 +131,7 @@ func (s *Syncer) resolveAll(ctx context.Context, mc *ModelCache) (out []Resolved
 		e = ResolvedSource{Artifact: src.artifact, Source: src.source, Revision: rev, URI: uri, Generation: mc.Generation,
 			ResolvedAt: metav1.NewTime(now.Truncate(time.Second))}
 		if err != nil {
-			e.Revision, e.URI, e.Error = "", "", fetchers.RedactText(err.Error())
+			e.Revision, e.URI, e.Error = "", "", clip(fetchers.RedactText(err.Error()), MaxStatusMessage)
 			again = true
 			s.log.Warn("k8s sync: resolving for the cluster", "modelcache", mc.Name, "artifact", src.artifact, "source", fetchers.RedactURI(src.source), "err", e.Error)
 		} else {
@@ -152,20 +171,33 @@ func pollInterval(mc *ModelCache) (time.Duration, error) {
 	return max(d, MinPollInterval), nil
 }
 
+// digestQuorum is how many nodes must report the same folder checksum
+// of a resolution, Ready, before the elected daemon records it: no one
+// node's report (a node that lies, a node whose origin served it other
+// bytes) decides what every other node must produce.
+const digestQuorum = 2
+
 // recordDigests fills the folder checksum of each resolution that has
-// none from the nodes holding its revision Ready (the first to report
-// it; were several to report at once, the most common, then the least).
+// none once digestQuorum nodes hold its revision Ready with the same one
+// (each node counts once; were several checksums to reach it at once,
+// the most common, then the least). Until then nodes pull without it.
 // Once recorded it stays for as long as the resolution does.
-func recordDigests(resolved []ResolvedSource, nodes []ModelCacheNodeStatus) []ResolvedSource {
+func recordDigests(resolved []ResolvedSource, nodes []ModelCacheNode) []ResolvedSource {
 	out := append([]ResolvedSource(nil), resolved...)
 	for i := range out {
 		e := &out[i]
 		if e.Digest != "" || e.URI == "" {
 			continue
 		}
-		seen := map[string]int{}
+		seen := map[string]map[string]bool{} // digest → the nodes that report it
+		vote := func(d, node string) {
+			if seen[d] == nil {
+				seen[d] = map[string]bool{}
+			}
+			seen[d][node] = true
+		}
 		for _, n := range nodes {
-			for _, a := range n.Artifacts {
+			for _, a := range n.Status.Artifacts {
 				// The revision, from the pinned URI: an old pull of the
 				// same name (a source without revisions, another source)
 				// does not count.
@@ -174,15 +206,15 @@ func recordDigests(resolved []ResolvedSource, nodes []ModelCacheNodeStatus) []Re
 				}
 				if api.Phase(a.Phase) == api.PhaseReady && a.Digest != "" && (e.Revision == "" || a.Revision == e.Revision) &&
 					a.Source == fetchers.RedactURI(e.URI) {
-					seen[a.Digest]++
-				} else if n := a.Next; n != nil && api.Phase(n.Phase) == api.PhaseReady && n.Digest != "" && (served{n.Revision, n.Source}).is(*e) {
-					seen[n.Digest]++ // prefetched for a rollout
+					vote(a.Digest, n.Name)
+				} else if x := a.Next; x != nil && api.Phase(x.Phase) == api.PhaseReady && x.Digest != "" && (served{x.Revision, x.Source}).is(*e) {
+					vote(x.Digest, n.Name) // prefetched for a rollout
 				}
 			}
 		}
-		best := 0
-		for d, c := range seen {
-			if c > best || (c == best && d < e.Digest) {
+		best := digestQuorum - 1
+		for d, by := range seen {
+			if c := len(by); c > best || (c == best && c >= digestQuorum && d < e.Digest) {
 				e.Digest, best = d, c
 			}
 		}
@@ -191,24 +223,35 @@ func recordDigests(resolved []ResolvedSource, nodes []ModelCacheNodeStatus) []Re
 }
 
 // resolution is mc's record for artifact when it is for the source the
-// spec names now.
-func resolution(mc *ModelCache, artifact, source string) (ResolvedSource, bool) {
+// spec names now, and its URI is that source at a revision (refused says
+// why a record for the source is not, pinned.go).
+func resolution(mc *ModelCache, artifact, source string) (e ResolvedSource, ok bool, refused error) {
 	for _, e := range mc.Status.Resolved {
 		if e.Artifact == artifact && e.Source == source {
-			return e, e.URI != "" && e.Error == ""
+			if e.URI == "" || e.Error != "" {
+				return e, false, nil
+			}
+			if err := atRevision(source, e.URI); err != nil {
+				return e, false, err
+			}
+			return e, true, nil
 		}
 	}
-	return ResolvedSource{}, false
+	return ResolvedSource{}, false, nil
 }
 
 // pinned turns a desire of mc into the cluster's: the pinned URI and,
 // unless the user gave a digest, the cluster's folder checksum. ok is
-// false while the cluster has no resolution for it (why says so).
+// false while the cluster has no resolution for it, or one this node
+// refuses (why says so).
 func pinned(mc *ModelCache, ds api.Desire, source string) (out api.Desire, ok bool, why string) {
-	e, ok := resolution(mc, ds.Name, source)
+	e, ok, refused := resolution(mc, ds.Name, source)
 	if !ok {
+		if refused != nil {
+			return ds, false, refusedWhy("status.resolved", refused)
+		}
 		if e.Error != "" {
-			return ds, false, "the cluster could not resolve its source (the elected modelcached retries): " + e.Error
+			return ds, false, "the cluster could not resolve its source (the elected modelcached retries): " + clip(e.Error, MaxStatusMessage)
 		}
 		return ds, false, "waiting for the cluster's resolution of its source (status.resolved, written by the elected modelcached)"
 	}

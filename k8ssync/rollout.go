@@ -59,6 +59,24 @@ func activeOf(mc *ModelCache, artifact string) (ResolvedSource, bool) {
 	return ResolvedSource{}, false
 }
 
+// activeFor is mc's active resolution of artifact when its URI is the
+// spec's source at a revision. An entry of another source (the spec
+// named another one since) does not count; one of the spec's source with
+// another URI is refused (pinned.go).
+func activeFor(mc *ModelCache, artifact, source string) (e ResolvedSource, ok bool, refused error) {
+	e, ok = activeOf(mc, artifact)
+	if !ok {
+		return e, false, nil
+	}
+	if err := atRevision(source, e.URI); err != nil {
+		if e.Source == source {
+			return e, false, err
+		}
+		return e, false, nil
+	}
+	return e, true, nil
+}
+
 // sameRevision: a and b name the same bytes to pull.
 func sameRevision(a, b ResolvedSource) bool { return a.URI == b.URI && a.Revision == b.Revision }
 
@@ -82,8 +100,11 @@ func withRevision(e ResolvedSource, ds api.Desire) api.Desire {
 // the active revision. until is when a retained previous revision may go
 // (zero: none retained).
 func modelDesire(mc *ModelCache, ds api.Desire, source string, current served, now time.Time) (out api.Desire, ok bool, why string, until time.Time) {
-	t, tok := resolution(mc, ds.Name, source)
-	a, aok := activeOf(mc, ds.Name)
+	t, tok, _ := resolution(mc, ds.Name, source) // pinned says why a refused one waits
+	a, aok, refused := activeFor(mc, ds.Name, source)
+	if refused != nil {
+		return ds, false, refusedWhy("status.active", refused), until
+	}
 	retain := func(d api.Desire) api.Desire {
 		if !aok || a.Previous == "" || a.ActivatedAt == nil {
 			return d
@@ -144,7 +165,7 @@ func rollouts(mc *ModelCache, resolved []ResolvedSource, nodes []ModelCacheNode,
 		if src.ds.Kind == api.KindKernelCache {
 			continue
 		}
-		a, had := activeOf(mc, src.artifact)
+		a, had, _ := activeFor(mc, src.artifact, src.source) // a forged one is dropped: the target becomes active
 		var t ResolvedSource
 		tok := false
 		for _, e := range resolved {
@@ -186,6 +207,7 @@ func rollouts(mc *ModelCache, resolved []ResolvedSource, nodes []ModelCacheNode,
 			if len(failed) > 0 {
 				rs.Message += "; could not get it (they keep serving " + a.Revision + "): " + strings.Join(failed, "; ")
 			}
+			rs.Message = clip(rs.Message, MaxStatusMessage) // the nodes' messages, each clipped too (count)
 		}
 		if src.artifact != mc.Name {
 			continue
@@ -221,7 +243,7 @@ func count(nodes []ModelCacheNode, mc, artifact string, e ResolvedSource) (ready
 			if holds(as, e) {
 				ready++
 			} else if x := as.Next; x != nil && x.Source == src && api.Phase(x.Phase) == api.PhaseFailed {
-				failed = append(failed, n.Name+": "+x.Message)
+				failed = append(failed, n.Name+": "+clip(x.Message, MaxStatusField))
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package k8ssync
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"sort"
 	"strconv"
@@ -21,64 +22,7 @@ import (
 // once per StatusInterval, and at least once per Heartbeat. Server-side
 // apply: no read, no conflict.
 func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners map[string]string, want map[string]api.Desire, pending map[string]string) {
-	st := ModelCacheNodeStatus{}
-	inv := s.node.GPUs()
-	st.GPUs, st.GPUSource = inv.Devices, inv.Source
-	if ds, err := s.node.StatusNow(); err == nil {
-		st.CapacityBytes, st.UsedBytes, st.ReservedBytes, st.FreeBytes = ds.FSCapacityBytes, ds.StoreBytes, ds.ReservedBytes, ds.FSFreeBytes
-	}
-	seen := map[string]bool{}
-	for _, a := range arts {
-		seen[a.Name] = true
-		as := ArtifactStatus{Name: a.Name, ModelCache: owners[a.Name], Kind: a.Kind, Phase: string(a.Phase), Revision: a.Revision,
-			Digest: a.ManifestDigest, Bytes: a.Bytes, Message: fetchers.RedactText(a.Message), Reason: a.Reason}
-		as.Source = a.Source
-		if n := a.Next; n != nil {
-			as.Next = &NextStatus{Revision: n.Revision, Source: fetchers.RedactURI(n.URI), Phase: string(n.Phase), Digest: n.ManifestDigest,
-				Message: fetchers.RedactText(n.Message), Reason: n.Reason}
-		}
-		for _, h := range a.InUse {
-			as.InUseBy = append(as.InUseBy, h.String())
-			if h.Kind == "pod" && !slices.Contains(as.Pods, h.ID) {
-				as.Pods = append(as.Pods, h.ID)
-			}
-		}
-		sort.Strings(as.Pods)
-		if lp := a.LastPull; lp != nil {
-			as.DownloadSeconds, as.BytesPerSecond = round(lp.Seconds), round(lp.BytesPerSecond)
-			done := lp.At.UTC().Truncate(time.Second)
-			as.DownloadCompleted = done.Format(time.RFC3339)
-			as.DownloadStarted = done.Add(-time.Duration(lp.Seconds * float64(time.Second))).Truncate(time.Second).Format(time.RFC3339)
-		}
-		if p := a.Progress; p != nil && a.Phase == api.PhaseDownloading && !p.Started.IsZero() {
-			as.DownloadStarted, as.DownloadCompleted = p.Started.UTC().Truncate(time.Second).Format(time.RFC3339), ""
-		}
-		if a.LastUsed != nil {
-			// Hours: a model in use would otherwise write status on every
-			// read (a request per minute per node); the heartbeat is hourly.
-			as.LastUsed = a.LastUsed.UTC().Truncate(time.Hour).Format(time.RFC3339)
-		}
-		st.Artifacts = append(st.Artifacts, as)
-	}
-	// A selected ModelCache is listed even before anything is known of it,
-	// so the aggregator counts this node in its total.
-	for name := range want {
-		if !seen[name] && want[name].State != api.StateAbsent {
-			st.Artifacts = append(st.Artifacts, ArtifactStatus{Name: name, ModelCache: owners[name], Phase: string(api.PhasePending)})
-		}
-	}
-	for name, why := range pending {
-		if !seen[name] {
-			st.Artifacts = append(st.Artifacts, ArtifactStatus{Name: name, ModelCache: owners[name], Phase: string(api.PhasePending), Message: why})
-		}
-	}
-	sort.Slice(st.Artifacts, func(i, j int) bool { return st.Artifacts[i].Name < st.Artifacts[j].Name })
-	st.Summary = phaseSummary(st.Artifacts)
-	s.mu.Lock()
-	if s.aggProblem != "" {
-		st.Problems = append(st.Problems, s.aggProblem)
-	}
-	s.mu.Unlock()
+	st := s.nodeStatus(arts, owners, want, pending)
 	body, _ := json.Marshal(st)
 	s.mu.Lock()
 	same := string(body) == string(s.lastStatus)
@@ -144,6 +88,136 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 	}
 	s.writeErrs = 0
 	s.lastStatus = body
+}
+
+// nodeStatus is this node's ModelCacheNode status: every string clipped
+// to its cap and the whole within MaxNodeStatusBytes (limits.go).
+func (s *Syncer) nodeStatus(arts []api.Artifact, owners map[string]string, want map[string]api.Desire, pending map[string]string) ModelCacheNodeStatus {
+	st := ModelCacheNodeStatus{}
+	inv := s.node.GPUs()
+	st.GPUs, st.GPUSource = inv.Devices, inv.Source
+	if ds, err := s.node.StatusNow(); err == nil {
+		st.CapacityBytes, st.UsedBytes, st.ReservedBytes, st.FreeBytes = ds.FSCapacityBytes, ds.StoreBytes, ds.ReservedBytes, ds.FSFreeBytes
+	}
+	seen := map[string]bool{}
+	for _, a := range arts {
+		seen[a.Name] = true
+		as := ArtifactStatus{Name: a.Name, ModelCache: owners[a.Name], Kind: a.Kind, Phase: string(a.Phase), Revision: a.Revision,
+			Digest: a.ManifestDigest, Bytes: a.Bytes, Message: a.Message, Reason: a.Reason} // messages: redacted and clipped below (clipArtifact)
+		as.Source = a.Source
+		if n := a.Next; n != nil {
+			as.Next = &NextStatus{Revision: n.Revision, Source: fetchers.RedactURI(n.URI), Phase: string(n.Phase), Digest: n.ManifestDigest,
+				Message: n.Message, Reason: n.Reason}
+		}
+		for _, h := range a.InUse {
+			as.InUseBy = append(as.InUseBy, h.String())
+			if h.Kind == "pod" && !slices.Contains(as.Pods, h.ID) {
+				as.Pods = append(as.Pods, h.ID)
+			}
+		}
+		sort.Strings(as.Pods)
+		if lp := a.LastPull; lp != nil {
+			as.DownloadSeconds, as.BytesPerSecond = round(lp.Seconds), round(lp.BytesPerSecond)
+			done := lp.At.UTC().Truncate(time.Second)
+			as.DownloadCompleted = done.Format(time.RFC3339)
+			as.DownloadStarted = done.Add(-time.Duration(lp.Seconds * float64(time.Second))).Truncate(time.Second).Format(time.RFC3339)
+		}
+		if p := a.Progress; p != nil && a.Phase == api.PhaseDownloading && !p.Started.IsZero() {
+			as.DownloadStarted, as.DownloadCompleted = p.Started.UTC().Truncate(time.Second).Format(time.RFC3339), ""
+		}
+		if a.LastUsed != nil {
+			// Hours: a model in use would otherwise write status on every
+			// read (a request per minute per node); the heartbeat is hourly.
+			as.LastUsed = a.LastUsed.UTC().Truncate(time.Hour).Format(time.RFC3339)
+		}
+		st.Artifacts = append(st.Artifacts, as)
+	}
+	// A selected ModelCache is listed even before anything is known of it,
+	// so the aggregator counts this node in its total.
+	for name := range want {
+		if !seen[name] && want[name].State != api.StateAbsent {
+			st.Artifacts = append(st.Artifacts, ArtifactStatus{Name: name, ModelCache: owners[name], Phase: string(api.PhasePending)})
+		}
+	}
+	for name, why := range pending {
+		if !seen[name] {
+			st.Artifacts = append(st.Artifacts, ArtifactStatus{Name: name, ModelCache: owners[name], Phase: string(api.PhasePending), Message: why})
+		}
+	}
+	sort.Slice(st.Artifacts, func(i, j int) bool { return st.Artifacts[i].Name < st.Artifacts[j].Name })
+	st.Summary = phaseSummary(st.Artifacts)
+	s.mu.Lock()
+	if s.aggProblem != "" {
+		st.Problems = append(st.Problems, clip(s.aggProblem, MaxStatusMessage))
+	}
+	s.mu.Unlock()
+	for i := range st.Artifacts {
+		clipArtifact(&st.Artifacts[i])
+	}
+	fit(&st)
+	return st
+}
+
+// clipArtifact clips what an artifact's status copies from the daemon to
+// its caps (limits.go) and redacts its messages.
+func clipArtifact(as *ArtifactStatus) {
+	for _, f := range []*string{&as.Kind, &as.Phase, &as.Revision, &as.Digest, &as.Reason, &as.LastUsed, &as.DownloadStarted, &as.DownloadCompleted} {
+		*f = clip(*f, MaxStatusField)
+	}
+	as.Source, as.Message = clip(as.Source, MaxStatusURI), clipText(as.Message, MaxStatusMessage)
+	as.InUseBy = clipList(as.InUseBy)
+	for i := range as.Pods {
+		as.Pods[i] = clip(as.Pods[i], MaxStatusField)
+	}
+	as.Pods = as.Pods[:min(len(as.Pods), MaxNodePods)]
+	if n := as.Next; n != nil {
+		for _, f := range []*string{&n.Revision, &n.Phase, &n.Digest, &n.Reason} {
+			*f = clip(*f, MaxStatusField)
+		}
+		n.Source, n.Message = clip(n.Source, MaxStatusURI), clipText(n.Message, MaxStatusMessage)
+	}
+}
+
+// fit leaves artifacts out of st until it is within MaxNodeStatusBytes:
+// those of no ModelCache first (the cluster counts the others), each
+// group from the end of the list; status.problems says how many. The
+// summary still counts every artifact.
+func fit(st *ModelCacheNodeStatus) {
+	size := jsonSize(st)
+	if size <= MaxNodeStatusBytes {
+		return
+	}
+	var order []int
+	for _, own := range []bool{false, true} {
+		for i := len(st.Artifacts) - 1; i >= 0; i-- {
+			if (st.Artifacts[i].ModelCache != "") == own {
+				order = append(order, i)
+			}
+		}
+	}
+	out := map[int]bool{}
+	const room = 512 // the problem's line
+	for _, i := range order {
+		if size+room <= MaxNodeStatusBytes {
+			break
+		}
+		size -= jsonSize(st.Artifacts[i]) + 1
+		out[i] = true
+	}
+	kept := st.Artifacts[:0:0]
+	for i, a := range st.Artifacts {
+		if !out[i] {
+			kept = append(kept, a)
+		}
+	}
+	st.Problems = append(st.Problems, fmt.Sprintf("%d of %d artifacts are not listed here: the status would pass its cap of %d KiB "+
+		"(the API server refuses an object over about 1.5 MB); modelctl list on the node shows them all", len(out), len(st.Artifacts), MaxNodeStatusBytes>>10))
+	st.Artifacts = kept
+}
+
+func jsonSize(v any) int {
+	b, _ := json.Marshal(v)
+	return len(b)
 }
 
 // round keeps 3 significant digits, so the status does not churn with

@@ -140,6 +140,7 @@ type Syncer struct {
 	polled       map[string]time.Time // modelcache/artifact → when this leader last polled its source
 	flipped      map[string]string    // modelcache/artifact → the revision this leader last made active (one Event per flip)
 	nexts        map[string]string    // artifact → the phase of its prefetch at the last pass (for Events)
+	refused      map[string]bool      // the status entries this node refused at the last pass (one Event each)
 	writeErrs    int
 	timer        bool   // a later poke is pending
 	created      bool   // this node's ModelCacheNode exists

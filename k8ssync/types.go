@@ -235,8 +235,9 @@ type ResolvedSource struct {
 	// source itself where the scheme has no pinned form (s3, http, file:
 	// Digest then guarantees the bytes).
 	URI string `json:"uri,omitempty"`
-	// Digest is the folder checksum (manifest digest) of the first node
-	// that committed the revision; every other node must produce the same.
+	// Digest is the folder checksum (manifest digest) that two nodes
+	// reported for the revision, Ready, before any other (one node's
+	// report alone never sets it); every other node must produce the same.
 	Digest     string      `json:"digest,omitempty"`
 	Generation int64       `json:"generation,omitempty"`
 	ResolvedAt metav1.Time `json:"resolvedAt"`
