@@ -52,7 +52,7 @@ func TestTourReadme(t *testing.T) {
 
 	// The sources the Quick start pulls, served here: a local tree and an
 	// HTTP origin on loopback.
-	fixtures := t.TempDir()
+	fixtures := shortTempDir(t)
 	model := filepath.Join(fixtures, "a-model")
 	if err := os.MkdirAll(model, 0o755); err != nil {
 		t.Fatal(err)
@@ -96,7 +96,7 @@ func TestTourReadme(t *testing.T) {
 					skipped[c] = true
 				}
 			}
-			dir := t.TempDir()
+			dir := shortTempDir(t)
 			if err := os.Symlink(bins, filepath.Join(dir, "bin")); err != nil {
 				t.Fatal(err)
 			}
@@ -134,6 +134,19 @@ func TestTourReadme(t *testing.T) {
 			t.Errorf("the skip of %q is stale: README.md's tour no longer has that line", cmd)
 		}
 	}
+}
+
+// shortTempDir is a temporary directory of a short path, whatever TMPDIR
+// says: a unix socket's path has at most 107 bytes, and list cuts a
+// source past 60 columns.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/tmp", "tour")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // A tourStep is one command line of the README and what it must do.
