@@ -99,11 +99,27 @@ func TestModelctlEndToEnd(t *testing.T) {
 		t.Fatalf("inspect after evict: %d %q", r.code, r.stderr)
 	}
 
-	// A failed pull exits 1 with the reason; --no-wait returns at once and wait reports the failure.
-	if r := e.ctl(nil, "pull", "file://"+src, "--name", "bad", "--digest", "sha256:"+strings.Repeat("1", 64)); r.code != 1 || !strings.Contains(r.stderr, "digest mismatch") {
+	// A failed pull exits 1 with the reason; a new name's pull that failed
+	// for good leaves nothing behind (no entry to evict) unless --keep.
+	// --no-wait returns at once and wait reports the failure.
+	if r := e.ctl(nil, "pull", "file://"+src, "--name", "bad", "--digest", "sha256:"+strings.Repeat("1", 64)); r.code != 1 || !strings.Contains(r.stderr, "digest mismatch") || !strings.Contains(r.stderr, "nothing was kept") {
 		t.Fatalf("pull with a wrong --digest: %d %q", r.code, r.stderr)
 	}
+	if r := e.ctl(nil, "inspect", "bad"); r.code != 1 || !strings.Contains(r.stderr, "not in the cache") {
+		t.Fatalf("inspect after a first pull failed for good: %d %q", r.code, r.stderr)
+	}
+	if r := e.ctl(nil, "pull", "file://"+src, "--name", "bad", "--keep", "--digest", "sha256:"+strings.Repeat("1", 64)); r.code != 1 || !strings.Contains(r.stderr, "desire for bad stays") {
+		t.Fatalf("pull --keep with a wrong --digest: %d %q", r.code, r.stderr)
+	}
 	e.mustCtl("evict", "bad")
+	// A pull nobody waited for keeps its Failed ad-hoc entry: evict --failed drops it.
+	e.mustCtl("pull", "file://"+src, "--name", "bad2", "--no-wait", "--digest", "sha256:"+strings.Repeat("2", 64))
+	if r := e.ctl(nil, "wait", "bad2", "--timeout", "20s"); r.code != 1 || !strings.Contains(r.stderr, "digest mismatch") {
+		t.Fatalf("wait for a pull with a wrong --digest: %d %q", r.code, r.stderr)
+	}
+	if out := e.mustCtl("evict", "--failed"); !strings.Contains(out, "bad2: evicted") {
+		t.Fatalf("evict --failed: %q", out)
+	}
 	e.mustCtl("pull", "file://"+src, "--name", "later", "--no-wait")
 	e.mustCtl("wait", "later", "--timeout", "20s")
 	if r := e.ctl(nil, "wait", "nosuch", "--timeout", "300ms"); r.code != 1 || !strings.Contains(r.stderr, "nothing desires it") {
