@@ -164,7 +164,7 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 		return err
 	}
 	eventually(t, "the policies refuse node A's token a label on node B", 30*time.Second, func() error {
-		if err := patchNode(nc, "node-b", `{"metadata":{"labels":{"model.modelcache.io/m":"ready"}}}`); !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
+		if err := patchNode(nc, "node-b", `{"metadata":{"labels":{"model.modelcache.io/m":"ready"}}}`); !apierrors.IsForbidden(err) {
 			return fmt.Errorf("patch: %v", err)
 		}
 		return nil
@@ -173,7 +173,7 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 		t.Helper()
 		if err == nil {
 			t.Errorf("%s: allowed, want refused", what)
-		} else if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
+		} else if !apierrors.IsForbidden(err) {
 			t.Errorf("%s: %v, want Forbidden", what, err)
 		}
 	}
@@ -205,10 +205,10 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 	apply := metav1.ApplyOptions{FieldManager: "modelcached", Force: true}
 	_, err = ndyn.Resource(k8ssync.ModelCacheNodeGVR).Apply(ctx, "node-b", mcn("node-b"), apply)
 	refused("creating node B's ModelCacheNode", err)
-	if _, err := dyn.Resource(k8ssync.ModelCacheNodeGVR).Create(ctx, mcn("node-b"), metav1.CreateOptions{}); err != nil {
+	if _, err := dyn.Resource(k8ssync.ModelCacheNodeGVR).Create(ctx, mcn("node-b"), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	_, err = ndyn.Resource(k8ssync.ModelCacheNodeGVR).Patch(ctx, "node-b", types.MergePatchType, []byte(`{"status":{"gpus":{"source":"forged"}}}`), metav1.PatchOptions{}, "status")
+	_, err = ndyn.Resource(k8ssync.ModelCacheNodeGVR).Patch(ctx, "node-b", types.MergePatchType, []byte(`{"status":{"gpuSource":"forged"}}`), metav1.PatchOptions{}, "status")
 	refused("patching node B's ModelCacheNode status", err)
 	_, err = ndyn.Resource(k8ssync.ModelCacheNodeGVR).Patch(ctx, "node-b", types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
 	refused("patching node B's ModelCacheNode", err)
@@ -245,7 +245,8 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 		t.Errorf("listing the Secret the bundle names: %d items", len(l.Items))
 	}
 
-	// PersistentVolumes: its own local PVs under the store only.
+	// PersistentVolumes: its own local PVs under the store's models/ only
+	// (the API server itself refuses a local path with ".." in it).
 	pvs := nc.CoreV1().PersistentVolumes()
 	const path = "/var/lib/modelcache/models/m/current"
 	_, err = pvs.Create(ctx, localPV("modelcache-node-b-m", "node-b", path), metav1.CreateOptions{})
@@ -259,7 +260,7 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 		MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"node-b"}}}})
 	_, err = pvs.Create(ctx, pv, metav1.CreateOptions{})
 	refused("a PV with node affinity to node A or node B", err)
-	for _, p := range []string{"/var/lib/kubelet/pods", "/var/lib/modelcache", "/var/lib/modelcache/models/../index.db", "/var/lib/modelcache/models/m/../../blobs"} {
+	for _, p := range []string{"/var/lib/kubelet/pods", "/var/lib/modelcache", "/var/lib/modelcache/blobs", "/var/lib/modelcache/modelsx"} {
 		_, err = pvs.Create(ctx, localPV("modelcache-node-a-m3", "node-a", p), metav1.CreateOptions{})
 		refused("a PV of node A at "+p, err)
 	}
@@ -279,7 +280,7 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 	refused("a PV of node A named outside its names", err)
 	_, err = pvs.Create(ctx, localPV("modelcache-node-a-m", "node-a", path), metav1.CreateOptions{})
 	allowed("node A's local PV", err)
-	if _, err := kc.CoreV1().PersistentVolumes().Create(ctx, localPV("modelcache-node-b-m", "node-b", path), metav1.CreateOptions{}); err != nil {
+	if _, err := kc.CoreV1().PersistentVolumes().Create(ctx, localPV("modelcache-node-b-m", "node-b", path), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	refused("deleting node B's PV", pvs.Delete(ctx, "modelcache-node-b-m", metav1.DeleteOptions{}))
