@@ -3,6 +3,7 @@ package k8ssync_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -128,8 +129,9 @@ func localPV(name, node, path string) *corev1.PersistentVolume {
 // ModelCacheNode, A's local PVs and the aggregator's Lease, and nothing
 // else: not node B, not A's other labels, taints or schedulability, not
 // B's ModelCacheNode or PVs, not a PV outside the store or bound to a
-// claim, not a Secret the bundle does not name; a token of the account
-// that names no node writes none of it. The daemon itself still works
+// claim, not a Secret the bundle does not name, not a ModelCache's status
+// unless the aggregator's Lease names it; a token of the account that
+// names no node writes none of it. The daemon itself still works
 // with that token: it reports its ModelCacheNode, takes the Lease,
 // aggregates and labels its Node.
 func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
@@ -278,15 +280,15 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 	refused("a PV of another storage class", err)
 	_, err = pvs.Create(ctx, localPV("team-b-data", "node-a", path), metav1.CreateOptions{})
 	refused("a PV of node A named outside its names", err)
-	_, err = pvs.Create(ctx, localPV("modelcache-node-a-m", "node-a", path), metav1.CreateOptions{})
+	_, err = pvs.Create(ctx, localPV(k8ssync.PVName("node-a", "m"), "node-a", path), metav1.CreateOptions{})
 	allowed("node A's local PV", err)
 	if _, err := kc.CoreV1().PersistentVolumes().Create(ctx, localPV("modelcache-node-b-m", "node-b", path), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	refused("deleting node B's PV", pvs.Delete(ctx, "modelcache-node-b-m", metav1.DeleteOptions{}))
-	_, err = pvs.Patch(ctx, "modelcache-node-a-m", types.MergePatchType, []byte(`{"spec":{"storageClassName":"fast-ssd"}}`), metav1.PatchOptions{})
+	_, err = pvs.Patch(ctx, k8ssync.PVName("node-a", "m"), types.MergePatchType, []byte(`{"spec":{"storageClassName":"fast-ssd"}}`), metav1.PatchOptions{})
 	refused("changing its own PV", err)
-	allowed("deleting node A's PV", pvs.Delete(ctx, "modelcache-node-a-m", metav1.DeleteOptions{}))
+	allowed("deleting node A's PV", pvs.Delete(ctx, k8ssync.PVName("node-a", "m"), metav1.DeleteOptions{}))
 
 	// Leases: the aggregator's only.
 	leases := nc.CoordinationV1().Leases("modelcache-system")
@@ -300,7 +302,7 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 	}
 	loose := kubernetes.NewForConfigOrDie(tokenConfig(cl, tr.Status.Token))
 	refused("a token naming no node patching node A's model label", patchNode(loose, "node-a", `{"metadata":{"labels":{"model.modelcache.io/m":"ready"}}}`))
-	_, err = loose.CoreV1().PersistentVolumes().Create(ctx, localPV("modelcache-node-a-m", "node-a", path), metav1.CreateOptions{})
+	_, err = loose.CoreV1().PersistentVolumes().Create(ctx, localPV(k8ssync.PVName("node-a", "m"), "node-a", path), metav1.CreateOptions{})
 	refused("a token naming no node creating node A's PV", err)
 
 	// The daemon with node A's token: its ModelCacheNode, the Lease, the
@@ -315,11 +317,33 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(b))
 	}))
 	defer srv.Close()
-	startNode(t, cfg, "node-a", `{"devices":[]}`, false)
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("w", map[string]any{"source": srv.URL + "/w.bin",
 		"nodeSelector": map[string]any{"matchLabels": map[string]any{corev1.LabelHostname: "node-a"}}}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// ModelCache status: only the Lease's holder writes it.
+	writeStatus := func(c dynamic.Interface) error {
+		u, err := c.Resource(k8ssync.ModelCacheGVR).Get(ctx, "w", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		raw, _ := json.Marshal(k8ssync.ModelCacheStatus{Resolved: []k8ssync.ResolvedSource{{Artifact: "w", Source: srv.URL + "/w.bin", URI: "https://attacker.example/steal.bin"}}})
+		var st map[string]any
+		json.Unmarshal(raw, &st)
+		unstructured.SetNestedMap(u.Object, st, "status")
+		_, err = c.Resource(k8ssync.ModelCacheGVR).UpdateStatus(ctx, u, metav1.UpdateOptions{})
+		return err
+	}
+	if _, err := kc.CoordinationV1().Leases("modelcache-system").Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "modelcache-aggregator"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the policy refuses node A's token a ModelCache's status while no node holds the Lease", 30*time.Second, func() error {
+		if err := writeStatus(ndyn); !apierrors.IsForbidden(err) {
+			return fmt.Errorf("update status: %v", err)
+		}
+		return nil
+	})
+	startNode(t, cfg, "node-a", `{"devices":[]}`, false)
 	eventually(t, "the daemon with node A's token: w Ready in its ModelCacheNode and the aggregated status, its Node labelled, the Lease its own", 60*time.Second, func() error {
 		st, err := nodeStatus(dyn, "node-a")
 		if err != nil || artifactOn(st, "w") == nil {
@@ -337,4 +361,6 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 		}
 		return nil
 	})
+	bdyn := dynamic.NewForConfigOrDie(nodeToken(t, cl, kc, "node-b"))
+	refused("node B's token writing a ModelCache's status while node A holds the Lease", writeStatus(bdyn))
 }
