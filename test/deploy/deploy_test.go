@@ -73,7 +73,7 @@ func TestDeployBundleServerSideDryRun(t *testing.T) {
 			kinds[u.GetKind()]++
 		}
 	}
-	for _, want := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "CustomResourceDefinition", "DaemonSet", "StorageClass", "CSIDriver", "PodMonitor", "ModelCache", "Pod", "PersistentVolumeClaim"} {
+	for _, want := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "CustomResourceDefinition", "DaemonSet", "StorageClass", "CSIDriver", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "PodMonitor", "ModelCache", "Pod", "PersistentVolumeClaim"} {
 		if kinds[want] == 0 {
 			t.Errorf("the bundle has no %s: %v", want, kinds)
 		}
