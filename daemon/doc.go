@@ -9,16 +9,20 @@
 // Where to find what, by concern:
 //
 //	daemon.go      the Daemon value (its fields and lock order), New, Run, the socket
-//	config.go      Config and its validation; configfile.go the --config YAML
+//	config.go      Config, its defaults and its validation (the --config YAML is
+//	               read by cmd/modelcached/config.go)
 //	server.go      the route table (which routes mutate), HTTP plumbing, the one error→code table
 //	auth.go        how a request is authorised: the peer's credentials, who may mutate,
 //	               what a desire from each origin may ask (socket, models.d, cluster)
 //	peers.go       connections: per-uid limits, credentials read at accept
 //	desires.go     desires: the merged set, fingerprints, validation, modelctl pull/pin, persistence
+//	limits.go      the cap on a desire's source URIs (api.MaxURIBytes), for every origin
 //	modelsdir.go   desires from models.d files (and the watcher)
 //	cluster.go     the daemon as k8ssync sees it (cluster desires, pod holders, views)
 //	reconcile.go   the reconcile loop: which desire needs a pull, per-artifact state
 //	pull.go        one pull as one value (pull): resolve, admit, fetch, commit; single flight per blob
+//	slot.go        a pull's share of the node's pull slots: held while transferring,
+//	               given back while waiting (a retry's backoff, another pull's blob)
 //	unpack.go      archive layers (OCI tar layers) unpacked into blobs
 //	failure.go     how a pull fails and retries: reasons, permanence, backoff
 //	sources.go     which fetcher a desire uses, with which credentials

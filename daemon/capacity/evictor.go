@@ -41,7 +41,7 @@ type Report struct {
 
 // Evictor runs eviction passes. Policy, Store, FS, Now, InUse, Desired,
 // Log, Evicted and Reclaim are set once, before the first pass; Protect and
-// SpareDesired are set before each pass, under the same lock that keeps
+// SpareDeclared are set before each pass, under the same lock that keeps
 // passes one at a time (Reclaim may read Protect). Run is safe to call
 // from one goroutine at a time; Pressure and Inputs read only the
 // fields set once and may be called concurrently with it.

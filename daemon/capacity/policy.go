@@ -2,9 +2,22 @@
 // the manner of kubelet's image garbage collection: a byte quota and/or
 // high/low watermarks of the filesystem, eviction of the least recently
 // used artifact versions down to the low mark (never pinned, never in use,
-// never younger than a minimum age), pruning of old revisions, admission
-// of pulls against free plus evictable space with reservations for pulls
-// in flight, and the scan of /proc that tells which artifacts are in use.
+// never younger than a minimum age), pruning of old revisions, the room
+// and the evictable space a pull is admitted against, and the scan of
+// /proc that tells which artifacts are in use. Admission itself, with the
+// reservations of pulls in flight, is the daemon's (daemon/admission.go):
+// it asks this package how much room there is and what could be freed.
+//
+// Where each concern lives:
+//
+//	policy.go    Policy (quota, watermarks, minimum age, revisions kept), its
+//	             validation, Assess (the pressure now), Room, ParseBytes
+//	plan.go      pure plans over one snapshot (Inputs): which versions may go
+//	             and in what order (PlanSpace, PlanRevisions), Evictable, Takers
+//	evictor.go   Evictor: one eviction pass that reads the store and the
+//	             filesystem, plans, evicts and reports
+//	procscan.go  Scanner: the processes that hold files of the store open or
+//	             mapped, read from /proc
 //
 // Everything that depends on time or the filesystem takes a clock or a
 // stats provider, so the policy is tested without sleeping or filling disks.
