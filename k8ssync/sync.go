@@ -17,6 +17,17 @@
 //	status.go     this node's ModelCacheNode status (server-side apply)
 //	volumes.go    local PersistentVolumes for Ready models
 //	aggregate.go  the Lease holder's roll-up of ModelCache status counts
+//	resolve.go    one resolution per cluster: the Lease holder resolves each
+//	              source once into status.resolved; nodes pull what it recorded
+//	pinned.go     a recorded URI is pulled only when it is the spec's source at
+//	              a revision (atRevision); forged entries are refused
+//	rollout.go    coordinated rollouts: status.active vs status.resolved,
+//	              prefetch of the target, the flip at minReadyPercent, retainOld
+//	labels.go     scheduling labels on this node's Node (model ready, kernel
+//	              cache compatible)
+//	lease.go      a quiet API footprint: long watches, and a Lease lock that
+//	              candidates read from an informer
+//	limits.go     caps on what a status copies (clip, clipText, clipList)
 //	types.go      the CRD types
 package k8ssync
 
