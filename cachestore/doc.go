@@ -8,6 +8,28 @@
 // every manifest path is validated here (ValidatePath) before anything is
 // written, and nothing is ever written outside the root.
 //
+// # Where to find what
+//
+//	store.go       Store, its options, Open and Close, blobs, leases, CommitVersion,
+//	               Activate, the artifact records (get, list, pin, touch, evict), desires
+//	index.go       the index's records (Version, Artifact, blobRecord), buckets and keys,
+//	               the schema version and its migrations
+//	indexcheck.go  opening index.db safely: the read-only check of a damaged index
+//	path.go        Entry and Manifest; ValidatePath and ValidateName, the root's guard
+//	digest.go      parsing and normalizing sha256 digests
+//	errors.go      the sentinel errors
+//	ingest.go      Writer: resumable, hashed ingest into ingest/<ref>/ and the commit of a blob
+//	bufpool.go     the Writer's I/O buffers: their size, huge pages, a pool that frees idle ones
+//	metadata.go    Metadata read from a version's config.json and safetensors headers
+//	hfview.go      the Hugging Face hub cache view under hf/
+//	holds.go       hold records and their on-disk copies; a hold's composed tree
+//	repair.go      what Open repairs after a crash (blobs, trees, current links, ingests)
+//	rebuild.go     rebuilding a lost index from the trees on disk
+//	fsck.go        Fsck: index, blobs and trees agree, without rehashing
+//	verify.go      Verify: rehash blobs (scrub), quarantine what fails
+//	gc.go          GC of unreferenced blobs; usage accounting and filesystem stats
+//	doc_test.go    TestDocDrawsSchema, which holds the schema below to the code
+//
 // # On-disk layout
 //
 //	<root>/index.db                          bbolt index (this file's schema below)
