@@ -4,6 +4,13 @@
 // the socket as an HTTP status and {"code": …, "message": …}; the client
 // turns them back into *Error values that match the sentinels with
 // errors.Is.
+//
+// Where to find what:
+//
+//	types.go    the request and response types of every route
+//	client.go   Client: the Go client over the unix socket
+//	errors.go   stable error codes, their sentinels and HTTP statuses, Error
+//	jsonout.go  WriteJSON and WriteJSONArray: JSON streamed through a bounded buffer
 package api
 
 import (

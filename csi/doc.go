@@ -66,4 +66,12 @@
 // Registration: Serve also listens on <RegistrationDir>/csi.modelcache.io-reg.sock,
 // where kubelet's plugin watcher finds it, and answers kubelet's
 // pluginregistration.v1 GetInfo with the CSI socket's path.
+//
+// Where to find what:
+//
+//	server.go  the Backend interface, Config, Driver: New, Serve, the
+//	           Identity, Node and registration services
+//	mount.go   a target path opened beneath the pods directory, the
+//	           descriptor-based mkdir, bind mount, mount check and unmount,
+//	           and FindBinds over the mount table
 package csi
