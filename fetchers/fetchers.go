@@ -7,6 +7,22 @@
 //
 // Fetchers know nothing about the store's layout: they hand bytes to the
 // caller, which ingests and verifies them.
+//
+// Where to find what:
+//
+//	fetchers.go     Source, Identity (whose credentials a read uses), Resolved,
+//	                File, the Fetcher interface
+//	retry.go        Backoff with jitter, Retry-After, RetryAfterError
+//	parallel.go     reading a large file in Range chunks, adding connections
+//	                when one stream is slow (AdaptiveReader)
+//	io.go           counting, bandwidth limits, idle timeouts and a minimum rate of a read
+//	glob.go         include/exclude globs over a file list
+//	outbound.go     Guard: no request to a host-internal address (loopback,
+//	                link-local, cloud metadata, this host's interfaces)
+//	redirect.go     the redirect policy: credentials go only to their origin
+//	redact.go       credentials out of URIs, texts and log records
+//	config_file.go  reading a small file the node's configuration names, safely
+//	untar.go        Untar: a tar stream within limits, paths checked, whiteouts reported
 package fetchers
 
 import (

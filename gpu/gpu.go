@@ -7,6 +7,15 @@
 // stops the daemon. A JSON file can describe a simulated node instead
 // (tests, and nodes where NVML is unavailable); such an inventory is
 // marked Simulated everywhere it shows.
+//
+// Where to find what:
+//
+//	gpu.go         Inventory and Device, Detect, Load (the JSON file), Family, MaxPTX
+//	nvml.go        the inventory read through NVML (cgo, Linux)
+//	nvml_other.go  its stand-in where cgo or Linux is missing: an empty
+//	               inventory that says why
+//	compat.go      a kernel cache's targets (ParseManifest, ParseSummary) and
+//	               Check against an inventory
 package gpu
 
 import (

@@ -28,6 +28,9 @@
 // An error names the path the source gave and, inside a tree, at most
 // the entry it failed on; it never prints a symlink's target (the
 // content of a link is content like any other).
+//
+// file.go holds the fetcher; identity.go runs a read with the requester's
+// filesystem credentials (fsuid, fsgid, groups) on a thread of its own.
 package file
 
 import (

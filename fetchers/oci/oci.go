@@ -9,6 +9,10 @@
 // weights pulled from HF, S3 or a registry are stored once. It uses
 // github.com/google/go-containerregistry with the docker config and
 // credential helpers (authn.DefaultKeychain).
+//
+// oci.go holds the fetcher (resolve, layouts, layers); sign.go verifies
+// an image's cosign signature against a SignaturePolicy (a key, or
+// keyless with a certificate identity).
 package oci
 
 import (
