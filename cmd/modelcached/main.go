@@ -1,4 +1,8 @@
 // Command modelcached is the per-node model cache daemon.
+//
+// main.go holds its flags, the logger, and the start of the daemon and
+// (--cluster) of its sync with Kubernetes; config.go reads the --config
+// file, the command line written as YAML.
 package main
 
 import (

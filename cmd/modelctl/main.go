@@ -1,5 +1,18 @@
 // Command modelctl is the command line of modelcached: it talks to the
 // daemon over its unix socket.
+//
+// Where to find what:
+//
+//	main.go        the app, its global flags and the command table; how an error
+//	               is reported (exit codes, the remedy)
+//	args.go        a command line taken apart and checked whole before anything runs
+//	commands.go    the commands: list, inspect, pull, wait, evict, verify, gc, du, pin, ...
+//	lease.go       modelctl lease: hold an artifact while modelctl or a command runs
+//	gpu.go         the gpu command's output and the signature policy flags
+//	describe.go    the human output: list's table, inspect's description
+//	progress.go    a pull's progress lines on a terminal
+//	completion.go  shell completion scripts and the completions they ask for
+//	socket.go      why the socket could not be used, and the remedy
 package main
 
 import (
