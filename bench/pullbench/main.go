@@ -11,6 +11,17 @@
 // files (bytes fetched, time); materializing a tree vs cp -r; the daemon's
 // peak RSS and CPU per GB; modelctl list with 10,000 artifacts in the
 // index; daemon restart time with them.
+//
+// Where to find what:
+//
+//	main.go         flags, the daemons it starts, the http, hf, oci and s3
+//	                scenarios, dedup, materialize vs cp -r, list and restart
+//	big.go          the one-file pull from an in-memory origin: peak RSS, CPU
+//	                per GB, and the restart of a pull killed halfway
+//	kernelcache.go  a signed kernel cache: modelctl pull vs crane export | tar -x
+//	reference.go    the reference pipeline, the verified pull the http row
+//	                compares with (run as "pullbench reference")
+//	table.go        the summary table that ends a run
 package main
 
 import (
