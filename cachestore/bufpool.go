@@ -12,10 +12,10 @@ import (
 // buffers, and so of its writes to disk (WithWriteBuffer): one huge page.
 // Larger writes mean fewer O_DIRECT syscalls, each a blocked thread whose
 // P the Go runtime hands to another thread, and fewer hypervisor round
-// trips on a VM. One 4 GiB stream, alternated (docs/benchmarks.md, CPU):
-// 2 MiB 0.79–0.90 CPU-s per GB and 1.13–1.30 GB/s; 1 MiB 1.12–1.15 and
-// 0.87–0.89; 4 MiB 0.92–0.95 and 0.99–1.07, with 5 MiB more RSS. The
-// cost against 1 MiB: a crash loses up to two buffers of what was read
+// trips on a VM. Of 1, 2 and 4 MiB, alternated on one stream, 2 MiB took
+// the least CPU per GB and was the fastest, and 4 MiB added RSS
+// (docs/benchmarks.md, the http row, has the figures). The cost against
+// 1 MiB: a crash loses up to two buffers of what was read
 // (4 MiB, half a Range chunk of the fetchers) and a file being pulled
 // holds 4 MiB.
 const DefaultWriteBuffer = 2 << 20
@@ -32,7 +32,7 @@ const (
 // once, not 512 pages, each fault a hypervisor round trip on a VM
 // (docs/benchmarks.md, machine line), and an O_DIRECT write pins one
 // huge page per 2 MiB instead of 512 small ones (with THP off, the same
-// 2 MiB buffers took 0.99 CPU-s per GB against 0.79–0.90). Where THP is
+// buffers took more CPU per GB: docs/benchmarks.md). Where THP is
 // off the advice is ignored and the buffer is made of small pages.
 const hugePage = 2 << 20
 

@@ -28,7 +28,7 @@ const (
 	// them again. More buffers of the same size were no faster (the size
 	// of a write is what counts, not the queue: docs/benchmarks.md).
 	ioBuffers  = 2        // buffers per writer
-	syncEvery  = 64 << 20 // fdatasync this often while writing: Commit's fsync then has little left (measured: 140 → 50 ms for 256 MiB)
+	syncEvery  = 64 << 20 // fdatasync this often while writing: Commit's fsync then has little left (docs/benchmarks.md)
 	ingestData = "data"
 	ingestRef  = "ref"
 )
@@ -59,9 +59,8 @@ type WriterOpts struct {
 // from the network and hashes each buffer as it fills; another goroutine
 // writes it (with O_DIRECT where the filesystem allows it), so the disk
 // works while the next buffer is read and hashed. Hashing on a third
-// goroutine would wake two goroutines per buffer, not one: measured no
-// faster, and up to 15 % more CPU in a standalone pipeline
-// (docs/benchmarks.md, CPU).
+// goroutine would wake two goroutines per buffer, not one and wait for
+// both: measured no faster, and more CPU (docs/benchmarks.md).
 //
 // A Writer is not safe for concurrent use. After Commit or Close it must not
 // be used again; reopen the ref with Store.Writer to resume.

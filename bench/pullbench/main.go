@@ -400,10 +400,8 @@ var useBase bool
 
 // baseToo runs pull, and (with -base-bin) the same with the base build,
 // appending each throughput (or time) to its list. The two take turns at
-// going first: the one that follows the peer's run pays for it (kernel
-// cache pulls after crane | tar, five runs each way: b5ee3d2's build
-// 3.07 s first against 1.71 and 2.10 second; 01df444's 2.10 and 2.45
-// first against 2.16 second).
+// going first: the one that follows the peer's run pays for it
+// (docs/benchmarks.md has the runs that showed it).
 func baseToo(mc, base *[]float64, pull func() float64) {
 	if *baseBin == "" {
 		*mc = append(*mc, pull())

@@ -72,9 +72,8 @@ func main() {
 // another thread, and the writer must wake one to get a P back: two
 // thread switches per MiB written, with sysmon polling every 20 µs all
 // the while. With two spare Ps a blocked writer keeps its own and sysmon
-// backs off. Measured (make bench, BENCH_ONLY=big, one 2 GiB stream on 2
-// vCPUs, alternated): 1.32 and 1.39 CPU-s per GB against 1.63 and 1.82;
-// a standalone pipeline made half the context switches. The cost: when
+// backs off: less CPU per GB, and fewer context switches
+// (docs/benchmarks.md has the measurement). The cost: when
 // more goroutines than CPUs are runnable at once, the kernel, not the Go
 // scheduler, shares the CPUs among up to two more threads.
 func spareProcs(env string, def int) int {

@@ -264,8 +264,8 @@ func output(c *cli.Context, v any, table func(io.Writer)) error {
 // writeYAML writes v as sigs.k8s.io/yaml's Marshal does. A non-empty
 // slice goes one element at a time, each marshalled alone and written as
 // an item of the sequence: Marshal goes through JSON and a generic tree
-// of the whole value, 330 MiB and 2 s for -o yaml list of 10,000
-// artifacts. The items are the same YAML; a string long enough for the
+// of the whole value, which for a large list costs hundreds of MiB and
+// seconds (docs/benchmarks.md, the list row). The items are the same YAML; a string long enough for the
 // emitter to fold may fold at other spaces, two columns further in.
 func writeYAML(w io.Writer, v any) error {
 	rv := reflect.ValueOf(v)
