@@ -220,8 +220,9 @@ func getArray[T any](ctx context.Context, c *Client, path string) ([]T, error) {
 	defer resp.Body.Close()
 	fail := func(err error) ([]T, error) { return nil, fmt.Errorf("decode GET %s: %w", path, err) }
 	// jsonv2 (the encoding/json/v2 of Go's GOEXPERIMENT=jsonv2, as a
-	// module) decodes these arrays 2x faster than encoding/json: most of
-	// modelctl list's own time for 10,000 artifacts (docs/benchmarks.md).
+	// module) decodes these arrays faster than encoding/json, and decoding
+	// was most of modelctl list's own time for 10,000 artifacts
+	// (docs/benchmarks.md has the figures).
 	// The daemon writes with encoding/json, whose output (valid UTF-8,
 	// exact field names) v2 reads the same.
 	dec := jsontext.NewDecoder(resp.Body)

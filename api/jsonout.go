@@ -13,8 +13,8 @@ import (
 // rules (omitempty of zero numbers and false), HTML-safe escapes, sorted
 // map keys, nil slices as null. What changes is the engine: it writes
 // into a bounded buffer as it goes, where encoding/json builds the whole
-// value in memory (twice, to indent). For modelctl -o json list of 10,000
-// artifacts that was 35 MiB of fresh pages, each a page fault.
+// value in memory (twice, to indent): for a large list, megabytes of
+// fresh pages, each a page fault (docs/benchmarks.md has the figures).
 var v1Options = jsonv1.DefaultOptionsV1()
 
 // WriteJSON writes v and a newline, byte for byte as an encoding/json

@@ -63,8 +63,8 @@ func listTable(w io.Writer, list []api.ArtifactRow, now time.Time, wide, noHeade
 // first. It is called twice per row, once to size the columns and once
 // to write, so that no table of all the cells is kept: for the 10,000
 // rows of a large list, the memory each new page of a short-lived
-// process costs was most of the table's time (a page fault is ~17 µs on
-// a paravirtualized VM). Rows that hold a character tabwriter treats
+// process costs was most of the table's time (a page fault is a
+// hypervisor round trip on a VM: docs/benchmarks.md). Rows that hold a character tabwriter treats
 // specially (tab, newline, vertical tab, form feed, its escape 0xff) go
 // through tabwriter itself.
 func writeColumns(w io.Writer, n int, row func(i int, dst []string) []string) {
