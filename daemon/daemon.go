@@ -224,8 +224,16 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.fetchers["ngc"] = ngc
 	d.fetchers["http"], d.fetchers["https"] = d.newHTTP(), d.newHTTP()
-	d.fetchers["s3"] = d.newS3()
-	ociOpts := []ocifetcher.Option{ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...), ocifetcher.WithInternal(cfg.InternalAddress)}
+	s3, err := d.newS3()
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	d.fetchers["s3"] = s3
+	// The OCI fetcher keeps its own idle timeout (60s): only the
+	// redirect policy is the daemon's.
+	ociOpts := []ocifetcher.Option{ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...),
+		ocifetcher.WithHTTP(fetchers.WithInternal(cfg.InternalAddress))}
 	for _, m := range cfg.RegistryMirrors {
 		r, mir, _ := strings.Cut(m, "=")
 		ociOpts = append(ociOpts, ocifetcher.WithMirror(r, mir))

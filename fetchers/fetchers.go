@@ -3,7 +3,10 @@
 // One sub-package per scheme implements Fetcher: file, http (and https),
 // hf, ngc, s3 and oci. The package also holds what every fetcher shares: retry with
 // backoff and jitter that honours Retry-After, include/exclude globs,
-// progress counting, bandwidth limits and per-read idle timeouts.
+// progress counting, bandwidth limits and per-read idle timeouts, and the
+// options of the fetchers that speak HTTP (HTTPOptions, Option: transport,
+// redirect policy, idle timeout, User-Agent, Range connections), which
+// each of them takes through its own WithHTTP.
 //
 // Fetchers know nothing about the store's layout: they hand bytes to the
 // caller, which ingests and verifies them.
