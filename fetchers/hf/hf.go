@@ -55,8 +55,8 @@ type options struct {
 type Option func(*options)
 
 // WithHTTP sets the shared HTTP options (fetchers.Option): transport,
-// redirect policy, idle timeout, User-Agent of downloads, and the Range
-// connections of one large file (fetchers.WithConnections; default 4).
+// redirect policy, idle timeout, User-Agent (API requests and
+// downloads), and the Range connections of one large file (fetchers.WithConnections; default 4).
 func WithHTTP(opts ...fetchers.Option) Option { return func(o *options) { o.Apply(opts...) } }
 
 // WithEndpoint sets the hub; default $HF_ENDPOINT, else DefaultEndpoint.

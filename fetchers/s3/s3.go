@@ -60,9 +60,9 @@ type Option func(*options)
 
 // WithHTTP sets the shared HTTP options (fetchers.Option): the transport
 // (default the SDK's), the redirect policy, and the Range connections of
-// one large object (fetchers.WithConnections; default 4). The SDK sends
-// its own User-Agent and bounds its own reads: the idle timeout and the
-// User-Agent are not read.
+// one large object (fetchers.WithConnections; default 4). The idle
+// timeout and the User-Agent are not read: the SDK sends its own
+// User-Agent.
 func WithHTTP(opts ...fetchers.Option) Option { return func(o *options) { o.Apply(opts...) } }
 
 // WithStaticCredentials makes the fetcher use these keys (e.g. from a
