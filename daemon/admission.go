@@ -94,15 +94,13 @@ func (d *Daemon) evictPass(ctx context.Context, extra int64, protect ...string) 
 	if err := d.scan(); err != nil {
 		d.log.Warn("in-use scan", "err", err)
 	}
-	d.evictor.Protect = protect
 	// Making room for a pull: ad-hoc entries may go, never a declared
 	// model (that would thrash). Pressure alone may take declared ones.
-	d.evictor.SpareDeclared = extra > 0
-	d.evictFor = ""
+	p := capacity.Pass{Extra: extra, Protect: protect, SpareDeclared: extra > 0}
 	if extra > 0 && len(protect) > 0 {
-		d.evictFor = protect[0]
+		p.For = protect[0]
 	}
-	rep, err := d.evictor.Run(ctx, extra)
+	rep, err := d.evictor.Run(ctx, p)
 	if rep != nil && (len(rep.Evicted) > 0 || len(rep.Failed) > 0 || rep.Short > 0) {
 		d.lastEviction.Store(&evictionRecord{at: time.Now(), rep: rep})
 	}

@@ -58,7 +58,7 @@ type Daemon struct {
 	oci      *ocifetcher.Fetcher
 	ociOpts  []ocifetcher.Option
 	gpus     gpu.Inventory
-	evictor  *capacity.Evictor // its Protect and SpareDeclared change under evictMu
+	evictor  *capacity.Evictor // set once; each pass gets its capacity.Pass (evictPass, under evictMu)
 	scanner  *capacity.Scanner // under scanRun
 	pullSem  chan struct{}     // the node's pull slots (slot.go)
 	wake     chan struct{}     // kicks the reconciler
@@ -102,7 +102,6 @@ type Daemon struct {
 	capMu        sync.Mutex // admission and reservations
 	reservations map[*reservation]struct{}
 	evictMu      sync.Mutex // one eviction pass at a time
-	evictFor     string     // the pull an eviction pass makes room for; under evictMu
 	scanMu       sync.Mutex // guards scanUses
 	scanRun      sync.Mutex // one scan at a time; guards scanner and touched
 	scanUses     map[string][]api.Holder
@@ -197,18 +196,18 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 			return out
 		},
 		Kept: d.kept,
-		// An ad-hoc entry's desire goes before its version does (under
-		// evictMu, as evictFor is set), so nothing pulls it back.
-		Evicting: func(v capacity.Victim) error {
+		// An ad-hoc entry's desire goes before its version does, so
+		// nothing pulls it back.
+		Evicting: func(v capacity.Victim, p capacity.Pass) error {
 			if !v.AdHoc {
 				return nil
 			}
-			return d.dropAdHoc(v, d.evictFor)
+			return d.dropAdHoc(v, p.For)
 		},
 		Evicted: func(v capacity.Victim) { d.metrics.evictions.WithLabelValues(v.Reason).Inc() },
-		// Under evictMu, as Protect is: the partials of a pull being admitted stay.
-		Reclaim: func(ctx context.Context, need int64) (int64, error) {
-			return d.reclaimIngests(ctx, need, d.evictor.Protect...)
+		// The partials of a pull being admitted stay.
+		Reclaim: func(ctx context.Context, need int64, p capacity.Pass) (int64, error) {
+			return d.reclaimIngests(ctx, need, p.Protect...)
 		},
 	}
 	hub, err := d.newHub()
@@ -224,8 +223,16 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.fetchers["ngc"] = ngc
 	d.fetchers["http"], d.fetchers["https"] = d.newHTTP(), d.newHTTP()
-	d.fetchers["s3"] = d.newS3()
-	ociOpts := []ocifetcher.Option{ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...), ocifetcher.WithInternal(cfg.InternalAddress)}
+	s3, err := d.newS3()
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	d.fetchers["s3"] = s3
+	// The OCI fetcher keeps its own idle timeout (60s): only the
+	// redirect policy is the daemon's.
+	ociOpts := []ocifetcher.Option{ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...),
+		ocifetcher.WithHTTP(fetchers.WithInternal(cfg.InternalAddress))}
 	for _, m := range cfg.RegistryMirrors {
 		r, mir, _ := strings.Cut(m, "=")
 		ociOpts = append(ociOpts, ocifetcher.WithMirror(r, mir))

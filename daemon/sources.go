@@ -80,7 +80,11 @@ func (d *Daemon) fetcherWith(ds api.Desire, src source, creds map[string]string)
 		if creds["AWS_ACCESS_KEY_ID"] == "" {
 			return d.sharedFetcher(ds, src)
 		}
-		f = d.newS3().WithStaticCredentials(creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], creds["AWS_SESSION_TOKEN"])
+		sf, err := d.newS3(s3fetcher.WithStaticCredentials(creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], creds["AWS_SESSION_TOKEN"]))
+		if err != nil {
+			return nil, err
+		}
+		f = sf
 	case "oci":
 		cfg := creds[".dockerconfigjson"]
 		if cfg == "" {
@@ -146,22 +150,28 @@ func pinnedURI(src source, res *fetchers.Resolved) string {
 	return src.uri
 }
 
+// fetcherOptions are the daemon's settings that the hub, NGC, S3 and
+// http(s) fetchers share: the idle timeout, the Range connections of one
+// large file, and which addresses are host-internal.
+func (d *Daemon) fetcherOptions() []fetchers.Option {
+	return []fetchers.Option{fetchers.WithIdleTimeout(d.cfg.IdleTimeout), fetchers.WithConnections(max(d.cfg.RangeConnections, 1)),
+		fetchers.WithInternal(d.cfg.InternalAddress)}
+}
+
 // newHub and newS3 make the hub and S3 fetchers with the daemon's
 // settings; extra options add credentials (fetcherFor).
 func (d *Daemon) newHub(extra ...hffetcher.Option) (*hffetcher.Fetcher, error) {
-	opts := append([]hffetcher.Option{hffetcher.WithIdleTimeout(d.cfg.IdleTimeout), hffetcher.WithConnections(max(d.cfg.RangeConnections, 1)),
-		hffetcher.WithInternal(d.cfg.InternalAddress)}, extra...)
-	return hffetcher.New(opts...)
+	return hffetcher.New(append([]hffetcher.Option{hffetcher.WithHTTP(d.fetcherOptions()...)}, extra...)...)
+}
+
+func (d *Daemon) newS3(extra ...s3fetcher.Option) (*s3fetcher.Fetcher, error) {
+	return s3fetcher.New(append([]s3fetcher.Option{s3fetcher.WithHTTP(d.fetcherOptions()...)}, extra...)...)
 }
 
 // newHTTP makes an http(s) fetcher with the daemon's settings (and extra).
 func (d *Daemon) newHTTP(extra ...httpfetcher.Option) *httpfetcher.Fetcher {
-	return httpfetcher.New(append([]httpfetcher.Option{httpfetcher.WithIdleTimeout(d.cfg.IdleTimeout),
-		httpfetcher.WithUserAgent("modelcached/" + d.cfg.Version), httpfetcher.WithInternal(d.cfg.InternalAddress)}, extra...)...)
-}
-
-func (d *Daemon) newS3() *s3fetcher.Fetcher {
-	return s3fetcher.New(max(d.cfg.RangeConnections, 1), 8<<20).WithInternal(d.cfg.InternalAddress)
+	shared := append(d.fetcherOptions(), fetchers.WithUserAgent("modelcached/"+d.cfg.Version))
+	return httpfetcher.New(append([]httpfetcher.Option{httpfetcher.WithHTTP(shared...)}, extra...)...)
 }
 
 // sharedFetcher is the daemon's fetcher of the source's scheme.
@@ -179,8 +189,7 @@ func (d *Daemon) sharedFetcher(ds api.Desire, src source) (fetchers.Fetcher, err
 // endpoints and key from NGC_API_ENDPOINT, NGC_AUTH_ENDPOINT, NGC_API_KEY
 // (or NGC_CLI_API_KEY, or the file NGC_API_KEY_FILE names).
 func (d *Daemon) newNGC(extra ...ngcfetcher.Option) (*ngcfetcher.Fetcher, error) {
-	return ngcfetcher.New(append([]ngcfetcher.Option{ngcfetcher.WithIdleTimeout(d.cfg.IdleTimeout),
-		ngcfetcher.WithConnections(max(d.cfg.RangeConnections, 1)), ngcfetcher.WithInternal(d.cfg.InternalAddress),
+	return ngcfetcher.New(append([]ngcfetcher.Option{ngcfetcher.WithHTTP(d.fetcherOptions()...),
 		ngcfetcher.WithLogger(d.log.With("fetcher", "ngc"))}, extra...)...)
 }
 

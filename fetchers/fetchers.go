@@ -3,7 +3,10 @@
 // One sub-package per scheme implements Fetcher: file, http (and https),
 // hf, ngc, s3 and oci. The package also holds what every fetcher shares: retry with
 // backoff and jitter that honours Retry-After, include/exclude globs,
-// progress counting, bandwidth limits and per-read idle timeouts.
+// progress counting, bandwidth limits and per-read idle timeouts, and the
+// options of the fetchers that speak HTTP (HTTPOptions, Option: transport,
+// redirect policy, idle timeout, User-Agent, Range connections), which
+// each of them takes through its own WithHTTP.
 //
 // Fetchers know nothing about the store's layout: they hand bytes to the
 // caller, which ingests and verifies them.
@@ -19,6 +22,7 @@
 //	glob.go         include/exclude globs over a file list
 //	outbound.go     Guard: no request to a host-internal address (loopback,
 //	                link-local, cloud metadata, this host's interfaces)
+//	options.go      HTTPOptions and the Options every HTTP fetcher shares (transport, connections, chunk, User-Agent)
 //	redirect.go     the redirect policy: credentials go only to their origin
 //	redact.go       credentials out of URIs, texts and log records
 //	config_file.go  reading a small file the node's configuration names, safely

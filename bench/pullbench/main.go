@@ -642,7 +642,7 @@ func evictionPass(st *cachestore.Store) {
 	var idle, plan []float64
 	for i := 0; i < 5; i++ {
 		t0 := time.Now()
-		_, err := e.Run(context.Background(), 0)
+		_, err := e.Run(context.Background(), capacity.Pass{})
 		must(err)
 		idle = append(idle, time.Since(t0).Seconds())
 		t0 = time.Now()

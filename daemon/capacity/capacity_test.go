@@ -289,7 +289,7 @@ func TestEvictionPass(t *testing.T) {
 			}
 			e := &Evictor{Policy: c.policy, Store: st, FS: fs, Now: func() time.Time { return t0.Add(2 * hour) },
 				InUse: func() map[string][]api.Holder { return inUse }, Desired: func() map[string]bool { return desired }}
-			rep, err := e.Run(context.Background(), 0)
+			rep, err := e.Run(context.Background(), Pass{})
 			if err != nil {
 				t.Fatal(err)
 			}

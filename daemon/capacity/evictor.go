@@ -39,12 +39,25 @@ type Report struct {
 	Short int64 `json:"shortBytes,omitempty"`
 }
 
-// Evictor runs eviction passes. Policy, Store, FS, Now, InUse, Desired,
-// Log, Evicted and Reclaim are set once, before the first pass; Protect and
-// SpareDeclared are set before each pass, under the same lock that keeps
-// passes one at a time (Reclaim may read Protect). Run is safe to call
-// from one goroutine at a time; Pressure and Inputs read only the
-// fields set once and may be called concurrently with it.
+// Pass is what one eviction pass is asked to do, given to Run: the
+// values that differ from pass to pass (the Evictor's fields do not).
+type Pass struct {
+	// Extra asks for that many bytes on top of the pressure (a pull that
+	// is being admitted); 0: the policy's own need.
+	Extra int64
+	// Protect names artifacts none of whose versions this pass may evict.
+	Protect []string
+	// SpareDeclared: see Inputs.SpareDeclared.
+	SpareDeclared bool
+	// For names the artifact this pass makes room for ("": none), for
+	// Evicting.
+	For string
+}
+
+// Evictor runs eviction passes after a policy. Its fields are set once,
+// before the first pass; what differs per pass is Run's Pass. Run is safe
+// to call from one goroutine at a time; Pressure and Inputs may be called
+// concurrently with it.
 type Evictor struct {
 	Policy  Policy
 	Store   Store
@@ -59,21 +72,19 @@ type Evictor struct {
 	// Declared: see Inputs.Declared; nil: every desired artifact is.
 	Declared func() map[string]bool
 	Log      *slog.Logger
-	// Evicting, when set, is told of each version before it is removed;
-	// an error leaves the version (recorded as failed). The daemon drops
-	// an ad-hoc entry's desire there, so nothing pulls it back.
-	Evicting func(v Victim) error
+	// Evicting, when set, is told of each version before it is removed,
+	// and of the pass that removes it; an error leaves the version
+	// (recorded as failed). The daemon drops an ad-hoc entry's desire
+	// there, so nothing pulls it back.
+	Evicting func(v Victim, p Pass) error
 	// Evicted, when set, is told of every version removed (for metrics).
 	Evicted func(v Victim)
-	// Protect names artifacts none of whose versions this pass may evict.
-	Protect []string
-	// SpareDeclared: see Inputs.SpareDeclared.
-	SpareDeclared bool
 	// Reclaim, when set, frees space that is not in any version (partial
-	// downloads that no pull is writing now) and returns the bytes freed;
-	// under pressure a pass calls it first, asking for need bytes, and
-	// evicts versions only for what is still needed after it.
-	Reclaim func(ctx context.Context, need int64) (int64, error)
+	// downloads that no pull is writing now, and none of p.Protect's) and
+	// returns the bytes freed; under pressure a pass calls it first,
+	// asking for need bytes, and evicts versions only for what is still
+	// needed after it.
+	Reclaim func(ctx context.Context, need int64, p Pass) (int64, error)
 }
 
 // Inputs gathers the state a plan needs.
@@ -115,9 +126,9 @@ func (e *Evictor) Pressure() (Pressure, error) {
 // Run makes one pass: old revisions beyond KeepRevisions go; under
 // pressure, least recently used versions go until the low mark is reached;
 // failures are recorded and the pass continues; then GC frees the blobs.
-// extra asks for that many more bytes on top of the pressure (a pull that
-// is being admitted).
-func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
+// p says what this pass is for (Pass).
+func (e *Evictor) Run(ctx context.Context, p Pass) (*Report, error) {
+	extra := p.Extra
 	pr, err := e.Pressure()
 	if err != nil {
 		return nil, err
@@ -125,7 +136,7 @@ func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
 	rep := &Report{Before: pr}
 	if pr.Need > 0 && e.Reclaim != nil {
 		// Partial downloads go before any version, even an unwanted one.
-		n, err := e.Reclaim(ctx, pr.Need)
+		n, err := e.Reclaim(ctx, pr.Need, p)
 		if err != nil && e.Log != nil {
 			e.Log.Warn("reclaim partial downloads", "err", err)
 		}
@@ -155,8 +166,8 @@ func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	in.SpareDeclared = e.SpareDeclared
-	in.Skip = Protect(in.Artifacts, e.Protect...)
+	in.SpareDeclared = p.SpareDeclared
+	in.Skip = Protect(in.Artifacts, p.Protect...)
 	victims := PlanRevisions(in)
 	var done []Victim // evicted so far, their references released in later plans
 	var freed int64
@@ -183,7 +194,7 @@ func (e *Evictor) Run(ctx context.Context, extra int64) (*Report, error) {
 				return rep, err
 			}
 			if e.Evicting != nil {
-				if err := e.Evicting(v); err != nil {
+				if err := e.Evicting(v, p); err != nil {
 					rep.Failed = append(rep.Failed, fmt.Sprintf("%s: %v", Key(v.Name, v.Revision), err))
 					in.Skip[Key(v.Name, v.Revision)] = true
 					failed = true

@@ -34,7 +34,7 @@ func TestReclaimBeforeVersions(t *testing.T) {
 			var asked []int64
 			e := &Evictor{Policy: Policy{HighPercent: 85, LowPercent: 80, MinAge: time.Minute}, Store: st, FS: fs,
 				Now: func() time.Time { return t0.Add(3 * hour) },
-				Reclaim: func(_ context.Context, need int64) (int64, error) {
+				Reclaim: func(_ context.Context, need int64, _ Pass) (int64, error) {
 					asked = append(asked, need)
 					if len(st.evicted) > 0 {
 						t.Error("Reclaim called after a version was evicted")
@@ -42,7 +42,7 @@ func TestReclaimBeforeVersions(t *testing.T) {
 					fs.other -= c.partial
 					return c.partial, nil
 				}}
-			rep, err := e.Run(context.Background(), 0)
+			rep, err := e.Run(context.Background(), Pass{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -61,8 +61,8 @@ func TestReclaimBeforeVersions(t *testing.T) {
 	// Without pressure nothing is reclaimed.
 	fs := &fakeFS{capacity: 1000, other: 100, blobs: map[string]int64{}}
 	e := &Evictor{Policy: DefaultPolicy(), Store: &fakeStore{fs: fs}, FS: fs, Now: func() time.Time { return t0 },
-		Reclaim: func(context.Context, int64) (int64, error) { t.Fatal("Reclaim without pressure"); return 0, nil }}
-	if _, err := e.Run(context.Background(), 0); err != nil {
+		Reclaim: func(context.Context, int64, Pass) (int64, error) { t.Fatal("Reclaim without pressure"); return 0, nil }}
+	if _, err := e.Run(context.Background(), Pass{}); err != nil {
 		t.Fatal(err)
 	}
 }

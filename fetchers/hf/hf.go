@@ -14,13 +14,11 @@ import (
 	"fmt"
 	"io"
 	nethttp "net/http"
-	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"time"
 
 	"github.com/modelcache/modelcache/fetchers"
 	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
@@ -39,9 +37,7 @@ const (
 
 // Fetcher implements fetchers.Fetcher for hf:// URIs. Safe for concurrent use.
 type Fetcher struct {
-	conns    int
-	chunk    int64
-	below    float64
+	opts     fetchers.HTTPOptions
 	endpoint string
 	token    string
 	client   *nethttp.Client
@@ -49,19 +45,19 @@ type Fetcher struct {
 }
 
 type options struct {
-	conns       int
-	chunk       int64
-	below       float64
-	endpoint    string
-	token       string
-	tokenFile   string
-	idleTimeout time.Duration
-	transport   nethttp.RoundTripper
-	guard       fetchers.Guard
+	fetchers.HTTPOptions
+	endpoint  string
+	token     string
+	tokenFile string
 }
 
 // Option configures New.
 type Option func(*options)
+
+// WithHTTP sets the shared HTTP options (fetchers.Option): transport,
+// redirect policy, idle timeout, User-Agent (API requests and
+// downloads), and the Range connections of one large file (fetchers.WithConnections; default 4).
+func WithHTTP(opts ...fetchers.Option) Option { return func(o *options) { o.Apply(opts...) } }
 
 // WithEndpoint sets the hub; default $HF_ENDPOINT, else DefaultEndpoint.
 func WithEndpoint(u string) Option { return func(o *options) { o.endpoint = u } }
@@ -74,38 +70,9 @@ func WithToken(t string) Option { return func(o *options) { o.token = t } }
 // ~/.cache/huggingface/token. A missing file means no token.
 func WithTokenFile(p string) Option { return func(o *options) { o.tokenFile = p } }
 
-// WithIdleTimeout bounds a stalled download; default 60s.
-func WithIdleTimeout(d time.Duration) Option { return func(o *options) { o.idleTimeout = d } }
-
-// WithConnections sets how many connections may fetch one large file at
-// once (files of at least 4 chunks); default 4. A file starts on one and
-// gets Range requests only when that one is the limit
-// (fetchers.AdaptiveReader): CDNs and object stores limit each
-// connection; on loopback more connections do not help.
-func WithConnections(n int) Option { return func(o *options) { o.conns = n } }
-
-// WithRangeBelow sets the rate (bytes per second spent waiting on one
-// connection) under which a file gets Range connections; default
-// fetchers.DefaultRangeBelow.
-func WithRangeBelow(bps float64) Option { return func(o *options) { o.below = bps } }
-
-// WithChunk sets the bytes of one parallel Range request; default 8 MiB.
-// Memory per file is (connections+1) × chunk.
-func WithChunk(n int64) Option { return func(o *options) { o.chunk = n } }
-
-// WithTransport sets the HTTP transport; default a clone of net/http's.
-// Either way it is wrapped in the redirect policy (fetchers.Guard).
-func WithTransport(t nethttp.RoundTripper) Option { return func(o *options) { o.transport = t } }
-
-// WithInternal sets which addresses count as host-internal for the
-// redirect policy (fetchers.Guard); default fetchers.IsInternal.
-func WithInternal(internal func(netip.Addr) bool) Option {
-	return func(o *options) { o.guard.Internal = internal }
-}
-
 // New returns a hub fetcher.
 func New(opts ...Option) (*Fetcher, error) {
-	o := options{conns: 4, chunk: fetchers.DefaultChunk, endpoint: os.Getenv("HF_ENDPOINT"), token: os.Getenv("HF_TOKEN"), tokenFile: os.Getenv("HF_TOKEN_PATH"), idleTimeout: 60 * time.Second}
+	o := options{HTTPOptions: fetchers.DefaultHTTPOptions(), endpoint: os.Getenv("HF_ENDPOINT"), token: os.Getenv("HF_TOKEN"), tokenFile: os.Getenv("HF_TOKEN_PATH")}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -129,18 +96,11 @@ func New(opts ...Option) (*Fetcher, error) {
 			o.token = strings.TrimSpace(string(b))
 		}
 	}
-	if o.transport == nil {
-		t := nethttp.DefaultTransport.(*nethttp.Transport).Clone()
-		t.ResponseHeaderTimeout = 60 * time.Second
-		t.MaxIdleConnsPerHost = 16
-		o.transport = t
+	if err := o.CheckRanges(); err != nil {
+		return nil, fmt.Errorf("hf: %w", err)
 	}
-	if o.conns < 1 || o.conns > 64 || o.chunk < 1<<20 {
-		return nil, fmt.Errorf("hf: connections %d (want 1..64), chunk %d (want >= 1 MiB)", o.conns, o.chunk)
-	}
-	f := &Fetcher{endpoint: strings.TrimRight(o.endpoint, "/"), token: o.token, conns: o.conns, chunk: o.chunk, below: o.below}
-	f.client = &nethttp.Client{Transport: o.guard.Transport(o.transport, nil), CheckRedirect: fetchers.DropAuthAcrossOrigins}
-	f.get = httpfetcher.New(httpfetcher.WithClient(f.client), httpfetcher.WithIdleTimeout(o.idleTimeout), httpfetcher.WithUserAgent("modelcached"))
+	f := &Fetcher{endpoint: strings.TrimRight(o.endpoint, "/"), token: o.token, opts: o.HTTPOptions, client: o.Client()}
+	f.get = httpfetcher.New(httpfetcher.WithClient(f.client), httpfetcher.WithHTTP(fetchers.WithIdleTimeout(o.IdleTimeout), fetchers.WithUserAgent(o.UserAgent)))
 	return f, nil
 }
 
@@ -218,7 +178,7 @@ func (f *Fetcher) apiGet(ctx context.Context, u, repo, rev, what string, limit i
 		return nil, fetchers.Permanent(err)
 	}
 	req.Header = f.header()
-	req.Header.Set("User-Agent", "modelcached")
+	req.Header.Set("User-Agent", f.opts.UserAgent)
 	resp, err := f.client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", u, err)
@@ -365,13 +325,10 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 		}
 	}
 	onErr := f.hubError(repo, rev, file.Path)
-	return fetchers.AdaptiveReader(ctx, fetchers.Ranged{
-		Open: func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
-			return f.get.GetRange(ctx, file.Locator, file.Size, off, n, f.header(), onErr)
-		},
-		Size: file.Size, Chunk: f.chunk, Conns: f.conns, Below: f.below,
-		Backoff: fetchers.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Attempts: 4, MaxRetryAfter: time.Minute},
-	}, offset)
+	open := func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+		return f.get.GetRange(ctx, file.Locator, file.Size, off, n, f.header(), onErr)
+	}
+	return fetchers.AdaptiveReader(ctx, f.opts.Ranged(open, file.Size, fetchers.RangeBackoff), offset)
 }
 
 // GitBlobCheck verifies content against a git blob id:

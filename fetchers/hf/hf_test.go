@@ -104,7 +104,7 @@ func TestParallelRangesMatchOneStream(t *testing.T) {
 		big[i] = byte(i*7 + i>>11)
 	}
 	hub.Commit("org/big", map[string][]byte{"w.bin": big}, "main")
-	f, err := New(WithEndpoint(hub.URL()), WithToken(""), WithConnections(3), WithChunk(1<<20), WithRangeBelow(math.Inf(1)))
+	f, err := New(WithEndpoint(hub.URL()), WithToken(""), WithHTTP(fetchers.WithConnections(3), fetchers.WithChunk(1<<20), fetchers.WithRangeBelow(math.Inf(1))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestRedirectToInternalRefused(t *testing.T) {
 	defer inside.Close()
 	hub := testenv.ServeOn(t, "127.0.0.2", nethttp.RedirectHandler(inside.URL+"/x", nethttp.StatusFound))
 	remote := func(ip netip.Addr) bool { return ip != netip.MustParseAddr("127.0.0.2") && fetchers.IsInternal(ip) }
-	f, err := New(WithEndpoint(hub.URL), WithToken("t"), WithInternal(remote))
+	f, err := New(WithEndpoint(hub.URL), WithToken("t"), WithHTTP(fetchers.WithInternal(remote)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	nethttp "net/http"
-	"net/netip"
 	"net/url"
 	"path"
 	"strconv"
@@ -25,10 +24,8 @@ import (
 // Fetcher implements fetchers.Fetcher for http(s) URLs. Safe for
 // concurrent use.
 type Fetcher struct {
-	client      *nethttp.Client
-	guard       fetchers.Guard
-	idleTimeout time.Duration
-	userAgent   string
+	opts   fetchers.HTTPOptions
+	client *nethttp.Client
 	// authorization is the Authorization header of every request ("": none).
 	authorization string
 }
@@ -36,24 +33,17 @@ type Fetcher struct {
 // Option configures New.
 type Option func(*Fetcher)
 
-// WithClient sets the HTTP client; default: a client with the default
-// transport's proxy and TLS settings and no overall timeout (large files
-// take long; IdleTimeout bounds a stalled stream instead), whose redirects
-// cannot reach host-internal addresses (fetchers.Guard) and take no
-// credentials to another origin (fetchers.DropAuthAcrossOrigins). A client
-// given here is used as it is: its maker guards it (hf does).
+// WithHTTP sets the shared HTTP options (fetchers.Option): the transport
+// and redirect policy of the default client, the idle timeout and the
+// User-Agent. A file is read on one stream: the Range options are not read.
+func WithHTTP(opts ...fetchers.Option) Option { return func(f *Fetcher) { f.opts.Apply(opts...) } }
+
+// WithClient sets the HTTP client; default: fetchers.HTTPOptions.Client,
+// whose redirects cannot reach host-internal addresses (fetchers.Guard)
+// and take no credentials to another origin
+// (fetchers.DropAuthAcrossOrigins). A client given here is used as it is:
+// its maker guards it (hf does), and the transport options are not read.
 func WithClient(c *nethttp.Client) Option { return func(f *Fetcher) { f.client = c } }
-
-// WithInternal sets which addresses count as host-internal for the
-// default client's redirect policy (fetchers.Guard); default
-// fetchers.IsInternal. Tests use it to treat a loopback address as remote.
-func WithInternal(internal func(netip.Addr) bool) Option {
-	return func(f *Fetcher) { f.guard.Internal = internal }
-}
-
-// WithIdleTimeout sets how long a body may deliver nothing before the read
-// fails and the download resumes on a new request; default 60s.
-func WithIdleTimeout(d time.Duration) Option { return func(f *Fetcher) { f.idleTimeout = d } }
 
 // WithAuthorization sends v as the Authorization header of every request
 // to the source (default none). A redirect that leaves the source's
@@ -61,20 +51,14 @@ func WithIdleTimeout(d time.Duration) Option { return func(f *Fetcher) { f.idleT
 // http from https) is followed without it (fetchers.DropAuthAcrossOrigins).
 func WithAuthorization(v string) Option { return func(f *Fetcher) { f.authorization = v } }
 
-// WithUserAgent sets the User-Agent; default "modelcached".
-func WithUserAgent(ua string) Option { return func(f *Fetcher) { f.userAgent = ua } }
-
 // New returns an HTTP fetcher.
 func New(opts ...Option) *Fetcher {
-	f := &Fetcher{idleTimeout: 60 * time.Second, userAgent: "modelcached"}
+	f := &Fetcher{opts: fetchers.DefaultHTTPOptions()}
 	for _, o := range opts {
 		o(f)
 	}
 	if f.client == nil {
-		t := nethttp.DefaultTransport.(*nethttp.Transport).Clone()
-		t.ResponseHeaderTimeout = 60 * time.Second
-		t.MaxIdleConnsPerHost = 16
-		f.client = &nethttp.Client{Transport: f.guard.Transport(t, nil), CheckRedirect: fetchers.DropAuthAcrossOrigins}
+		f.client = f.opts.Client()
 	}
 	return f
 }
@@ -122,7 +106,7 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 	if err != nil {
 		return nil, fetchers.Permanent(err)
 	}
-	req.Header.Set("User-Agent", f.userAgent)
+	req.Header.Set("User-Agent", f.opts.UserAgent)
 	if f.authorization != "" {
 		req.Header.Set("Authorization", f.authorization)
 	}
@@ -218,7 +202,7 @@ func (f *Fetcher) GetRange(ctx context.Context, url string, size, offset, n int6
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	req.Header.Set("User-Agent", f.userAgent)
+	req.Header.Set("User-Agent", f.opts.UserAgent)
 	if f.authorization != "" {
 		req.Header.Set("Authorization", f.authorization)
 	}
@@ -243,7 +227,7 @@ func (f *Fetcher) GetRange(ctx context.Context, url string, size, offset, n int6
 			resp.Body.Close()
 			return nil, fmt.Errorf("GET %s: %w from byte %d: the file changed on the server since it was resolved (validator %s, now %q)", url, fetchers.ErrCannotResume, offset, v, Validator(resp.Header))
 		}
-		body := fetchers.IdleTimeout(resp.Body, f.idleTimeout)
+		body := fetchers.IdleTimeout(resp.Body, f.opts.IdleTimeout)
 		if offset > 0 {
 			if _, err := io.CopyN(io.Discard, body, offset); err != nil {
 				body.Close()
@@ -257,7 +241,7 @@ func (f *Fetcher) GetRange(ctx context.Context, url string, size, offset, n int6
 			resp.Body.Close()
 			return nil, fmt.Errorf("GET %s: asked for bytes from %d, server sent Content-Range %q", url, offset, resp.Header.Get("Content-Range"))
 		}
-		return fetchers.IdleTimeout(resp.Body, f.idleTimeout), nil
+		return fetchers.IdleTimeout(resp.Body, f.opts.IdleTimeout), nil
 	case nethttp.StatusRequestedRangeNotSatisfiable:
 		resp.Body.Close()
 		if size >= 0 && offset == size {

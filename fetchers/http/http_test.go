@@ -133,7 +133,7 @@ func TestIdleTimeout(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(release)
-	f := New(WithIdleTimeout(100 * time.Millisecond))
+	f := New(WithHTTP(fetchers.WithIdleTimeout(100 * time.Millisecond)))
 	rc, err := f.Open(context.Background(), fetchers.File{Locator: srv.URL + "/slow", Size: 100}, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -95,7 +95,6 @@ import (
 	"io"
 	"log/slog"
 	nethttp "net/http"
-	"net/netip"
 	"net/url"
 	"os"
 	"regexp"
@@ -133,13 +132,10 @@ type Fetcher struct {
 	api, auth string
 	key       string
 	pageSize  int
-	conns     int
-	chunk     int64
-	below     float64
+	opts      fetchers.HTTPOptions
 	now       func() time.Time
 	client    *nethttp.Client
 	get       *httpfetcher.Fetcher
-	guard     fetchers.Guard
 	log       *slog.Logger
 
 	mu     sync.Mutex
@@ -160,22 +156,22 @@ type token struct {
 }
 
 type options struct {
-	api, auth   string
-	key         string
-	keyFile     string
-	pageSize    int
-	conns       int
-	chunk       int64
-	below       float64
-	idleTimeout time.Duration
-	transport   nethttp.RoundTripper
-	guard       fetchers.Guard
-	now         func() time.Time
-	log         *slog.Logger
+	fetchers.HTTPOptions
+	api, auth string
+	key       string
+	keyFile   string
+	pageSize  int
+	now       func() time.Time
+	log       *slog.Logger
 }
 
 // Option configures New.
 type Option func(*options)
+
+// WithHTTP sets the shared HTTP options (fetchers.Option): transport,
+// redirect policy, idle timeout, User-Agent, and the Range connections of
+// one large file (fetchers.WithConnections; default 4).
+func WithHTTP(opts ...fetchers.Option) Option { return func(o *options) { o.Apply(opts...) } }
 
 // WithAPIEndpoint sets the registry API; default $NGC_API_ENDPOINT, else
 // DefaultAPIEndpoint.
@@ -200,33 +196,6 @@ func WithAPIKeyFile(p string) Option { return func(o *options) { o.keyFile = p }
 // default 500.
 func WithPageSize(n int) Option { return func(o *options) { o.pageSize = n } }
 
-// WithIdleTimeout bounds a stalled download; default 60s.
-func WithIdleTimeout(d time.Duration) Option { return func(o *options) { o.idleTimeout = d } }
-
-// WithConnections sets how many connections may fetch one large file at
-// once (files of at least 4 chunks); default 4. A file starts on one and
-// gets Range requests only when that one is the limit
-// (fetchers.AdaptiveReader).
-func WithConnections(n int) Option { return func(o *options) { o.conns = n } }
-
-// WithRangeBelow sets the rate (bytes per second spent waiting on one
-// connection) under which a file gets Range connections; default
-// fetchers.DefaultRangeBelow.
-func WithRangeBelow(bps float64) Option { return func(o *options) { o.below = bps } }
-
-// WithChunk sets the bytes of one parallel Range request; default 8 MiB.
-func WithChunk(n int64) Option { return func(o *options) { o.chunk = n } }
-
-// WithTransport sets the HTTP transport; default a clone of net/http's.
-// Either way it is wrapped in the redirect policy (fetchers.Guard).
-func WithTransport(t nethttp.RoundTripper) Option { return func(o *options) { o.transport = t } }
-
-// WithInternal sets which addresses count as host-internal for the
-// redirect policy (fetchers.Guard); default fetchers.IsInternal.
-func WithInternal(internal func(netip.Addr) bool) Option {
-	return func(o *options) { o.guard.Internal = internal }
-}
-
 // WithClock sets the clock that token expiry is judged by; default
 // time.Now. Tests move it forward instead of sleeping.
 func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
@@ -242,7 +211,7 @@ func New(opts ...Option) (*Fetcher, error) {
 		key = os.Getenv("NGC_API_KEY")
 	}
 	o := options{api: os.Getenv("NGC_API_ENDPOINT"), auth: os.Getenv("NGC_AUTH_ENDPOINT"), key: key, keyFile: os.Getenv("NGC_API_KEY_FILE"),
-		pageSize: 500, conns: 4, chunk: fetchers.DefaultChunk, idleTimeout: 60 * time.Second, now: time.Now}
+		pageSize: 500, HTTPOptions: fetchers.DefaultHTTPOptions(), now: time.Now}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -271,23 +240,19 @@ func New(opts ...Option) (*Fetcher, error) {
 	if strings.ContainsAny(o.key, "\r\n\x00") {
 		return nil, errors.New("NGC API key: holds a line break or a NUL; give the key alone")
 	}
-	if o.conns < 1 || o.conns > 64 || o.chunk < 1<<20 || o.pageSize < 1 || o.pageSize > 5000 {
-		return nil, fmt.Errorf("ngc: connections %d (want 1..64), chunk %d (want >= 1 MiB), page size %d (want 1..5000)", o.conns, o.chunk, o.pageSize)
+	if err := o.CheckRanges(); err != nil {
+		return nil, fmt.Errorf("ngc: %w", err)
+	}
+	if o.pageSize < 1 || o.pageSize > 5000 {
+		return nil, fmt.Errorf("ngc: page size %d (want 1..5000)", o.pageSize)
 	}
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
 	}
-	if o.transport == nil {
-		t := nethttp.DefaultTransport.(*nethttp.Transport).Clone()
-		t.ResponseHeaderTimeout = 60 * time.Second
-		t.MaxIdleConnsPerHost = 16
-		o.transport = t
-	}
 	f := &Fetcher{api: strings.TrimRight(o.api, "/"), auth: strings.TrimRight(o.auth, "/"), key: o.key, pageSize: o.pageSize,
-		conns: o.conns, chunk: o.chunk, below: o.below, now: o.now, tokens: map[string]token{}, guard: o.guard, log: o.log,
-		urls: map[string]string{}, perFile: map[string]bool{}}
-	f.client = &nethttp.Client{Transport: o.guard.Transport(o.transport, nil), CheckRedirect: fetchers.DropAuthAcrossOrigins}
-	f.get = httpfetcher.New(httpfetcher.WithClient(f.client), httpfetcher.WithIdleTimeout(o.idleTimeout), httpfetcher.WithUserAgent("modelcached"))
+		opts: o.HTTPOptions, now: o.now, tokens: map[string]token{}, log: o.log,
+		urls: map[string]string{}, perFile: map[string]bool{}, client: o.Client()}
+	f.get = httpfetcher.New(httpfetcher.WithClient(f.client), httpfetcher.WithHTTP(fetchers.WithIdleTimeout(o.IdleTimeout), fetchers.WithUserAgent(o.UserAgent)))
 	return f, nil
 }
 
@@ -425,7 +390,7 @@ func (f *Fetcher) tokenFor(ctx context.Context, r Ref, force bool) (string, bool
 	}
 	req.SetBasicAuth("$oauthtoken", f.key)
 	req.Header.Set("Accept", "application/json")
-	req.Header.Set("User-Agent", "modelcached")
+	req.Header.Set("User-Agent", f.opts.UserAgent)
 	resp, err := f.client.Do(req)
 	if err != nil {
 		return "", false, fmt.Errorf("NGC token endpoint %s: %w", f.auth, err)
@@ -559,7 +524,7 @@ func (f *Fetcher) apiGet(ctx context.Context, r Ref, u, what string, guest bool,
 		}
 		req.Header = h
 		req.Header.Set("Accept", "application/json")
-		req.Header.Set("User-Agent", "modelcached")
+		req.Header.Set("User-Agent", f.opts.UserAgent)
 		resp, err := f.client.Do(req)
 		if err != nil {
 			return fmt.Errorf("GET %s: %w", u, err)
@@ -857,7 +822,7 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 				return f.openPerFile(ctx, r, p, src.url, file.Size, off, n)
 			}
 			to, _ := url.Parse(src.url)
-			gctx, err := f.guard.Handoff(ctx, apiURL, to)
+			gctx, err := f.opts.Guard.Handoff(ctx, apiURL, to)
 			if err != nil {
 				return nil, fmt.Errorf("%s: file %s: the URL manifest's storage URL: %w", r, p, err)
 			}
@@ -882,8 +847,7 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 			return rc, err
 		}
 	}
-	return fetchers.AdaptiveReader(ctx, fetchers.Ranged{Open: get, Size: file.Size, Chunk: f.chunk, Conns: f.conns, Below: f.below,
-		Backoff: fetchers.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Attempts: 4, MaxRetryAfter: time.Minute}}, offset)
+	return fetchers.AdaptiveReader(ctx, f.opts.Ranged(get, file.Size, fetchers.RangeBackoff), offset)
 }
 
 // openPerFile reads bytes [off, off+n) of file p from the deprecated

@@ -415,7 +415,7 @@ func TestParallelRangesWithTokenMatchOneStream(t *testing.T) {
 	}
 	r.s.AddVersion("acme/big", "1", map[string][]byte{"w.bin": big}, false, true)
 	r.s.Keys[testKey] = []string{"group/ngc:acme"}
-	f := r.fetcher(testKey, WithConnections(3), WithChunk(1<<20), WithRangeBelow(math.Inf(1)))
+	f := r.fetcher(testKey, WithHTTP(fetchers.WithConnections(3), fetchers.WithChunk(1<<20), fetchers.WithRangeBelow(math.Inf(1))))
 	res, err := f.Resolve(context.Background(), fetchers.Source{URI: "ngc://acme/big:1"})
 	if r.note(err) != nil {
 		t.Fatal(err)
@@ -442,7 +442,7 @@ func TestRedirectToInternalRefused(t *testing.T) {
 	r.s.AddVersion("org/m", "1", files(1), true, true)
 	api := testenv.ServeOn(t, "127.0.0.2", r.s.API.Config.Handler)
 	remote := func(ip netip.Addr) bool { return ip != netip.MustParseAddr("127.0.0.2") && fetchers.IsInternal(ip) }
-	f, err := New(WithAPIEndpoint(api.URL), WithAuthEndpoint(r.s.Auth.URL), WithAPIKey(""), WithInternal(remote))
+	f, err := New(WithAPIEndpoint(api.URL), WithAuthEndpoint(r.s.Auth.URL), WithAPIKey(""), WithHTTP(fetchers.WithInternal(remote)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,10 +23,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"strings"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -50,9 +48,8 @@ type Fetcher struct {
 	mirrors  map[string][]string // registry → mirrors tried first, in order
 	insecure map[string]bool
 	keychain authn.Keychain
-	rt       http.RoundTripper
-	guard    fetchers.Guard
-	idle     time.Duration // a blob stream idle this long fails the attempt
+	opts     fetchers.HTTPOptions
+	rt       http.RoundTripper // opts.Transport in the redirect policy
 }
 
 // Option configures New.
@@ -77,25 +74,21 @@ func WithMirror(registry, mirror string) Option {
 	return func(f *Fetcher) { f.mirrors[registry] = append(f.mirrors[registry], mirror) }
 }
 
-// WithTransport sets the HTTP transport; default remote.DefaultTransport.
-// Either way it is wrapped in the redirect policy (fetchers.Guard):
-// registries send blobs to CDNs by redirect, and a redirect must not reach
-// a host-internal address.
-func WithTransport(rt http.RoundTripper) Option { return func(f *Fetcher) { f.rt = rt } }
-
-// WithInternal sets which addresses count as host-internal for the
-// redirect policy (fetchers.Guard); default fetchers.IsInternal.
-func WithInternal(internal func(netip.Addr) bool) Option {
-	return func(f *Fetcher) { f.guard.Internal = internal }
-}
+// WithHTTP sets the shared HTTP options (fetchers.Option): the transport
+// (default remote.DefaultTransport), the redirect policy (registries send
+// blobs to CDNs by redirect, and a redirect must not reach a
+// host-internal address), and the idle timeout and User-Agent of blob
+// downloads. A blob is read on one stream: the Range options are not read.
+func WithHTTP(opts ...fetchers.Option) Option { return func(f *Fetcher) { f.opts.Apply(opts...) } }
 
 // New returns an OCI fetcher.
 func New(opts ...Option) *Fetcher {
-	f := &Fetcher{mirrors: map[string][]string{}, insecure: map[string]bool{}, keychain: authn.DefaultKeychain, rt: remote.DefaultTransport, idle: 60 * time.Second}
+	f := &Fetcher{mirrors: map[string][]string{}, insecure: map[string]bool{}, keychain: authn.DefaultKeychain, opts: fetchers.DefaultHTTPOptions()}
+	f.opts.Transport = remote.DefaultTransport
 	for _, o := range opts {
 		o(f)
 	}
-	f.rt = f.guard.Transport(f.rt, nil)
+	f.rt = f.opts.Guard.Transport(f.opts.Transport, nil)
 	return f
 }
 
@@ -235,7 +228,7 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 			return err
 		}
 		get := httpfetcher.New(httpfetcher.WithClient(&http.Client{Transport: rt, CheckRedirect: fetchers.DropAuthAcrossOrigins}),
-			httpfetcher.WithIdleTimeout(f.idle), httpfetcher.WithUserAgent("modelcached"))
+			httpfetcher.WithHTTP(fetchers.WithIdleTimeout(f.opts.IdleTimeout), fetchers.WithUserAgent(f.opts.UserAgent)))
 		u := (&url.URL{Scheme: repo.Scheme(), Host: repo.RegistryStr(), Path: "/v2/" + repo.RepositoryStr() + "/blobs/" + d.DigestStr()}).String()
 		rc, err = get.GetRange(ctx, u, file.Size, offset, -1, nil, func(resp *http.Response) error {
 			return transport.CheckError(resp, http.StatusOK, http.StatusPartialContent)

@@ -66,7 +66,7 @@ func TestRedirectToInternalRefused(t *testing.T) {
 	reg := testenv.ServeOn(t, "127.0.0.2", http.RedirectHandler(inside.URL+"/v2/", http.StatusTemporaryRedirect))
 	host := strings.TrimPrefix(reg.URL, "http://")
 	remote := func(ip netip.Addr) bool { return ip != netip.MustParseAddr("127.0.0.2") && fetchers.IsInternal(ip) }
-	f := New(WithInsecureRegistries(host), WithInternal(remote))
+	f := New(WithInsecureRegistries(host), WithHTTP(fetchers.WithInternal(remote)))
 	_, err := f.Resolve(context.Background(), fetchers.Source{URI: "oci://" + host + "/model:1"})
 	if err == nil || !strings.Contains(err.Error(), "host-internal address") {
 		t.Fatalf("Resolve through a redirect to loopback: %v; want the redirect refused", err)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/fetchers/fetcherstest"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
@@ -41,7 +42,7 @@ func TestCredentialsStayAtTheEndpoint(t *testing.T) {
 				"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_PROFILE": "", "AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1"} {
 				t.Setenv(k, v)
 			}
-			f := New(1, 1<<20).WithStaticCredentials("AKIDEXAMPLE", "SECRET-KEY-0123456789", session)
+			f := mustNew(t, WithHTTP(fetchers.WithConnections(1), fetchers.WithChunk(1<<20)), WithStaticCredentials("AKIDEXAMPLE", "SECRET-KEY-0123456789", session))
 			fetcherstest.FetchFirst(t, f, "s3://models/llama", []byte(body))
 			if !ep.Saw("/models/llama/w.bin Authorization=AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/") || !ep.Saw("X-Amz-Security-Token="+session) {
 				t.Fatalf("the endpoint had no signed request: %q", ep.Seen())

@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"os"
 	"path"
@@ -44,49 +43,47 @@ import (
 // on first use, so a node without AWS configuration pays nothing until it
 // pulls from S3. Safe for concurrent use.
 type Fetcher struct {
-	conns  int     // the most connections per large object
-	chunk  int64   // bytes per Range request
-	below  float64 // fetchers.Ranged.Below
+	opts   fetchers.HTTPOptions
+	static aws.CredentialsProvider // from WithStaticCredentials; nil: the SDK's chain
 	once   sync.Once
 	client *s3.Client
 	err    error
-	static aws.CredentialsProvider // from WithStaticCredentials; nil: the SDK's chain
-	guard  fetchers.Guard
 }
 
-// WithInternal sets which addresses count as host-internal for the
-// redirect policy (fetchers.Guard); default fetchers.IsInternal. Call
-// before first use.
-func (f *Fetcher) WithInternal(internal func(netip.Addr) bool) *Fetcher {
-	f.guard.Internal = internal
-	return f
+type options struct {
+	fetchers.HTTPOptions
+	static aws.CredentialsProvider
 }
 
-// WithStaticCredentials makes f use these keys (e.g. from a Kubernetes
-// Secret) instead of the SDK's credential chain. Call before first use.
-func (f *Fetcher) WithStaticCredentials(id, secret, session string) *Fetcher {
-	f.static = credentials.NewStaticCredentialsProvider(id, secret, session)
-	return f
-}
+// Option configures New.
+type Option func(*options)
 
-// WithRangeBelow sets the rate (bytes per second spent waiting on one
-// connection) under which an object gets Range connections; default
-// fetchers.DefaultRangeBelow. Call before first use.
-func (f *Fetcher) WithRangeBelow(bps float64) *Fetcher {
-	f.below = bps
-	return f
+// WithHTTP sets the shared HTTP options (fetchers.Option): the transport
+// (default the SDK's), the redirect policy, and the Range connections of
+// one large object (fetchers.WithConnections; default 4). The idle
+// timeout and the User-Agent are not read: the SDK sends its own
+// User-Agent.
+func WithHTTP(opts ...fetchers.Option) Option { return func(o *options) { o.Apply(opts...) } }
+
+// WithStaticCredentials makes the fetcher use these keys (e.g. from a
+// Kubernetes Secret) instead of the SDK's credential chain; default the chain.
+func WithStaticCredentials(id, secret, session string) Option {
+	return func(o *options) { o.static = credentials.NewStaticCredentialsProvider(id, secret, session) }
 }
 
 // New returns an S3 fetcher that reads an object on one stream and, for
 // objects of at least 4 chunks whose stream is the limit, adds Range
-// requests of chunk bytes up to conns connections (fetchers.AdaptiveReader;
-// conns <= 1: one stream). S3 limits the throughput of each connection;
-// parallel ranges lift it.
-func New(conns int, chunk int64) *Fetcher {
-	if chunk < 1<<20 {
-		chunk = fetchers.DefaultChunk
+// requests up to the connections of WithHTTP (fetchers.AdaptiveReader).
+// S3 limits the throughput of each connection; parallel ranges lift it.
+func New(opts ...Option) (*Fetcher, error) {
+	o := options{HTTPOptions: fetchers.DefaultHTTPOptions()}
+	for _, opt := range opts {
+		opt(&o)
 	}
-	return &Fetcher{conns: conns, chunk: chunk}
+	if err := o.CheckRanges(); err != nil {
+		return nil, fmt.Errorf("s3: %w", err)
+	}
+	return &Fetcher{opts: o.HTTPOptions, static: o.static}, nil
 }
 
 func (f *Fetcher) s3(ctx context.Context) (*s3.Client, error) {
@@ -104,8 +101,10 @@ func (f *Fetcher) s3(ctx context.Context) (*s3.Client, error) {
 		}
 		// The SDK follows 307 and 308 redirects (S3 sends them across
 		// regions); they must not lead to a host-internal address.
-		if bc, ok := cfg.HTTPClient.(*awshttp.BuildableClient); ok {
-			cfg.HTTPClient = &http.Client{Transport: f.guard.Transport(bc.GetTransport(), bc.GetDialer()), CheckRedirect: checkRedirect}
+		if f.opts.Transport != nil {
+			cfg.HTTPClient = &http.Client{Transport: f.opts.Guard.Transport(f.opts.Transport, nil), CheckRedirect: checkRedirect}
+		} else if bc, ok := cfg.HTTPClient.(*awshttp.BuildableClient); ok {
+			cfg.HTTPClient = &http.Client{Transport: f.opts.Guard.Transport(bc.GetTransport(), bc.GetDialer()), CheckRedirect: checkRedirect}
 		}
 		pathStyle := os.Getenv("AWS_S3_FORCE_PATH_STYLE") == "true"
 		if ep := os.Getenv("AWS_ENDPOINT_URL_S3") + os.Getenv("AWS_ENDPOINT_URL"); ep != "" && os.Getenv("AWS_S3_FORCE_PATH_STYLE") != "false" {
@@ -275,7 +274,7 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 		}
 		return out.Body, nil
 	}
-	return fetchers.AdaptiveReader(ctx, fetchers.Ranged{Open: get, Size: file.Size, Chunk: f.chunk, Conns: f.conns, Below: f.below, Backoff: fetchers.DefaultBackoff}, offset)
+	return fetchers.AdaptiveReader(ctx, f.opts.Ranged(get, file.Size, fetchers.DefaultBackoff), offset)
 }
 
 // explain names the bucket and key and says what to do; throttling and

@@ -49,7 +49,7 @@ func TestAgainstARealS3Server(t *testing.T) {
 	srv.Put(t, "models", "llama2/other.bin", []byte("not ours"), false)
 	srv.Put(t, "models", "llama/", nil, false) // a directory marker
 
-	f := New(3, 1<<20)
+	f := mustNew(t, WithHTTP(fetchers.WithConnections(3), fetchers.WithChunk(1<<20)))
 	res, err := f.Resolve(context.Background(), fetchers.Source{URI: "s3://models/llama"})
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +120,7 @@ func TestAgainstARealS3Server(t *testing.T) {
 		t.Fatalf("empty prefix: %v", err)
 	}
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "wrong")
-	if _, err := New(1, 0).Resolve(context.Background(), fetchers.Source{URI: "s3://models/llama"}); !errors.Is(err, fetchers.ErrUnauthorized) {
+	if _, err := mustNew(t, WithHTTP(fetchers.WithConnections(1))).Resolve(context.Background(), fetchers.Source{URI: "s3://models/llama"}); !errors.Is(err, fetchers.ErrUnauthorized) {
 		t.Fatalf("wrong secret: %v", err)
 	}
 }
@@ -136,7 +136,7 @@ func TestVersionedBucketPinsTheVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Put(t, "versioned", "m/w.bin", []byte("version one"), true)
-	f := New(1, 0)
+	f := mustNew(t, WithHTTP(fetchers.WithConnections(1)))
 	res, err := f.Resolve(context.Background(), fetchers.Source{URI: "s3://versioned/m/"})
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +174,7 @@ func TestRedirectToInternalRefused(t *testing.T) {
 		t.Setenv(k, v)
 	}
 	remote := func(ip netip.Addr) bool { return ip != netip.MustParseAddr("127.0.0.2") && fetchers.IsInternal(ip) }
-	f := New(1, 1<<20).WithInternal(remote)
+	f := mustNew(t, WithHTTP(fetchers.WithConnections(1), fetchers.WithChunk(1<<20), fetchers.WithInternal(remote)))
 	_, err := f.Resolve(context.Background(), fetchers.Source{URI: "s3://models/llama"})
 	if !errors.Is(err, fetchers.ErrInternalAddress) || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("Resolve through a 307 to loopback: %v; want the redirect refused", err)
@@ -182,4 +182,14 @@ func TestRedirectToInternalRefused(t *testing.T) {
 	if n := asked.Load(); n != 0 {
 		t.Fatalf("the internal server was asked %d times", n)
 	}
+}
+
+// mustNew is New that fails the test on an error.
+func mustNew(t *testing.T, opts ...Option) *Fetcher {
+	t.Helper()
+	f, err := New(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
