@@ -92,6 +92,39 @@ func (h *harness) waitPhaseWithin(name string, p api.Phase, within time.Duration
 	}
 }
 
+// passAndSettle makes one full pass of the reconciler now, as its timer
+// or a kick would, and waits for the pulls that pass started to finish
+// (the test's context cancels them at its end). A test proves that
+// nothing is pulled again with it: a pass that would pull has pulled by
+// the time it returns.
+func (h *harness) passAndSettle(t *testing.T) {
+	t.Helper()
+	var started []chan struct{}
+	h.d.mu.Lock()
+	before := map[string]chan struct{}{}
+	for name, st := range h.d.arts {
+		if st.cancel != nil {
+			before[name] = st.done
+		}
+	}
+	h.d.mu.Unlock()
+	h.d.reconcile(t.Context())
+	h.d.mu.Lock()
+	for name, st := range h.d.arts {
+		if st.cancel != nil && before[name] != st.done {
+			started = append(started, st.done)
+		}
+	}
+	h.d.mu.Unlock()
+	for _, done := range started {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("a pull the reconcile pass started did not finish in 30s")
+		}
+	}
+}
+
 func (h *harness) read(name, path string) string {
 	b, err := os.ReadFile(filepath.Join(h.cfg.Root, "models", name, "current", path))
 	if err != nil {
