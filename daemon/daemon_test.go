@@ -24,6 +24,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore/storetest"
 	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 type harness struct {
@@ -77,19 +78,22 @@ func (h *harness) waitPhase(name string, p api.Phase) *api.Artifact {
 }
 
 // waitPhaseWithin is waitPhase for a pull that takes longer (a benchmark's).
+// It looks at the artifact after each change the daemon signals, not on
+// a timer.
 func (h *harness) waitPhaseWithin(name string, p api.Phase, within time.Duration) *api.Artifact {
 	h.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		a, err := h.c.Get(context.Background(), name)
-		if err == nil && a.Phase == p {
-			return a
+	var a *api.Artifact
+	testenv.Await(h.t, name+" reaches "+string(p), within, h.d.Changed, func() error {
+		var err error
+		if a, err = h.c.Get(context.Background(), name); err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			h.t.Fatalf("%s never reached %s: %+v %v", name, p, a, err)
+		if a.Phase != p {
+			return fmt.Errorf("%s: %s", a.Phase, a.Message)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return a
 }
 
 // passAndSettle makes one full pass of the reconciler now, as its timer

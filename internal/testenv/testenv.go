@@ -2,7 +2,8 @@
 // environment: finding the real tools they drive (on PATH or where
 // `go install` puts them), failing under CI=true and skipping elsewhere
 // when one is missing, loopback ports for the servers they start, and
-// Eventually, the one way a test waits for a condition.
+// the one way a test waits for a condition: Eventually polls it, Await
+// checks it at each change a component signals.
 package testenv
 
 import (
@@ -94,6 +95,30 @@ func Poll(timeout time.Duration, f func() error) error {
 		}
 		time.Sleep(pause)
 		pause = min(2*pause, 250*time.Millisecond)
+	}
+}
+
+// Await is Eventually driven by a change signal instead of a timer:
+// changed returns a channel that is closed at the next change (the
+// daemon's Changed), and cond is checked at once and after each close,
+// never in between. Await fails the test with what and cond's last error
+// if it does not hold by timeout. A state change that does not close the
+// channel is a bug Await shows as a timeout.
+func Await(t testing.TB, what string, timeout time.Duration, changed func() <-chan struct{}, cond func() error) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		ch := changed() // before cond: a change while cond runs is not missed
+		err := cond()
+		if err == nil {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			t.Fatalf("%s: not within %v: %v", what, timeout, err)
+		}
 	}
 }
 
