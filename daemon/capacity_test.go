@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 // TestAdmissionRejectsWhatCannotFit: over the quota with nothing
@@ -189,18 +191,14 @@ func TestOldRevisionPrunedOnceUnused(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The pass evicts the version, then collects its blob: wait for both.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, "the old revision pruned and its blob collected", 10*time.Second, func() error {
 		a, _ := h.c.Get(context.Background(), "m")
 		pruned := len(a.Versions) == 1 && a.Versions[0].Revision == sha(v2)
-		if pruned && !h.d.store.HasBlob("sha256:"+sha(v1)) {
-			break
+		if !pruned || h.d.store.HasBlob("sha256:"+sha(v1)) {
+			return fmt.Errorf("pruned %v, versions %+v", pruned, a.Versions)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("old revision not pruned (%v) or its blob not collected: %+v", pruned, a.Versions)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	if !h.d.store.HasBlob("sha256:" + sha(v2)) {
 		t.Fatal("the current revision's blob was collected")
 	}

@@ -406,18 +406,14 @@ func TestModelsDirDesires(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(cfg.ModelsDir, "bad.yaml"), []byte("name: Bad Name\nuri: nope\n"), 0o644)
 	os.WriteFile(yml, []byte("name: fromfile\nuri: file://"+src+"\nstate: absent\n"), 0o644)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, "the absent desire evicts the artifact", 10*time.Second, func() error {
 		// Unpinned by the new file content? No: pins live on the version; absent must still evict it.
 		h.c.Unpin(context.Background(), "fromfile")
-		if _, err := os.Lstat(filepath.Join(cfg.Root, "models", "fromfile")); err != nil {
-			break
+		if _, err := os.Lstat(filepath.Join(cfg.Root, "models", "fromfile")); err == nil {
+			return errors.New("its tree is still there")
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("absent desire did not evict the artifact")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	s, _ := h.c.Status(context.Background())
 	if len(s.ModelsDirError) != 1 || !strings.Contains(s.ModelsDirError[0], "bad.yaml") {
 		t.Fatalf("status should name the bad file: %q", s.ModelsDirError)

@@ -203,13 +203,12 @@ func TestSocketPeerConnectionLimit(t *testing.T) {
 		p.cmd.Wait()
 		p.exited = true
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for pl.held(nobody) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("uid %d still holds %d slots after it exited", nobody, pl.held(nobody))
+	testenv.Eventually(t, fmt.Sprintf("uid %d gives its slots back once it exited", nobody), 30*time.Second, func() error {
+		if n := pl.held(nobody); n != 0 {
+			return fmt.Errorf("still holds %d", n)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestHelperHoldConnections is not a test of its own: TestSocketPeerConnectionLimit
@@ -396,13 +395,12 @@ func TestSocketStreamOutlivesTimeoutsEndsWithClient(t *testing.T) {
 		t.Logf("%s: %d lines in %s with every socket timeout at 300ms", tc.route, i, time.Since(t0).Round(time.Millisecond))
 		c.Close()
 		ended := map[string]string{"route": tc.route, "code": "200"}
-		deadline := time.Now().Add(30 * time.Second)
-		for series(h.d, "modelcache_api_requests_total", ended) != 1 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the stream still runs 30s after its client closed the connection", tc.route)
+		testenv.Eventually(t, tc.route+": the stream ends once its client closed the connection", 30*time.Second, func() error {
+			if n := series(h.d, "modelcache_api_requests_total", ended); n != 1 {
+				return fmt.Errorf("%v requests ended", n)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 }
 

@@ -454,10 +454,12 @@ func TestPeerGroupsNotFromProc(t *testing.T) {
 			continue
 		}
 		os.WriteFile(gofile, nil, 0o644)
-		deadline := time.Now().Add(20 * time.Second)
-		for !strings.Contains(out.String(), "RESULT") && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
+		testenv.Poll(20*time.Second, func() error { // the verdict is checked below, with what came
+			if !strings.Contains(out.String(), "RESULT") {
+				return errors.New("no RESULT yet")
+			}
+			return nil
+		})
 		member.Process.Kill()
 		member.Wait()
 		res := out.String()
