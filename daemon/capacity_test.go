@@ -74,9 +74,12 @@ func TestReservationsStopDoubleAdmission(t *testing.T) {
 	// rightly, evict it once Ready (issue 16) and hold a reservation of its own.
 	h.c.Pull(context.Background(), api.PullRequest{Name: "one", URI: srv.URL + "/one.bin#sha256=" + sha(one), Keep: true}, false, nil)
 	h.waitPhase("one", api.PhaseDownloading)
-	for h.d.reserved() == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, "one's reservation", 30*time.Second, func() error {
+		if h.d.reserved() == 0 {
+			return errors.New("nothing reserved")
+		}
+		return nil
+	})
 	_, err := h.pull(api.PullRequest{Name: "two", URI: srv.URL + "/two.bin#sha256=" + sha(two)})
 	if err == nil || !strings.Contains(err.Error(), "reserved by pulls in flight") || !strings.Contains(err.Error(), "3.0 MiB reserved") {
 		t.Fatalf("second pull into reserved space: %v", err)

@@ -186,14 +186,13 @@ func TestSocketPeerConnectionLimit(t *testing.T) {
 	}
 	// A peer's connect returns once the kernel queues the connection; the
 	// daemon accepts (and refuses) the queue's last ones a moment later.
-	refused := int(series(h.d, "modelcache_api_connections_refused_total", nil))
-	for wait := time.Now().Add(30 * time.Second); refused < heldConns-limit && time.Now().Before(wait); {
-		time.Sleep(20 * time.Millisecond)
-		refused = int(series(h.d, "modelcache_api_connections_refused_total", nil))
-	}
-	if refused < heldConns-limit {
-		t.Fatalf("modelcache_api_connections_refused_total = %d, want >= %d", refused, heldConns-limit)
-	}
+	var refused int
+	testenv.Eventually(t, fmt.Sprintf("%d connections refused", heldConns-limit), 30*time.Second, func() error {
+		if refused = int(series(h.d, "modelcache_api_connections_refused_total", nil)); refused < heldConns-limit {
+			return fmt.Errorf("modelcache_api_connections_refused_total = %d", refused)
+		}
+		return nil
+	})
 	t.Logf("uid %d opened and held %d connections (%d processes, hard RLIMIT_NOFILE %d) in %s; the daemon (%d descriptors) kept %d, refused %d; root's status answered in %s",
 		nobody, held, procs, lim.Max, opened.Round(time.Millisecond), lim.Cur, pl.held(nobody), refused, lat.Round(time.Microsecond))
 
