@@ -123,12 +123,26 @@ func TestForgedResolutionRefused(t *testing.T) {
 	})
 
 	// A forged status.active beside it: refused, the node keeps serving c1.
-	for _, uri := range forged {
+	// Each pass hands the daemon the whole desire set, so once a probe
+	// created after the refusal is desired there, a later pass has
+	// handed over llama's desire too: it must still be the legitimate one.
+	for i, uri := range forged {
 		forgeStatus(t, dyn, "llama", entry(legit), entry(uri))
 		testenv.Eventually(t, "node-a refuses the active "+uri, 20*time.Second, refused("status.active", uri))
-		time.Sleep(500 * time.Millisecond) // a few passes
+		probe := fmt.Sprintf("probe%d", i)
+		if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc(probe, map[string]any{"source": legit}), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		forgeStatus(t, dyn, probe, []k8ssync.ResolvedSource{{Artifact: probe, Source: legit, Revision: c1, URI: legit, ResolvedAt: metav1.Now()}}, nil)
+		testenv.Eventually(t, "a pass of node-a after the refusal desires "+probe, 20*time.Second, func() error {
+			_, err := a.c.Get(ctx, probe)
+			return err
+		})
+		if err := dyn.Resource(k8ssync.ModelCacheGVR).Delete(ctx, probe, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		x, err := a.c.Get(ctx, "llama")
-		if err != nil || x.Phase != api.PhaseReady || x.Revision != c1 || x.URI != legit {
+		if err != nil || x.Phase != api.PhaseReady || x.Revision != c1 || x.URI != legit || x.Desire == nil || x.Desire.URI != legit {
 			t.Fatalf("node-a moved: %+v %v", x, err)
 		}
 		notPulled(uri)
