@@ -400,16 +400,16 @@ func startDaemon(t *testing.T, dir string, env, recipe []string) {
 		}
 	})
 	c := &api.Client{Socket: filepath.Join(dir, ".modelcache", "modelcached.sock")}
-	deadline := time.Now().Add(20 * time.Second)
-	for c.Health(context.Background()) != nil {
+	err := testenv.Poll(20*time.Second, func() error {
 		select {
 		case err := <-exited:
 			t.Fatalf("modelcached exited at start: %v\n%s", err, &log)
-		case <-time.After(20 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("modelcached not answering on %s after 20s\n%s", c.Socket, &log)
-		}
+		return c.Health(context.Background())
+	})
+	if err != nil {
+		t.Fatalf("modelcached not answering on %s after 20s: %v\n%s", c.Socket, err, &log)
 	}
 }
 

@@ -6,11 +6,14 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 // TestBufPoolAlignsAndTrims: a buffer is as large as the pool says and
@@ -56,13 +59,12 @@ func TestBufPoolAlignsAndTrims(t *testing.T) {
 	if n := p.idleBuffers(); n != bufKeepWriters*ioBuffers {
 		t.Fatalf("%d buffers kept while writers kept taking them, want %d", n, bufKeepWriters*ioBuffers)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for p.idleBuffers() > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d buffers still kept 5 s after the last get, want 0 after two idle times", p.idleBuffers())
+	testenv.Eventually(t, "no buffers kept after two idle times", 5*time.Second, func() error {
+		if n := p.idleBuffers(); n > 0 {
+			return fmt.Errorf("%d buffers still kept after the last get", n)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	if b := p.get(); len(b.mem) != MinWriteBuffer {
 		t.Fatalf("a get after the trim: %d bytes", len(b.mem))
 	}

@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	regpb "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 type noHolds struct{ Backend }
@@ -39,14 +41,10 @@ func TestRegistration(t *testing.T) {
 	}
 	defer conn.Close()
 	var info *regpb.PluginInfo
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if info, err = regpb.NewRegistrationClient(conn).GetInfo(ctx, &regpb.InfoRequest{}); err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	testenv.Eventually(t, "the registration socket answers", 10*time.Second, func() (err error) {
+		info, err = regpb.NewRegistrationClient(conn).GetInfo(ctx, &regpb.InfoRequest{})
+		return err
+	})
 	// Only root (kubelet) may reach either socket, whatever the umask.
 	for _, p := range []string{cfg.Socket, sock} {
 		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {

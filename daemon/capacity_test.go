@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 // TestAdmissionRejectsWhatCannotFit: over the quota with nothing
@@ -72,9 +74,12 @@ func TestReservationsStopDoubleAdmission(t *testing.T) {
 	// rightly, evict it once Ready (issue 16) and hold a reservation of its own.
 	h.c.Pull(context.Background(), api.PullRequest{Name: "one", URI: srv.URL + "/one.bin#sha256=" + sha(one), Keep: true}, false, nil)
 	h.waitPhase("one", api.PhaseDownloading)
-	for h.d.reserved() == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, "one's reservation", 30*time.Second, func() error {
+		if h.d.reserved() == 0 {
+			return errors.New("nothing reserved")
+		}
+		return nil
+	})
 	_, err := h.pull(api.PullRequest{Name: "two", URI: srv.URL + "/two.bin#sha256=" + sha(two)})
 	if err == nil || !strings.Contains(err.Error(), "reserved by pulls in flight") || !strings.Contains(err.Error(), "3.0 MiB reserved") {
 		t.Fatalf("second pull into reserved space: %v", err)
@@ -189,18 +194,14 @@ func TestOldRevisionPrunedOnceUnused(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The pass evicts the version, then collects its blob: wait for both.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, "the old revision pruned and its blob collected", 10*time.Second, func() error {
 		a, _ := h.c.Get(context.Background(), "m")
 		pruned := len(a.Versions) == 1 && a.Versions[0].Revision == sha(v2)
-		if pruned && !h.d.store.HasBlob("sha256:"+sha(v1)) {
-			break
+		if !pruned || h.d.store.HasBlob("sha256:"+sha(v1)) {
+			return fmt.Errorf("pruned %v, versions %+v", pruned, a.Versions)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("old revision not pruned (%v) or its blob not collected: %+v", pruned, a.Versions)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	if !h.d.store.HasBlob("sha256:" + sha(v2)) {
 		t.Fatal("the current revision's blob was collected")
 	}

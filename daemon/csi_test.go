@@ -55,15 +55,11 @@ func startCSI(t testing.TB, cfg Config) *csiRig {
 	}
 	t.Cleanup(func() { conn.Close() })
 	r := &csiRig{harness: h, node: csipb.NewNodeClient(conn), pods: cfg.CSI.PodsDir}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := r.node.NodeGetInfo(context.Background(), &csipb.NodeGetInfoRequest{}); err == nil {
-			return r
-		} else if time.Now().After(deadline) {
-			t.Fatalf("CSI socket never answered: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, "the CSI socket answers", 10*time.Second, func() error {
+		_, err := r.node.NodeGetInfo(context.Background(), &csipb.NodeGetInfoRequest{})
+		return err
+	})
+	return r
 }
 
 // target is where kubelet would publish volume vol of pod uid (kubelet
@@ -338,17 +334,13 @@ func TestCSIPublishWhileDownloading(t *testing.T) {
 		t.Fatalf("a failed publish holds: %v", got)
 	}
 	close(gate)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, "publish once Ready", 30*time.Second, func() error {
 		err := r.publish("vol-1", target, map[string]string{"modelCache": "m"})
-		if err == nil {
-			break
-		}
-		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+		if err != nil && status.Code(err) != codes.Unavailable {
 			t.Fatal(err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
 	if got := files(t, target); got["w.bin"] != string(w) {
 		t.Fatal("mount after Ready does not show the model")
 	}

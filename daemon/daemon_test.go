@@ -24,6 +24,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore/storetest"
 	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 type harness struct {
@@ -77,18 +78,54 @@ func (h *harness) waitPhase(name string, p api.Phase) *api.Artifact {
 }
 
 // waitPhaseWithin is waitPhase for a pull that takes longer (a benchmark's).
+// It looks at the artifact after each change the daemon signals, not on
+// a timer.
 func (h *harness) waitPhaseWithin(name string, p api.Phase, within time.Duration) *api.Artifact {
 	h.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		a, err := h.c.Get(context.Background(), name)
-		if err == nil && a.Phase == p {
-			return a
+	var a *api.Artifact
+	testenv.Await(h.t, name+" reaches "+string(p), within, h.d.Changed, func() error {
+		var err error
+		if a, err = h.c.Get(context.Background(), name); err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			h.t.Fatalf("%s never reached %s: %+v %v", name, p, a, err)
+		if a.Phase != p {
+			return fmt.Errorf("%s: %s", a.Phase, a.Message)
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
+	})
+	return a
+}
+
+// passAndSettle makes one full pass of the reconciler now, as its timer
+// or a kick would, and waits for the pulls that pass started to finish
+// (the test's context cancels them at its end). A test proves that
+// nothing is pulled again with it: a pass that would pull has pulled by
+// the time it returns.
+func (h *harness) passAndSettle(t *testing.T) {
+	t.Helper()
+	var started []chan struct{}
+	h.d.mu.Lock()
+	before := map[string]chan struct{}{}
+	for name, st := range h.d.arts {
+		if st.cancel != nil {
+			before[name] = st.done
+		}
+	}
+	h.d.mu.Unlock()
+	h.d.reconcile(t.Context())
+	h.d.mu.Lock()
+	for name, st := range h.d.arts {
+		if st.cancel != nil && before[name] != st.done {
+			started = append(started, st.done)
+		}
+	}
+	h.d.mu.Unlock()
+	for _, done := range started {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("a pull the reconcile pass started did not finish in 30s")
+		}
 	}
 }
 
@@ -369,18 +406,14 @@ func TestModelsDirDesires(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(cfg.ModelsDir, "bad.yaml"), []byte("name: Bad Name\nuri: nope\n"), 0o644)
 	os.WriteFile(yml, []byte("name: fromfile\nuri: file://"+src+"\nstate: absent\n"), 0o644)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, "the absent desire evicts the artifact", 10*time.Second, func() error {
 		// Unpinned by the new file content? No: pins live on the version; absent must still evict it.
 		h.c.Unpin(context.Background(), "fromfile")
-		if _, err := os.Lstat(filepath.Join(cfg.Root, "models", "fromfile")); err != nil {
-			break
+		if _, err := os.Lstat(filepath.Join(cfg.Root, "models", "fromfile")); err == nil {
+			return errors.New("its tree is still there")
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("absent desire did not evict the artifact")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	s, _ := h.c.Status(context.Background())
 	if len(s.ModelsDirError) != 1 || !strings.Contains(s.ModelsDirError[0], "bad.yaml") {
 		t.Fatalf("status should name the bad file: %q", s.ModelsDirError)

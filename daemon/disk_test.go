@@ -38,14 +38,7 @@ func startWith(t testing.TB, cfg Config, b fetchers.Backoff) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{t: t, d: d, c: &api.Client{Socket: cfg.Socket}, cfg: cfg, cancel: cancel, done: make(chan error, 1)}
 	go func() { h.done <- d.Run(ctx) }()
-	for i := 0; ; i++ {
-		if err := h.c.Health(context.Background()); err == nil {
-			break
-		} else if i > 200 {
-			t.Fatalf("daemon not healthy: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, "daemon healthy", 5*time.Second, func() error { return h.c.Health(context.Background()) })
 	t.Cleanup(h.stop)
 	return h
 }

@@ -45,6 +45,9 @@ func TestEvictCancelsPullAtomically(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.waitPhase("m", api.PhaseDownloading)
+	h.d.mu.Lock()
+	cancelled := h.d.arts["m"].done
+	h.d.mu.Unlock()
 	if _, err := h.c.Evict(context.Background(), "m", "", false); err != nil {
 		t.Fatalf("evict of a model in flight: %v", err)
 	}
@@ -55,12 +58,16 @@ func TestEvictCancelsPullAtomically(t *testing.T) {
 	if a, err := h.c.Pull(ctx, api.PullRequest{Name: "next", URI: srv.URL + "/x.bin"}, true, nil); err != nil || a.Phase != api.PhaseReady {
 		t.Fatalf("the next pull after the evict: %+v %v", a, err)
 	}
-	// Give a wrongly restarted pull every chance to commit.
-	for i := 0; i < 20; i++ {
-		if a, err := h.c.Get(context.Background(), "m"); !errors.Is(err, api.ErrNotFound) {
-			t.Fatalf("the evicted model came back: %+v %v", a, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	// The cancelled pull's end, then a pass of the reconciler, are what
+	// would start it again; a pull they started is awaited.
+	select {
+	case <-cancelled:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the evicted model's pull did not end")
+	}
+	h.passAndSettle(t)
+	if a, err := h.c.Get(context.Background(), "m"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("the evicted model came back: %+v %v", a, err)
 	}
 	if s, _ := h.c.Status(context.Background()); s.PullsInFlight != 0 {
 		t.Fatalf("pulls in flight after the evict: %d", s.PullsInFlight)

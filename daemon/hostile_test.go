@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/modelcache/modelcache/internal/testenv"
 	"io"
 	"log"
@@ -47,19 +48,18 @@ func TestOneDownloadPerBlob(t *testing.T) {
 		h.waitPhase(n, api.PhaseDownloading)
 	}
 	// All three reach the blob: one downloads it, two wait for its flight.
-	deadline := time.Now().Add(30 * time.Second)
-	for waiting := 0; waiting != 2; {
+	testenv.Eventually(t, "two pulls wait for the blob's download", 30*time.Second, func() error {
 		h.d.mu.Lock()
-		waiting = 0
+		defer h.d.mu.Unlock()
+		waiting := 0
 		for _, fw := range h.d.flights {
 			waiting += fw.waiters
 		}
-		h.d.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatalf("%d pulls wait for the blob's download, want 2", waiting)
+		if waiting != 2 {
+			return fmt.Errorf("%d wait", waiting)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	close(gate)
 	for _, n := range []string{"a", "b", "c"} {
 		if _, err := h.c.Wait(context.Background(), n, 30*time.Second, nil); err != nil {

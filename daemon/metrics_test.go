@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"github.com/modelcache/modelcache/internal/testenv"
 	"io"
 	"io/fs"
@@ -155,13 +156,15 @@ func TestFetchBytesMoveDuringDownload(t *testing.T) {
 		done <- err
 	}()
 	c := h.d.metrics.fetchedBytes.WithLabelValues("http")
-	deadline := time.Now().Add(30 * time.Second)
-	for testutil.ToFloat64(c) < 2<<20 {
-		if time.Now().After(deadline) {
-			close(release)
-			t.Fatalf("fetch_bytes_total is %v with 3 MiB sent and the download stalled; want it past 2 MiB", testutil.ToFloat64(c))
+	err := testenv.Poll(30*time.Second, func() error {
+		if v := testutil.ToFloat64(c); v < 2<<20 {
+			return fmt.Errorf("fetch_bytes_total is %v", v)
 		}
-		time.Sleep(10 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		close(release)
+		t.Fatalf("%v with 3 MiB sent and the download stalled; want it past 2 MiB", err)
 	}
 	if n := gets.Load(); n != 1 {
 		t.Fatalf("%d GETs: the counter must move within the one stalled stream", n)

@@ -12,8 +12,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -184,14 +186,13 @@ func TestSocketPeerConnectionLimit(t *testing.T) {
 	}
 	// A peer's connect returns once the kernel queues the connection; the
 	// daemon accepts (and refuses) the queue's last ones a moment later.
-	refused := int(series(h.d, "modelcache_api_connections_refused_total", nil))
-	for wait := time.Now().Add(30 * time.Second); refused < heldConns-limit && time.Now().Before(wait); {
-		time.Sleep(20 * time.Millisecond)
-		refused = int(series(h.d, "modelcache_api_connections_refused_total", nil))
-	}
-	if refused < heldConns-limit {
-		t.Fatalf("modelcache_api_connections_refused_total = %d, want >= %d", refused, heldConns-limit)
-	}
+	var refused int
+	testenv.Eventually(t, fmt.Sprintf("%d connections refused", heldConns-limit), 30*time.Second, func() error {
+		if refused = int(series(h.d, "modelcache_api_connections_refused_total", nil)); refused < heldConns-limit {
+			return fmt.Errorf("modelcache_api_connections_refused_total = %d", refused)
+		}
+		return nil
+	})
 	t.Logf("uid %d opened and held %d connections (%d processes, hard RLIMIT_NOFILE %d) in %s; the daemon (%d descriptors) kept %d, refused %d; root's status answered in %s",
 		nobody, held, procs, lim.Max, opened.Round(time.Millisecond), lim.Cur, pl.held(nobody), refused, lat.Round(time.Microsecond))
 
@@ -201,13 +202,12 @@ func TestSocketPeerConnectionLimit(t *testing.T) {
 		p.cmd.Wait()
 		p.exited = true
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for pl.held(nobody) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("uid %d still holds %d slots after it exited", nobody, pl.held(nobody))
+	testenv.Eventually(t, fmt.Sprintf("uid %d gives its slots back once it exited", nobody), 30*time.Second, func() error {
+		if n := pl.held(nobody); n != 0 {
+			return fmt.Errorf("still holds %d", n)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestHelperHoldConnections is not a test of its own: TestSocketPeerConnectionLimit
@@ -394,13 +394,12 @@ func TestSocketStreamOutlivesTimeoutsEndsWithClient(t *testing.T) {
 		t.Logf("%s: %d lines in %s with every socket timeout at 300ms", tc.route, i, time.Since(t0).Round(time.Millisecond))
 		c.Close()
 		ended := map[string]string{"route": tc.route, "code": "200"}
-		deadline := time.Now().Add(30 * time.Second)
-		for series(h.d, "modelcache_api_requests_total", ended) != 1 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the stream still runs 30s after its client closed the connection", tc.route)
+		testenv.Eventually(t, tc.route+": the stream ends once its client closed the connection", 30*time.Second, func() error {
+			if n := series(h.d, "modelcache_api_requests_total", ended); n != 1 {
+				return fmt.Errorf("%v requests ended", n)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 }
 
@@ -441,12 +440,30 @@ func hasPhase(ps []api.Phase, p api.Phase) bool {
 type countHandler struct {
 	sub string
 	n   *atomic.Int64
+	at  *stamps // when each counted record was logged; nil: not kept
+}
+
+// stamps is a list of times, safe for concurrent use.
+type stamps struct {
+	mu sync.Mutex
+	at []time.Time
+}
+
+func (s *stamps) times() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.at)
 }
 
 func (h countHandler) Enabled(context.Context, slog.Level) bool { return true }
 func (h countHandler) Handle(_ context.Context, r slog.Record) error {
 	if strings.Contains(r.Message, h.sub) {
 		h.n.Add(1)
+		if h.at != nil {
+			h.at.mu.Lock()
+			h.at.at = append(h.at.at, r.Time)
+			h.at.mu.Unlock()
+		}
 	}
 	return nil
 }
@@ -482,8 +499,9 @@ func TestSocketAcceptEMFILE(t *testing.T) {
 		return
 	}
 	var acceptErrs atomic.Int64
+	var acceptAt stamps
 	cfg := testConfig(t)
-	cfg.Logger = slog.New(countHandler{"Accept error", &acceptErrs})
+	cfg.Logger = slog.New(countHandler{sub: "Accept error", n: &acceptErrs, at: &acceptAt})
 	cfg.CapacityInterval = time.Hour // no scan opens and closes files meanwhile
 	// The harness's health checks leave a keep-alive connection: closed
 	// by the idle timeout under the test, it would free a descriptor for
@@ -552,13 +570,11 @@ func TestSocketAcceptEMFILE(t *testing.T) {
 			t.Fatalf("connect: %v", err)
 		}
 	}
+	// Descriptors the daemon frees are taken at once, so the loop paces
+	// itself at a millisecond rather than Eventually's backoff.
+	const errs = 7
 	deadline := time.Now().Add(30 * time.Second)
-	for acceptErrs.Load() < 4 && time.Now().Before(deadline) {
-		takeFree()
-		time.Sleep(time.Millisecond)
-	}
-	// A spinning server would fail thousands of times in this window.
-	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+	for acceptErrs.Load() < errs && time.Now().Before(deadline) {
 		takeFree()
 		time.Sleep(time.Millisecond)
 	}
@@ -570,8 +586,19 @@ func TestSocketAcceptEMFILE(t *testing.T) {
 		t.Fatalf("Run returned while out of descriptors: %v", err)
 	default:
 	}
-	if n < 4 || n > 20 {
-		t.Fatalf("%d accept errors while out of descriptors; want some, each after a growing pause", n)
+	// Not a spin: a pause of at least http.Server's first (5 ms) between
+	// errors, and pauses that grow (an accept that succeeds meanwhile
+	// starts them again at 5 ms).
+	at := acceptAt.times()
+	if n < errs || len(at) < errs {
+		t.Fatalf("%d accept errors while out of descriptors in 30 s; want %d, each after a growing pause", n, errs)
+	}
+	gaps := make([]time.Duration, errs-1)
+	for i := range gaps {
+		gaps[i] = at[i+1].Sub(at[i])
+	}
+	if slices.Min(gaps) < 4*time.Millisecond || slices.Max(gaps) < 2*slices.Min(gaps) {
+		t.Fatalf("pauses between accept errors %v; want each 5 ms or more, growing", gaps)
 	}
 	f := os.NewFile(uintptr(fd), "client")
 	c, err := net.FileConn(f)

@@ -431,9 +431,12 @@ func TestPeerGroupsNotFromProc(t *testing.T) {
 		// The connecting process is gone once it exits; "hold" has the
 		// connection (and the output pipe, so cmd.Wait would wait for it).
 		cmd.Process.Wait()
-		for i := 0; i < 100 && !strings.Contains(out.String(), "CONNECTED") && !strings.Contains(out.String(), "RESULT"); i++ {
-			time.Sleep(10 * time.Millisecond)
-		}
+		testenv.Poll(time.Second, func() error { // the output is checked below
+			if s := out.String(); !strings.Contains(s, "CONNECTED") && !strings.Contains(s, "RESULT") {
+				return errors.New("nothing yet")
+			}
+			return nil
+		})
 		if !strings.Contains(out.String(), fmt.Sprintf("CONNECTED %d", pid)) {
 			t.Fatalf("helper: %s", out.String())
 		}
@@ -454,10 +457,12 @@ func TestPeerGroupsNotFromProc(t *testing.T) {
 			continue
 		}
 		os.WriteFile(gofile, nil, 0o644)
-		deadline := time.Now().Add(20 * time.Second)
-		for !strings.Contains(out.String(), "RESULT") && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
+		testenv.Poll(20*time.Second, func() error { // the verdict is checked below, with what came
+			if !strings.Contains(out.String(), "RESULT") {
+				return errors.New("no RESULT yet")
+			}
+			return nil
+		})
 		member.Process.Kill()
 		member.Wait()
 		res := out.String()

@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"crypto/rand"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 // resident says whether the page of f at off is in the page cache.
@@ -59,13 +62,12 @@ func TestReadAheadAsksForTheNextWindow(t *testing.T) {
 	if _, err := io.ReadFull(r, head); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for !resident(t, f, far) {
-		if time.Now().After(deadline) {
-			t.Fatalf("after reading 1 MiB, the page at %d MiB is still not in the page cache: the window ahead was not asked for", far>>20)
+	testenv.Eventually(t, "the window ahead asked for after reading 1 MiB", 20*time.Second, func() error {
+		if !resident(t, f, far) {
+			return fmt.Errorf("the page at %d MiB is not in the page cache", far>>20)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	// The window slides with the reader.
 	mid := make([]byte, aheadWindow/2)
 	for i := 0; i < len(mid); i += 1 << 20 { // in 1 MiB reads, as the unpack's bufio reads
@@ -74,12 +76,12 @@ func TestReadAheadAsksForTheNextWindow(t *testing.T) {
 		}
 	}
 	far2 := int64(1<<20 + aheadWindow/2 + aheadWindow*3/4)
-	for !resident(t, f, far2) {
-		if time.Now().After(deadline) {
-			t.Fatalf("half-way through the file's first %d MiB, the page at %d MiB is still not in the page cache", aheadWindow>>20, far2>>20)
+	testenv.Eventually(t, fmt.Sprintf("the window slid half-way through the file's first %d MiB", aheadWindow>>20), 20*time.Second, func() error {
+		if !resident(t, f, far2) {
+			return fmt.Errorf("the page at %d MiB is not in the page cache", far2>>20)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	if beyond := int64(size - 4096); resident(t, f, beyond) {
 		t.Fatalf("at %d MiB the reader has the page at %d MiB read already: more than the %d MiB window ahead", (1<<20+aheadWindow/2)>>20, beyond>>20, aheadWindow>>20)
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/modelcache/modelcache/internal/kubetest"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -30,7 +31,7 @@ func TestMissingLeaseNamespaceIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	startNodeIn(t, cl.Config, "node-ns", `{"devices":[]}`, false, "nowhere")
-	eventually(t, "the node's status names the missing namespace", 60*time.Second, func() error {
+	testenv.Eventually(t, "the node's status names the missing namespace", 60*time.Second, func() error {
 		n, err := nodeStatus(dyn, "node-ns")
 		if err != nil {
 			return err
@@ -42,7 +43,7 @@ func TestMissingLeaseNamespaceIsReported(t *testing.T) {
 		}
 		return fmt.Errorf("problems %q", n.Status.Problems)
 	})
-	eventually(t, "a Warning Event on the ModelCacheNode", 30*time.Second, func() error {
+	testenv.Eventually(t, "a Warning Event on the ModelCacheNode", 30*time.Second, func() error {
 		evs, err := kc.CoreV1().Events("").List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return err
@@ -57,7 +58,7 @@ func TestMissingLeaseNamespaceIsReported(t *testing.T) {
 	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nowhere"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the problem clears once the namespace exists", 60*time.Second, func() error {
+	testenv.Eventually(t, "the problem clears once the namespace exists", 60*time.Second, func() error {
 		n, err := nodeStatus(dyn, "node-ns")
 		if err != nil {
 			return err

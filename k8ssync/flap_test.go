@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/modelcache/modelcache/internal/kubetest"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -44,7 +45,7 @@ func TestAPIServerFlapping(t *testing.T) {
 	exited := make(chan error, 1)
 	go func() { exited <- s.Run(ctx) }()
 	dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("one", map[string]any{"source": "https://example.com/one"}), metav1.CreateOptions{})
-	eventually(t, "first status", 30*time.Second, func() error { _, err := nodeStatus(dyn, "flappy"); return err })
+	testenv.Eventually(t, "first status", 30*time.Second, func() error { _, err := nodeStatus(dyn, "flappy"); return err })
 
 	before := reqs.Load()
 	const flapFor = 15 * time.Second
@@ -68,7 +69,7 @@ func TestAPIServerFlapping(t *testing.T) {
 		t.Fatalf("the loop exited while the API server flapped: %v", err)
 	default:
 	}
-	eventually(t, "status current after the flapping", 60*time.Second, func() error {
+	testenv.Eventually(t, "status current after the flapping", 60*time.Second, func() error {
 		n, err := nodeStatus(dyn, "flappy")
 		if err != nil {
 			return err

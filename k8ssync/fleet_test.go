@@ -32,6 +32,7 @@ import (
 	"github.com/modelcache/modelcache/fetchers/oci"
 	"github.com/modelcache/modelcache/fetchers/oci/ocitest"
 	"github.com/modelcache/modelcache/internal/kubetest"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -85,7 +86,7 @@ func updateSpec(t *testing.T, dyn dynamic.Interface, name string, f func(spec ma
 // again on a conflict.
 func updateMC(t *testing.T, dyn dynamic.Interface, name string, f func(u *unstructured.Unstructured)) {
 	t.Helper()
-	eventually(t, "update "+name, 10*time.Second, func() error {
+	testenv.Eventually(t, "update "+name, 10*time.Second, func() error {
 		u, err := dyn.Resource(k8ssync.ModelCacheGVR).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -112,7 +113,7 @@ func TestBranchMovesBetweenPulls(t *testing.T) {
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("m", map[string]any{"source": "hf://org/m"}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "m Ready on node-a at the cluster's resolution", 30*time.Second, func() error {
+	testenv.Eventually(t, "m Ready on node-a at the cluster's resolution", 30*time.Second, func() error {
 		x, err := a.c.Get(ctx, "m")
 		if err != nil || x.Phase != api.PhaseReady {
 			return fmt.Errorf("%+v %v", x, err)
@@ -122,7 +123,7 @@ func TestBranchMovesBetweenPulls(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, "status.resolved names commit 1", 30*time.Second, func() error {
+	testenv.Eventually(t, "status.resolved names commit 1", 30*time.Second, func() error {
 		m := getMC(t, dyn, "m")
 		r := resolvedOf(m, "m")
 		if r == nil || r.Revision != c1 || r.URI != "hf://org/m@"+c1 || r.ResolvedAt.IsZero() || m.Status.Revision != c1 {
@@ -133,7 +134,7 @@ func TestBranchMovesBetweenPulls(t *testing.T) {
 	if r := resolvedOf(getMC(t, dyn, "m"), "m"); r.Digest != "" {
 		t.Fatalf("one node's report set the cluster's folder checksum %s", r.Digest)
 	}
-	eventually(t, "node-a labelled ready", 20*time.Second, func() error {
+	testenv.Eventually(t, "node-a labelled ready", 20*time.Second, func() error {
 		if l := labelsOf(kc, "node-a"); l[k8ssync.LabelModelPrefix+"m"] != "ready" {
 			return fmt.Errorf("%v", l)
 		}
@@ -143,7 +144,7 @@ func TestBranchMovesBetweenPulls(t *testing.T) {
 	// main moves; node B joins.
 	c2 := hub.Commit("org/m", map[string][]byte{"config.json": []byte(`{"model_type":"y"}`), "w.safetensors": storetest.Data(100<<10, 2)}, "main")
 	b := startNode(t, cl.Config, "node-b", noGPU, false)
-	eventually(t, "m Ready on node-b", 30*time.Second, func() error {
+	testenv.Eventually(t, "m Ready on node-b", 30*time.Second, func() error {
 		x, err := b.c.Get(ctx, "m")
 		if err != nil || x.Phase != api.PhaseReady {
 			return fmt.Errorf("%+v %v", x, err)
@@ -152,7 +153,7 @@ func TestBranchMovesBetweenPulls(t *testing.T) {
 	})
 	// Two nodes agree: their folder checksum is the cluster's.
 	var digest string
-	eventually(t, "status.resolved records the folder checksum both nodes report", 30*time.Second, func() error {
+	testenv.Eventually(t, "status.resolved records the folder checksum both nodes report", 30*time.Second, func() error {
 		r := resolvedOf(getMC(t, dyn, "m"), "m")
 		x, _ := a.c.Get(ctx, "m")
 		if r == nil || r.Digest == "" || x == nil || r.Digest != x.ManifestDigest {
@@ -187,7 +188,7 @@ func TestBranchMovesBetweenPulls(t *testing.T) {
 	if r := resolvedOf(m, "m"); r == nil || r.Revision != c1 || r.Digest != digest {
 		t.Fatalf("the resolution moved: %+v", m.Status.Resolved)
 	}
-	eventually(t, "both nodes labelled", 20*time.Second, func() error {
+	testenv.Eventually(t, "both nodes labelled", 20*time.Second, func() error {
 		for _, n := range []string{"node-a", "node-b"} {
 			if l := labelsOf(kc, n); l[k8ssync.LabelModelPrefix+"m"] != "ready" {
 				return fmt.Errorf("%s: %v", n, l)
@@ -198,7 +199,7 @@ func TestBranchMovesBetweenPulls(t *testing.T) {
 
 	// Absent: evicted, the labels go.
 	updateSpec(t, dyn, "m", func(spec map[string]any) { spec["state"] = "Absent" })
-	eventually(t, "labels removed on Absent", 20*time.Second, func() error {
+	testenv.Eventually(t, "labels removed on Absent", 20*time.Second, func() error {
 		for _, n := range []string{"node-a", "node-b"} {
 			if l := labelsOf(kc, n); l[k8ssync.LabelModelPrefix+"m"] != "" {
 				return fmt.Errorf("%s: %v", n, l)
@@ -235,7 +236,7 @@ func TestFolderChecksumPerCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range []*node{a, b, c} {
-		eventually(t, "v1 Ready on "+n.name, 30*time.Second, func() error {
+		testenv.Eventually(t, "v1 Ready on "+n.name, 30*time.Second, func() error {
 			if p := phaseOf(n, "drift"); p != api.PhaseReady {
 				return fmt.Errorf("phase %q", p)
 			}
@@ -251,7 +252,7 @@ func TestFolderChecksumPerCluster(t *testing.T) {
 		spec["nodeSelector"] = map[string]any{"matchExpressions": []any{map[string]any{"key": "pool", "operator": "In", "values": []any{"node-a", "node-b"}}}}
 	})
 	var digest string
-	eventually(t, "the cluster records the checksum of v2 that node-a and node-b agree on", 30*time.Second, func() error {
+	testenv.Eventually(t, "the cluster records the checksum of v2 that node-a and node-b agree on", 30*time.Second, func() error {
 		r := resolvedOf(getMC(t, dyn, "drift"), "drift")
 		x, _ := a.c.Get(ctx, "drift")
 		if r == nil || r.Source != srv.URL+"/v2.bin" || r.Digest == "" || x == nil || x.ManifestDigest != r.Digest {
@@ -266,7 +267,7 @@ func TestFolderChecksumPerCluster(t *testing.T) {
 	files["/v2.bin"] = storetest.Data(64<<10, 3)
 	mu.Unlock()
 	updateSpec(t, dyn, "drift", func(spec map[string]any) { delete(spec, "nodeSelector") })
-	eventually(t, "node-c fails with the cluster's reason", 30*time.Second, func() error {
+	testenv.Eventually(t, "node-c fails with the cluster's reason", 30*time.Second, func() error {
 		x, err := c.c.Get(ctx, "drift")
 		if err != nil || x.Phase != api.PhaseFailed || x.Reason != api.ReasonSourceChanged ||
 			!strings.Contains(x.Message, "source changed since the cluster resolved it: digest ") || !strings.Contains(x.Message, "cluster has "+digest) {
@@ -281,7 +282,7 @@ func TestFolderChecksumPerCluster(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(c.root, "models", "drift", "current")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "node-c's status says why", 20*time.Second, func() error {
+	testenv.Eventually(t, "node-c's status says why", 20*time.Second, func() error {
 		n, err := nodeStatus(dyn, "node-c")
 		if err != nil {
 			return err
@@ -334,13 +335,13 @@ func TestOCITagMovesBetweenPulls(t *testing.T) {
 			return nil
 		}
 	}
-	eventually(t, "model and kernel cache Ready on node-a", 30*time.Second, func() error {
+	testenv.Eventually(t, "model and kernel cache Ready on node-a", 30*time.Second, func() error {
 		if err := ready(a, "m", m1)(); err != nil {
 			return err
 		}
 		return ready(a, "m-sm90", k1)()
 	})
-	eventually(t, "status.resolved pins both by digest", 20*time.Second, func() error {
+	testenv.Eventually(t, "status.resolved pins both by digest", 20*time.Second, func() error {
 		m := getMC(t, dyn, "m")
 		r, k := resolvedOf(m, "m"), resolvedOf(m, "m-sm90")
 		if r == nil || k == nil || r.URI != "oci://"+host+"/models/m@sha256:"+m1 || k.URI != "oci://"+host+"/kernels/m@sha256:"+k1 {
@@ -348,7 +349,7 @@ func TestOCITagMovesBetweenPulls(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, "node-a labelled for the model and the kernel cache", 20*time.Second, func() error {
+	testenv.Eventually(t, "node-a labelled for the model and the kernel cache", 20*time.Second, func() error {
 		l := labelsOf(kc, "node-a")
 		if l[k8ssync.LabelModelPrefix+"m"] != "ready" || l[k8ssync.LabelKernelCachePrefix+"m-sm90"] != "compatible" {
 			return fmt.Errorf("%v", l)
@@ -363,7 +364,7 @@ func TestOCITagMovesBetweenPulls(t *testing.T) {
 		t.Fatal("the tags did not move")
 	}
 	b := startNodeIn(t, cl.Config, "node-b", fmt.Sprintf(h100, "b"), false, "modelcache-system", insecure)
-	eventually(t, "node-b serves the first manifests", 30*time.Second, func() error {
+	testenv.Eventually(t, "node-b serves the first manifests", 30*time.Second, func() error {
 		if err := ready(b, "m", m1)(); err != nil {
 			return err
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore/storetest"
 	"github.com/modelcache/modelcache/daemon"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -27,7 +28,7 @@ import (
 // a node's token may (every node may update ModelCache status).
 func forgeStatus(t *testing.T, dyn dynamic.Interface, name string, resolved, active []k8ssync.ResolvedSource) {
 	t.Helper()
-	eventually(t, "forge the status of "+name, 10*time.Second, func() error {
+	testenv.Eventually(t, "forge the status of "+name, 10*time.Second, func() error {
 		u, err := dyn.Resource(k8ssync.ModelCacheGVR).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -97,8 +98,8 @@ func TestForgedResolutionRefused(t *testing.T) {
 	// Nothing served yet: each forged resolution is refused; the node waits.
 	for _, uri := range forged {
 		forgeStatus(t, dyn, "llama", entry(uri), nil)
-		eventually(t, "node-a refuses "+uri, 20*time.Second, refused("status.resolved", uri))
-		eventually(t, "node-a's status says why", 20*time.Second, func() error {
+		testenv.Eventually(t, "node-a refuses "+uri, 20*time.Second, refused("status.resolved", uri))
+		testenv.Eventually(t, "node-a's status says why", 20*time.Second, func() error {
 			n, err := nodeStatus(dyn, "node-a")
 			if err != nil {
 				return err
@@ -113,7 +114,7 @@ func TestForgedResolutionRefused(t *testing.T) {
 
 	// A legitimate pinned revision is taken.
 	forgeStatus(t, dyn, "llama", entry(legit), nil)
-	eventually(t, "node-a Ready at the legitimate revision", 30*time.Second, func() error {
+	testenv.Eventually(t, "node-a Ready at the legitimate revision", 30*time.Second, func() error {
 		x, err := a.c.Get(ctx, "llama")
 		if err != nil || x.Phase != api.PhaseReady || x.Revision != c1 || x.URI != legit {
 			return fmt.Errorf("%+v %v", x, err)
@@ -122,12 +123,26 @@ func TestForgedResolutionRefused(t *testing.T) {
 	})
 
 	// A forged status.active beside it: refused, the node keeps serving c1.
-	for _, uri := range forged {
+	// Each pass hands the daemon the whole desire set, so once a probe
+	// created after the refusal is desired there, a later pass has
+	// handed over llama's desire too: it must still be the legitimate one.
+	for i, uri := range forged {
 		forgeStatus(t, dyn, "llama", entry(legit), entry(uri))
-		eventually(t, "node-a refuses the active "+uri, 20*time.Second, refused("status.active", uri))
-		time.Sleep(500 * time.Millisecond) // a few passes
+		testenv.Eventually(t, "node-a refuses the active "+uri, 20*time.Second, refused("status.active", uri))
+		probe := fmt.Sprintf("probe%d", i)
+		if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc(probe, map[string]any{"source": legit}), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		forgeStatus(t, dyn, probe, []k8ssync.ResolvedSource{{Artifact: probe, Source: legit, Revision: c1, URI: legit, ResolvedAt: metav1.Now()}}, nil)
+		testenv.Eventually(t, "a pass of node-a after the refusal desires "+probe, 20*time.Second, func() error {
+			_, err := a.c.Get(ctx, probe)
+			return err
+		})
+		if err := dyn.Resource(k8ssync.ModelCacheGVR).Delete(ctx, probe, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		x, err := a.c.Get(ctx, "llama")
-		if err != nil || x.Phase != api.PhaseReady || x.Revision != c1 || x.URI != legit {
+		if err != nil || x.Phase != api.PhaseReady || x.Revision != c1 || x.URI != legit || x.Desire == nil || x.Desire.URI != legit {
 			t.Fatalf("node-a moved: %+v %v", x, err)
 		}
 		notPulled(uri)
@@ -139,7 +154,7 @@ func TestForgedResolutionRefused(t *testing.T) {
 	// The elected daemon drops the forged entries on its pass.
 	forgeStatus(t, dyn, "llama", entry(forged[0]), entry(forged[1]))
 	startNode(t, cl.Config, "node-b", noGPU, false)
-	eventually(t, "the elected daemon records the source again", 30*time.Second, func() error {
+	testenv.Eventually(t, "the elected daemon records the source again", 30*time.Second, func() error {
 		m := getMC(t, dyn, "llama")
 		r := resolvedOf(m, "llama")
 		if r == nil || r.URI != legit || len(m.Status.Active) != 1 || m.Status.Active[0].URI != legit {

@@ -34,6 +34,7 @@ import (
 
 	"github.com/modelcache/modelcache/cachestore/storetest"
 	"github.com/modelcache/modelcache/internal/kubetest"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -165,7 +166,7 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 		_, err := c.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		return err
 	}
-	eventually(t, "the policies refuse node A's token a label on node B", 30*time.Second, func() error {
+	testenv.Eventually(t, "the policies refuse node A's token a label on node B", 30*time.Second, func() error {
 		if err := patchNode(nc, "node-b", `{"metadata":{"labels":{"model.modelcache.io/m":"ready"}}}`); !apierrors.IsForbidden(err) {
 			return fmt.Errorf("patch: %v", err)
 		}
@@ -337,14 +338,14 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 	if _, err := kc.CoordinationV1().Leases("modelcache-system").Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "modelcache-aggregator"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the policy refuses node A's token a ModelCache's status while no node holds the Lease", 30*time.Second, func() error {
+	testenv.Eventually(t, "the policy refuses node A's token a ModelCache's status while no node holds the Lease", 30*time.Second, func() error {
 		if err := writeStatus(ndyn); !apierrors.IsForbidden(err) {
 			return fmt.Errorf("update status: %v", err)
 		}
 		return nil
 	})
 	startNode(t, cfg, "node-a", `{"devices":[]}`, false)
-	eventually(t, "the daemon with node A's token: w Ready in its ModelCacheNode and the aggregated status, its Node labelled, the Lease its own", 60*time.Second, func() error {
+	testenv.Eventually(t, "the daemon with node A's token: w Ready in its ModelCacheNode and the aggregated status, its Node labelled, the Lease its own", 60*time.Second, func() error {
 		st, err := nodeStatus(dyn, "node-a")
 		if err != nil || artifactOn(st, "w") == nil {
 			return fmt.Errorf("ModelCacheNode: %v %+v", err, st)

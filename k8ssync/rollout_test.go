@@ -19,6 +19,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore/storetest"
 	"github.com/modelcache/modelcache/daemon"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -151,7 +152,7 @@ func TestRolloutPollPrefetchThenFlip(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"m", "h"} {
-		eventually(t, name+" active at commit 1 on both nodes", 40*time.Second, func() error {
+		testenv.Eventually(t, name+" active at commit 1 on both nodes", 40*time.Second, func() error {
 			for _, n := range []*node{a, b} {
 				if x, err := n.c.Get(ctx, name); err != nil || x.Phase != api.PhaseReady || x.Revision != c1 {
 					return fmt.Errorf("%s: %+v %v", n.name, x, err)
@@ -175,7 +176,7 @@ func TestRolloutPollPrefetchThenFlip(t *testing.T) {
 	kick(t, dyn, "m")
 	kick(t, dyn, "h")
 	prefetched := false
-	eventually(t, "both nodes active on commit 2 for m and h", 60*time.Second, func() error {
+	testenv.Eventually(t, "both nodes active on commit 2 for m and h", 60*time.Second, func() error {
 		for _, name := range []string{"m", "h"} {
 			xa, erra := a.c.Get(ctx, name)
 			xb, errb := b.c.Get(ctx, name)
@@ -209,7 +210,7 @@ func TestRolloutPollPrefetchThenFlip(t *testing.T) {
 		t.Error("never saw node-a holding commit 2 prefetched while node-b fetched it")
 	}
 	for _, name := range []string{"m", "h"} {
-		eventually(t, name+"'s status shows the rollout done", 20*time.Second, func() error {
+		testenv.Eventually(t, name+"'s status shows the rollout done", 20*time.Second, func() error {
 			m := getMC(t, dyn, name)
 			r := m.Status.Rollout
 			if r == nil || r.Phase != k8ssync.RolloutComplete || r.Target != c2 || r.Active != c2 || r.Previous != c1 || r.ReadyText != "2/2" || m.Status.Revision != c2 {
@@ -226,7 +227,7 @@ func TestRolloutPollPrefetchThenFlip(t *testing.T) {
 	}
 
 	// Commit 1 of h goes from node-b (nothing keeps it there) ...
-	eventually(t, "h's commit 1 evicted from node-b", 20*time.Second, func() error {
+	testenv.Eventually(t, "h's commit 1 evicted from node-b", 20*time.Second, func() error {
 		if hasVersion(b, "h", c1) {
 			return fmt.Errorf("still there")
 		}
@@ -244,7 +245,7 @@ func TestRolloutPollPrefetchThenFlip(t *testing.T) {
 	if err := a.c.Release(ctx, "h", "job-1"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "h's commit 1 evicted from node-a once released", 20*time.Second, func() error {
+	testenv.Eventually(t, "h's commit 1 evicted from node-a once released", 20*time.Second, func() error {
 		if hasVersion(a, "h", c1) {
 			return fmt.Errorf("still there")
 		}
@@ -254,7 +255,7 @@ func TestRolloutPollPrefetchThenFlip(t *testing.T) {
 	// Rollback: the spec names commit 1 again; the nodes hold it.
 	sent := hub.Sent.Load()
 	updateSpec(t, dyn, "m", func(spec map[string]any) { spec["source"] = "hf://org/m@" + c1 })
-	eventually(t, "m active on commit 1 again on both nodes", 30*time.Second, func() error {
+	testenv.Eventually(t, "m active on commit 1 again on both nodes", 30*time.Second, func() error {
 		for _, n := range []*node{a, b} {
 			if x, err := n.c.Get(ctx, "m"); err != nil || x.Phase != api.PhaseReady || x.Revision != c1 {
 				return fmt.Errorf("%s: %+v %v", n.name, x, err)
@@ -292,7 +293,7 @@ func TestRolloutNodeThatCannotGetIt(t *testing.T) {
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("m", map[string]any{"source": "hf://org/m", "updatePolicy": map[string]any{"type": "Poll", "interval": "5m"}}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "m at commit 1 on both nodes", 40*time.Second, func() error {
+	testenv.Eventually(t, "m at commit 1 on both nodes", 40*time.Second, func() error {
 		for _, n := range []*node{a, b} {
 			if x, err := n.c.Get(ctx, "m"); err != nil || x.Phase != api.PhaseReady || x.Revision != c1 {
 				return fmt.Errorf("%s: %+v %v", n.name, x, err)
@@ -306,7 +307,7 @@ func TestRolloutNodeThatCannotGetIt(t *testing.T) {
 	c2 := hub.Commit("org/m", map[string][]byte{"config.json": []byte(`{"model_type":"x"}`), "w.safetensors": storetest.Data(400<<10, 2)}, "main")
 	clock.advance(6 * time.Minute)
 	kick(t, dyn, "m")
-	eventually(t, "the rollout waits for node-b and says why", 40*time.Second, func() error {
+	testenv.Eventually(t, "the rollout waits for node-b and says why", 40*time.Second, func() error {
 		m := getMC(t, dyn, "m")
 		r := m.Status.Rollout
 		if r == nil || r.Phase != k8ssync.RolloutProgressing || r.Target != c2 || r.Active != c1 || r.ReadyText != "1/2" || r.MinReadyPercent != 100 ||
@@ -320,7 +321,7 @@ func TestRolloutNodeThatCannotGetIt(t *testing.T) {
 			t.Fatalf("%s no longer serves commit 1 before the flip: %+v", n.name, x)
 		}
 	}
-	eventually(t, "both nodes keep their scheduling label during the rollout", 20*time.Second, func() error {
+	testenv.Eventually(t, "both nodes keep their scheduling label during the rollout", 20*time.Second, func() error {
 		for _, n := range []string{"node-a", "node-b"} {
 			if l := labelsOf(kc, n); l[k8ssync.LabelModelPrefix+"m"] != "ready" {
 				return fmt.Errorf("%s: %v", n, l)
@@ -339,7 +340,7 @@ func TestRolloutNodeThatCannotGetIt(t *testing.T) {
 		as.Next.Phase != string(api.PhaseFailed) || as.Next.Reason != api.ReasonInsufficientCapacity {
 		t.Fatalf("node-b's status: %+v", as)
 	}
-	eventually(t, "a PrefetchFailed event", 20*time.Second, func() error {
+	testenv.Eventually(t, "a PrefetchFailed event", 20*time.Second, func() error {
 		if evs := eventsFor(kc, "m", k8ssync.EventPrefetchFailed); len(evs) == 0 || !strings.Contains(evs[0], "keeps serving revision "+c1) {
 			return fmt.Errorf("%q", evs)
 		}
@@ -348,7 +349,7 @@ func TestRolloutNodeThatCannotGetIt(t *testing.T) {
 
 	// Half the nodes are enough: node-a flips, node-b keeps commit 1.
 	updateSpec(t, dyn, "m", func(spec map[string]any) { spec["rollout"] = map[string]any{"minReadyPercent": int64(50)} })
-	eventually(t, "node-a active on commit 2", 30*time.Second, func() error {
+	testenv.Eventually(t, "node-a active on commit 2", 30*time.Second, func() error {
 		if x, err := a.c.Get(ctx, "m"); err != nil || x.Phase != api.PhaseReady || x.Revision != c2 {
 			return fmt.Errorf("%+v %v", x, err)
 		}
@@ -357,7 +358,7 @@ func TestRolloutNodeThatCannotGetIt(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, "node-b serves commit 1 and says why", 30*time.Second, func() error {
+	testenv.Eventually(t, "node-b serves commit 1 and says why", 30*time.Second, func() error {
 		x, err := b.c.Get(ctx, "m")
 		if err != nil || x.Revision != c1 || x.Reason != api.ReasonInsufficientCapacity {
 			return fmt.Errorf("%+v %v", x, err)
@@ -367,7 +368,7 @@ func TestRolloutNodeThatCannotGetIt(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, "only node-a, on the active revision, keeps the label", 20*time.Second, func() error {
+	testenv.Eventually(t, "only node-a, on the active revision, keeps the label", 20*time.Second, func() error {
 		if la, lb := labelsOf(kc, "node-a"), labelsOf(kc, "node-b"); la[k8ssync.LabelModelPrefix+"m"] != "ready" || lb[k8ssync.LabelModelPrefix+"m"] != "" {
 			return fmt.Errorf("node-a %v, node-b %v", la, lb)
 		}

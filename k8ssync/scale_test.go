@@ -22,6 +22,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/internal/kubetest"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -172,7 +173,7 @@ func TestTwentyNodes(t *testing.T) {
 			"nodeSelector": map[string]any{"matchLabels": map[string]any{"pool": "gpu"}}}), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, name+" Ready on "+all+" nodes", 300*time.Second, func() error {
+		testenv.Eventually(t, name+" Ready on "+all+" nodes", 300*time.Second, func() error {
 			m := getMC(t, dyn, name)
 			if m == nil || m.Status.Nodes.ReadyText != all {
 				return fmt.Errorf("%+v", m)
@@ -188,7 +189,7 @@ func TestTwentyNodes(t *testing.T) {
 	t0 := time.Now()
 	updateSpec(t, dyn, "m1", func(spec map[string]any) { spec["source"] = "https://example.com/m1-v2" })
 	want := fakeRevision("https://example.com/m1-v2")
-	eventually(t, "m1 active on "+want+" on "+all+" nodes", 300*time.Second, func() error {
+	testenv.Eventually(t, "m1 active on "+want+" on "+all+" nodes", 300*time.Second, func() error {
 		m := getMC(t, dyn, "m1")
 		if r := m.Status.Rollout; r == nil || r.Phase != k8ssync.RolloutComplete || r.Active != want || r.ReadyText != all {
 			return fmt.Errorf("%+v", r)

@@ -25,6 +25,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore/storetest"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
 	"github.com/modelcache/modelcache/internal/kubetest"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -94,7 +95,7 @@ func TestSecretRotationReachesTheFetcher(t *testing.T) {
 	a := startNode(t, cfg, "node-a", `{"devices":[]}`, false)
 	ref := map[string]any{"namespace": "default", "name": "hf"}
 	ready := func(name string) {
-		eventually(t, name+" Ready with the Secret's token", 30*time.Second, func() error {
+		testenv.Eventually(t, name+" Ready with the Secret's token", 30*time.Second, func() error {
 			if p := phaseOf(a, name); p != api.PhaseReady {
 				x, _ := a.c.Get(ctx, name)
 				return fmt.Errorf("phase %s %+v", p, x)
@@ -148,7 +149,7 @@ func TestSecretRotationReachesTheFetcher(t *testing.T) {
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("three", map[string]any{"source": "hf://org/three", "secretRef": ref}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "three Failed: its files refuse tok-2", 30*time.Second, func() error {
+	testenv.Eventually(t, "three Failed: its files refuse tok-2", 30*time.Second, func() error {
 		if x, _ := a.c.Get(ctx, "three"); x == nil || x.Phase != api.PhaseFailed || x.Reason != api.ReasonAccessDenied {
 			return fmt.Errorf("%+v", x)
 		}
@@ -169,7 +170,7 @@ func TestSecretRotationReachesTheFetcher(t *testing.T) {
 		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "hf-only"},
 		Subjects: []rbacv1.Subject{{Kind: "User", Name: "narrow"}}}, metav1.CreateOptions{})
 	nc := kubernetes.NewForConfigOrDie(u.Config())
-	eventually(t, "the narrowed user lists and watches the one Secret", 10*time.Second, func() error {
+	testenv.Eventually(t, "the narrowed user lists and watches the one Secret", 10*time.Second, func() error {
 		opts := metav1.ListOptions{FieldSelector: "metadata.name=hf"}
 		if l, err := nc.CoreV1().Secrets("default").List(ctx, opts); err != nil || len(l.Items) != 1 {
 			return fmt.Errorf("list: %v", err)

@@ -31,6 +31,7 @@ import (
 	"github.com/modelcache/modelcache/daemon"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
 	"github.com/modelcache/modelcache/internal/kubetest"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -75,21 +76,6 @@ func startNodeIn(t *testing.T, kcfg *rest.Config, name string, gpus string, loca
 	go func() { n.done <- d.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-n.done })
 	return n
-}
-
-func eventually(t *testing.T, what string, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func phaseOf(n *node, name string) api.Phase {
@@ -184,7 +170,7 @@ func TestClusterSync(t *testing.T) {
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("both", map[string]any{"source": srv.URL + "/w.bin"}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "both Ready on two nodes in the aggregated status", 30*time.Second, func() error {
+	testenv.Eventually(t, "both Ready on two nodes in the aggregated status", 30*time.Second, func() error {
 		m := getMC(t, dyn, "both")
 		if m == nil || m.Status.Nodes.Ready != 2 || m.Status.Nodes.Total != 2 || m.Status.Nodes.ReadyText != "2/2" {
 			return fmt.Errorf("status %+v", m)
@@ -201,7 +187,7 @@ func TestClusterSync(t *testing.T) {
 		"nodeSelector": map[string]any{"matchLabels": map[string]any{"gpu": "h100"}}}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "h100only on node-a only", 30*time.Second, func() error {
+	testenv.Eventually(t, "h100only on node-a only", 30*time.Second, func() error {
 		m := getMC(t, dyn, "h100only")
 		if m == nil || m.Status.Nodes.Ready != 1 || m.Status.Nodes.Total != 1 {
 			return fmt.Errorf("status %+v", m)
@@ -225,7 +211,7 @@ func TestClusterSync(t *testing.T) {
 	}
 
 	// kubectl get modelcachenodes: the artifacts by phase.
-	eventually(t, "kubectl get modelcachenodes", 20*time.Second, func() error {
+	testenv.Eventually(t, "kubectl get modelcachenodes", 20*time.Second, func() error {
 		table, err := kc.Discovery().RESTClient().Get().AbsPath("/apis/modelcache.io/v1alpha1/modelcachenodes/node-a").
 			SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").DoRaw(ctx)
 		if err != nil {
@@ -263,7 +249,7 @@ func TestClusterSync(t *testing.T) {
 	// Generous: the elected daemon resolves the branch with the Secret's
 	// token first, and a loaded CI machine (the real-node test beside it)
 	// once took longer than 30 s; the failure shows how far it got.
-	eventually(t, "the private repo Ready on node-b with the Secret's token", 90*time.Second, func() error {
+	testenv.Eventually(t, "the private repo Ready on node-b with the Secret's token", 90*time.Second, func() error {
 		if p := phaseOf(b, "private"); p != api.PhaseReady {
 			a, err := b.c.Get(ctx, "private")
 			m := getMC(t, dyn, "private")
@@ -276,7 +262,7 @@ func TestClusterSync(t *testing.T) {
 	})
 
 	// Node status: GPUs, capacity, per-artifact phase, bytes, download speed.
-	eventually(t, "node-a's ModelCacheNode", 20*time.Second, func() error {
+	testenv.Eventually(t, "node-a's ModelCacheNode", 20*time.Second, func() error {
 		n, err := nodeStatus(dyn, "node-a")
 		if err != nil {
 			return err
@@ -290,7 +276,7 @@ func TestClusterSync(t *testing.T) {
 	})
 
 	// Events on the ModelCache for the transitions.
-	eventually(t, "Downloaded events", 20*time.Second, func() error {
+	testenv.Eventually(t, "Downloaded events", 20*time.Second, func() error {
 		evs, err := kc.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=both,reason=Downloaded"})
 		if err != nil || len(evs.Items) < 2 {
 			return fmt.Errorf("%d events: %v", len(evs.Items), err)
@@ -299,7 +285,7 @@ func TestClusterSync(t *testing.T) {
 	})
 
 	// Local PVs for Ready models of ModelCaches, one per node and model.
-	eventually(t, "local PVs", 30*time.Second, func() error {
+	testenv.Eventually(t, "local PVs", 30*time.Second, func() error {
 		pvs, err := kc.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return err
@@ -327,7 +313,7 @@ func TestClusterSync(t *testing.T) {
 	if _, err := kc.CoreV1().PersistentVolumes().Update(ctx, old, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "an old PV made read-only", 20*time.Second, func() error {
+	testenv.Eventually(t, "an old PV made read-only", 20*time.Second, func() error {
 		pv, err := kc.CoreV1().PersistentVolumes().Get(ctx, old.Name, metav1.GetOptions{})
 		if err != nil || !slices.Equal(pv.Spec.MountOptions, []string{"ro"}) {
 			return fmt.Errorf("mountOptions %v %v", pv.Spec.MountOptions, err)
@@ -366,7 +352,7 @@ func TestClusterSync(t *testing.T) {
 	if _, err := kc.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the pod holds both on node-a", 20*time.Second, func() error {
+	testenv.Eventually(t, "the pod holds both on node-a", 20*time.Second, func() error {
 		x, err := a.c.Get(ctx, "both")
 		if err != nil || len(x.InUse) != 1 || x.InUse[0].Kind != "pod" || x.InUse[0].ID != "default/vllm" {
 			return fmt.Errorf("want the one holder pod default/vllm (the daemon's own pod is none): %+v %v", x, err)
@@ -376,7 +362,7 @@ func TestClusterSync(t *testing.T) {
 	// Per-version status: the node reports the pod by name (the holder in
 	// the one form), the download's start and end, the last use to the
 	// hour; the ModelCache adds up every node's.
-	eventually(t, "node-a reports the pod, the download and the last use of both", 20*time.Second, func() error {
+	testenv.Eventually(t, "node-a reports the pod, the download and the last use of both", 20*time.Second, func() error {
 		n, err := nodeStatus(dyn, "node-a")
 		if err != nil {
 			return err
@@ -393,7 +379,7 @@ func TestClusterSync(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, "the ModelCache's status.versions of both", 20*time.Second, func() error {
+	testenv.Eventually(t, "the ModelCache's status.versions of both", 20*time.Second, func() error {
 		m := getMC(t, dyn, "both")
 		if m == nil || len(m.Status.Versions) != 1 {
 			return fmt.Errorf("%+v", m)
@@ -414,13 +400,13 @@ func TestClusterSync(t *testing.T) {
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Update(ctx, u, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "both evicted from node-b", 20*time.Second, func() error {
+	testenv.Eventually(t, "both evicted from node-b", 20*time.Second, func() error {
 		if _, err := os.Stat(filepath.Join(b.root, "models", "both")); !os.IsNotExist(err) {
 			return fmt.Errorf("still on disk: %v", err)
 		}
 		return nil
 	})
-	eventually(t, "node-a has the Absent desire", 20*time.Second, func() error {
+	testenv.Eventually(t, "node-a has the Absent desire", 20*time.Second, func() error {
 		x, err := a.c.Get(ctx, "both")
 		if err != nil || x.Desire == nil || x.Desire.State != api.StateAbsent {
 			return fmt.Errorf("%+v %v", x, err)
@@ -428,7 +414,7 @@ func TestClusterSync(t *testing.T) {
 		return nil
 	})
 	// The pass that keeps it says why in the view.
-	eventually(t, "node-a keeps both while the pod mounts it", 20*time.Second, func() error {
+	testenv.Eventually(t, "node-a keeps both while the pod mounts it", 20*time.Second, func() error {
 		x, err := a.c.Get(ctx, "both")
 		if err != nil || !strings.Contains(x.Message, "kept while in use by pod") {
 			return fmt.Errorf("%+v %v", x, err)
@@ -441,7 +427,7 @@ func TestClusterSync(t *testing.T) {
 	// Its local PV goes at once, as the node's label does: no new claim
 	// binds to a model the node is letting go (a bound one stays until its
 	// claim goes, by the pv-protection finalizer).
-	eventually(t, "node-a's PV of both deleted on Absent", 20*time.Second, func() error {
+	testenv.Eventually(t, "node-a's PV of both deleted on Absent", 20*time.Second, func() error {
 		pv, err := kc.CoreV1().PersistentVolumes().Get(ctx, k8ssync.PVName("node-a", "both"), metav1.GetOptions{})
 		if apierrors.IsNotFound(err) || err == nil && pv.DeletionTimestamp != nil {
 			return nil
@@ -449,7 +435,7 @@ func TestClusterSync(t *testing.T) {
 		return fmt.Errorf("PV still there: %v", err)
 	})
 	kc.CoreV1().Pods("default").Delete(ctx, "vllm", metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
-	eventually(t, "both evicted from node-a once the pod is gone", 20*time.Second, func() error {
+	testenv.Eventually(t, "both evicted from node-a once the pod is gone", 20*time.Second, func() error {
 		if _, err := os.Stat(filepath.Join(a.root, "models", "both")); !os.IsNotExist(err) {
 			return fmt.Errorf("still on disk: %v", err)
 		}
@@ -457,7 +443,7 @@ func TestClusterSync(t *testing.T) {
 	})
 	// (envtest runs no controller manager, so the pv-protection finalizer
 	// stays: a deleted PV shows as terminating.)
-	eventually(t, "the PVs of evicted models deleted", 30*time.Second, func() error {
+	testenv.Eventually(t, "the PVs of evicted models deleted", 30*time.Second, func() error {
 		for _, n := range []string{"node-a", "node-b"} {
 			pv, err := kc.CoreV1().PersistentVolumes().Get(ctx, k8ssync.PVName(n, "both"), metav1.GetOptions{})
 			if err == nil && pv.DeletionTimestamp == nil {
@@ -466,7 +452,7 @@ func TestClusterSync(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, "Evicted events", 20*time.Second, func() error {
+	testenv.Eventually(t, "Evicted events", 20*time.Second, func() error {
 		evs, err := kc.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=both,reason=Evicted"})
 		if err != nil || len(evs.Items) < 1 {
 			return fmt.Errorf("no Evicted event: %v", err)
@@ -478,7 +464,7 @@ func TestClusterSync(t *testing.T) {
 	// new ones refused): the pull finishes, the node keeps serving, and the
 	// status catches up when it returns.
 	dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("late", map[string]any{"source": srv.URL + "/slow.bin", "nodeSelector": map[string]any{"matchLabels": map[string]any{"gpu": "a100"}}}), metav1.CreateOptions{})
-	eventually(t, "late Downloading on node-b", 20*time.Second, func() error {
+	testenv.Eventually(t, "late Downloading on node-b", 20*time.Second, func() error {
 		if p := phaseOf(b, "late"); p != api.PhaseDownloading {
 			return fmt.Errorf("phase %q", p)
 		}
@@ -486,7 +472,7 @@ func TestClusterSync(t *testing.T) {
 	})
 	proxy.Down()
 	slowGate.Store(true)
-	eventually(t, "late Ready on node-b while the API server is down", 20*time.Second, func() error {
+	testenv.Eventually(t, "late Ready on node-b while the API server is down", 20*time.Second, func() error {
 		if p := phaseOf(b, "late"); p != api.PhaseReady {
 			return fmt.Errorf("phase %q", p)
 		}
@@ -496,7 +482,7 @@ func TestClusterSync(t *testing.T) {
 	if err := proxy.Up(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "node-b's status catches up", 60*time.Second, func() error {
+	testenv.Eventually(t, "node-b's status catches up", 60*time.Second, func() error {
 		n, err := nodeStatus(dyn, "node-b")
 		if err != nil {
 			return err
@@ -506,7 +492,7 @@ func TestClusterSync(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, "the aggregated count of late catches up", 60*time.Second, func() error {
+	testenv.Eventually(t, "the aggregated count of late catches up", 60*time.Second, func() error {
 		m := getMC(t, dyn, "late")
 		if m == nil || m.Status.Nodes.ReadyText != "1/1" {
 			raw, _ := json.Marshal(m)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -122,9 +123,12 @@ func TestOpenFromOffsetFetchesOnlyTheRest(t *testing.T) {
 	}
 	// The proxy counts a write after the client may have read it: wait
 	// for the count to reach what was read, then check it is not more.
-	for deadline := time.Now().Add(30 * time.Second); blobBytes.Load() < int64(len(data)-off) && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Poll(30*time.Second, func() error { // the count is checked below
+		if n := blobBytes.Load(); n < int64(len(data)-off) {
+			return fmt.Errorf("%d bytes", n)
+		}
+		return nil
+	})
 	if n := blobBytes.Load(); n != int64(len(data)-off) {
 		t.Fatalf("the registry sent %d bytes of the blob for the last %d; want only those", n, len(data)-off)
 	}

@@ -110,13 +110,10 @@ func (p *Proxy) Up() error {
 		addr = "127.0.0.1:0"
 	}
 	var ln net.Listener
-	var err error
-	for i := 0; i < 50; i++ { // the old socket may linger a moment
-		if ln, err = net.Listen("tcp", addr); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	err := testenv.Poll(5*time.Second, func() (err error) { // the old socket may linger a moment
+		ln, err = net.Listen("tcp", addr)
+		return err
+	})
 	if err != nil {
 		return err
 	}

@@ -1,7 +1,9 @@
 // Package testenv is what the tests and the benchmark share about their
 // environment: finding the real tools they drive (on PATH or where
 // `go install` puts them), failing under CI=true and skipping elsewhere
-// when one is missing, and loopback ports for the servers they start.
+// when one is missing, loopback ports for the servers they start, and
+// the one way a test waits for a condition: Eventually polls it, Await
+// checks it at each change a component signals.
 package testenv
 
 import (
@@ -65,20 +67,74 @@ func FreeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
-// WaitTCP waits until addr accepts connections.
-func WaitTCP(addr string, timeout time.Duration) error {
+// Eventually calls f until it returns nil and fails the test with what
+// and f's last error if it has not by timeout. The pause between calls
+// starts at 5ms and doubles up to 250ms, so a quick condition is seen
+// at once and a slow one is not polled hard. f runs on the test's
+// goroutine; Eventually must be called from it too (it uses t.Fatalf).
+func Eventually(t testing.TB, what string, timeout time.Duration, f func() error) {
+	t.Helper()
+	if err := Poll(timeout, f); err != nil {
+		t.Fatalf("%s: not within %v: %v", what, timeout, err)
+	}
+}
+
+// Poll is Eventually for callers without a testing.TB (the benchmark, a
+// helper that reports its own failure): it returns nil once f does, or
+// f's last error at timeout.
+func Poll(timeout time.Duration, f func() error) error {
 	deadline := time.Now().Add(timeout)
+	pause := 5 * time.Millisecond
 	for {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		err := f()
 		if err == nil {
-			c.Close()
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return errors.New(addr + " did not accept connections within " + timeout.String())
+			return err
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(pause)
+		pause = min(2*pause, 250*time.Millisecond)
 	}
+}
+
+// Await is Eventually driven by a change signal instead of a timer:
+// changed returns a channel that is closed at the next change (the
+// daemon's Changed), and cond is checked at once and after each close,
+// never in between. Await fails the test with what and cond's last error
+// if it does not hold by timeout. A state change that does not close the
+// channel is a bug Await shows as a timeout.
+func Await(t testing.TB, what string, timeout time.Duration, changed func() <-chan struct{}, cond func() error) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		ch := changed() // before cond: a change while cond runs is not missed
+		err := cond()
+		if err == nil {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			t.Fatalf("%s: not within %v: %v", what, timeout, err)
+		}
+	}
+}
+
+// WaitTCP waits until addr accepts connections.
+func WaitTCP(addr string, timeout time.Duration) error {
+	err := Poll(timeout, func() error {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	if err != nil {
+		return errors.New(addr + " did not accept connections within " + timeout.String() + ": " + err.Error())
+	}
+	return nil
 }
 
 // Tmpfs mounts a tmpfs of size (e.g. "40m") on a temp dir for the test

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,6 +21,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/modelcache/modelcache/internal/kubetest"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 // A stand-in PodMonitor CRD: the Prometheus Operator's, reduced to what
@@ -80,13 +82,11 @@ func TestDeployBundleServerSideDryRun(t *testing.T) {
 	}
 	// The PodMonitor CRD must be known to discovery before mapping.
 	var mapper *restmapper.DeferredDiscoveryRESTMapper
-	for i := 0; ; i++ {
+	testenv.Poll(5*time.Second, func() error { // a mapping still missing is reported per object below
 		mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(cl.Config)))
-		if _, err := mapper.RESTMapping(podMonitorGK, "v1"); err == nil || i > 50 {
-			break
-		}
-		waitABit()
-	}
+		_, err := mapper.RESTMapping(podMonitorGK, "v1")
+		return err
+	})
 	for _, u := range objs {
 		gvk := u.GroupVersionKind()
 		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)

@@ -3,9 +3,9 @@ package e2e
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,9 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/modelcache/modelcache/internal/testenv"
-
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 func (e *env) list() map[string]api.Artifact {
@@ -35,12 +34,14 @@ func (e *env) list() map[string]api.Artifact {
 
 func (e *env) eventually(what string, cond func() bool) {
 	e.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for: %s\ndaemon log:\n%s", what, e.log)
+	err := testenv.Poll(15*time.Second, func() error {
+		if !cond() {
+			return errors.New("not yet")
 		}
-		time.Sleep(50 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		e.t.Fatalf("timed out waiting for: %s\ndaemon log:\n%s", what, e.log)
 	}
 }
 
@@ -173,17 +174,6 @@ func TestEvictionOnASmallFilesystem(t *testing.T) {
 	}
 }
 
-// freeAddr is a loopback address no one listens on now (for a daemon's
-// --metrics-addr that the test reads).
-func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // TestAdHocEntriesMakeRoom is issue 16 as a user meets it, on a 40 MiB
 // tmpfs: a plain pull is an ad-hoc cache entry. Filled with ad-hoc pulls,
 // the node admits one more by evicting the least recently used ad-hoc
@@ -194,7 +184,10 @@ func TestAdHocEntriesMakeRoom(t *testing.T) {
 	mnt := testenv.Tmpfs(t, "40m")
 	e := newEnv(t)
 	e.root = filepath.Join(mnt, "root")
-	metrics := freeAddr(t)
+	metrics, err := testenv.FreeAddr() // for the daemon's --metrics-addr, which the test reads
+	if err != nil {
+		t.Fatal(err)
+	}
 	e.flags = []string{"--min-age", "0s", "--capacity-interval", "100ms", "--metrics-addr", metrics} // the last --metrics-addr wins
 	files := map[string][]byte{}
 	for i, n := range []string{"pinned", "leased", "decl", "x1", "x2", "x3", "huge"} {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore/storetest"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 var binDir string
@@ -87,17 +88,16 @@ func (e *env) start(extraEnv ...string) {
 	e.exited = make(chan error, 1)
 	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(e.cmd, e.exited)
 	c := &api.Client{Socket: e.socket}
-	deadline := time.Now().Add(20 * time.Second)
-	for c.Health(context.Background()) != nil {
+	err := testenv.Poll(20*time.Second, func() error {
 		select {
 		case err := <-e.exited:
 			e.t.Fatalf("modelcached exited at start: %v\n%s", err, e.log)
 		default:
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("modelcached not healthy\n%s", e.log)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return c.Health(context.Background())
+	})
+	if err != nil {
+		e.t.Fatalf("modelcached not healthy: %v\n%s", err, e.log)
 	}
 	e.t.Cleanup(e.stop)
 }

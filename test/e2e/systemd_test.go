@@ -109,13 +109,10 @@ func TestSocketActivation(t *testing.T) {
 	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
 	// systemd-socket-activate starts the daemon on the first connection.
 	var st *api.Status
-	var err error
-	for i := 0; i < 200; i++ {
-		if st, err = (&api.Client{Socket: e.socket}).Status(t.Context()); err == nil {
-			break
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+	err := testenv.Poll(5*time.Second, func() (err error) {
+		st, err = (&api.Client{Socket: e.socket}).Status(t.Context())
+		return err
+	})
 	if err != nil || st.Socket != e.socket {
 		t.Fatalf("status over the activated socket: %+v %v\n%s", st, err, log.String())
 	}

@@ -22,6 +22,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 const (
@@ -101,7 +103,7 @@ func TestRealNode(t *testing.T) {
 	n.must("", "apply", "--server-side", "-k", filepath.Join(root, "test/node/overlay"))
 	n.must("", "-n", "modelcache-system", "rollout", "status", "ds/modelcached", "--timeout", "90s")
 	// kubelet registered the daemon as the CSI driver.
-	eventually(t, "CSINode lists csi.modelcache.io", 30*time.Second, func() error {
+	testenv.Eventually(t, "CSINode lists csi.modelcache.io", 30*time.Second, func() error {
 		out, err := n.kubectl("", "get", "csinode", "modelcache-node", "-o", "jsonpath={.spec.drivers[*].name}")
 		if err != nil || !strings.Contains(out, "csi.modelcache.io") {
 			return fmt.Errorf("drivers %q %v", out, err)
@@ -187,7 +189,7 @@ type artifactStatus struct {
 func (n *node) inUseBy(model string, want ...string) {
 	n.t.Helper()
 	slices.Sort(want)
-	eventually(n.t, model+" in use by "+strings.Join(want, ", "), 30*time.Second, func() error {
+	testenv.Eventually(n.t, model+" in use by "+strings.Join(want, ", "), 30*time.Second, func() error {
 		arts, err := n.artifacts()
 		if err != nil {
 			return err
@@ -270,7 +272,7 @@ func (n *node) readOnly(pod, dir string) {
 // getText asserts `kubectl get` prints a row for name that matches re.
 func (n *node) getText(what, name, re string) {
 	n.t.Helper()
-	eventually(n.t, fmt.Sprintf("kubectl get %s %s matches %q", what, name, re), 30*time.Second, func() error {
+	testenv.Eventually(n.t, fmt.Sprintf("kubectl get %s %s matches %q", what, name, re), 30*time.Second, func() error {
 		out, err := n.kubectl("", "get", what, name, "-o", "wide")
 		if err != nil {
 			return fmt.Errorf("%v: %s", err, out)
@@ -332,7 +334,7 @@ spec:
 // asks for a writable volume: the PV's "ro" keeps the store read-only.
 func (n *node) localPV(tiny []byte) {
 	t := n.t
-	eventually(t, "the local PV of tiny", 30*time.Second, func() error {
+	testenv.Eventually(t, "the local PV of tiny", 30*time.Second, func() error {
 		out, err := n.kubectl("", "get", "pv", "-l", "modelcache.io/model=tiny", "-o", "jsonpath={.items[*].spec.local.path} {.items[*].spec.mountOptions}")
 		if err != nil || out != `/var/lib/modelcache/models/tiny/current ["ro"]` {
 			return fmt.Errorf("%q %v", out, err)
@@ -439,7 +441,7 @@ func (n *node) csi(tiny []byte) {
 		old := n.pods("modelcache-system", "app.kubernetes.io/name=modelcached")
 		n.must("", "-n", "modelcache-system", "delete", "pod", old[0], "--wait=false")
 		// The consumers keep reading while there is no daemon and after.
-		eventually(t, "a new daemon pod, Ready", 90*time.Second, func() error {
+		testenv.Eventually(t, "a new daemon pod, Ready", 90*time.Second, func() error {
 			n.samePodFile("holder", "/model/current/w.bin", tiny)
 			n.samePodFile(servers[0], "/model/w.bin", v1)
 			now := n.pods("modelcache-system", "app.kubernetes.io/name=modelcached")
@@ -461,7 +463,7 @@ func (n *node) csi(tiny []byte) {
 		n.inUseBy("tiny", "pod default/holder")
 		n.inUseBy("shared", "pod default/"+servers[0], "pod default/"+servers[1])
 		n.samePodFile("holder", "/model/current/w.bin", tiny)
-		eventually(t, "CSINode lists csi.modelcache.io again", 30*time.Second, func() error {
+		testenv.Eventually(t, "CSINode lists csi.modelcache.io again", 30*time.Second, func() error {
 			out, err := n.kubectl("", "get", "csinode", "modelcache-node", "-o", "jsonpath={.spec.drivers[*].name}")
 			if err != nil || !strings.Contains(out, "csi.modelcache.io") {
 				return fmt.Errorf("drivers %q %v", out, err)
@@ -480,7 +482,7 @@ func (n *node) csi(tiny []byte) {
 		n.must(csiPod("slow-reader", "slow"), "apply", "-f", "-")
 		// The pod waits in ContainerCreating; its events carry the daemon's
 		// progress message (NodePublishVolume's Unavailable).
-		eventually(t, "describe shows the download's progress", 60*time.Second, func() error {
+		testenv.Eventually(t, "describe shows the download's progress", 60*time.Second, func() error {
 			out, err := n.kubectl("", "describe", "pod", "slow-reader")
 			if err != nil {
 				return err
@@ -511,7 +513,7 @@ func (n *node) csi(tiny []byte) {
 		n.t = t
 		n.must("", "patch", "modelcache", "shared", "--type", "merge", "-p", fmt.Sprintf(`{"spec":{"source":%q}}`, n.origin.url("/shared/v2/w.bin")))
 		var rev2 string
-		eventually(t, "current moves to v2", 60*time.Second, func() error {
+		testenv.Eventually(t, "current moves to v2", 60*time.Second, func() error {
 			a := n.artifact("shared")
 			if a.Phase != "Ready" || a.Revision == rev1 {
 				return fmt.Errorf("shared %+v", a)
@@ -544,20 +546,20 @@ func (n *node) csi(tiny []byte) {
 		// Deleting the pods releases the holds and unmounts; revision 1,
 		// no longer held, goes.
 		n.must("", "delete", "deploy/servers", "--wait")
-		eventually(t, "the servers' pods gone", 60*time.Second, func() error {
+		testenv.Eventually(t, "the servers' pods gone", 60*time.Second, func() error {
 			if p := n.pods("default", "app=servers"); len(p) > 0 {
 				return fmt.Errorf("pods %v", p)
 			}
 			return nil
 		})
 		n.inUseBy("shared")
-		eventually(t, "no CSI mount left", 30*time.Second, func() error {
+		testenv.Eventually(t, "no CSI mount left", 30*time.Second, func() error {
 			if c := n.csiMounts(); c != 0 {
 				return fmt.Errorf("%d CSI mounts", c)
 			}
 			return nil
 		})
-		eventually(t, "revision 1 evicted once unheld", 60*time.Second, func() error {
+		testenv.Eventually(t, "revision 1 evicted once unheld", 60*time.Second, func() error {
 			if _, err := os.Stat(filepath.Join(store, "models/shared", rev1)); !os.IsNotExist(err) {
 				return fmt.Errorf("still there: %v", err)
 			}
@@ -661,7 +663,7 @@ func (n *node) absent() {
 	n.getText("modelcaches", "tiny", `tiny\s+.*\bAbsent\b`)
 	// The node has acted on Absent (the PV of a model no longer desired
 	// goes) and kept the tree the pod mounts.
-	eventually(t, "tiny's PV gone", 30*time.Second, func() error {
+	testenv.Eventually(t, "tiny's PV gone", 30*time.Second, func() error {
 		out, err := n.kubectl("", "get", "pv", "-l", "modelcache.io/model=tiny", "-o", "name")
 		if err != nil || out != "" {
 			return fmt.Errorf("%q %v", out, err)
@@ -671,24 +673,13 @@ func (n *node) absent() {
 	n.samePodFile("holder", "/model/current/w.bin", n.origin.data("/tiny/w.bin"))
 	n.inUseBy("tiny", "pod default/holder")
 	n.must("", "delete", "pod", "holder", "--wait")
-	eventually(t, "evicted once the pod is gone", 30*time.Second, func() error {
+	testenv.Eventually(t, "evicted once the pod is gone", 30*time.Second, func() error {
 		if _, err := os.Stat(store + "/models/tiny"); !os.IsNotExist(err) {
 			return fmt.Errorf("still there: %v", err)
 		}
 		return nil
 	})
 	n.must("", "delete", "modelcache", "tiny")
-}
-
-func eventually(t *testing.T, what string, d time.Duration, f func() error) {
-	t.Helper()
-	var err error
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
-		if err = f(); err == nil {
-			return
-		}
-	}
-	t.Fatalf("%s: %v", what, err)
 }
 
 // assertClean checks what down.sh promises: no mounts, processes, netns,

@@ -3,6 +3,7 @@ package packaging
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -51,26 +52,22 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 	go func() { done <- d.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	c := &api.Client{Socket: cfg.Socket}
-	for i := 0; c.Health(ctx) != nil; i++ { // one API request: modelcache_api_requests_total
-		if i > 200 {
-			t.Fatal("daemon not healthy")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	// One API request: modelcache_api_requests_total.
+	testenv.Eventually(t, "daemon healthy", 5*time.Second, func() error { return c.Health(ctx) })
 	var body []byte
-	for i := 0; ; i++ {
-		if addr := d.MetricsAddr(); addr != "" {
-			if resp, err := http.Get("http://" + addr + "/metrics"); err == nil {
-				body, _ = io.ReadAll(resp.Body)
-				resp.Body.Close()
-				break
-			}
+	testenv.Eventually(t, "/metrics", 5*time.Second, func() error {
+		addr := d.MetricsAddr()
+		if addr == "" {
+			return errors.New("no metrics address yet")
 		}
-		if i > 200 {
-			t.Fatal("no /metrics")
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return err
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return nil
+	})
 	exported := map[string]bool{}
 	for _, l := range strings.Split(string(body), "\n") {
 		if rest, ok := strings.CutPrefix(l, "# TYPE "); ok {
