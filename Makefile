@@ -5,7 +5,7 @@ LDFLAGS  := -s -w -X main.version=$(VERSION)
 ROOT     ?= ./.modelcache
 BIN      := bin
 
-.PHONY: build run test test-short bench fmt vet clean deb fuzz image
+.PHONY: build run test test-short bench fmt vet clean deb fuzz image bundle
 
 # Debian's versions must start with a digit: 0.1.0~git<commit> unless tagged.
 DEB_VERSION ?= $(shell v=$$(git describe --tags --exact-match 2>/dev/null | sed 's/^v//'); [ -n "$$v" ] && echo $$v || echo 0.1.0~git$$(git rev-parse --short HEAD 2>/dev/null || echo 0))
@@ -62,6 +62,14 @@ IMAGE     ?= ghcr.io/modelcache/modelcached:$(VERSION)
 IMAGE_TAR ?= $(BIN)/modelcached.oci.tar
 image: build
 	$(GO) run ./internal/mkimage -out $(IMAGE_TAR) -ref $(IMAGE) -base "$$(dpkg -L libc6)" $(BIN)/modelcached $(BIN)/modelctl
+
+# The DaemonSet bundle (deploy/daemonset, kustomize) running the image
+# make image builds (the same IMAGE), for kubectl apply -f; the bundle
+# itself names a placeholder tag this repository never builds.
+BUNDLE ?= $(BIN)/modelcache.yaml
+bundle:
+	mkdir -p $(BIN)
+	$(GO) run ./internal/mkbundle -image $(IMAGE) -out $(BUNDLE) deploy/daemonset
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
