@@ -37,11 +37,8 @@ func (d *Daemon) evictAbsent(ctx context.Context, name string) {
 		say(api.PhasePending, "absent", false)
 		return
 	}
-	// What a lease, a process or a pod holds stays until they let go (a
-	// scan now: a process that opened it since the last one holds it).
-	if err := d.scan(); err != nil {
-		d.log.Warn("in-use scan before evicting an absent artifact", "err", err)
-	}
+	// What a lease, a process or a pod holds stays until they let go
+	// (reconcile scanned /proc for this pass's absent artifacts).
 	if hs := holdersOf(d.inUse(), name); len(hs) > 0 {
 		msg := fmt.Sprintf("desired absent; kept while in use by %s %s", hs[0].Kind, hs[0].ID)
 		if len(hs) > 1 {

@@ -77,6 +77,13 @@ func (d *Daemon) reconcileLoop(ctx context.Context) {
 // the pass, without the daemon lock, so API reads never wait for them.
 func (d *Daemon) reconcile(ctx context.Context) time.Duration {
 	next, absent, flips := d.reconcileLocked(ctx)
+	if len(absent) > 0 {
+		// One scan for the pass, not one per artifact: a process that
+		// opened one since the last scan holds it.
+		if err := d.scan(); err != nil {
+			d.log.Warn("in-use scan before evicting absent artifacts", "err", err)
+		}
+	}
 	for _, name := range absent {
 		d.evictAbsent(ctx, name)
 	}
