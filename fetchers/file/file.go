@@ -147,7 +147,7 @@ func (f *Fetcher) checkRoots(uri, p string) error {
 		return err
 	}
 	for _, d := range f.denied {
-		if p == d || strings.HasPrefix(p, d+"/") {
+		if under(p, d) {
 			return deniedError(uri, p, d)
 		}
 	}
@@ -159,12 +159,17 @@ func (f *Fetcher) checkRoots(uri, p string) error {
 		return nil
 	}
 	for _, r := range f.roots {
-		if p == r || strings.HasPrefix(p, r+"/") || r == "/" {
+		if under(p, r) {
 			return nil
 		}
 	}
 	return fmt.Errorf("source %q: %w: %s is outside the directories file:// may read on this node (%s); copy the model under one of them or ask the node's admin to add its directory to --file-roots",
 		uri, fetchers.ErrUnauthorized, p, strings.Join(f.roots, ", "))
+}
+
+// under reports whether the clean absolute path p is dir or inside it.
+func under(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
 }
 
 func deniedError(uri, p, d string) error {
@@ -232,7 +237,7 @@ var kernelMounts = []string{"/proc", "/sys"}
 // /proc or /sys.
 func kernelFS(uri, p string) error {
 	for _, m := range kernelMounts {
-		if p == m || strings.HasPrefix(p, m+"/") {
+		if under(p, m) {
 			return fmt.Errorf("source %q: %w: %s is under %s, the kernel's view of processes and devices, which file:// never reads; copy the model to a directory", uri, fetchers.ErrUnauthorized, p, m)
 		}
 	}
@@ -640,7 +645,7 @@ func modeType(m uint32) fs.FileMode {
 // PrivateTmp=yes gives the daemon a /tmp and /var/tmp of its own.
 func missingHint(p string) string {
 	for _, tmp := range []string{"/tmp", "/var/tmp"} {
-		if (p == tmp || strings.HasPrefix(p, tmp+"/")) && os.Getenv("INVOCATION_ID") != "" {
+		if under(p, tmp) && os.Getenv("INVOCATION_ID") != "" {
 			return "the daemon runs under systemd with PrivateTmp=yes: its " + tmp + " is not the one you see; put the model in another directory, e.g. under /srv"
 		}
 	}
