@@ -79,6 +79,9 @@ func withoutCredentials(req *http.Request, origin *url.URL) *http.Request {
 // stripCredentials removes from req, in place, the credentials of origin
 // when req leaves it.
 func stripCredentials(req *http.Request, origin *url.URL) {
+	// Go's client sets Referer to the previous URL, query and signatures
+	// included; a fetcher has no use for it.
+	req.Header.Del("Referer")
 	if SameOrigin(origin, req.URL) {
 		return
 	}

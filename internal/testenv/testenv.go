@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -231,15 +232,20 @@ func ServeOrigin(t testing.TB, ip string, h http.Handler) *Origin {
 	return o
 }
 
-// ServeHTTP records the request's path and each credential it carried
-// (the Authorization, Cookie, X-Amz-Security-Token and X-Api-Key headers,
-// and the query) as "path", "path Header=value" and "path ?query" lines,
-// then answers.
+// ServeHTTP records the request's path, every header it carried (a
+// credential may ride in any: Authorization, Cookie, a Referer naming the
+// previous URL with its query) and the query, as "path", "path
+// Header=value" and "path ?query" lines, then answers.
 func (o *Origin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	o.mu.Lock()
 	o.seen = append(o.seen, r.URL.Path)
-	for _, k := range []string{"Authorization", "Cookie", "X-Amz-Security-Token", "X-Api-Key"} {
-		if v := r.Header.Get(k); v != "" {
+	keys := make([]string, 0, len(r.Header))
+	for k := range r.Header {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		for _, v := range r.Header[k] {
 			o.seen = append(o.seen, r.URL.Path+" "+k+"="+v)
 		}
 	}
