@@ -177,7 +177,8 @@ func deniedError(uri, p, d string) error {
 }
 
 // deniedIDs are the device and inode of each denied path that exists and
-// of the directories directly in it (kubelet's pods/, plugins/), looked
+// of the directories and files directly in it (kubelet's pods/, plugins/,
+// the store's index.db), looked
 // up as the daemon, following symlinks: where a denied path leads, and a
 // bind mount of it or of one of those, is refused wherever it shows up.
 // A bind mount of something deeper is not recognised; the reading
@@ -199,7 +200,7 @@ func (f *Fetcher) deniedIDs() map[fileID]string {
 		}
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
-			if e.IsDir() && unix.Lstat(filepath.Join(d, e.Name()), &st) == nil {
+			if (e.IsDir() || e.Type().IsRegular()) && unix.Lstat(filepath.Join(d, e.Name()), &st) == nil {
 				ids[idOf(&st)] = d
 			}
 		}
@@ -405,6 +406,9 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 			if d, ok := denied[idOf(&st)]; ok {
 				return deniedError(src.URI, p, d)
 			}
+			if err := kernelFD(src.URI, p, fd); err != nil { // a procfs or sysfs file bind-mounted here
+				return err
+			}
 			l := loc{dir: filepath.Clean(parent), rel: base, dirID: idOf(&pst), fileID: idOf(&st), as: src.As}
 			res.Files = []fetchers.File{{Path: base, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String()}}
 			return nil
@@ -485,6 +489,9 @@ func (w *walker) walk(dirfd int, rel string, depth int) error {
 	}
 	if depth > maxDepth {
 		return fmt.Errorf("source %q: %w: the tree is deeper than %d directories (at %s); point the source at a shallower directory", w.uri, fetchers.ErrBadSource, maxDepth, short(rel))
+	}
+	if err := kernelFD(w.uri, w.at(rel), dirfd); err != nil { // a procfs or sysfs mounted inside the tree
+		return err
 	}
 	// ReadDir on a duplicate: the os.File owns and closes it.
 	dup, err := unix.Dup(dirfd)
@@ -599,6 +606,10 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 			return explain(uri, filepath.Join(l.dir, l.rel), err)
 		}
 		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		if err := kernelFD(uri, filepath.Join(l.dir, l.rel), fd); err != nil { // a procfs or sysfs file bind-mounted in the tree
 			unix.Close(fd)
 			return err
 		}

@@ -423,3 +423,49 @@ func TestErrorsNameNothingBeyond(t *testing.T) {
 		t.Errorf("escaping symlink: %v; want refused without its target", err)
 	}
 }
+
+// TestBindMountedKernelAndStateFilesRefused: a procfs inside a tree, a
+// procfs file bind-mounted over a plain file (read alone or within a
+// tree), and a file of a denied directory bind-mounted elsewhere are never
+// read: the filesystem type is checked on every directory walked and every
+// file opened, the denied identities include a denied directory's files.
+func TestBindMountedKernelAndStateFilesRefused(t *testing.T) {
+	requireRoot(t)
+	mount := func(src, dst, fstype string, flags uintptr) {
+		t.Helper()
+		if err := syscall.Mount(src, dst, fstype, flags, ""); err != nil {
+			testenv.Missing(t, "a mount ("+err.Error()+")", "run the tests as root, as CI does")
+		}
+		t.Cleanup(func() { syscall.Unmount(dst, syscall.MNT_DETACH) })
+	}
+	dir := t.TempDir()
+	openTree(t, dir)
+	tree := filepath.Join(dir, "tree")
+	write(t, filepath.Join(tree, "w.bin"), "weights")
+	os.MkdirAll(filepath.Join(tree, "p"), 0o755)
+	mount("proc", filepath.Join(tree, "p"), "proc", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC)
+	one := filepath.Join(dir, "one", "version")
+	write(t, one, "")
+	mount(filepath.Join(tree, "p", "version"), one, "", syscall.MS_BIND)
+	state := filepath.Join(dir, "state")
+	write(t, filepath.Join(state, "index.db"), "the index")
+	idx := filepath.Join(dir, "elsewhere", "idx")
+	write(t, idx, "")
+	mount(filepath.Join(state, "index.db"), idx, "", syscall.MS_BIND)
+
+	f := New(WithDenied(state))
+	for _, as := range []*fetchers.Identity{nil, nobody} {
+		for _, uri := range []string{"file://" + tree, "file://" + one, "file://" + filepath.Dir(one)} {
+			got, err := readAll(t, f, fetchers.Source{URI: uri, As: as})
+			if !errors.Is(err, fetchers.ErrUnauthorized) || !strings.Contains(err.Error(), "procfs") {
+				t.Errorf("%s as %v: read %d files, err %v; want refused as procfs", uri, as, len(got), err)
+			}
+		}
+		for _, uri := range []string{"file://" + idx, "file://" + filepath.Dir(idx)} {
+			got, err := readAll(t, f, fetchers.Source{URI: uri, As: as})
+			if !errors.Is(err, fetchers.ErrUnauthorized) || len(got) > 0 {
+				t.Errorf("%s as %v: read %v, err %v; want the daemon's index.db refused through its bind mount", uri, as, got, err)
+			}
+		}
+	}
+}
