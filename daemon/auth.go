@@ -184,7 +184,10 @@ func parseCredentials(path string, b []byte) (map[string]string, error) {
 			return nil, fmt.Errorf("%s line %d: %s", path, i+1, credHiddenKey)
 		}
 		v = strings.TrimSpace(v)
-		if len(v) >= 2 && (v[0] == '"' || v[0] == '\'') && v[len(v)-1] == v[0] {
+		if v != "" && (v[0] == '"' || v[0] == '\'') {
+			if len(v) < 2 || v[len(v)-1] != v[0] {
+				return nil, fmt.Errorf("%s line %d: %s: the value's opening quote is not closed (the value is not shown)", path, i+1, k)
+			}
 			v = v[1 : len(v)-1]
 		}
 		out[k] = v

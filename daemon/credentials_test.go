@@ -25,6 +25,8 @@ func TestCredentialsFileErrorsShowNoValue(t *testing.T) {
 		{"JBSWY3DPEHPK3PXP=\n", "line 1: the text before '=' is not a known key", []string{"JBSWY3DPEHPK3PXP"}},
 		{"HF_TOKEN=SECRET_PART_OF_IT\nSECRET_PART=1\n", "line 2: the text before '=' is not a known key", []string{"SECRET_PART"}},
 		{"hf_token=abcdefgh\n", "line 1: the text before '=' is not a known key", []string{"abcdefgh"}},
+		{"export HTTP_AUTHORIZATION=\"Bearer SECRET123\n", "line 1: HTTP_AUTHORIZATION: the value's opening quote is not closed", []string{"SECRET123", "Bearer"}},
+		{"HF_TOKEN='\n", "line 1: HF_TOKEN: the value's opening quote is not closed", nil},
 	} {
 		p := filepath.Join(t.TempDir(), "team-a.env")
 		if err := os.WriteFile(p, []byte(tc.content), 0o600); err != nil {

@@ -229,7 +229,7 @@ func evictCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "revision", Usage: "remove only this revision (of one NAME)"},
 			&cli.BoolFlag{Name: "force", Usage: "remove even if pinned"},
-			&cli.BoolFlag{Name: "failed", Usage: "also every ad-hoc entry whose pull failed (list shows them Failed, ENTRY ad-hoc)"},
+			&cli.BoolFlag{Name: "failed", Usage: "also every ad-hoc entry whose pull failed and that serves nothing (list shows them Failed, ENTRY ad-hoc, no REVISION)"},
 		},
 		Action: evict,
 	}
@@ -253,7 +253,9 @@ func evict(c *cli.Context) error {
 			named[n] = true
 		}
 		for _, r := range rows {
-			if r.Phase == api.PhaseFailed && r.Entry == api.EntryAdHoc && !named[r.Name] {
+			// Not one that still serves an older version: its last pull
+			// failed, not the model (a --replace to a bad source).
+			if r.Phase == api.PhaseFailed && r.Entry == api.EntryAdHoc && r.Revision == "" && !named[r.Name] {
 				names = append(names, r.Name)
 			}
 		}

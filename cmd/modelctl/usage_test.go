@@ -224,6 +224,8 @@ func TestEvictSeveralAndFailed(t *testing.T) {
 				{Name: "typo", Phase: api.PhaseFailed, Entry: api.EntryAdHoc},
 				{Name: "declared", Phase: api.PhaseFailed, Entry: api.EntryDeclared},
 				{Name: "404", Phase: api.PhaseFailed, Entry: api.EntryAdHoc},
+				// Its refresh failed; it still serves a version.
+				{Name: "serving", Phase: api.PhaseFailed, Entry: api.EntryAdHoc, Revision: "9bd1b1a27357"},
 			})
 			return
 		}
