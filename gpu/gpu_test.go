@@ -133,3 +133,37 @@ func TestMaxPTX(t *testing.T) {
 		}
 	}
 }
+
+// TestRealTritonMetadataFromH100 holds the parser against a kernel's
+// metadata exactly as Triton 3.6.0 wrote it on an H100 (driver 580.159.04,
+// CUDA 13.0): the target nests under "target", the top level also carries
+// "arch": "sm90" and "backend_name", and "ptx_version" is null.
+func TestRealTritonMetadataFromH100(t *testing.T) {
+	b, err := os.ReadFile("testdata/triton-3.6.0-h100-add.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := ParseManifest([]byte("[" + string(b) + "]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ts) != 1 || ts[0] != (Target{Backend: "cuda", Arch: "90", WarpSize: 32}) {
+		t.Fatalf("targets %+v, want one cuda arch 90 warp 32 without a PTX version", ts)
+	}
+	// The inventory as NVML reported that H100.
+	h100, err := Load(writeInventory(t, `{"driverVersion":"580.159.04","cudaDriverVersion":"13.0","devices":[
+	  {"name":"NVIDIA H100 80GB HBM3","uuid":"GPU-233dfdc7-4ffe-e0be-8248-336ab1069beb","computeCapability":"9.0","memoryBytes":85520809984}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := Check(h100, ts); !r.Compatible || r.Devices[0].Entries != 1 {
+		t.Fatalf("the H100 that built it must run it: %+v", r)
+	}
+	a, err := Load(writeInventory(t, a100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := Check(a, ts); r.Compatible || !strings.Contains(r.Devices[0].Reason, "arch 90") {
+		t.Fatalf("an A100 must be refused, naming the arch: %+v", r)
+	}
+}
