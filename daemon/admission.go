@@ -3,10 +3,15 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
 )
 
@@ -29,15 +34,96 @@ type capacityError struct{ msg string }
 
 func (e *capacityError) Error() string { return e.msg }
 
-// reserved is what admitted pulls may still write.
-func (d *Daemon) reserved() int64 {
-	d.capMu.Lock()
-	defer d.capMu.Unlock()
-	return d.reservedLocked()
+// space is admission and eviction: the space admitted pulls may still
+// write (reservations), the evictor and its passes (one at a time), the
+// partial downloads that may be reclaimed, and the /proc scan of what
+// processes hold. Its locks come before the daemon's (daemon.go).
+type space struct {
+	// Set once in New, read without a lock.
+	cfg     Config
+	log     *slog.Logger
+	store   *cachestore.Store
+	metrics *metrics
+	evictor *capacity.Evictor // each pass gets its capacity.Pass (evictPass, under evictMu)
+	kick    chan struct{}     // asks the loop for a pass now
+	// evicted is told what a pass evicted (it takes the daemon lock).
+	evicted func([]capacity.Victim)
+
+	capMu        sync.Mutex // admission and reservations
+	reservations map[*reservation]struct{}
+	evictMu      sync.Mutex // one eviction pass at a time
+	scanRun      sync.Mutex // one scan at a time; guards scanner and touched
+	scanner      *capacity.Scanner
+	touched      map[string]time.Time
+	scanMu       sync.Mutex // guards scanUses; taken last of all
+	scanUses     map[string][]api.Holder
+
+	lastEviction atomic.Pointer[evictionRecord]
 }
 
-func (d *Daemon) reservedLocked() int64 {
-	out, _ := d.reservedBoth()
+// newSpace wires the evictor to the daemon's view of desires and uses.
+func newSpace(d *Daemon) *space {
+	s := &space{cfg: d.cfg, log: d.log, store: d.store, kick: make(chan struct{}, 1), evicted: d.noteEvicted,
+		reservations: map[*reservation]struct{}{}, touched: map[string]time.Time{}, scanUses: map[string][]api.Holder{},
+		scanner: &capacity.Scanner{Root: d.store.Root(), Self: os.Getpid()}}
+	wanted := func(keep func(api.Desire) bool) func() map[string]bool {
+		return func() map[string]bool {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			out := map[string]bool{}
+			for n, ds := range d.desired() {
+				out[n] = ds.State != api.StateAbsent && keep(ds)
+			}
+			return out
+		}
+	}
+	s.evictor = &capacity.Evictor{
+		Policy: d.cfg.Capacity, Store: d.store, FS: d.store, Now: time.Now, InUse: d.inUse, Log: d.log.With("component", "evict"),
+		Desired:  wanted(func(api.Desire) bool { return true }),
+		Declared: wanted(declared),
+		Kept:     d.kept,
+		// An ad-hoc entry's desire goes before its version does, so
+		// nothing pulls it back.
+		Evicting: func(v capacity.Victim, p capacity.Pass) error {
+			if !v.AdHoc {
+				return nil
+			}
+			return d.dropAdHoc(v, p.For)
+		},
+		Evicted: func(v capacity.Victim) { s.metrics.evictions.WithLabelValues(v.Reason).Inc() },
+		// The partials of a pull being admitted stay.
+		Reclaim: func(ctx context.Context, need int64, p capacity.Pass) (int64, error) {
+			return s.reclaimIngests(ctx, need, p.Protect...)
+		},
+	}
+	return s
+}
+
+// betweenPasses runs fn while no eviction pass runs.
+func (s *space) betweenPasses(fn func() error) error {
+	s.evictMu.Lock()
+	defer s.evictMu.Unlock()
+	return fn()
+}
+
+// scanned adds what the last /proc scan found to an in-use map.
+func (s *space) scanned(out map[string][]api.Holder) {
+	s.scanMu.Lock()
+	defer s.scanMu.Unlock()
+	for k, hs := range s.scanUses {
+		out[k] = append(out[k], hs...)
+	}
+}
+
+// reserved is what admitted pulls may still write.
+func (s *space) reserved() int64 {
+	s.capMu.Lock()
+	defer s.capMu.Unlock()
+	return s.reservedLocked()
+}
+
+func (s *space) reservedLocked() int64 {
+	out, _ := s.reservedBoth()
 	return out
 }
 
@@ -45,8 +131,8 @@ func (d *Daemon) reservedLocked() int64 {
 // against free space, which their written bytes already reduce) and what
 // they will add in all (it counts against the quota, since partial
 // downloads are not yet store bytes).
-func (d *Daemon) reservedBoth() (outstanding, total int64) {
-	for r := range d.reservations {
+func (s *space) reservedBoth() (outstanding, total int64) {
+	for r := range s.reservations {
 		unknown := r.prog.unknown.Load()
 		outstanding += max(r.need-(r.prog.done.Load()-unknown), 0)
 		total += r.need + unknown
@@ -56,28 +142,28 @@ func (d *Daemon) reservedBoth() (outstanding, total int64) {
 
 // capacityLoop runs an eviction pass (which scans for use first) every
 // interval, and when kicked (a pull finished: an old revision may be free to go).
-func (d *Daemon) capacityLoop(ctx context.Context) {
-	t := time.NewTicker(d.cfg.CapacityInterval)
+func (s *space) loop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.CapacityInterval)
 	defer t.Stop()
 	for {
-		if n, bytes := d.store.RemoveAbandoned(); n > 0 {
-			d.log.Info("removed abandoned partial downloads", "ingests", n, "bytes", bytes)
+		if n, bytes := s.store.RemoveAbandoned(); n > 0 {
+			s.log.Info("removed abandoned partial downloads", "ingests", n, "bytes", bytes)
 		}
-		if _, err := d.evictPass(ctx, 0); err != nil && ctx.Err() == nil {
-			d.log.Warn("eviction pass", "err", err)
+		if _, err := s.evictPass(ctx, 0); err != nil && ctx.Err() == nil {
+			s.log.Warn("eviction pass", "err", err)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-d.capKick:
+		case <-s.kick:
 		}
 	}
 }
 
-func (d *Daemon) kickCapacity() {
+func (s *space) kickPass() {
 	select {
-	case d.capKick <- struct{}{}:
+	case s.kick <- struct{}{}:
 	default:
 	}
 }
@@ -88,11 +174,11 @@ func (d *Daemon) kickCapacity() {
 // so that it decides against what is in use now, not at the last
 // interval: a model mapped a moment ago is not a victim (the scan's cost
 // is in docs/benchmarks.md).
-func (d *Daemon) evictPass(ctx context.Context, extra int64, protect ...string) (*capacity.Report, error) {
-	d.evictMu.Lock()
-	defer d.evictMu.Unlock()
-	if err := d.scan(); err != nil {
-		d.log.Warn("in-use scan", "err", err)
+func (s *space) evictPass(ctx context.Context, extra int64, protect ...string) (*capacity.Report, error) {
+	s.evictMu.Lock()
+	defer s.evictMu.Unlock()
+	if err := s.scan(); err != nil {
+		s.log.Warn("in-use scan", "err", err)
 	}
 	// Making room for a pull: ad-hoc entries may go, never a declared
 	// model (that would thrash). Pressure alone may take declared ones.
@@ -100,30 +186,15 @@ func (d *Daemon) evictPass(ctx context.Context, extra int64, protect ...string) 
 	if extra > 0 && len(protect) > 0 {
 		p.For = protect[0]
 	}
-	rep, err := d.evictor.Run(ctx, p)
+	rep, err := s.evictor.Run(ctx, p)
 	if rep != nil && (len(rep.Evicted) > 0 || len(rep.Failed) > 0 || rep.Short > 0) {
-		d.lastEviction.Store(&evictionRecord{at: time.Now(), rep: rep})
+		s.lastEviction.Store(&evictionRecord{at: time.Now(), rep: rep})
 	}
 	if rep != nil && rep.BytesFreed > 0 {
-		d.metrics.freedBytes.Add(float64(rep.BytesFreed))
+		s.metrics.freedBytes.Add(float64(rep.BytesFreed))
 	}
 	if rep != nil && len(rep.Evicted) > 0 {
-		d.mu.Lock()
-		want := d.desired()
-		for _, v := range rep.Evicted {
-			if v.Reason != capacity.ReasonSpace || v.AdHoc {
-				continue // an ad-hoc entry's note says why (dropAdHoc)
-			}
-			if st := d.arts[v.Name]; st != nil {
-				st.message = "evicted for disk space (" + v.Revision + "); pulled again when there is room"
-			}
-			if ds, ok := want[v.Name]; ok && declared(ds) {
-				d.log.Warn("disk pressure evicted a declared artifact; it is pulled again when there is room", "artifact", v.Name, "revision", v.Revision, "bytes", v.Bytes)
-			}
-		}
-		d.notify()
-		d.mu.Unlock()
-		d.kick()
+		s.evicted(rep.Evicted)
 	}
 	return rep, err
 }
@@ -132,10 +203,10 @@ func (d *Daemon) evictPass(ctx context.Context, extra int64, protect ...string) 
 // partial downloads and then evicting first when that can make it fit,
 // and reserves the space until release. A pull with files of unknown size
 // (unknown) gets what is usable beyond need as their budget (prog.budget).
-func (d *Daemon) admit(ctx context.Context, name string, need int64, unknown bool, prog *progress) (func(), error) {
-	d.capMu.Lock()
-	defer d.capMu.Unlock()
-	room, err := d.room()
+func (s *space) admit(ctx context.Context, name string, need int64, unknown bool, prog *progress) (func(), error) {
+	s.capMu.Lock()
+	defer s.capMu.Unlock()
+	room, err := s.room()
 	if err != nil {
 		return nil, err
 	}
@@ -143,23 +214,23 @@ func (d *Daemon) admit(ctx context.Context, name string, need int64, unknown boo
 		// Partial downloads no pull is writing go before any version (this
 		// pull's own stay: it resumes them). Only where that frees room: a
 		// quota counts blobs, not partial downloads.
-		if rec := d.reclaimable(name); rec > 0 {
-			if more, err := d.roomWith(rec); err == nil && more > room {
+		if rec := s.reclaimable(name); rec > 0 {
+			if more, err := s.roomWith(rec); err == nil && more > room {
 				want := need - room
 				if unknown {
 					want = -1 // sizes unknown: all there is
 				}
-				if _, err := d.reclaimIngests(ctx, want, name); err != nil {
+				if _, err := s.reclaimIngests(ctx, want, name); err != nil {
 					return nil, err
 				}
-				if room, err = d.room(); err != nil {
+				if room, err = s.room(); err != nil {
 					return nil, err
 				}
 			}
 		}
 	}
 	if need > room {
-		in, err := d.evictor.Inputs()
+		in, err := s.evictor.Inputs()
 		if err != nil {
 			return nil, err
 		}
@@ -167,50 +238,50 @@ func (d *Daemon) admit(ctx context.Context, name string, need int64, unknown boo
 		in.SpareDeclared = true
 		evictable := capacity.Evictable(in)
 		if need > room+evictable {
-			d.metrics.admissions.WithLabelValues("rejected").Inc()
-			_, free, _ := d.store.FSStat()
+			s.metrics.admissions.WithLabelValues("rejected").Inc()
+			_, free, _ := s.store.FSStat()
 			return nil, &capacityError{fmt.Sprintf("%s: %s needs %s more; %s free on the filesystem (%s usable under the policy, %s reserved by pulls in flight); evictable now %s (pinned, in-use, declared and younger-than-%s versions are not)%s; free space, raise the quota, or evict or unpin artifacts (modelctl evict, modelctl unpin)",
-				api.ReasonInsufficientCapacity, name, api.FormatBytes(need), api.FormatBytes(free), api.FormatBytes(max(room, 0)), api.FormatBytes(d.reservedLocked()), api.FormatBytes(evictable), d.cfg.Capacity.MinAge, takersText(in))}
+				api.ReasonInsufficientCapacity, name, api.FormatBytes(need), api.FormatBytes(free), api.FormatBytes(max(room, 0)), api.FormatBytes(s.reservedLocked()), api.FormatBytes(evictable), s.cfg.Capacity.MinAge, takersText(in))}
 		}
-		if _, err := d.evictPass(ctx, need-max(room, 0), name); err != nil {
+		if _, err := s.evictPass(ctx, need-max(room, 0), name); err != nil {
 			return nil, err
 		}
-		d.metrics.admissions.WithLabelValues("evicted_first").Inc()
+		s.metrics.admissions.WithLabelValues("evicted_first").Inc()
 	} else {
-		d.metrics.admissions.WithLabelValues("admitted").Inc()
+		s.metrics.admissions.WithLabelValues("admitted").Inc()
 	}
 	if unknown {
-		if room, err = d.room(); err != nil {
+		if room, err = s.room(); err != nil {
 			return nil, err
 		}
 		prog.budget = max(room-need, 0)
 	}
 	r := &reservation{need: need, prog: prog}
-	d.reservations[r] = struct{}{}
+	s.reservations[r] = struct{}{}
 	return func() {
-		d.capMu.Lock()
-		delete(d.reservations, r)
-		d.capMu.Unlock()
+		s.capMu.Lock()
+		delete(s.reservations, r)
+		s.capMu.Unlock()
 	}, nil
 }
 
 // room is how many bytes a new pull may write under the policy, after
 // what admitted pulls have reserved. Called with capMu held.
-func (d *Daemon) room() (int64, error) { return d.roomWith(0) }
+func (s *space) room() (int64, error) { return s.roomWith(0) }
 
 // roomWith is room as it would be with extra more bytes free on the
 // filesystem (partial downloads reclaimed).
-func (d *Daemon) roomWith(extra int64) (int64, error) {
-	sb, err := d.store.StoreBytes()
+func (s *space) roomWith(extra int64) (int64, error) {
+	sb, err := s.store.StoreBytes()
 	if err != nil {
 		return 0, err
 	}
-	capa, free, err := d.store.FSStat()
+	capa, free, err := s.store.FSStat()
 	if err != nil {
 		return 0, err
 	}
-	outstanding, total := d.reservedBoth()
-	return d.cfg.Capacity.Room(sb+total, capa, free+extra-outstanding), nil
+	outstanding, total := s.reservedBoth()
+	return s.cfg.Capacity.Room(sb+total, capa, free+extra-outstanding), nil
 }
 
 // takersText names what holds the space admission may not free.

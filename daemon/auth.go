@@ -243,28 +243,28 @@ func fromCluster(ds api.Desire) bool {
 // readAs is who a desire's file:// source is read as: a socket pull as
 // its requester (nobody when unknown), a models.d file or a ModelCache as
 // --file-identity; never as the daemon by default.
-func (d *Daemon) readAs(ds api.Desire) *fetchers.Identity {
+func (s *sources) readAs(ds api.Desire) *fetchers.Identity {
 	if ds.Origin == originAPI {
 		if ds.Requester == nil {
 			return &fetchers.Identity{UID: nobody, GID: nobody}
 		}
 		return identity(ds.Requester)
 	}
-	return d.fileAs
+	return s.fileAs
 }
 
 // checkClusterSource refuses, before it is persisted, a ModelCache's
 // file:// source this node never reads for the cluster: any while
 // --file-roots is unset, one outside them, one under kubelet's or the
 // daemon's own directories.
-func (d *Daemon) checkClusterSource(ds api.Desire) error {
-	if ds.State == api.StateAbsent || d.clusterFile == nil {
+func (s *sources) checkClusterSource(ds api.Desire) error {
+	if ds.State == api.StateAbsent || s.clusterFile == nil {
 		return nil
 	}
 	if s, _ := fetchers.Scheme(ds.URI); s != "file" {
 		return nil
 	}
-	if err := d.clusterFile.CheckRoots(ds.URI); err != nil {
+	if err := s.clusterFile.CheckRoots(ds.URI); err != nil {
 		return api.Errorf(toAPIError(err).Code, "artifact %s: %v", ds.Name, err)
 	}
 	return nil
@@ -273,11 +273,11 @@ func (d *Daemon) checkClusterSource(ds api.Desire) error {
 // checkSourceAccess refuses, before anything is persisted, a socket pull
 // of a local source that its requester may not read (or that lies outside
 // --file-roots): the pull itself would fail the same way, later.
-func (d *Daemon) checkSourceAccess(ctx context.Context, ds api.Desire) error {
+func (s *sources) checkSourceAccess(ctx context.Context, ds api.Desire) error {
 	if ds.State == api.StateAbsent {
 		return nil
 	}
-	ff, ok := d.fetchers["file"].(*filefetcher.Fetcher)
+	ff, ok := s.shared["file"].(*filefetcher.Fetcher)
 	if s, _ := fetchers.Scheme(ds.URI); s != "file" || !ok {
 		return nil
 	}

@@ -75,7 +75,7 @@ func TestReservationsStopDoubleAdmission(t *testing.T) {
 	h.c.Pull(context.Background(), api.PullRequest{Name: "one", URI: srv.URL + "/one.bin#sha256=" + sha(one), Keep: true}, false, nil)
 	h.waitPhase("one", api.PhaseDownloading)
 	testenv.Eventually(t, "one's reservation", 30*time.Second, func() error {
-		if h.d.reserved() == 0 {
+		if h.d.space.reserved() == 0 {
 			return errors.New("nothing reserved")
 		}
 		return nil
@@ -88,7 +88,7 @@ func TestReservationsStopDoubleAdmission(t *testing.T) {
 	if _, err := h.c.Wait(context.Background(), "one", 30*time.Second, nil); err != nil {
 		t.Fatal(err)
 	}
-	if r := h.d.reserved(); r != 0 {
+	if r := h.d.space.reserved(); r != 0 {
 		a1, _ := h.c.Get(context.Background(), "one")
 		a2, _ := h.c.Get(context.Background(), "two")
 		t.Fatalf("reservation left after the pull: %d; one %s %s; two %s %s", r, a1.Phase, a1.Message, a2.Phase, a2.Message)
@@ -141,9 +141,9 @@ func TestOpenFileBlocksEvict(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The daemon runs in this process and ignores its own pid; scan as if it were another.
-	h.d.scanRun.Lock()
-	h.d.scanner.Self = -1
-	h.d.scanRun.Unlock()
+	h.d.space.scanRun.Lock()
+	h.d.space.scanner.Self = -1
+	h.d.space.scanRun.Unlock()
 	_, err = h.c.Evict(context.Background(), "m", "", true)
 	if !errors.Is(err, api.ErrInUse) || !strings.Contains(err.Error(), "process pid") {
 		t.Fatalf("evict of an open model: %v", err)
@@ -216,9 +216,9 @@ func TestAdmissionScansBeforeEvicting(t *testing.T) {
 	cfg.CapacityInterval = time.Hour // the loop's scans happen only when a pull ends
 	cfg.Capacity = capacity.Policy{QuotaBytes: 5 << 20, HighPercent: 85, LowPercent: 80}
 	h := start(t, cfg)
-	h.d.scanRun.Lock()
-	h.d.scanner.Self = -1 // the daemon runs in this process: scan it as if it were another
-	h.d.scanRun.Unlock()
+	h.d.space.scanRun.Lock()
+	h.d.space.scanner.Self = -1 // the daemon runs in this process: scan it as if it were another
+	h.d.space.scanRun.Unlock()
 	for i, name := range []string{"a", "b"} {
 		src := t.TempDir()
 		os.WriteFile(filepath.Join(src, "w.bin"), data(2<<20, byte(60+i)), 0o644)

@@ -18,7 +18,9 @@ import (
 // is never part of an artifact name, so they cannot meet API desires.
 const clusterKey = "cluster:"
 
-// The daemon as k8ssync sees it (k8ssync.Node).
+// clusterNode is the daemon as k8ssync sees it (k8ssync.Node): the
+// cluster's desires and pod holders go in, views and resolutions come out.
+type clusterNode struct{ d *Daemon }
 
 // SetClusterDesires replaces the desires that come from ModelCache objects
 // and persists them, so a restart without the API server still knows
@@ -28,22 +30,23 @@ const clusterKey = "cluster:"
 // Each desire is validated on its own: one the daemon refuses is left out
 // and shown as Failed (InvalidSpec, with the reason) while the others
 // apply; the error returned names every refused one.
-func (d *Daemon) SetClusterDesires(want map[string]api.Desire, creds map[string]map[string]string) error {
+func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[string]map[string]string) error {
+	d := c.d
 	// desireMu keeps other writers of desires out while the index is
 	// written (fsyncs) without the daemon lock; clusterDesires is replaced
 	// only under both, so reading it under desireMu is safe.
 	d.desireMu.Lock()
 	defer d.desireMu.Unlock()
+	changed := d.sources.setCredentials(creds)
 	d.mu.Lock()
 	retry := false
 	for name, st := range d.arts {
 		// Credentials that changed (a rotated token in the Secret) may
 		// cure a failed pull, an AccessDenied too: retry it now.
-		if st.phase == api.PhaseFailed && st.cancel == nil && !reflect.DeepEqual(d.creds[name], creds[name]) {
+		if st.phase == api.PhaseFailed && st.cancel == nil && changed[name] {
 			st.permanent, st.nextRetry, retry = false, time.Time{}, true
 		}
 	}
-	d.creds = creds
 	old := d.clusterDesires
 	d.mu.Unlock()
 	if retry {
@@ -59,7 +62,7 @@ func (d *Daemon) SetClusterDesires(want map[string]api.Desire, creds map[string]
 		}
 		_, err := d.validateDesire(ds)
 		if err == nil {
-			err = d.checkClusterSource(ds)
+			err = d.sources.checkClusterSource(ds)
 		}
 		if err != nil {
 			rejected[name] = fmt.Sprintf("refused the ModelCache's desire: %v", err)
@@ -102,30 +105,27 @@ func (d *Daemon) SetClusterDesires(want map[string]api.Desire, creds map[string]
 
 // Artifacts is the list view (phases, revisions, bytes, holders, the last
 // pull's speed).
-func (d *Daemon) Artifacts() ([]api.Artifact, error) { return d.list() }
+func (c clusterNode) Artifacts() ([]api.Artifact, error) { return views{c.d}.list() }
 
 // StatusNow is the daemon's status.
-func (d *Daemon) StatusNow() (*api.Status, error) { return d.status() }
+func (c clusterNode) StatusNow() (*api.Status, error) { return views{c.d}.status() }
 
 // GPUs is the node's inventory.
-func (d *Daemon) GPUs() api.GPUInventory { return gpuView(d.gpus) }
+func (c clusterNode) GPUs() api.GPUInventory { return gpuView(c.d.kernels.gpus) }
 
 // Root is the store root.
-func (d *Daemon) Root() string { return d.store.Root() }
+func (c clusterNode) Root() string { return c.d.store.Root() }
 
 // Changed returns a channel closed at the next change of any artifact.
-func (d *Daemon) Changed() <-chan struct{} {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.changed
-}
+func (c clusterNode) Changed() <-chan struct{} { return c.d.Changed() }
 
 // SetPodHolders records which artifacts running pods use (from the
 // cluster): name → holders. They count as in use like leases. names maps
 // the UID of each pod on this node to its "namespace/name": a CSI hold
 // found again in the mount table knows only the pod's UID, and is shown
 // under the pod's name once the cluster names it.
-func (d *Daemon) SetPodHolders(h map[string][]api.Holder, names map[string]string) {
+func (c clusterNode) SetPodHolders(h map[string][]api.Holder, names map[string]string) {
+	d := c.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if reflect.DeepEqual(h, d.podHolders) && reflect.DeepEqual(names, d.podNames) {
@@ -179,16 +179,17 @@ func isClusterKey(k string) (string, bool) { return strings.CutPrefix(k, cluster
 // elected daemon calls it, with the ModelCache Secret's credentials): the
 // immutable revision, and the URI that names exactly it where the scheme
 // has one (pinnedURI). Nothing is fetched beyond what resolution reads.
-func (d *Daemon) Resolve(ctx context.Context, ds api.Desire, creds map[string]string) (revision, pinned string, err error) {
+func (c clusterNode) Resolve(ctx context.Context, ds api.Desire, creds map[string]string) (revision, pinned string, err error) {
+	d := c.d
 	src, err := parseSource(ds.URI)
 	if err != nil {
 		return "", "", err
 	}
-	f, err := d.fetcherWith(ds, src, creds)
+	f, err := d.sources.fetcherWith(ds, src, creds)
 	if err != nil {
 		return "", "", err
 	}
-	res, err := f.Resolve(ctx, fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: ds.Kind == api.KindKernelCache, As: d.readAs(ds)})
+	res, err := f.Resolve(ctx, fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: ds.Kind == api.KindKernelCache, As: d.sources.readAs(ds)})
 	if err != nil {
 		return "", "", redactedError{err}
 	}

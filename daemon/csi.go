@@ -9,7 +9,9 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 
+	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -28,15 +30,34 @@ const csiHoldPrefix = "csi:"
 
 func csiHoldKey(id string) string { return csiHoldPrefix + id }
 
-// csiBackend is the daemon seen through csi.Backend.
-type csiBackend struct{ d *Daemon }
+// csiVolumes is the daemon seen through csi.Backend: the volumes pods
+// hold, each one exact revision (and its kernel caches' with
+// kernelCaches: auto). It asks the daemon (d) for desires, views and the
+// store; the holds are its own.
+type csiVolumes struct {
+	d *Daemon
+	// flight: one Hold per volume id at a time, outside every other lock.
+	flight singleflight.Group
+
+	mu    sync.Mutex // guards holds; taken after the daemon lock, nothing under it
+	holds map[string]csi.Volume
+}
 
 // CSIBackend is what csi.New needs of the daemon (Run uses it; tests too).
-func (d *Daemon) CSIBackend() csi.Backend { return csiBackend{d} }
+func (d *Daemon) CSIBackend() csi.Backend { return d.csi }
 
-// loadCSIHolds reads the recorded CSI holds into memory (New).
-func (d *Daemon) loadCSIHolds() {
-	d.csiHolds = map[string]csi.Volume{}
+// held is the hold of a volume id, if any.
+func (c *csiVolumes) held(id string) (csi.Volume, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.holds[id]
+	return v, ok
+}
+
+// load reads the recorded CSI holds into memory (New).
+func (c *csiVolumes) load() {
+	d := c.d
+	c.holds = map[string]csi.Volume{}
 	raw, err := d.store.Holds()
 	if err != nil {
 		d.log.Error("reading CSI holds from the index", "err", err)
@@ -53,11 +74,11 @@ func (d *Daemon) loadCSIHolds() {
 			d.store.DeleteHold(k)
 			continue
 		}
-		d.csiHolds[id] = v
+		c.holds[id] = v
 	}
-	d.rediscoverCSIMounts()
-	if len(d.csiHolds) > 0 && d.cfg.CSI == nil {
-		d.log.Warn("the index records CSI volumes but --csi-socket is off; their revisions stay held until the driver runs and kubelet unpublishes them", "volumes", len(d.csiHolds))
+	c.rediscover()
+	if len(c.holds) > 0 && d.cfg.CSI == nil {
+		d.log.Warn("the index records CSI volumes but --csi-socket is off; their revisions stay held until the driver runs and kubelet unpublishes them", "volumes", len(c.holds))
 	}
 }
 
@@ -72,7 +93,8 @@ func (d *Daemon) loadCSIHolds() {
 // lasts until kubelet unpublishes the volume. A mount of a hold's composed tree whose record
 // is lost cannot say which versions it shows; it is logged and left.
 // Called from New, before anything can evict.
-func (d *Daemon) rediscoverCSIMounts() {
+func (c *csiVolumes) rediscover() {
+	d := c.d
 	if d.cfg.CSI == nil {
 		return
 	}
@@ -86,7 +108,7 @@ func (d *Daemon) rediscoverCSIMounts() {
 		return
 	}
 	held := map[string]bool{}
-	for _, v := range d.csiHolds {
+	for _, v := range c.holds {
 		held[filepath.Clean(v.Target)] = true
 	}
 	for _, b := range binds {
@@ -100,7 +122,7 @@ func (d *Daemon) rediscoverCSIMounts() {
 			continue
 		}
 		v.Model, v.Revision, v.KernelCaches = parts[1], parts[2], "none"
-		if _, ok := d.readyVersion(v.Model, v.Revision); !ok {
+		if _, ok := readyVersion(d.store, v.Model, v.Revision); !ok {
 			d.log.Warn("csi: a pod mounts a tree the index has no Ready version of; not held", "target", v.Target, "artifact", v.Model, "revision", v.Revision)
 			continue
 		}
@@ -112,15 +134,15 @@ func (d *Daemon) rediscoverCSIMounts() {
 			d.log.Error("csi: recording the hold of a rediscovered volume", "volume", v.ID, "err", err)
 			continue
 		}
-		d.csiHolds[v.ID] = v
+		c.holds[v.ID] = v
 		held[filepath.Clean(v.Target)] = true
 		d.log.Warn("csi: a pod's volume had no hold record; found in the mount table and held again", "volume", v.ID, "target", v.Target, "pod_uid", v.PodUID, "artifact", v.Model, "revision", v.Revision)
 	}
 }
 
 // readyVersion finds name@rev Ready in the index.
-func (d *Daemon) readyVersion(name, rev string) (cachestore.Version, bool) {
-	if a, err := d.store.Summary(name); err == nil {
+func readyVersion(st *cachestore.Store, name, rev string) (cachestore.Version, bool) {
+	if a, err := st.Summary(name); err == nil {
 		for _, x := range a.Versions {
 			if x.Revision == rev && x.State == cachestore.StateReady {
 				return x, true
@@ -132,10 +154,13 @@ func (d *Daemon) readyVersion(name, rev string) (cachestore.Version, bool) {
 
 // csiUses adds the CSI holds to an in-use map, each holder once per
 // version (a pod with two volumes of a model, or a volume whose record
-// was found again under another ID, is one pod); called with d.mu held.
-func (d *Daemon) csiUses(out map[string][]api.Holder) {
-	for _, v := range d.csiHolds {
-		h := csiHolder(v, d.podNames)
+// was found again under another ID, is one pod); names maps pod UIDs to
+// namespace/name (csiHolder).
+func (c *csiVolumes) uses(out map[string][]api.Holder, names map[string]string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, v := range c.holds {
+		h := csiHolder(v, names)
 		k := capacity.Key(v.Model, v.Revision)
 		out[k] = appendHolder(out[k], h)
 		for _, kc := range v.Kernels {
@@ -167,38 +192,35 @@ func csiHolder(v csi.Volume, names map[string]string) api.Holder {
 // one run (a kubelet retry while the first composes a tree waits for it
 // rather than mounting a tree not built yet); calls for other volumes do
 // not wait for it: composing a large tree holds no lock they take.
-func (b csiBackend) Hold(ctx context.Context, v csi.Volume) (string, string, error) {
-	type held struct{ rev, tree string }
-	r, err, _ := b.d.csiHoldFlight.Do(v.ID, func() (any, error) {
-		rev, tree, err := b.hold(ctx, v)
-		return held{rev, tree}, err
+func (c *csiVolumes) Hold(ctx context.Context, v csi.Volume) (string, string, error) {
+	type result struct{ rev, tree string }
+	r, err, _ := c.flight.Do(v.ID, func() (any, error) {
+		rev, tree, err := c.hold(ctx, v)
+		return result{rev, tree}, err
 	})
 	if err != nil {
 		return "", "", err
 	}
-	return r.(held).rev, r.(held).tree, nil
+	return r.(result).rev, r.(result).tree, nil
 }
 
-func (b csiBackend) hold(ctx context.Context, v csi.Volume) (string, string, error) {
-	d := b.d
-	d.mu.Lock()
-	if h, ok := d.csiHolds[v.ID]; ok { // kubelet retried a publish that held already
-		d.mu.Unlock()
-		return h.Revision, d.csiTree(h), nil
+func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, error) {
+	d := c.d
+	if h, ok := c.held(v.ID); ok { // kubelet retried a publish that held already
+		return h.Revision, c.tree(h), nil
 	}
-	d.mu.Unlock()
-	rev, kind, err := d.csiRevision(v)
+	rev, kind, err := c.revision(v)
 	if err != nil {
 		return "", "", err
 	}
 	v.Revision = rev
 	if v.KernelCaches == "auto" {
-		for _, kc := range d.modelKernelCaches(v.Model) {
+		for _, kc := range d.kernels.modelKernelCaches(v.Model) {
 			v.Kernels = append(v.Kernels, csi.KernelCache{Name: kc.Name, Revision: kc.Revision})
 		}
 		if len(v.Kernels) == 0 {
 			d.log.Info("csi: kernelCaches=auto: no Ready kernel cache compatible with this node's GPUs serves the model; the volume shows the model without kernels/",
-				"volume", v.ID, "artifact", v.Model, "gpus", len(d.gpus.Devices))
+				"volume", v.ID, "artifact", v.Model, "gpus", len(d.kernels.gpus.Devices))
 		}
 	}
 	raw, err := json.Marshal(v)
@@ -211,8 +233,10 @@ func (b csiBackend) hold(ctx context.Context, v csi.Volume) (string, string, err
 	d.desireMu.Lock() // index writes of holds are serialised like desires'
 	err = d.store.PutHold(csiHoldKey(v.ID), raw)
 	if err == nil {
+		c.mu.Lock()
+		c.holds[v.ID] = v
+		c.mu.Unlock()
 		d.mu.Lock()
-		d.csiHolds[v.ID] = v
 		d.notify()
 		d.mu.Unlock()
 	}
@@ -222,12 +246,12 @@ func (b csiBackend) hold(ctx context.Context, v csi.Volume) (string, string, err
 	}
 	tree := d.store.TreePath(kind, v.Model, rev)
 	if len(v.Kernels) > 0 {
-		tree, err = d.composeCSITree(ctx, v)
+		tree, err = c.compose(ctx, v)
 	} else if _, serr := os.Stat(tree); serr != nil {
 		err = status.Errorf(codes.Unavailable, "model %s@%s was evicted while being mounted; retrying", v.Model, rev)
 	}
 	if err != nil {
-		b.Release(ctx, v.ID)
+		c.Release(ctx, v.ID)
 		return "", "", err
 	}
 	d.store.Touch(v.Model, rev)
@@ -239,11 +263,12 @@ func (b csiBackend) hold(ctx context.Context, v csi.Volume) (string, string, err
 
 // csiTree is the directory a held volume mounts: its revision's tree, or
 // the composed tree when it shows kernel caches too.
-func (d *Daemon) csiTree(v csi.Volume) string {
+func (c *csiVolumes) tree(v csi.Volume) string {
+	st := c.d.store
 	if len(v.Kernels) > 0 {
-		return d.store.HoldTreePath(csiHoldKey(v.ID))
+		return st.HoldTreePath(csiHoldKey(v.ID))
 	}
-	return d.store.TreePath(d.kindOf(v.Model), v.Model, v.Revision)
+	return st.TreePath(kindOf(st, v.Model), v.Model, v.Revision)
 }
 
 // composeCSITree builds the tree of a volume with kernelCaches: auto: the
@@ -265,12 +290,12 @@ func (d *Daemon) csiTree(v csi.Volume) string {
 // count per file per volume: filesystems cap it (ext4 at 65000), which
 // bounds the number of kernelCaches: auto volumes of one model per node
 // far above what a node runs.
-func (d *Daemon) composeCSITree(ctx context.Context, v csi.Volume) (string, error) {
+func (c *csiVolumes) compose(ctx context.Context, v csi.Volume) (string, error) {
 	parts := []cachestore.TreePart{{Name: v.Model, Revision: v.Revision}}
 	for _, kc := range v.Kernels {
 		parts = append(parts, cachestore.TreePart{Dir: "kernels/" + kc.Name, Name: kc.Name, Revision: kc.Revision})
 	}
-	tree, err := d.store.HoldTree(ctx, csiHoldKey(v.ID), parts)
+	tree, err := c.d.store.HoldTree(ctx, csiHoldKey(v.ID), parts)
 	switch {
 	case err == nil:
 		return tree, nil
@@ -285,8 +310,8 @@ func (d *Daemon) composeCSITree(ctx context.Context, v csi.Volume) (string, erro
 
 // kindOf is the kind of an artifact's versions (models unless the index
 // says otherwise).
-func (d *Daemon) kindOf(name string) string {
-	if a, err := d.store.Summary(name); err == nil && len(a.Versions) > 0 {
+func kindOf(st *cachestore.Store, name string) string {
+	if a, err := st.Summary(name); err == nil && len(a.Versions) > 0 {
 		return a.Versions[0].Kind
 	}
 	return cachestore.KindModel
@@ -296,7 +321,8 @@ func (d *Daemon) kindOf(name string) string {
 // must be Ready on this node, else the current one once Ready. Only what
 // the node already has or declares can be mounted: a pod never makes it
 // download anything.
-func (d *Daemon) csiRevision(v csi.Volume) (rev, kind string, err error) {
+func (c *csiVolumes) revision(v csi.Volume) (rev, kind string, err error) {
+	d := c.d
 	a, err := d.store.Summary(v.Model)
 	if err != nil && !errors.Is(err, cachestore.ErrNotFound) {
 		return "", "", status.Errorf(codes.Internal, "artifact %s: %v", v.Model, err)
@@ -307,7 +333,7 @@ func (d *Daemon) csiRevision(v csi.Volume) (rev, kind string, err error) {
 	desired = desired && ds.State != api.StateAbsent
 	d.mu.Unlock()
 	if a == nil && !desired {
-		return "", "", status.Errorf(codes.NotFound, "model %s is not declared on this node (no ModelCache selects it, no models.d file or pull names it); this node can serve: %s", v.Model, d.servable())
+		return "", "", status.Errorf(codes.NotFound, "model %s is not declared on this node (no ModelCache selects it, no models.d file or pull names it); this node can serve: %s", v.Model, c.servable())
 	}
 	if v.Revision != "" {
 		var have []string
@@ -334,9 +360,9 @@ func (d *Daemon) csiRevision(v csi.Volume) (rev, kind string, err error) {
 		}
 	}
 	// Nothing Ready: say what the node is doing.
-	view, err := d.view(v.Model, false)
+	view, err := views{d}.view(v.Model, false)
 	if err != nil {
-		return "", "", status.Errorf(codes.NotFound, "model %s: %v; this node can serve: %s", v.Model, err, d.servable())
+		return "", "", status.Errorf(codes.NotFound, "model %s: %v; this node can serve: %s", v.Model, err, c.servable())
 	}
 	return "", "", notReadyStatus(view)
 }
@@ -385,7 +411,8 @@ func notReadyStatus(a *api.Artifact) error {
 }
 
 // servable lists what a volume may name: declared and stored artifacts.
-func (d *Daemon) servable() string {
+func (c *csiVolumes) servable() string {
+	d := c.d
 	names := map[string]bool{}
 	if arts, err := d.store.ListSummaries(); err == nil {
 		for _, a := range arts {
@@ -420,31 +447,33 @@ func listOr(xs []string, none string) string {
 // Release implements csi.Backend. The composed tree goes first, outside
 // desireMu: removing a tree of many files takes as long as making it,
 // and every Hold takes desireMu.
-func (b csiBackend) Release(_ context.Context, id string) error {
-	d := b.d
+func (c *csiVolumes) Release(_ context.Context, id string) error {
+	d := c.d
 	d.store.RemoveHoldTree(csiHoldKey(id))
 	d.desireMu.Lock()
 	defer d.desireMu.Unlock()
 	if err := d.store.DeleteHold(csiHoldKey(id)); err != nil {
 		return err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if _, ok := d.csiHolds[id]; ok {
-		delete(d.csiHolds, id)
+	c.mu.Lock()
+	_, ok := c.holds[id]
+	delete(c.holds, id)
+	c.mu.Unlock()
+	if ok {
+		d.mu.Lock()
 		d.notify()
+		d.mu.Unlock()
 		d.kick() // an absent artifact the pod let go of may go now
 	}
 	return nil
 }
 
 // Holds implements csi.Backend.
-func (b csiBackend) Holds() ([]csi.Volume, error) {
-	d := b.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make([]csi.Volume, 0, len(d.csiHolds))
-	for _, v := range d.csiHolds {
+func (c *csiVolumes) Holds() ([]csi.Volume, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]csi.Volume, 0, len(c.holds))
+	for _, v := range c.holds {
 		out = append(out, v)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
@@ -452,7 +481,8 @@ func (b csiBackend) Holds() ([]csi.Volume, error) {
 }
 
 // serveCSI runs the CSI driver until ctx ends (Run, when --csi-socket is set).
-func (d *Daemon) serveCSI(ctx context.Context) error {
+func (c *csiVolumes) serve(ctx context.Context) error {
+	d := c.d
 	cfg := *d.cfg.CSI
 	if cfg.Logger == nil {
 		cfg.Logger = d.log.With("component", "csi")
@@ -460,7 +490,7 @@ func (d *Daemon) serveCSI(ctx context.Context) error {
 	if cfg.Version == "" {
 		cfg.Version = d.cfg.Version
 	}
-	drv, err := csi.New(cfg, d.CSIBackend())
+	drv, err := csi.New(cfg, c)
 	if err != nil {
 		return err
 	}

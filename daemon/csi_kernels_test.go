@@ -137,7 +137,7 @@ func TestCSIKernelCachesAuto(t *testing.T) {
 	if got := holders(t, r.harness, "llama.kc0"); len(got) != 1 || got[0] != "pod ml/pod-vol-1@"+kc0.Revision {
 		t.Fatalf("after a restart the kernel cache's holders are %v, want the pod of vol-1", got)
 	}
-	if _, err := r.d.evictPass(context.Background(), 1<<40); err != nil {
+	if _, err := r.d.space.evictPass(context.Background(), 1<<40); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{r.d.store.TreePath("kernelcache", "llama.kc0", kc0.Revision), r.d.store.TreePath("model", "llama", llama.Revision)} {

@@ -217,7 +217,7 @@ func TestCSIPublishHoldsTheRevision(t *testing.T) {
 	if a, _ := r.c.Get(context.Background(), "m"); a.Revision == rev1 {
 		t.Fatal("current did not move")
 	}
-	if _, err := r.d.evictPass(context.Background(), 0); err != nil {
+	if _, err := r.d.space.evictPass(context.Background(), 0); err != nil {
 		t.Fatal(err)
 	}
 	if got := files(t, target); got["a.bin"] != string(v1a) {
@@ -260,7 +260,7 @@ func TestCSIPublishHoldsTheRevision(t *testing.T) {
 	if got := holders(t, r.harness, "m"); len(got) != 0 {
 		t.Fatalf("holds after unpublish: %v", got)
 	}
-	if _, err := r.d.evictPass(context.Background(), 0); err != nil {
+	if _, err := r.d.space.evictPass(context.Background(), 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(r.d.store.TreePath("model", "m", rev1)); !os.IsNotExist(err) {
@@ -475,11 +475,11 @@ func TestCSIHoldsSurviveALostIndex(t *testing.T) {
 			}
 			// The cluster sync names the node's pods by UID: a hold known
 			// only by its pod's UID then shows the pod's namespace/name.
-			r.d.SetPodHolders(nil, map[string]string{"uid-1": "ml/pod-vol-1", "uid-2": "ml/other"})
+			clusterNode{r.d}.SetPodHolders(nil, map[string]string{"uid-1": "ml/pod-vol-1", "uid-2": "ml/other"})
 			if got := holders(t, r.harness, "m"); len(got) != 1 || got[0] != "pod ml/pod-vol-1@"+rev {
 				t.Fatalf("with the pod's UID named by the cluster inUse is %v, want [pod ml/pod-vol-1@%s]", got, rev)
 			}
-			if _, err := r.d.evictPass(context.Background(), 1<<40); err != nil {
+			if _, err := r.d.space.evictPass(context.Background(), 1<<40); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := os.Stat(r.d.store.TreePath("model", "other", otherRev)); !os.IsNotExist(err) {
@@ -494,7 +494,7 @@ func TestCSIHoldsSurviveALostIndex(t *testing.T) {
 
 			r.unpublishGone("vol-1", target)
 			r.released("m")
-			if _, err := r.d.evictPass(context.Background(), 1<<40); err != nil {
+			if _, err := r.d.space.evictPass(context.Background(), 1<<40); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := os.Stat(r.d.store.TreePath("model", "m", rev)); !os.IsNotExist(err) {

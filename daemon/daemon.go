@@ -10,23 +10,17 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/coreos/go-systemd/v22/daemon"
-	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
-	"github.com/modelcache/modelcache/csi"
-	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
-	filefetcher "github.com/modelcache/modelcache/fetchers/file"
-	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 	"github.com/modelcache/modelcache/gpu"
 	"github.com/modelcache/modelcache/k8ssync"
 )
@@ -36,7 +30,7 @@ import (
 // Locks, in the order they are taken (a lock is never taken while one
 // after it in this list is held):
 //
-//	capMu → evictMu → desireMu → mu → scanMu;  scanRun → scanMu
+//	space.capMu → space.evictMu → desireMu → mu → space.scanMu;  space.scanRun → space.scanMu
 //
 // mu, the daemon lock, guards the in-memory state that API reads join
 // (desires, artifact states, leases, flights) and is held only for
@@ -46,30 +40,21 @@ import (
 // locks below all of these.
 type Daemon struct {
 	// Set once in New, read without a lock.
-	cfg      Config
-	log      *slog.Logger
-	store    *cachestore.Store
-	fetchers fetchers.Registry // the shared fetcher of each scheme
-	metrics  *metrics
-	limiter  *rate.Limiter // --bandwidth-limit, nil when unlimited
-	started  time.Time
-	gid      int              // the socket group's, -1 when none
-	backoff  fetchers.Backoff // of each request of a pull
-	oci      *ocifetcher.Fetcher
-	ociOpts  []ocifetcher.Option
-	gpus     gpu.Inventory
-	evictor  *capacity.Evictor // set once; each pass gets its capacity.Pass (evictPass, under evictMu)
-	scanner  *capacity.Scanner // under scanRun
-	pullSem  chan struct{}     // the node's pull slots (slot.go)
-	wake     chan struct{}     // kicks the reconciler
-	capKick  chan struct{}     // kicks the capacity loop
-	pulls    sync.WaitGroup    // pulls in flight; Run waits for them
-
-	// clusterFile reads ModelCache file:// sources: only under
-	// --file-roots, nothing without them; fileAs is who models.d and
-	// cluster file:// sources read as (--file-identity).
-	clusterFile *filefetcher.Fetcher
-	fileAs      *fetchers.Identity
+	cfg     Config
+	log     *slog.Logger
+	store   *cachestore.Store
+	sources *sources // fetchers, credentials, who file:// reads as (sources.go)
+	metrics *metrics
+	limiter *rate.Limiter // --bandwidth-limit, nil when unlimited
+	started time.Time
+	gid     int              // the socket group's, -1 when none
+	backoff fetchers.Backoff // of each request of a pull
+	csi     *csiVolumes      // the volumes pods hold (csi.go)
+	kernels *kernels         // GPUs, kernel cache signatures and compatibility (kernelcache.go)
+	space   *space           // admission, eviction passes, the /proc scan (admission.go)
+	pullSem chan struct{}    // the node's pull slots (slot.go)
+	wake    chan struct{}    // kicks the reconciler
+	pulls   sync.WaitGroup   // pulls in flight; Run waits for them
 
 	// desireMu serialises changes of the desire maps with their index
 	// writes; the maps change only with desireMu and mu both held.
@@ -78,38 +63,24 @@ type Daemon struct {
 	mu          sync.Mutex
 	apiDesires  map[string]api.Desire
 	fileDesires map[string]api.Desire
-	// clusterDesires come from ModelCache objects (k8ssync); creds are
-	// their sources' credentials from Secrets, in memory only; podHolders
+	// clusterDesires come from ModelCache objects (k8ssync); podHolders
 	// are running pods that mount artifacts; podNames maps the UIDs of
 	// the pods on this node to "namespace/name".
 	clusterDesires map[string]api.Desire
 	// clusterRejected: cluster desires that failed validation, with why;
 	// shown as Failed (InvalidSpec) while the others apply.
 	clusterRejected map[string]string
-	creds           map[string]map[string]string
 	podHolders      map[string][]api.Holder
 	podNames        map[string]string
-	credFetchers    map[string]fetchers.Fetcher
 	fileErrors      []string
 	arts            map[string]*artState
 	flights         map[string]*flight           // one download per blob (pull.go)
 	leases          map[string]map[string]*lease // name → holder → lease
-	csiHolds        map[string]csi.Volume        // CSI volume id → what it holds (csi.go)
-	csiHoldFlight   singleflight.Group           // one Hold per volume id at a time (csi.go), outside every other lock
 	changed         chan struct{}                // closed and replaced on every state change
 	evicted         map[string]api.EvictionNote  // ad-hoc entries evicted to make room (evict.go)
 
-	capMu        sync.Mutex // admission and reservations
-	reservations map[*reservation]struct{}
-	evictMu      sync.Mutex // one eviction pass at a time
-	scanMu       sync.Mutex // guards scanUses
-	scanRun      sync.Mutex // one scan at a time; guards scanner and touched
-	scanUses     map[string][]api.Holder
-	touched      map[string]time.Time
-
-	metricsAddr  atomic.Value // string: where /metrics listens once Run serves
-	lastEviction atomic.Pointer[evictionRecord]
-	peers        atomic.Pointer[peerListener] // the API socket's, once Run serves
+	metricsAddr atomic.Value                 // string: where /metrics listens once Run serves
+	peers       atomic.Pointer[peerListener] // the API socket's, once Run serves
 }
 
 // New opens the store (running startup repair) and prepares the daemon.
@@ -148,111 +119,45 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		log.Warn("socket group not found; only root and the daemon's user may change the cache", "group", cfg.SocketGroup, "err", err)
 		gid = -1
 	}
-	files := filefetcher.New(filefetcher.WithRoots(cfg.FileRoots...), filefetcher.WithDenied(cfg.fileDenied()...))
 	d = &Daemon{
 		cfg: cfg, log: log, store: st, started: time.Now(), gid: gid,
-		fetchers: fetchers.Registry{
-			"file": files,
-		},
-		clusterFile:    files.Confined(),
-		fileAs:         cfg.fileIdentity(),
 		backoff:        fetchers.DefaultBackoff,
 		apiDesires:     map[string]api.Desire{},
 		fileDesires:    map[string]api.Desire{},
 		clusterDesires: map[string]api.Desire{},
-		credFetchers:   map[string]fetchers.Fetcher{},
 		arts:           map[string]*artState{},
 		flights:        map[string]*flight{},
 		evicted:        map[string]api.EvictionNote{},
 		changed:        make(chan struct{}),
 		wake:           make(chan struct{}, 1),
 		pullSem:        make(chan struct{}, cfg.MaxConcurrentPulls),
-
-		leases:       map[string]map[string]*lease{},
-		reservations: map[*reservation]struct{}{},
-		scanUses:     map[string][]api.Holder{},
-		touched:      map[string]time.Time{},
-		capKick:      make(chan struct{}, 1),
+		leases:         map[string]map[string]*lease{},
 	}
-	d.scanner = &capacity.Scanner{Root: st.Root(), Self: os.Getpid()}
-	d.evictor = &capacity.Evictor{
-		Policy: cfg.Capacity, Store: st, FS: st, Now: time.Now, InUse: d.inUse, Log: log.With("component", "evict"),
-		Desired: func() map[string]bool {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			out := map[string]bool{}
-			for n, ds := range d.desired() {
-				out[n] = ds.State != api.StateAbsent
-			}
-			return out
-		},
-		Declared: func() map[string]bool {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			out := map[string]bool{}
-			for n, ds := range d.desired() {
-				out[n] = ds.State != api.StateAbsent && declared(ds)
-			}
-			return out
-		},
-		Kept: d.kept,
-		// An ad-hoc entry's desire goes before its version does, so
-		// nothing pulls it back.
-		Evicting: func(v capacity.Victim, p capacity.Pass) error {
-			if !v.AdHoc {
-				return nil
-			}
-			return d.dropAdHoc(v, p.For)
-		},
-		Evicted: func(v capacity.Victim) { d.metrics.evictions.WithLabelValues(v.Reason).Inc() },
-		// The partials of a pull being admitted stay.
-		Reclaim: func(ctx context.Context, need int64, p capacity.Pass) (int64, error) {
-			return d.reclaimIngests(ctx, need, p.Protect...)
-		},
-	}
-	hub, err := d.newHub()
-	if err != nil {
+	d.space = newSpace(d)
+	if d.sources, err = newSources(cfg, log, func() map[string]api.Desire {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.desired()
+	}); err != nil {
 		st.Close()
 		return nil, err
 	}
-	d.fetchers["hf"] = hub
-	ngc, err := d.newNGC()
-	if err != nil {
-		st.Close()
-		return nil, err
-	}
-	d.fetchers["ngc"] = ngc
-	d.fetchers["http"], d.fetchers["https"] = d.newHTTP(), d.newHTTP()
-	s3, err := d.newS3()
-	if err != nil {
-		st.Close()
-		return nil, err
-	}
-	d.fetchers["s3"] = s3
-	// The OCI fetcher keeps its own idle timeout (60s): only the
-	// redirect policy is the daemon's.
-	ociOpts := []ocifetcher.Option{ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...),
-		ocifetcher.WithHTTP(fetchers.WithInternal(cfg.InternalAddress))}
-	for _, m := range cfg.RegistryMirrors {
-		r, mir, _ := strings.Cut(m, "=")
-		ociOpts = append(ociOpts, ocifetcher.WithMirror(r, mir))
-	}
-	d.ociOpts = ociOpts
-	d.oci = ocifetcher.New(ociOpts...)
-	d.fetchers["oci"] = d.oci
+	d.kernels = &kernels{floor: cfg.KernelCacheSignaturePolicy, store: st, desired: d.sources.desired}
 	if cfg.GPUInventory != "" {
-		if d.gpus, err = gpu.Load(cfg.GPUInventory); err != nil {
+		if d.kernels.gpus, err = gpu.Load(cfg.GPUInventory); err != nil {
 			st.Close()
 			return nil, err
 		}
 	} else {
-		d.gpus = gpu.Detect()
+		d.kernels.gpus = gpu.Detect()
 	}
-	log.Info("gpu inventory", "source", d.gpus.Source, "devices", len(d.gpus.Devices), "driver", d.gpus.DriverVersion, "cuda", d.gpus.CUDADriverVersion, "reason", d.gpus.Reason)
+	inv := d.kernels.gpus
+	log.Info("gpu inventory", "source", inv.Source, "devices", len(inv.Devices), "driver", inv.DriverVersion, "cuda", inv.CUDADriverVersion, "reason", inv.Reason)
 	if cfg.BandwidthLimit > 0 {
 		d.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthLimit), int(min(cfg.BandwidthLimit, 4<<20)))
 	}
 	d.metrics = newMetrics(d)
+	d.kernels.metrics, d.space.metrics = d.metrics, d.metrics
 	if cfg.Cluster != nil {
 		// client-go's global log is set here, before Run starts anything
 		// that uses client-go (and before the caller goes on).
@@ -279,8 +184,9 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		}
 		d.apiDesires[name] = trustSocketDesire(ds, log)
 	}
-	d.loadModelsDir()
-	d.loadCSIHolds()
+	modelsDir{d}.load()
+	d.csi = &csiVolumes{d: d}
+	d.csi.load()
 	return d, nil
 }
 
@@ -339,18 +245,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	if d.cfg.CSI != nil {
 		bg.Add(1)
-		go func() { defer bg.Done(); errc <- d.serveCSI(ctx) }()
+		go func() { defer bg.Done(); errc <- d.csi.serve(ctx) }()
 	}
 	bg.Add(3)
-	go func() { defer bg.Done(); d.watchModelsDir(ctx) }()
-	go func() { defer bg.Done(); d.capacityLoop(ctx) }()
+	go func() { defer bg.Done(); modelsDir{d}.watch(ctx) }()
+	go func() { defer bg.Done(); d.space.loop(ctx) }()
 	go func() { defer bg.Done(); d.reconcileLoop(ctx) }()
 	if d.cfg.Cluster != nil {
 		c := *d.cfg.Cluster
 		if c.Log == nil {
 			c.Log = d.log.With("component", "k8ssync")
 		}
-		syncer, err := k8ssync.New(c, d)
+		syncer, err := k8ssync.New(c, clusterNode{d})
 		if err != nil {
 			cancel()
 			bg.Wait()

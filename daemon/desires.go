@@ -111,7 +111,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := d.checkSourceAccess(r.Context(), ds); err != nil {
+	if err := d.sources.checkSourceAccess(r.Context(), ds); err != nil {
 		return err
 	}
 	// Again, under desireMu: the check above ran unlocked. The index
@@ -154,7 +154,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	d.desireMu.Unlock()
 	d.kick()
 	if r.URL.Query().Get("wait") != "true" {
-		a, err := d.view(ds.Name, false)
+		a, err := views{d}.view(ds.Name, false)
 		if err != nil {
 			return err
 		}
@@ -165,7 +165,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	// still satisfies the desire (a refresh that failed is not Ready).
 	fp, dropping := fingerprint(ds), false
 	var outcome error // set under d.mu by dropFailedPull
-	return d.streamUntil(w, r, ds.Name, 0, func(st *artState) (bool, error) {
+	return views{d}.streamUntil(w, r, ds.Name, 0, func(st *artState) (bool, error) {
 		if outcome != nil {
 			return true, outcome
 		}
@@ -300,7 +300,7 @@ func (d *Daemon) validateDesire(ds api.Desire) (api.Desire, error) {
 	if err := checkURISizes(ds); err != nil {
 		return ds, err
 	}
-	if _, err := d.fetchers.For(ds.URI); err != nil {
+	if _, err := d.sources.shared.For(ds.URI); err != nil {
 		return ds, api.Errorf(api.CodeInvalid, "artifact %s: %v", ds.Name, err)
 	}
 	if ds.Digest != "" {
@@ -416,7 +416,7 @@ func (d *Daemon) handlePin(pin bool) handler {
 		if err != nil && !(isAPI && errors.Is(err, cachestore.ErrNotFound)) {
 			return err
 		}
-		a, err := d.view(name, false)
+		a, err := views{d}.view(name, false)
 		if err != nil {
 			return err
 		}

@@ -88,7 +88,7 @@ func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
 	d.mu.Unlock()
 	// Every refusal comes before anything changes: a refused evict leaves
 	// the desire and a pull in flight alone.
-	if err := d.scan(); err != nil {
+	if err := d.space.scan(); err != nil {
 		d.log.Warn("in-use scan before evict", "err", err)
 	}
 	if hs := d.inUse(); true {
@@ -195,6 +195,28 @@ func (d *Daemon) handleGC(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return writeJSON(w, api.GCResult{BlobsRemoved: rep.BlobsRemoved, BytesFreed: rep.BytesFreed, BlobsKept: rep.BlobsKept, Removed: rep.Removed, DryRun: dry, IngestsRemoved: rep.IngestsRemoved, IngestBytesFreed: rep.IngestBytesFreed})
+}
+
+// noteEvicted tells the artifacts that a pass evicted for space why
+// they are gone (an ad-hoc entry's note says why: dropAdHoc), and pulls
+// declared ones again when there is room.
+func (d *Daemon) noteEvicted(vs []capacity.Victim) {
+	d.mu.Lock()
+	want := d.desired()
+	for _, v := range vs {
+		if v.Reason != capacity.ReasonSpace || v.AdHoc {
+			continue
+		}
+		if st := d.arts[v.Name]; st != nil {
+			st.message = "evicted for disk space (" + v.Revision + "); pulled again when there is room"
+		}
+		if ds, ok := want[v.Name]; ok && declared(ds) {
+			d.log.Warn("disk pressure evicted a declared artifact; it is pulled again when there is room", "artifact", v.Name, "revision", v.Revision, "bytes", v.Bytes)
+		}
+	}
+	d.notify()
+	d.mu.Unlock()
+	d.kick()
 }
 
 // maxEvictionNotes bounds the notes kept of evicted ad-hoc entries (in

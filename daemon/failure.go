@@ -111,7 +111,7 @@ func (p *pull) finish(ctx, pctx context.Context, err error) {
 	}
 	d.notify()
 	// An old revision may be free to go, or a partial download abandoned.
-	d.kickCapacity()
+	d.space.kickPass()
 }
 
 // retry is the backoff between the attempts of one desire's pulls (each

@@ -74,7 +74,7 @@ func TestClusterFileSources(t *testing.T) {
 	t.Run("no roots", func(t *testing.T) {
 		h := start(t, config())
 		for _, uri := range []string{"file://" + models + "/public", "file://" + vol} {
-			err := h.d.SetClusterDesires(map[string]api.Desire{"m": clusterDesire("m", uri)}, nil)
+			err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"m": clusterDesire("m", uri)}, nil)
 			if err == nil || !strings.Contains(err.Error(), "--file-roots") || strings.Contains(err.Error(), "..2026") {
 				t.Errorf("%s without --file-roots: %v; want refused naming --file-roots and nothing of the tree", uri, err)
 			}
@@ -84,7 +84,7 @@ func TestClusterFileSources(t *testing.T) {
 			committedNothing(t, h, "m")
 		}
 		// The elected daemon's resolution for the cluster is refused too.
-		if _, _, err := h.d.Resolve(context.Background(), clusterDesire("m", "file://"+models+"/public"), nil); err == nil || !strings.Contains(err.Error(), "--file-roots") {
+		if _, _, err := (clusterNode{h.d}).Resolve(context.Background(), clusterDesire("m", "file://"+models+"/public"), nil); err == nil || !strings.Contains(err.Error(), "--file-roots") {
 			t.Errorf("cluster resolution without --file-roots: %v", err)
 		}
 	})
@@ -92,14 +92,14 @@ func TestClusterFileSources(t *testing.T) {
 	t.Run("kubelet under a root", func(t *testing.T) {
 		h := start(t, config(dir)) // a root that contains kubelet's directory
 		for _, uri := range []string{"file://" + vol, "file://" + vol + "/token", "file://" + kubelet + "/pods"} {
-			err := h.d.SetClusterDesires(map[string]api.Desire{"k": clusterDesire("k", uri)}, nil)
+			err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"k": clusterDesire("k", uri)}, nil)
 			if err == nil || !strings.Contains(err.Error(), "never reads") || strings.Contains(err.Error(), "..2026") {
 				t.Errorf("%s: %v; want refused as kubelet's, naming nothing inside", uri, err)
 			}
 			committedNothing(t, h, "k")
 		}
 		// The root itself holds kubelet's directory: the walk refuses it.
-		if err := h.d.SetClusterDesires(map[string]api.Desire{"all": clusterDesire("all", "file://"+dir)}, nil); err != nil {
+		if err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"all": clusterDesire("all", "file://"+dir)}, nil); err != nil {
 			t.Fatal(err)
 		}
 		a := h.waitPhase("all", api.PhaseFailed)
@@ -111,7 +111,7 @@ func TestClusterFileSources(t *testing.T) {
 
 	t.Run("identity", func(t *testing.T) {
 		h := start(t, config(models))
-		err := h.d.SetClusterDesires(map[string]api.Desire{
+		err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{
 			"private": clusterDesire("private", "file://"+models+"/private"),
 			"public":  clusterDesire("public", "file://"+models+"/public"),
 		}, nil)

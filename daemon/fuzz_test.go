@@ -32,7 +32,7 @@ func FuzzPullRequest(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	d := &Daemon{cfg: Config{KernelCacheSignaturePolicy: api.PolicyRequired}, fetchers: fetchers.Registry{"file": nil, "http": nil, "https": nil, "hf": nil, "s3": nil, "oci": nil}}
+	d := &Daemon{cfg: Config{KernelCacheSignaturePolicy: api.PolicyRequired}, sources: &sources{shared: fetchers.Registry{"file": nil, "http": nil, "https": nil, "hf": nil, "s3": nil, "oci": nil}}}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r := httptest.NewRequest("POST", "/v1/pull", bytes.NewReader(body))
 		var req api.PullRequest

@@ -3,13 +3,14 @@ package daemon
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/modelcache/modelcache/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/modelcache/modelcache/internal/testenv"
 
 	"github.com/modelcache/modelcache/api"
 )

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/modelcache/modelcache/internal/testenv"
 	"io"
 	"log"
 	"net/http"
@@ -17,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/modelcache/modelcache/internal/testenv"
 
 	"golang.org/x/sys/unix"
 

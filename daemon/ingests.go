@@ -43,8 +43,8 @@ func (d *Daemon) abandoned(in cachestore.IngestInfo) bool {
 // downloads that no writer holds open, oldest first, sparing those of the
 // artifacts named keep (a pull being admitted resumes its own). It returns
 // the bytes freed.
-func (d *Daemon) reclaimIngests(ctx context.Context, need int64, keep ...string) (int64, error) {
-	list, err := d.store.ListIngests()
+func (s *space) reclaimIngests(ctx context.Context, need int64, keep ...string) (int64, error) {
+	list, err := s.store.ListIngests()
 	if err != nil {
 		return 0, err
 	}
@@ -56,21 +56,21 @@ func (d *Daemon) reclaimIngests(ctx context.Context, need int64, keep ...string)
 		if in.Open || (in.Owner != "" && slices.Contains(keep, in.Owner)) {
 			continue
 		}
-		if err := d.store.RemoveIngest(in.Ref); err != nil {
+		if err := s.store.RemoveIngest(in.Ref); err != nil {
 			if !errors.Is(err, cachestore.ErrLocked) {
-				d.log.Warn("reclaim partial download", "owner", in.Owner, "err", err)
+				s.log.Warn("reclaim partial download", "owner", in.Owner, "err", err)
 			}
 			continue
 		}
-		d.log.Info("reclaimed a partial download for space", "owner", in.Owner, "bytes", in.Size)
+		s.log.Info("reclaimed a partial download for space", "owner", in.Owner, "bytes", in.Size)
 		freed += in.Size
 	}
 	return freed, ctx.Err()
 }
 
 // reclaimable is what reclaimIngests(ctx, -1, keep) would free now.
-func (d *Daemon) reclaimable(keep string) int64 {
-	list, err := d.store.ListIngests()
+func (s *space) reclaimable(keep string) int64 {
+	list, err := s.store.ListIngests()
 	if err != nil {
 		return 0
 	}

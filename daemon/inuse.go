@@ -39,21 +39,17 @@ func (d *Daemon) inUseLocked() map[string][]api.Holder {
 		}
 	}
 	d.podUses(out)
-	d.csiUses(out)
-	d.scanMu.Lock()
-	for k, hs := range d.scanUses {
-		out[k] = append(out[k], hs...)
-	}
-	d.scanMu.Unlock()
+	d.csi.uses(out, d.podNames)
+	d.space.scanned(out)
 	return out
 }
 
 // scan reads /proc for processes that hold files of the store, maps them
 // to artifact versions, and records their use.
-func (d *Daemon) scan() error {
-	d.scanRun.Lock() // the loop and an evict may both scan; touched is theirs
-	defer d.scanRun.Unlock()
-	uses, _, err := d.scanner.Scan()
+func (s *space) scan() error {
+	s.scanRun.Lock() // the loop and an evict may both scan; touched is theirs
+	defer s.scanRun.Unlock()
+	uses, _, err := s.scanner.Scan()
 	if err != nil {
 		return err
 	}
@@ -69,7 +65,7 @@ func (d *Daemon) scan() error {
 		}
 	}
 	if len(blobs) > 0 { // opened through blobs/: every version that uses the blob
-		arts, err := d.store.List()
+		arts, err := s.store.List()
 		if err != nil {
 			return err
 		}
@@ -87,16 +83,16 @@ func (d *Daemon) scan() error {
 	}
 	now := time.Now()
 	for k := range found {
-		if now.Sub(d.touched[k]) > time.Minute { // record last use, at most once a minute
+		if now.Sub(s.touched[k]) > time.Minute { // record last use, at most once a minute
 			name, rev := splitKey(k)
-			if err := d.store.Touch(name, rev); err == nil {
-				d.touched[k] = now
+			if err := s.store.Touch(name, rev); err == nil {
+				s.touched[k] = now
 			}
 		}
 	}
-	d.scanMu.Lock()
-	d.scanUses = found
-	d.scanMu.Unlock()
+	s.scanMu.Lock()
+	s.scanUses = found
+	s.scanMu.Unlock()
 	return nil
 }
 

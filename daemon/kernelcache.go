@@ -57,6 +57,19 @@ func expandKernelCaches(out map[string]api.Desire, model api.Desire) {
 	}
 }
 
+// kernels is the node's GPUs and what decides a kernel cache for them:
+// its signature under the node's policy, its compatibility, and which
+// Ready caches serve a model (for env and CSI volumes).
+type kernels struct {
+	// Set once in New, read without a lock.
+	gpus    gpu.Inventory
+	floor   string // --kernel-cache-signature-policy
+	store   *cachestore.Store
+	metrics *metrics
+	// desired is the merged desire set (it takes the daemon lock).
+	desired func() map[string]api.Desire
+}
+
 // kernelCacheBefore runs after the image is resolved and before any layer
 // is fetched: the signature first (nothing of an untrusted image is
 // downloaded), then the summary label against the GPUs (an image for other
@@ -70,9 +83,9 @@ func (p *pull) kernelCacheBefore(ctx context.Context) (*api.KernelCacheInfo, err
 	digest := "sha256:" + res.Revision
 	of, ok := f.(*ocifetcher.Fetcher)
 	if !ok {
-		of = d.oci
+		of = d.sources.oci
 	}
-	chk, err := d.verifySignature(ctx, ds, digest, of)
+	chk, err := d.kernels.verifySignature(ctx, ds, digest, of)
 	info.Signature = chk
 	if err != nil {
 		return info, err
@@ -89,33 +102,33 @@ func (p *pull) kernelCacheBefore(ctx context.Context) (*api.KernelCacheInfo, err
 		}
 	}
 	if len(ts) > 0 {
-		if err := d.checkCompat(info, ts); err != nil {
+		if err := d.kernels.checkCompat(info, ts); err != nil {
 			return info, err
 		}
 	}
 	return info, nil
 }
 
-func (d *Daemon) checkCompat(info *api.KernelCacheInfo, ts []gpu.Target) error {
-	rep := gpu.Check(d.gpus, ts)
+func (k *kernels) checkCompat(info *api.KernelCacheInfo, ts []gpu.Target) error {
+	rep := gpu.Check(k.gpus, ts)
 	info.Compatibility = compatView(rep)
 	if rep.Compatible {
-		d.metrics.compatChecks.WithLabelValues("compatible").Inc()
+		k.metrics.compatChecks.WithLabelValues("compatible").Inc()
 		return nil
 	}
-	d.metrics.compatChecks.WithLabelValues("incompatible").Inc()
+	k.metrics.compatChecks.WithLabelValues("incompatible").Inc()
 	return &incompatibleError{rep}
 }
 
 // verifySignature applies the desire's policy to the pinned digest.
-func (d *Daemon) verifySignature(ctx context.Context, ds api.Desire, digest string, of *ocifetcher.Fetcher) (*api.SignatureCheck, error) {
+func (k *kernels) verifySignature(ctx context.Context, ds api.Desire, digest string, of *ocifetcher.Fetcher) (*api.SignatureCheck, error) {
 	p := ds.Signature
 	if p == nil {
 		p = &api.SignaturePolicy{}
 	}
-	chk := &api.SignatureCheck{Policy: d.effectivePolicy(ds, p.Policy), Digest: digest, At: time.Now().UTC()}
+	chk := &api.SignatureCheck{Policy: effectivePolicy(k.floor, ds, p.Policy), Digest: digest, At: time.Now().UTC()}
 	if chk.Policy == api.PolicyOff {
-		d.metrics.signatures.WithLabelValues("skipped").Inc()
+		k.metrics.signatures.WithLabelValues("skipped").Inc()
 		return chk, nil
 	}
 	pol, err := signaturePolicy(*p)
@@ -123,17 +136,17 @@ func (d *Daemon) verifySignature(ctx context.Context, ds api.Desire, digest stri
 		var r *ocifetcher.SignatureResult
 		if r, err = of.VerifySignature(ctx, ds.URI, digest, pol); err == nil {
 			chk.Verified, chk.Format, chk.Signer = true, r.Format, r.Signer
-			d.metrics.signatures.WithLabelValues("verified").Inc()
+			k.metrics.signatures.WithLabelValues("verified").Inc()
 			return chk, nil
 		}
 	}
 	switch {
 	case errors.Is(err, ocifetcher.ErrUnsigned):
-		d.metrics.signatures.WithLabelValues("unsigned").Inc()
+		k.metrics.signatures.WithLabelValues("unsigned").Inc()
 	case errors.Is(err, ocifetcher.ErrBadSignature):
-		d.metrics.signatures.WithLabelValues("invalid").Inc()
+		k.metrics.signatures.WithLabelValues("invalid").Inc()
 	default: // the registry could not be asked: retried like any fetch
-		d.metrics.signatures.WithLabelValues("error").Inc()
+		k.metrics.signatures.WithLabelValues("error").Inc()
 		return chk, fmt.Errorf("signature of %s: %w", digest, err)
 	}
 	return chk, fetchers.Permanent(&signatureError{err})
@@ -146,8 +159,7 @@ func (d *Daemon) verifySignature(ctx context.Context, ds api.Desire, digest stri
 // (validateDesire refuses that; a desire persisted before the floor
 // existed is raised here). models.d and the cluster are the node's
 // configuration and set their own.
-func (d *Daemon) effectivePolicy(ds api.Desire, asked string) string {
-	floor := d.cfg.KernelCacheSignaturePolicy
+func effectivePolicy(floor string, ds api.Desire, asked string) string {
 	if floor == "" {
 		floor = api.PolicyRequired
 	}
@@ -199,7 +211,7 @@ func (p *pull) kernelCacheAfter(m cachestore.Manifest) error {
 				bytes += e.Size
 			}
 			if k.manifest != "" && e.Path == k.manifest+"/"+gpu.ManifestFile {
-				t, err := d.readKernelManifest(e)
+				t, err := d.kernels.readKernelManifest(e)
 				if err != nil {
 					return fetchers.Permanent(fmt.Errorf("%s: %w", e.Path, err))
 				}
@@ -225,7 +237,7 @@ func (p *pull) kernelCacheAfter(m cachestore.Manifest) error {
 	info.Entries = len(ts)
 	info.ExtractSeconds = time.Since(started).Seconds()
 	if manifests > 0 {
-		return d.checkCompat(info, ts)
+		return d.kernels.checkCompat(info, ts)
 	}
 	if info.Compatibility == nil {
 		return fetchers.Permanent(fmt.Errorf("the image has no %s/%s and no summary label: compatibility cannot be decided", gpu.TritonManifestDir, gpu.ManifestFile))
@@ -233,11 +245,11 @@ func (p *pull) kernelCacheAfter(m cachestore.Manifest) error {
 	return nil
 }
 
-func (d *Daemon) readKernelManifest(e cachestore.Entry) ([]gpu.Target, error) {
+func (k *kernels) readKernelManifest(e cachestore.Entry) ([]gpu.Target, error) {
 	if e.Size > maxKernelCacheManifest {
 		return nil, fmt.Errorf("manifest of %d bytes is larger than %d", e.Size, maxKernelCacheManifest)
 	}
-	f, err := d.store.OpenBlob(e.Digest)
+	f, err := k.store.OpenBlob(e.Digest)
 	if err != nil {
 		return nil, err
 	}
@@ -264,8 +276,8 @@ func kernelCacheInfo(v *cachestore.Version) *api.KernelCacheInfo {
 // env is what a framework needs to use an artifact: for a kernel cache the
 // cache directories; for a model its path, the HF cache view when it came
 // from a hub, and the directories of its Ready, compatible kernel caches.
-func (d *Daemon) env(name string) (map[string]string, error) {
-	a, err := d.store.Summary(name)
+func (k *kernels) env(name string) (map[string]string, error) {
+	a, err := k.store.Summary(name)
 	if err != nil {
 		return nil, err
 	}
@@ -276,17 +288,17 @@ func (d *Daemon) env(name string) (map[string]string, error) {
 	out := map[string]string{}
 	if cur.Kind == cachestore.KindKernelCache {
 		if info := kernelCacheInfo(cur); info != nil {
-			kernelEnv(d.store.TreePath(cachestore.KindKernelCache, name, ""), info, out)
+			kernelEnv(k.store.TreePath(cachestore.KindKernelCache, name, ""), info, out)
 		}
 		return out, nil
 	}
-	out["MODEL_PATH"] = d.store.TreePath(cur.Kind, name, "current")
+	out["MODEL_PATH"] = k.store.TreePath(cur.Kind, name, "current")
 	if cur.HFRepo != "" {
-		out["HF_HUB_CACHE"] = filepath.Join(d.store.Root(), "hf")
+		out["HF_HUB_CACHE"] = filepath.Join(k.store.Root(), "hf")
 		out["HF_HUB_OFFLINE"] = "1"
 	}
-	for _, kc := range d.modelKernelCaches(name) {
-		kernelEnv(d.store.TreePath(cachestore.KindKernelCache, kc.Name, ""), kc.Info, out)
+	for _, kc := range k.modelKernelCaches(name) {
+		kernelEnv(k.store.TreePath(cachestore.KindKernelCache, kc.Name, ""), kc.Info, out)
 	}
 	return out, nil
 }
@@ -303,19 +315,17 @@ type servedKernelCache struct {
 // signed as its policy asks and compatible with this node's GPUs when
 // pulled) and was pulled for that model (one someone else pulled under
 // the same name before the model was declared is not served), by name.
-func (d *Daemon) modelKernelCaches(model string) []servedKernelCache {
-	d.mu.Lock()
+func (k *kernels) modelKernelCaches(model string) []servedKernelCache {
 	var names []string
-	for n, ds := range d.desired() {
+	for n, ds := range k.desired() {
 		if ds.Kind == api.KindKernelCache && ds.Serves == model {
 			names = append(names, n)
 		}
 	}
-	d.mu.Unlock()
 	sort.Strings(names)
 	var out []servedKernelCache
 	for _, n := range names {
-		a, err := d.store.Summary(n)
+		a, err := k.store.Summary(n)
 		if err != nil {
 			continue
 		}

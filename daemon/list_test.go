@@ -51,7 +51,7 @@ func TestListStreamedAndRows(t *testing.T) {
 	}
 
 	_, raw := get("/v1/artifacts")
-	list, err := h.d.list()
+	list, err := views{h.d}.list()
 	if err != nil {
 		t.Fatal(err)
 	}

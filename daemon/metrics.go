@@ -152,7 +152,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descInfo, prometheus.GaugeValue, 1, c.d.cfg.Version)
-	list, err := c.d.list()
+	list, err := views{c.d}.list()
 	if err == nil {
 		counts := map[api.Phase]int{api.PhasePending: 0, api.PhaseDownloading: 0, api.PhaseReady: 0, api.PhaseFailed: 0, api.PhaseIncompatible: 0, api.PhaseEvicted: 0}
 		for _, a := range list {
@@ -176,11 +176,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	c.answered(ch, "filesystem", err)
 	p := c.d.cfg.Capacity
-	ch <- prometheus.MustNewConstMetric(descReserved, prometheus.GaugeValue, float64(c.d.reserved()))
+	ch <- prometheus.MustNewConstMetric(descReserved, prometheus.GaugeValue, float64(c.d.space.reserved()))
 	ch <- prometheus.MustNewConstMetric(descQuota, prometheus.GaugeValue, float64(p.QuotaBytes))
 	ch <- prometheus.MustNewConstMetric(descWatermark, prometheus.GaugeValue, float64(p.HighPercent)/100, "high")
 	ch <- prometheus.MustNewConstMetric(descWatermark, prometheus.GaugeValue, float64(p.LowPercent)/100, "low")
-	pr, err := c.d.evictor.Pressure()
+	pr, err := c.d.space.evictor.Pressure()
 	if err == nil {
 		ch <- prometheus.MustNewConstMetric(descPressure, prometheus.GaugeValue, b2f(pr.OverQuota), "quota")
 		ch <- prometheus.MustNewConstMetric(descPressure, prometheus.GaugeValue, b2f(pr.AboveHigh), "watermark")
@@ -203,7 +203,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descKernelBytes, prometheus.GaugeValue, float64(kb))
 	}
 	c.answered(ch, "versions", err)
-	inv := c.d.gpus
+	inv := c.d.kernels.gpus
 	ch <- prometheus.MustNewConstMetric(descGPUs, prometheus.GaugeValue, float64(len(inv.Devices)), inv.Source)
 	for _, g := range inv.Devices {
 		ch <- prometheus.MustNewConstMetric(descGPU, prometheus.GaugeValue, 1, strconv.Itoa(g.Index), g.Name, g.UUID,

@@ -28,6 +28,11 @@ type modelsFile struct {
 	Models     []api.Desire `json:"models,omitempty"`
 }
 
+// modelsDir is the desires of the models dir (--models-dir): its YAML
+// files read, validated and watched; the daemon's desire set takes them
+// whole (fileDesires) with the problems found (fileErrors).
+type modelsDir struct{ d *Daemon }
+
 // maxModelsFile bounds what one models.d file may hold; more is refused
 // before anything is parsed.
 const maxModelsFile = 1 << 20
@@ -36,7 +41,8 @@ const maxModelsFile = 1 << 20
 // anything there that is not a regular file (a symlink, a FIFO, a device,
 // a directory), is reported by name (log and status) and skipped; the
 // others still count.
-func (d *Daemon) loadModelsDir() {
+func (m modelsDir) load() {
+	d := m.d
 	dir := d.cfg.ModelsDir
 	desires := map[string]api.Desire{}
 	var problems []string
@@ -56,7 +62,7 @@ func (d *Daemon) loadModelsDir() {
 				problems = append(problems, fmt.Sprintf("%s: %s, not a regular file; skipped (models.d reads only regular files)", path, "a "+fetchers.TypeName(e.Type())))
 				continue
 			}
-			list, err := d.parseModelsFile(path)
+			list, err := m.parse(path)
 			if err != nil {
 				problems = append(problems, err.Error())
 				continue
@@ -96,7 +102,8 @@ func readModelsFile(path string) ([]byte, error) {
 	return b, nil
 }
 
-func (d *Daemon) parseModelsFile(path string) ([]api.Desire, error) {
+func (m modelsDir) parse(path string) ([]api.Desire, error) {
+	d := m.d
 	raw, err := readModelsFile(path)
 	if err != nil {
 		return nil, err
@@ -310,7 +317,8 @@ func typeProblem(raw []byte, te *json.UnmarshalTypeError) string {
 
 // watchModelsDir reloads the models dir when anything in it changes
 // (debounced), and polls for the dir itself when it does not exist yet.
-func (d *Daemon) watchModelsDir(ctx context.Context) {
+func (m modelsDir) watch(ctx context.Context) {
+	d := m.d
 	dir := d.cfg.ModelsDir
 	if dir == "" {
 		return
@@ -329,17 +337,18 @@ func (d *Daemon) watchModelsDir(ctx context.Context) {
 			case <-time.After(5 * time.Second):
 			}
 			if _, serr := os.Stat(dir); serr == nil {
-				d.loadModelsDir()
+				m.load()
 			}
 			continue
 		}
-		d.loadModelsDir()
-		d.watchLoop(ctx, w)
+		m.load()
+		m.loop(ctx, w)
 		w.Close()
 	}
 }
 
-func (d *Daemon) watchLoop(ctx context.Context, w *fsnotify.Watcher) {
+func (m modelsDir) loop(ctx context.Context, w *fsnotify.Watcher) {
+	d := m.d
 	var debounce <-chan time.Time
 	for {
 		select {
@@ -350,7 +359,7 @@ func (d *Daemon) watchLoop(ctx context.Context, w *fsnotify.Watcher) {
 				return
 			}
 			if ev.Name == d.cfg.ModelsDir && ev.Has(fsnotify.Remove|fsnotify.Rename) {
-				d.loadModelsDir()
+				m.load()
 				return // re-add the watch
 			}
 			debounce = time.After(200 * time.Millisecond)
@@ -360,7 +369,7 @@ func (d *Daemon) watchLoop(ctx context.Context, w *fsnotify.Watcher) {
 			}
 			d.log.Warn("models dir watcher", "err", err)
 		case <-debounce:
-			d.loadModelsDir()
+			m.load()
 		}
 	}
 }

@@ -107,7 +107,7 @@ func TestModelsDirBadKeys(t *testing.T) {
 		if err := os.WriteFile(path, []byte(tc.body), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		_, err := (&Daemon{}).parseModelsFile(path)
+		_, err := modelsDir{&Daemon{}}.parse(path)
 		if err == nil {
 			t.Errorf("%s: accepted", tc.file)
 			continue

@@ -182,13 +182,13 @@ func (p *pull) resolve(ctx context.Context) error {
 	if err := lostCredentials(ds); err != nil {
 		return err
 	}
-	f, err := p.d.fetcherFor(ds, p.src)
+	f, err := p.d.sources.fetcherFor(ds, p.src)
 	if err != nil {
 		return err
 	}
 	p.f = f
 	kernel := ds.Kind == api.KindKernelCache
-	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: kernel, As: p.d.readAs(ds)}
+	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: kernel, As: p.d.sources.readAs(ds)}
 	err = p.backoff.Do(ctx, func(int) error {
 		var err error
 		p.res, err = f.Resolve(ctx, src)
@@ -252,7 +252,7 @@ func (p *pull) admit(ctx context.Context, files []fetchers.File) (release func()
 		need += max(fl.Size, 0)
 		unknown = unknown || fl.Size < 0
 	}
-	return p.d.admit(ctx, p.ds.Name, need, unknown, p.prog)
+	return p.d.space.admit(ctx, p.ds.Name, need, unknown, p.prog)
 }
 
 // fetchAll fetches the plain files, FilesPerPull at a time, under the

@@ -28,6 +28,13 @@ type artState struct {
 	prog      *progress
 }
 
+// Changed returns a channel closed at the next change of any artifact.
+func (d *Daemon) Changed() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.changed
+}
+
 // notify wakes every waiter; called with d.mu held.
 func (d *Daemon) notify() {
 	close(d.changed)
@@ -80,7 +87,7 @@ func (d *Daemon) reconcile(ctx context.Context) time.Duration {
 	if len(absent) > 0 {
 		// One scan for the pass, not one per artifact: a process that
 		// opened one since the last scan holds it.
-		if err := d.scan(); err != nil {
+		if err := d.space.scan(); err != nil {
 			d.log.Warn("in-use scan before evicting absent artifacts", "err", err)
 		}
 	}
@@ -100,9 +107,7 @@ func (d *Daemon) activate(name, rev string) {
 	// Not while an eviction pass runs: it plans from a listing in which
 	// rev is not current yet (and kept only as such), and would take it
 	// once it is.
-	d.evictMu.Lock()
-	err := d.store.Activate(name, rev)
-	d.evictMu.Unlock()
+	err := d.space.betweenPasses(func() error { return d.store.Activate(name, rev) })
 	if err != nil {
 		d.log.Warn("rollout: activating a prefetched revision; pulling it again", "artifact", name, "revision", rev, "err", err)
 		d.mu.Lock()
@@ -120,7 +125,7 @@ func (d *Daemon) activate(name, rev string) {
 	}
 	d.notify()
 	d.mu.Unlock()
-	d.kickCapacity() // the old revision may go (unless held or retained)
+	d.space.kickPass() // the old revision may go (unless held or retained)
 }
 
 func (d *Daemon) reconcileLocked(ctx context.Context) (time.Duration, []string, map[string]string) {

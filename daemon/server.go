@@ -26,11 +26,11 @@ type route struct {
 func (d *Daemon) routeTable() []route {
 	return []route{
 		{"GET /v1/health", false, d.handleHealth},
-		{"GET /v1/status", false, d.handleStatus},
-		{"GET /v1/usage", false, d.handleUsage},
-		{"GET /v1/artifacts", false, d.handleList},
-		{"GET /v1/artifacts/{name}", false, d.handleGet},
-		{"GET /v1/artifacts/{name}/wait", false, d.handleWait},
+		{"GET /v1/status", false, views{d}.handleStatus},
+		{"GET /v1/usage", false, views{d}.handleUsage},
+		{"GET /v1/artifacts", false, views{d}.handleList},
+		{"GET /v1/artifacts/{name}", false, views{d}.handleGet},
+		{"GET /v1/artifacts/{name}/wait", false, views{d}.handleWait},
 		{"GET /v1/artifacts/{name}/env", false, d.handleEnv},
 		{"GET /v1/gpu", false, d.handleGPU},
 		{"POST /v1/pull", true, d.handlePull},
@@ -210,11 +210,11 @@ func (d *Daemon) handleVerify(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (d *Daemon) handleGPU(w http.ResponseWriter, r *http.Request) error {
-	return writeJSON(w, gpuView(d.gpus))
+	return writeJSON(w, gpuView(d.kernels.gpus))
 }
 
 func (d *Daemon) handleEnv(w http.ResponseWriter, r *http.Request) error {
-	env, err := d.env(r.PathValue("name"))
+	env, err := d.kernels.env(r.PathValue("name"))
 	if err != nil {
 		return err
 	}

@@ -5,10 +5,14 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"reflect"
 	"strings"
+	"sync"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/fetchers"
+	filefetcher "github.com/modelcache/modelcache/fetchers/file"
 	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
 	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
 	ngcfetcher "github.com/modelcache/modelcache/fetchers/ngc"
@@ -16,36 +20,117 @@ import (
 	s3fetcher "github.com/modelcache/modelcache/fetchers/s3"
 )
 
+// sources is where a desire's bytes come from: the shared fetcher of
+// each scheme, fetchers made with a desire's credentials (kept while the
+// credentials stay the same), the cluster's credentials themselves (from
+// Secrets, in memory only), and who a file:// source is read as.
+type sources struct {
+	// Set once in newSources, read without a lock.
+	cfg     Config
+	log     *slog.Logger
+	shared  fetchers.Registry // the fetcher of each scheme
+	oci     *ocifetcher.Fetcher
+	ociOpts []ocifetcher.Option
+	// clusterFile reads ModelCache file:// sources: only under
+	// --file-roots, nothing without them; fileAs is who models.d and
+	// cluster file:// sources read as (--file-identity).
+	clusterFile *filefetcher.Fetcher
+	fileAs      *fetchers.Identity
+	// desired is the merged desire set (it takes the daemon lock: never
+	// called with mu held).
+	desired func() map[string]api.Desire
+
+	mu      sync.Mutex // guards creds and byCreds; nothing is taken under it
+	creds   map[string]map[string]string
+	byCreds map[string]fetchers.Fetcher
+}
+
+func newSources(cfg Config, log *slog.Logger, desired func() map[string]api.Desire) (*sources, error) {
+	files := filefetcher.New(filefetcher.WithRoots(cfg.FileRoots...), filefetcher.WithDenied(cfg.fileDenied()...))
+	s := &sources{cfg: cfg, log: log, shared: fetchers.Registry{"file": files}, clusterFile: files.Confined(),
+		fileAs: cfg.fileIdentity(), desired: desired, byCreds: map[string]fetchers.Fetcher{}}
+	hub, err := s.newHub()
+	if err != nil {
+		return nil, err
+	}
+	s.shared["hf"] = hub
+	ngc, err := s.newNGC()
+	if err != nil {
+		return nil, err
+	}
+	s.shared["ngc"] = ngc
+	s.shared["http"], s.shared["https"] = s.newHTTP(), s.newHTTP()
+	s3, err := s.newS3()
+	if err != nil {
+		return nil, err
+	}
+	s.shared["s3"] = s3
+	// The OCI fetcher keeps its own idle timeout (60s): only the
+	// redirect policy is the daemon's.
+	s.ociOpts = []ocifetcher.Option{ocifetcher.WithInsecureRegistries(cfg.InsecureRegistries...),
+		ocifetcher.WithHTTP(fetchers.WithInternal(cfg.InternalAddress))}
+	for _, m := range cfg.RegistryMirrors {
+		r, mir, _ := strings.Cut(m, "=")
+		s.ociOpts = append(s.ociOpts, ocifetcher.WithMirror(r, mir))
+	}
+	s.oci = ocifetcher.New(s.ociOpts...)
+	s.shared["oci"] = s.oci
+	return s, nil
+}
+
 // credentialsFor returns the in-memory credentials of a cluster desire.
-func (d *Daemon) credentialsFor(name string) map[string]string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if c, ok := d.creds[name]; ok {
+func (s *sources) credentialsFor(name string) map[string]string {
+	s.mu.Lock()
+	c, ok := s.creds[name]
+	s.mu.Unlock()
+	if ok {
 		return c
 	}
 	// A kernel cache that a ModelCache lists uses the model's credentials:
 	// only one the daemon expanded from that model's own desire, for the
 	// URI the model names. Nothing from the socket can claim them.
-	want := d.desired()
+	want := s.desired()
 	if ds, ok := want[name]; ok && ds.Serves != "" {
 		if model, ok := want[ds.Serves]; ok && model.Origin == ds.Origin && listsKernelCache(model, name, ds.URI) {
-			return d.creds[ds.Serves]
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.creds[ds.Serves]
 		}
 	}
 	return nil
+}
+
+// setCredentials replaces the cluster's credentials (from Secrets) and
+// says which artifacts' credentials changed.
+func (s *sources) setCredentials(creds map[string]map[string]string) map[string]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := map[string]bool{}
+	for name, c := range creds {
+		if !reflect.DeepEqual(s.creds[name], c) {
+			changed[name] = true
+		}
+	}
+	for name := range s.creds {
+		if _, ok := creds[name]; !ok {
+			changed[name] = true
+		}
+	}
+	s.creds = creds
+	return changed
 }
 
 // fetcherFor returns the fetcher of a desire: the shared one, or one
 // made with the desire's credentials from a Secret (HF_TOKEN;
 // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN;
 // .dockerconfigjson; NGC_API_KEY), kept while the credentials stay the same.
-func (d *Daemon) fetcherFor(ds api.Desire, src source) (fetchers.Fetcher, error) {
-	return d.fetcherWith(ds, src, d.credentialsFor(ds.Name))
+func (s *sources) fetcherFor(ds api.Desire, src source) (fetchers.Fetcher, error) {
+	return s.fetcherWith(ds, src, s.credentialsFor(ds.Name))
 }
 
 // fetcherWith is fetcherFor with the credentials given (a cluster
 // resolution's, from the ModelCache's Secret).
-func (d *Daemon) fetcherWith(ds api.Desire, src source, creds map[string]string) (fetchers.Fetcher, error) {
+func (s *sources) fetcherWith(ds api.Desire, src source, creds map[string]string) (fetchers.Fetcher, error) {
 	if ds.CredentialsFile != "" && strings.HasPrefix(ds.Origin, originFile) {
 		var err error
 		if creds, err = readCredentialsFile(ds.CredentialsFile); err != nil {
@@ -54,14 +139,14 @@ func (d *Daemon) fetcherWith(ds api.Desire, src source, creds map[string]string)
 	}
 	scheme := src.scheme
 	if len(creds) == 0 {
-		return d.sharedFetcher(ds, src)
+		return s.sharedFetcher(ds, src)
 	}
 	b, _ := json.Marshal(creds)
 	sum := sha256.Sum256(append([]byte(scheme+"\x00"), b...))
 	key := hex.EncodeToString(sum[:])
-	d.mu.Lock()
-	f, ok := d.credFetchers[key]
-	d.mu.Unlock()
+	s.mu.Lock()
+	f, ok := s.byCreds[key]
+	s.mu.Unlock()
 	if ok {
 		return f, nil
 	}
@@ -69,18 +154,18 @@ func (d *Daemon) fetcherWith(ds api.Desire, src source, creds map[string]string)
 	case "hf":
 		tok := creds["HF_TOKEN"]
 		if tok == "" {
-			return d.sharedFetcher(ds, src)
+			return s.sharedFetcher(ds, src)
 		}
-		hub, err := d.newHub(hffetcher.WithToken(tok))
+		hub, err := s.newHub(hffetcher.WithToken(tok))
 		if err != nil {
 			return nil, err
 		}
 		f = hub
 	case "s3":
 		if creds["AWS_ACCESS_KEY_ID"] == "" {
-			return d.sharedFetcher(ds, src)
+			return s.sharedFetcher(ds, src)
 		}
-		sf, err := d.newS3(s3fetcher.WithStaticCredentials(creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], creds["AWS_SESSION_TOKEN"]))
+		sf, err := s.newS3(s3fetcher.WithStaticCredentials(creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], creds["AWS_SESSION_TOKEN"]))
 		if err != nil {
 			return nil, err
 		}
@@ -88,34 +173,34 @@ func (d *Daemon) fetcherWith(ds api.Desire, src source, creds map[string]string)
 	case "oci":
 		cfg := creds[".dockerconfigjson"]
 		if cfg == "" {
-			return d.sharedFetcher(ds, src)
+			return s.sharedFetcher(ds, src)
 		}
 		kc, err := ocifetcher.DockerConfigKeychain([]byte(cfg))
 		if err != nil {
 			return nil, fetchers.Permanent(fmt.Errorf("credentials of %s: %w", ds.Name, err))
 		}
-		f = ocifetcher.New(append(d.ociOpts, ocifetcher.WithKeychain(kc))...)
+		f = ocifetcher.New(append(s.ociOpts, ocifetcher.WithKeychain(kc))...)
 	case "ngc":
-		nf, err := d.ngcWithCredentials(creds)
+		nf, err := s.ngcWithCredentials(creds)
 		if err != nil {
 			return nil, err
 		}
 		if nf == nil {
-			return d.sharedFetcher(ds, src)
+			return s.sharedFetcher(ds, src)
 		}
 		f = nf
 	case "http", "https":
 		auth := creds["HTTP_AUTHORIZATION"]
 		if auth == "" {
-			return d.sharedFetcher(ds, src)
+			return s.sharedFetcher(ds, src)
 		}
-		f = d.newHTTP(httpfetcher.WithAuthorization(auth))
+		f = s.newHTTP(httpfetcher.WithAuthorization(auth))
 	default:
-		return d.sharedFetcher(ds, src)
+		return s.sharedFetcher(ds, src)
 	}
-	d.mu.Lock()
-	d.credFetchers[key] = f
-	d.mu.Unlock()
+	s.mu.Lock()
+	s.byCreds[key] = f
+	s.mu.Unlock()
 	return f, nil
 }
 
@@ -153,55 +238,55 @@ func pinnedURI(src source, res *fetchers.Resolved) string {
 // fetcherOptions are the daemon's settings that the hub, NGC, S3 and
 // http(s) fetchers share: the idle timeout, the Range connections of one
 // large file, and which addresses are host-internal.
-func (d *Daemon) fetcherOptions() []fetchers.Option {
-	return []fetchers.Option{fetchers.WithIdleTimeout(d.cfg.IdleTimeout), fetchers.WithConnections(max(d.cfg.RangeConnections, 1)),
-		fetchers.WithInternal(d.cfg.InternalAddress)}
+func (s *sources) fetcherOptions() []fetchers.Option {
+	return []fetchers.Option{fetchers.WithIdleTimeout(s.cfg.IdleTimeout), fetchers.WithConnections(max(s.cfg.RangeConnections, 1)),
+		fetchers.WithInternal(s.cfg.InternalAddress)}
 }
 
 // newHub and newS3 make the hub and S3 fetchers with the daemon's
 // settings; extra options add credentials (fetcherFor).
-func (d *Daemon) newHub(extra ...hffetcher.Option) (*hffetcher.Fetcher, error) {
-	return hffetcher.New(append([]hffetcher.Option{hffetcher.WithHTTP(d.fetcherOptions()...)}, extra...)...)
+func (s *sources) newHub(extra ...hffetcher.Option) (*hffetcher.Fetcher, error) {
+	return hffetcher.New(append([]hffetcher.Option{hffetcher.WithHTTP(s.fetcherOptions()...)}, extra...)...)
 }
 
-func (d *Daemon) newS3(extra ...s3fetcher.Option) (*s3fetcher.Fetcher, error) {
-	return s3fetcher.New(append([]s3fetcher.Option{s3fetcher.WithHTTP(d.fetcherOptions()...)}, extra...)...)
+func (s *sources) newS3(extra ...s3fetcher.Option) (*s3fetcher.Fetcher, error) {
+	return s3fetcher.New(append([]s3fetcher.Option{s3fetcher.WithHTTP(s.fetcherOptions()...)}, extra...)...)
 }
 
 // newHTTP makes an http(s) fetcher with the daemon's settings (and extra).
-func (d *Daemon) newHTTP(extra ...httpfetcher.Option) *httpfetcher.Fetcher {
-	shared := append(d.fetcherOptions(), fetchers.WithUserAgent("modelcached/"+d.cfg.Version))
+func (s *sources) newHTTP(extra ...httpfetcher.Option) *httpfetcher.Fetcher {
+	shared := append(s.fetcherOptions(), fetchers.WithUserAgent("modelcached/"+s.cfg.Version))
 	return httpfetcher.New(append([]httpfetcher.Option{httpfetcher.WithHTTP(shared...)}, extra...)...)
 }
 
 // sharedFetcher is the daemon's fetcher of the source's scheme.
-func (d *Daemon) sharedFetcher(ds api.Desire, src source) (fetchers.Fetcher, error) {
-	if src.scheme == "file" && fromCluster(ds) && d.clusterFile != nil {
-		return d.clusterFile, nil
+func (s *sources) sharedFetcher(ds api.Desire, src source) (fetchers.Fetcher, error) {
+	if src.scheme == "file" && fromCluster(ds) && s.clusterFile != nil {
+		return s.clusterFile, nil
 	}
-	if f, ok := d.fetchers[src.scheme]; ok {
+	if f, ok := s.shared[src.scheme]; ok {
 		return f, nil
 	}
-	return d.fetchers.For(ds.URI) // its error names the schemes this daemon knows
+	return s.shared.For(ds.URI) // its error names the schemes this daemon knows
 }
 
 // newNGC makes an ngc:// fetcher with the daemon's settings (and extra):
 // endpoints and key from NGC_API_ENDPOINT, NGC_AUTH_ENDPOINT, NGC_API_KEY
 // (or NGC_CLI_API_KEY, or the file NGC_API_KEY_FILE names).
-func (d *Daemon) newNGC(extra ...ngcfetcher.Option) (*ngcfetcher.Fetcher, error) {
-	return ngcfetcher.New(append([]ngcfetcher.Option{ngcfetcher.WithHTTP(d.fetcherOptions()...),
-		ngcfetcher.WithLogger(d.log.With("fetcher", "ngc"))}, extra...)...)
+func (s *sources) newNGC(extra ...ngcfetcher.Option) (*ngcfetcher.Fetcher, error) {
+	return ngcfetcher.New(append([]ngcfetcher.Option{ngcfetcher.WithHTTP(s.fetcherOptions()...),
+		ngcfetcher.WithLogger(s.log.With("fetcher", "ngc"))}, extra...)...)
 }
 
 // ngcWithCredentials is the ngc:// fetcher of a desire whose credentials
 // (a ModelCache Secret, a models.d credentialsFile) hold NGC_API_KEY; nil
 // when they do not.
-func (d *Daemon) ngcWithCredentials(creds map[string]string) (fetchers.Fetcher, error) {
+func (s *sources) ngcWithCredentials(creds map[string]string) (fetchers.Fetcher, error) {
 	key := creds["NGC_API_KEY"]
 	if key == "" {
 		return nil, nil
 	}
-	f, err := d.newNGC(ngcfetcher.WithAPIKey(key))
+	f, err := s.newNGC(ngcfetcher.WithAPIKey(key))
 	if err != nil {
 		return nil, fetchers.Permanent(err)
 	}

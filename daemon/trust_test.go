@@ -254,19 +254,19 @@ func TestKernelCacheInjection(t *testing.T) {
 // still ask for required (tighten), and the node's policy is every
 // desire's default.
 func TestNodeSignatureFloor(t *testing.T) {
-	d := &Daemon{cfg: Config{KernelCacheSignaturePolicy: api.PolicyOff}}
-	if p := d.effectivePolicy(api.Desire{Origin: originAPI}, ""); p != api.PolicyOff {
+	floor := api.PolicyOff
+	if p := effectivePolicy(floor, api.Desire{Origin: originAPI}, ""); p != api.PolicyOff {
 		t.Fatalf("default on an off node: %s", p)
 	}
-	if p := d.effectivePolicy(api.Desire{Origin: originAPI}, api.PolicyRequired); p != api.PolicyRequired {
+	if p := effectivePolicy(floor, api.Desire{Origin: originAPI}, api.PolicyRequired); p != api.PolicyRequired {
 		t.Fatalf("a pull tightening an off node: %s", p)
 	}
-	d.cfg.KernelCacheSignaturePolicy = api.PolicyRequired
+	floor = api.PolicyRequired
 	// A socket desire persisted before the floor existed is raised to it.
-	if p := d.effectivePolicy(api.Desire{Origin: originAPI}, api.PolicyOff); p != api.PolicyRequired {
+	if p := effectivePolicy(floor, api.Desire{Origin: originAPI}, api.PolicyOff); p != api.PolicyRequired {
 		t.Fatalf("a persisted socket desire with policy off on a required node: %s", p)
 	}
-	if p := d.effectivePolicy(api.Desire{Origin: "file:/etc/modelcached/models.d/k.yaml"}, api.PolicyOff); p != api.PolicyOff {
+	if p := effectivePolicy(floor, api.Desire{Origin: "file:/etc/modelcached/models.d/k.yaml"}, api.PolicyOff); p != api.PolicyOff {
 		t.Fatalf("the node's own configuration may turn it off: %s", p)
 	}
 }
@@ -279,20 +279,21 @@ func TestBorrowedCredentials(t *testing.T) {
 		apiDesires:     map[string]api.Desire{},
 		fileDesires:    map[string]api.Desire{},
 		clusterDesires: map[string]api.Desire{},
-		creds:          map[string]map[string]string{"llama": {"HF_TOKEN": "hf_secret"}},
 	}
+	d.sources = &sources{creds: map[string]map[string]string{"llama": {"HF_TOKEN": "hf_secret"}},
+		desired: func() map[string]api.Desire { return d.desired() }}
 	d.clusterDesires["llama"] = api.Desire{Name: "llama", URI: "hf://org/llama", Origin: "cluster:llama",
 		KernelCaches: []api.KernelCacheRef{{URI: "oci://reg/kernels:sm90"}}}
 	// A socket desire persisted by an older daemon that still carries serves.
 	d.apiDesires["thief"] = trustSocketDesire(api.Desire{Name: "thief", URI: "oci://attacker/x:v1", Origin: originAPI, Serves: "llama"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	d.apiDesires["thief2"] = api.Desire{Name: "thief2", URI: "oci://attacker/x:v1", Origin: "cluster:llama", Serves: "llama", Kind: api.KindKernelCache}
-	if c := d.credentialsFor("thief"); c != nil {
+	if c := d.sources.credentialsFor("thief"); c != nil {
 		t.Fatalf("a socket desire borrowed the model's credentials: %v", c)
 	}
-	if c := d.credentialsFor("thief2"); c != nil {
+	if c := d.sources.credentialsFor("thief2"); c != nil {
 		t.Fatalf("a desire not listed by the model borrowed its credentials: %v", c)
 	}
-	if c := d.credentialsFor("llama.kc0"); c["HF_TOKEN"] != "hf_secret" {
+	if c := d.sources.credentialsFor("llama.kc0"); c["HF_TOKEN"] != "hf_secret" {
 		t.Fatalf("the model's own kernel cache lost its credentials: %v", c)
 	}
 }

@@ -11,16 +11,22 @@ import (
 	"github.com/modelcache/modelcache/cachestore"
 )
 
-func (d *Daemon) handleStatus(w http.ResponseWriter, r *http.Request) error {
-	s, err := d.status()
+// views are the read side of the daemon (list, inspect, status, usage
+// and the streams of them): they join the desires, the artifacts' states,
+// the store's records and what is in use, and change nothing.
+type views struct{ d *Daemon }
+
+func (vw views) handleStatus(w http.ResponseWriter, r *http.Request) error {
+	s, err := vw.status()
 	if err != nil {
 		return err
 	}
 	return writeJSON(w, s)
 }
 
-func (d *Daemon) status() (*api.Status, error) {
-	list, err := d.list()
+func (vw views) status() (*api.Status, error) {
+	d := vw.d
+	list, err := vw.list()
 	if err != nil {
 		return nil, err
 	}
@@ -39,12 +45,12 @@ func (d *Daemon) status() (*api.Status, error) {
 	d.mu.Lock()
 	s.ModelsDirError = append([]string(nil), d.fileErrors...)
 	d.mu.Unlock()
-	s.ReservedBytes = d.reserved()
-	if pr, err := d.evictor.Pressure(); err == nil {
+	s.ReservedBytes = d.space.reserved()
+	if pr, err := d.space.evictor.Pressure(); err == nil {
 		s.DiskPressure = pr.OverQuota || pr.AboveHigh
 	}
 	s.QuotaBytes, s.HighWatermark, s.LowWatermark = d.cfg.Capacity.QuotaBytes, d.cfg.Capacity.HighPercent, d.cfg.Capacity.LowPercent
-	if le := d.lastEviction.Load(); le != nil {
+	if le := d.space.lastEviction.Load(); le != nil {
 		ev := &api.Eviction{At: le.at, Failed: le.rep.Failed, BytesFreed: le.rep.BytesFreed, ShortBytes: le.rep.Short}
 		for _, v := range le.rep.Evicted {
 			ev.Evicted = append(ev.Evicted, fmt.Sprintf("%s@%s (%s)", v.Name, v.Revision, v.Reason))
@@ -55,7 +61,8 @@ func (d *Daemon) status() (*api.Status, error) {
 	return &s, nil
 }
 
-func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) error {
+func (vw views) handleUsage(w http.ResponseWriter, r *http.Request) error {
+	d := vw.d
 	u, err := d.store.Usage()
 	if err != nil {
 		return err
@@ -83,7 +90,7 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, out)
 }
 
-func (d *Daemon) handleList(w http.ResponseWriter, r *http.Request) error {
+func (vw views) handleList(w http.ResponseWriter, r *http.Request) error {
 	fields := r.URL.Query().Get("fields")
 	if fields != "" && fields != "row" {
 		return api.Errorf(api.CodeInvalid, "fields=%q: the one value is row (what modelctl list's table shows); leave it out for every field", fields)
@@ -92,21 +99,21 @@ func (d *Daemon) handleList(w http.ResponseWriter, r *http.Request) error {
 		// Each view becomes its row as it is made: 10,000 full views
 		// kept until the last is made are megabytes more garbage per
 		// list, collected while the next lists are answered.
-		rows, err := collectViews(d, (*api.Artifact).Row, func(r *api.ArtifactRow) string { return r.Name })
+		rows, err := collectViews(vw, (*api.Artifact).Row, func(r *api.ArtifactRow) string { return r.Name })
 		if err != nil {
 			return err
 		}
 		return writeJSONArray(w, rows)
 	}
-	list, err := d.list()
+	list, err := vw.list()
 	if err != nil {
 		return err
 	}
 	return writeJSONArray(w, list)
 }
 
-func (d *Daemon) handleGet(w http.ResponseWriter, r *http.Request) error {
-	a, err := d.view(r.PathValue("name"), true)
+func (vw views) handleGet(w http.ResponseWriter, r *http.Request) error {
+	a, err := vw.view(r.PathValue("name"), true)
 	if err != nil {
 		return err
 	}
@@ -115,13 +122,14 @@ func (d *Daemon) handleGet(w http.ResponseWriter, r *http.Request) error {
 
 // list joins desires, in-memory state and the index into one view per
 // name: the summary of each (no versions, no files; inspect has those).
-func (d *Daemon) list() ([]api.Artifact, error) {
-	return collectViews(d, func(a *api.Artifact) api.Artifact { return *a }, func(a *api.Artifact) string { return a.Name })
+func (vw views) list() ([]api.Artifact, error) {
+	return collectViews(vw, func(a *api.Artifact) api.Artifact { return *a }, func(a *api.Artifact) string { return a.Name })
 }
 
 // collectViews makes list's view of each name, keeps conv of it, and
 // returns them sorted by name.
-func collectViews[T any](d *Daemon, conv func(*api.Artifact) T, name func(*T) string) ([]T, error) {
+func collectViews[T any](vw views, conv func(*api.Artifact) T, name func(*T) string) ([]T, error) {
+	d := vw.d
 	arts, err := d.store.ListSummaries()
 	if err != nil {
 		return nil, err
@@ -132,7 +140,7 @@ func collectViews[T any](d *Daemon, conv func(*api.Artifact) T, name func(*T) st
 	want := d.desired()
 	out := make([]T, 0, len(arts)+len(want))
 	add := func(name string, a *cachestore.Artifact) {
-		v := d.viewLocked(name, a, want, viewSummary)
+		v := vw.viewLocked(name, a, want, viewSummary)
 		v.Desire = nil
 		v.InUse = holdersOf(uses, name)
 		out = append(out, conv(&v))
@@ -158,7 +166,8 @@ func collectViews[T any](d *Daemon, conv func(*api.Artifact) T, name func(*T) st
 }
 
 // view returns one name; ErrNotFound when neither desired nor stored.
-func (d *Daemon) view(name string, files bool) (*api.Artifact, error) {
+func (vw views) view(name string, files bool) (*api.Artifact, error) {
+	d := vw.d
 	a, err := d.store.Get(name)
 	if err != nil && !errors.Is(err, cachestore.ErrNotFound) {
 		return nil, err
@@ -174,7 +183,7 @@ func (d *Daemon) view(name string, files bool) (*api.Artifact, error) {
 	if files {
 		detail = viewFiles
 	}
-	v := d.viewLocked(name, a, want, detail)
+	v := vw.viewLocked(name, a, want, detail)
 	v.InUse = holdersOf(uses, name)
 	return &v, nil
 }
@@ -190,7 +199,8 @@ const (
 
 // viewLocked builds the API view, its URIs and messages redacted; called
 // with d.mu held.
-func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string]api.Desire, detail viewDetail) api.Artifact {
+func (vw views) viewLocked(name string, a *cachestore.Artifact, want map[string]api.Desire, detail viewDetail) api.Artifact {
+	d := vw.d
 	out := api.Artifact{Name: name, Kind: api.KindModel, Phase: api.PhasePending}
 	if ds, ok := want[name]; ok {
 		ds := ds
@@ -258,7 +268,7 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 	if out.Desire != nil && out.Desire.Stage && cur != nil && cur.State == cachestore.StateReady {
 		// A rollout's prefetch: the current revision serves (the phase
 		// says so); the pull's state is the next revision's.
-		out.Next = d.nextView(*out.Desire, a, st)
+		out.Next = vw.nextView(*out.Desire, a, st)
 		st = nil
 	}
 	if st != nil {
@@ -300,7 +310,7 @@ func (d *Daemon) viewLocked(name string, a *cachestore.Artifact, want map[string
 
 // nextView is the revision a staged desire prefetches: Ready once a
 // version of it is, else the pull's phase. Called with d.mu held.
-func (d *Daemon) nextView(ds api.Desire, a *cachestore.Artifact, st *artState) *api.NextRevision {
+func (vw views) nextView(ds api.Desire, a *cachestore.Artifact, st *artState) *api.NextRevision {
 	fp := fingerprint(ds)
 	n := &api.NextRevision{URI: ds.URI, Revision: ds.Revision, Phase: api.PhasePending}
 	for _, v := range a.Versions {

@@ -12,7 +12,7 @@ import (
 	"github.com/modelcache/modelcache/api"
 )
 
-func (d *Daemon) handleWait(w http.ResponseWriter, r *http.Request) error {
+func (vw views) handleWait(w http.ResponseWriter, r *http.Request) error {
 	var timeout time.Duration
 	if t := r.URL.Query().Get("timeout"); t != "" {
 		var err error
@@ -20,7 +20,7 @@ func (d *Daemon) handleWait(w http.ResponseWriter, r *http.Request) error {
 			return api.Errorf(api.CodeInvalid, "timeout %q: want a duration such as 10m", t)
 		}
 	}
-	return d.streamUntil(w, r, r.PathValue("name"), timeout, func(st *artState) (bool, error) { return st == nil || st.cancel == nil, nil })
+	return vw.streamUntil(w, r, r.PathValue("name"), timeout, func(st *artState) (bool, error) { return st == nil || st.cancel == nil, nil })
 }
 
 // streamHeartbeat is the longest a stream goes without a line: a pending
@@ -35,7 +35,8 @@ const streamHeartbeat = time.Second
 // server watches the read side once the body is read), and a peer that
 // stops reading fails a write SocketWriteTimeout after the socket's
 // buffers fill.
-func (d *Daemon) streamUntil(w http.ResponseWriter, r *http.Request, name string, timeout time.Duration, done func(*artState) (bool, error)) error {
+func (vw views) streamUntil(w http.ResponseWriter, r *http.Request, name string, timeout time.Duration, done func(*artState) (bool, error)) error {
+	d := vw.d
 	// Read what is left of the body (a decoded request leaves at most a
 	// newline; the read timeout still bounds it): at its end the server
 	// starts watching the connection for the client going away.
@@ -57,7 +58,7 @@ func (d *Daemon) streamUntil(w http.ResponseWriter, r *http.Request, name string
 		changed := d.changed
 		fin, pullErr := done(d.arts[name])
 		d.mu.Unlock()
-		a, err := d.view(name, false)
+		a, err := vw.view(name, false)
 		if err != nil {
 			var e *api.Error
 			if !errors.As(err, &e) || e.Code != api.CodeNotFound {
