@@ -63,7 +63,7 @@ type space struct {
 
 // newSpace wires the evictor to the daemon's view of desires and uses.
 func newSpace(d *Daemon) *space {
-	s := &space{cfg: d.cfg, log: d.log, store: d.store, kick: make(chan struct{}, 1), evicted: d.noteEvicted,
+	s := &space{cfg: d.cfg, log: d.log, store: d.store, kick: make(chan struct{}, 1), evicted: evictions{d}.noteEvicted,
 		reservations: map[*reservation]struct{}{}, touched: map[string]time.Time{}, scanUses: map[string][]api.Holder{},
 		scanner: &capacity.Scanner{Root: d.store.Root(), Self: os.Getpid()}}
 	wanted := func(keep func(api.Desire) bool) func() map[string]bool {
@@ -88,7 +88,7 @@ func newSpace(d *Daemon) *space {
 			if !v.AdHoc {
 				return nil
 			}
-			return d.dropAdHoc(v, p.For)
+			return evictions{d}.dropAdHoc(v, p.For)
 		},
 		Evicted: func(v capacity.Victim) { s.metrics.evictions.WithLabelValues(v.Reason).Inc() },
 		// The partials of a pull being admitted stay.

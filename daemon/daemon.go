@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,7 +20,6 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/fetchers"
-	"github.com/modelcache/modelcache/gpu"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -30,10 +28,14 @@ import (
 // Locks, in the order they are taken (a lock is never taken while one
 // after it in this list is held):
 //
-//	space.capMu → space.evictMu → desireMu → mu → space.scanMu;  space.scanRun → space.scanMu
+//	space.capMu → space.evictMu → desireMu → mu → leaf locks;  space.scanRun → space.scanMu
+//
+// The leaf locks (sources.mu, leaseSet.mu, csiVolumes.mu, space.scanMu)
+// guard their component's own state and are never held together or
+// while another lock is taken.
 //
 // mu, the daemon lock, guards the in-memory state that API reads join
-// (desires, artifact states, leases, flights) and is held only for
+// (desires, artifact states, pod holders, flights) and is held only for
 // memory: no index write (an fsync), tree removal or eviction runs under
 // it. Writers of desires take desireMu first, write the index, then take
 // mu to change memory. The store and the capacity package take their own
@@ -49,6 +51,7 @@ type Daemon struct {
 	started time.Time
 	gid     int              // the socket group's, -1 when none
 	backoff fetchers.Backoff // of each request of a pull
+	leases  *leaseSet        // modelctl lease (inuse.go)
 	csi     *csiVolumes      // the volumes pods hold (csi.go)
 	kernels *kernels         // GPUs, kernel cache signatures and compatibility (kernelcache.go)
 	space   *space           // admission, eviction passes, the /proc scan (admission.go)
@@ -74,10 +77,9 @@ type Daemon struct {
 	podNames        map[string]string
 	fileErrors      []string
 	arts            map[string]*artState
-	flights         map[string]*flight           // one download per blob (pull.go)
-	leases          map[string]map[string]*lease // name → holder → lease
-	changed         chan struct{}                // closed and replaced on every state change
-	evicted         map[string]api.EvictionNote  // ad-hoc entries evicted to make room (evict.go)
+	flights         map[string]*flight          // one download per blob (pull.go)
+	changed         chan struct{}               // closed and replaced on every state change
+	evicted         map[string]api.EvictionNote // ad-hoc entries evicted to make room (evict.go)
 
 	metricsAddr atomic.Value                 // string: where /metrics listens once Run serves
 	peers       atomic.Pointer[peerListener] // the API socket's, once Run serves
@@ -97,22 +99,9 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, errors.New("--systemd-socket: no socket from systemd (LISTEN_FDS unset); start modelcached.socket, or drop the flag to listen on --socket")
 	}
 	var d *Daemon // the store asks it which partial downloads are abandoned (never before New returns)
-	opts := []cachestore.Option{cachestore.WithLogger(log.With("component", "store")), cachestore.WithDirectIO(cfg.DirectIO), cachestore.WithWriteBuffer(int(cfg.WriteBufferSize)),
-		cachestore.WithAbandoned(func(in cachestore.IngestInfo) bool { return d.abandoned(in) })}
-	if cfg.Hook != nil {
-		opts = append(opts, cachestore.WithHook(cfg.Hook))
-	}
-	st, rep, err := cachestore.Open(ctx, cfg.Root, opts...)
+	st, err := openStore(ctx, cfg, log, func(in cachestore.IngestInfo) bool { return d.abandoned(in) })
 	if err != nil {
 		return nil, err
-	}
-	switch {
-	case rep.IndexRebuilt != nil:
-		log.Warn("startup repair rebuilt a lost index from the trees on disk; sources, pins and modelctl pull desires are gone (docs/operator.md: A damaged or lost index)", "report", rep)
-	case !rep.Clean():
-		log.Info("startup repair", "report", rep)
-	case rep.AfterCleanShutdown:
-		log.Debug("the store was closed cleanly: startup repair looked at tmp/ and ingest/ only (modelctl verify checks every blob)")
 	}
 	gid, err := groupID(cfg.SocketGroup)
 	if err != nil {
@@ -131,9 +120,13 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		changed:        make(chan struct{}),
 		wake:           make(chan struct{}, 1),
 		pullSem:        make(chan struct{}, cfg.MaxConcurrentPulls),
-		leases:         map[string]map[string]*lease{},
 	}
 	d.space = newSpace(d)
+	d.leases = &leaseSet{store: st, m: map[string]map[string]*lease{}, changed: func() {
+		d.mu.Lock()
+		d.notify()
+		d.mu.Unlock()
+	}}
 	if d.sources, err = newSources(cfg, log, func() map[string]api.Desire {
 		d.mu.Lock()
 		defer d.mu.Unlock()
@@ -142,17 +135,10 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		st.Close()
 		return nil, err
 	}
-	d.kernels = &kernels{floor: cfg.KernelCacheSignaturePolicy, store: st, desired: d.sources.desired}
-	if cfg.GPUInventory != "" {
-		if d.kernels.gpus, err = gpu.Load(cfg.GPUInventory); err != nil {
-			st.Close()
-			return nil, err
-		}
-	} else {
-		d.kernels.gpus = gpu.Detect()
+	if d.kernels, err = newKernels(cfg, log, st, d.sources.desired); err != nil {
+		st.Close()
+		return nil, err
 	}
-	inv := d.kernels.gpus
-	log.Info("gpu inventory", "source", inv.Source, "devices", len(inv.Devices), "driver", inv.DriverVersion, "cuda", inv.CUDADriverVersion, "reason", inv.Reason)
 	if cfg.BandwidthLimit > 0 {
 		d.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthLimit), int(min(cfg.BandwidthLimit, 4<<20)))
 	}
@@ -167,27 +153,37 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		}
 		k8ssync.SetClientLog(cl)
 	}
-	raw, err := st.Desires()
-	if err != nil {
+	if err := d.loadDesires(); err != nil {
 		st.Close()
 		return nil, err
-	}
-	for name, b := range raw {
-		var ds api.Desire
-		if err := json.Unmarshal(b, &ds); err != nil {
-			log.Error("dropping an unreadable desire from the index", "artifact", name, "err", err)
-			continue
-		}
-		if n, ok := isClusterKey(name); ok {
-			d.clusterDesires[n] = ds
-			continue
-		}
-		d.apiDesires[name] = trustSocketDesire(ds, log)
 	}
 	modelsDir{d}.load()
 	d.csi = &csiVolumes{d: d}
 	d.csi.load()
 	return d, nil
+}
+
+// openStore opens the store, running startup repair, and logs what the
+// repair did.
+func openStore(ctx context.Context, cfg Config, log *slog.Logger, abandoned func(cachestore.IngestInfo) bool) (*cachestore.Store, error) {
+	opts := []cachestore.Option{cachestore.WithLogger(log.With("component", "store")), cachestore.WithDirectIO(cfg.DirectIO), cachestore.WithWriteBuffer(int(cfg.WriteBufferSize)),
+		cachestore.WithAbandoned(abandoned)}
+	if cfg.Hook != nil {
+		opts = append(opts, cachestore.WithHook(cfg.Hook))
+	}
+	st, rep, err := cachestore.Open(ctx, cfg.Root, opts...)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case rep.IndexRebuilt != nil:
+		log.Warn("startup repair rebuilt a lost index from the trees on disk; sources, pins and modelctl pull desires are gone (docs/operator.md: A damaged or lost index)", "report", rep)
+	case !rep.Clean():
+		log.Info("startup repair", "report", rep)
+	case rep.AfterCleanShutdown:
+		log.Debug("the store was closed cleanly: startup repair looked at tmp/ and ingest/ only (modelctl verify checks every blob)")
+	}
+	return st, nil
 }
 
 // MetricsAddr is the address /metrics listens on, "" before Run serves it.

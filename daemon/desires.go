@@ -79,6 +79,28 @@ func (d *Daemon) desired() map[string]api.Desire {
 	return out
 }
 
+// loadDesires reads the desires the index keeps (socket pulls and the
+// cluster's last known set) into memory (New).
+func (d *Daemon) loadDesires() error {
+	raw, err := d.store.Desires()
+	if err != nil {
+		return err
+	}
+	for name, b := range raw {
+		var ds api.Desire
+		if err := json.Unmarshal(b, &ds); err != nil {
+			d.log.Error("dropping an unreadable desire from the index", "artifact", name, "err", err)
+			continue
+		}
+		if n, ok := isClusterKey(name); ok {
+			d.clusterDesires[n] = ds
+			continue
+		}
+		d.apiDesires[name] = trustSocketDesire(ds, d.log)
+	}
+	return nil
+}
+
 // persistDesire writes ds to the index under key with its credentials
 // redacted: a secret carried in a source URI lives only in memory, for
 // fetching. After a restart such a desire cannot fetch until it is pulled

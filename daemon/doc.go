@@ -6,7 +6,26 @@
 // artifacts want it), and serves the socket API, Prometheus metrics and
 // systemd notifications.
 //
-// Where to find what, by concern:
+// The daemon is a few components, each owning its state (and, where it
+// has one, its lock), wired by New and served by Run:
+//
+//	sources     fetchers, fetchers made with credentials, the cluster's credentials
+//	kernels     the GPU inventory; kernel cache signatures and compatibility
+//	space       admission (reservations), eviction passes (capacity.Evictor),
+//	            partial downloads reclaimed, the /proc scan
+//	leaseSet    modelctl lease
+//	csiVolumes  the volumes pods hold (csi.Backend)
+//	views       the read side: list, inspect, status, usage, waits
+//	evictions   how artifacts leave: modelctl evict and gc, absent desires,
+//	            ad-hoc entries evicted for space
+//	modelsDir   the models dir's desires, read and watched
+//	clusterNode the daemon as k8ssync sees it (k8ssync.Node)
+//
+// The Daemon itself keeps the desire set and the artifacts' pull states
+// (under mu; desireMu for writers of desires), runs the reconciler and
+// the pulls, and serves the socket.
+//
+// Where to find what, by file:
 //
 //	daemon.go      the Daemon value (its fields and lock order), New, Run, the socket
 //	config.go      Config, its defaults and its validation (the --config YAML is
@@ -17,27 +36,28 @@
 //	peers.go       connections: per-uid limits, credentials read at accept
 //	desires.go     desires: the merged set, fingerprints, validation, modelctl pull/pin, persistence
 //	limits.go      the cap on a desire's source URIs (api.MaxURIBytes), for every origin
-//	modelsdir.go   desires from models.d files (and the watcher)
-//	cluster.go     the daemon as k8ssync sees it (cluster desires, pod holders, views)
+//	modelsdir.go   modelsDir: desires from models.d files (and the watcher)
+//	cluster.go     clusterNode: cluster desires, pod holders, views, resolutions
 //	reconcile.go   the reconcile loop: which desire needs a pull, per-artifact state
-//	pull.go        one pull as one value (pull): resolve, admit, fetch, commit; single flight per blob
+//	pull.go        one pull as one value (pull): resolve, admit, fetch, commit
+//	download.go    one file's download: single flight per blob, metering, the
+//	               budget of files of unknown size, progress
 //	slot.go        a pull's share of the node's pull slots: held while transferring,
 //	               given back while waiting (a retry's backoff, another pull's blob)
-//	unpack.go      archive layers (OCI tar layers) unpacked into blobs
+//	unpack.go      archive layers (OCI tar layers) checked and unpacked into blobs (unpacker)
 //	failure.go     how a pull fails and retries: reasons, permanence, backoff
-//	sources.go     which fetcher a desire uses, with which credentials
-//	kernelcache.go kernel caches: expansion, signature, GPU compatibility, env
-//	admission.go   capacity: admission of a pull, reservations, eviction passes
+//	sources.go     sources: which fetcher a desire uses, with which credentials
+//	kernelcache.go kernels: expansion, signature, GPU compatibility, env
+//	admission.go   space: admission of a pull, reservations, eviction passes
 //	               (the victims are chosen by capacity.PlanSpace, in capacity/plan.go)
-//	inuse.go       what is in use: leases, pod holders, CSI volumes, the /proc scan
-//	csi.go         the daemon as the CSI driver sees it (csi.Backend): a pod's volume
-//	               holds one exact revision (and with kernelCaches: auto its kernel
-//	               caches, in a composed tree), recorded in the index (holds/csi:<id>)
-//	               and under <root>/holds/; volumes no record names are found again
-//	               in the mount table at start
+//	inuse.go       what is in use: leaseSet, pod holders, CSI volumes, the /proc scan
+//	csi.go         csiVolumes: a pod's volume holds one exact revision (and with
+//	               kernelCaches: auto its kernel caches, in a composed tree), recorded
+//	               in the index (holds/csi:<id>) and under <root>/holds/; volumes no
+//	               record names are found again in the mount table at start
 //	ingests.go     partial downloads: abandoned, resumable, reclaimed
-//	evict.go       how artifacts leave: modelctl evict, absent desires, gc
-//	views.go       the read views (list, inspect, status, usage); wait.go the streams of them
+//	evict.go       evictions: modelctl evict, absent desires, gc
+//	views.go       views: list, inspect, status, usage; wait.go the streams of them
 //	redact.go      no credential in a view, the index or the log
 //	metrics.go     Prometheus metrics
 package daemon

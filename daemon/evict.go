@@ -14,7 +14,14 @@ import (
 	"github.com/modelcache/modelcache/daemon/capacity"
 )
 
-func (d *Daemon) evictAbsent(ctx context.Context, name string) {
+// evictions is how artifacts leave: modelctl evict and gc, desires set
+// absent, ad-hoc entries evicted for space. It changes the daemon's
+// desires and artifact states (d) and the store; the passes that choose
+// victims are space's.
+type evictions struct{ d *Daemon }
+
+func (e evictions) evictAbsent(ctx context.Context, name string) {
+	d := e.d
 	// say sets the artifact's message (and phase) under the lock, if it is
 	// still desired absent: the desire may have changed meanwhile.
 	say := func(phase api.Phase, msg string, log bool) {
@@ -55,10 +62,11 @@ func (d *Daemon) evictAbsent(ctx context.Context, name string) {
 	d.log.Info("evicted absent artifact", "artifact", name, "revisions", revs)
 	d.metrics.evictions.WithLabelValues(capacity.ReasonAbsent).Add(float64(len(revs)))
 	say(api.PhasePending, "absent", false)
-	go d.gc(context.WithoutCancel(ctx))
+	go e.gc(context.WithoutCancel(ctx))
 }
 
-func (d *Daemon) gc(ctx context.Context) {
+func (e evictions) gc(ctx context.Context) {
+	d := e.d
 	if rep, err := d.store.GC(ctx); err != nil {
 		d.log.Warn("gc", "err", err)
 	} else if rep.BlobsRemoved > 0 {
@@ -66,125 +74,162 @@ func (d *Daemon) gc(ctx context.Context) {
 	}
 }
 
-func (d *Daemon) handleEvict(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	rev := r.URL.Query().Get("revision")
-	force := r.URL.Query().Get("force") == "true"
-	d.mu.Lock()
-	if fd, ok := d.fileDesires[name]; ok && fd.State != api.StateAbsent && rev == "" {
-		d.mu.Unlock()
-		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; set state: absent there or remove the file", name, strings.TrimPrefix(fd.Origin, originFile))
-	}
-	_, hadDesire := d.apiDesires[name]
-	_, noted := d.evicted[name] // an ad-hoc entry evicted for space: evicting it clears the note
-	var kernels []string        // the kernel caches the model's desire lists go with it
-	if rev == "" {
-		for n, ds := range d.desired() {
-			if ds.Serves == name {
-				kernels = append(kernels, n)
-			}
-		}
-	}
-	d.mu.Unlock()
+// evictRequest is one modelctl evict: what it found before it changed
+// anything.
+type evictRequest struct {
+	name, rev string
+	force     bool
+	hadDesire bool     // a socket desire names it
+	noted     bool     // an ad-hoc entry evicted for space: evicting it clears the note
+	kernels   []string // the kernel caches the model's desire lists go with it
+}
+
+func (e evictions) handleEvict(w http.ResponseWriter, r *http.Request) error {
+	d := e.d
+	q := evictRequest{name: r.PathValue("name"), rev: r.URL.Query().Get("revision"), force: r.URL.Query().Get("force") == "true"}
 	// Every refusal comes before anything changes: a refused evict leaves
 	// the desire and a pull in flight alone.
-	if err := d.space.scan(); err != nil {
-		d.log.Warn("in-use scan before evict", "err", err)
+	if err := e.refusal(&q); err != nil {
+		return err
 	}
-	if hs := d.inUse(); true {
-		var held []string
-		for k, h := range hs {
-			if n, r := splitKey(k); n == name && (rev == "" || r == rev) {
-				for _, x := range h {
-					held = append(held, x.Kind+" "+x.ID+" on "+r)
-				}
-			}
-		}
-		if len(held) > 0 {
-			sort.Strings(held)
-			return api.Errorf(api.CodeInUse, "artifact %s is in use (%s); it cannot be evicted, even with --force, until they let go", name, strings.Join(held, ", "))
+	if q.rev == "" {
+		if err := e.forget(r.Context(), q); err != nil {
+			return err
 		}
 	}
-	if !force {
-		if a, err := d.store.Summary(name); err == nil {
-			for _, v := range a.Versions {
-				if v.Pinned && (rev == "" || v.Revision == rev) {
-					return fmt.Errorf("artifact %s@%s: %w; unpin it first (modelctl unpin %s) or evict with --force", name, v.Revision, cachestore.ErrPinned, name)
-				}
-			}
-		}
-	}
-	// The desire goes and its pull is cancelled in one step, so that the
-	// cancelled pull's end cannot start another one that commits after the
-	// evict with no desire left.
-	var inFlight chan struct{}
-	if rev == "" {
-		d.desireMu.Lock()
-		if hadDesire {
-			if err := d.store.DeleteDesire(name); err != nil { // an index write: outside the daemon lock
-				d.desireMu.Unlock()
-				return err
-			}
-		}
-		d.mu.Lock()
-		delete(d.apiDesires, name)
-		delete(d.evicted, name)
-		if st := d.arts[name]; st != nil && st.cancel != nil {
-			st.cancel()
-			inFlight = st.done
-		}
-		d.notify()
-		d.mu.Unlock()
-		d.desireMu.Unlock()
-	}
-	if inFlight != nil {
-		// Let the cancelled pull finish, so it cannot commit after the evict.
-		select {
-		case <-inFlight:
-		case <-r.Context().Done():
-			return r.Context().Err()
-		}
-	}
-	res := api.EvictResult{Name: name, Revisions: []string{}}
-	revs, err := d.store.Evict(r.Context(), name, rev, force)
+	res := api.EvictResult{Name: q.name, Revisions: []string{}}
+	revs, err := d.store.Evict(r.Context(), q.name, q.rev, q.force)
 	switch {
-	case errors.Is(err, cachestore.ErrNotFound) && (hadDesire || noted) && rev == "":
+	case errors.Is(err, cachestore.ErrNotFound) && (q.hadDesire || q.noted) && q.rev == "":
 	case err != nil:
 		return err
 	default:
 		res.Revisions = revs
 		d.metrics.evictions.WithLabelValues(capacity.ReasonManual).Add(float64(len(revs)))
 	}
-	if rev == "" {
+	if q.rev == "" {
 		d.mu.Lock()
-		delete(d.arts, name)
+		delete(d.arts, q.name)
 		d.notify()
 		d.mu.Unlock()
 	}
-	sort.Strings(kernels)
-	for _, k := range kernels {
-		revs, err := d.store.Evict(r.Context(), k, "", force)
+	res.Revisions = append(res.Revisions, e.evictKernels(r.Context(), q)...)
+	gc, err := d.store.GC(r.Context())
+	if err != nil {
+		return err
+	}
+	res.GC = api.GCResult{BlobsRemoved: gc.BlobsRemoved, BytesFreed: gc.BytesFreed, BlobsKept: gc.BlobsKept}
+	d.log.Info("evicted", "artifact", q.name, "revisions", res.Revisions, "bytes_freed", gc.BytesFreed)
+	return writeJSON(w, res)
+}
+
+// refusal fills in q and says why the evict may not go ahead: a models.d
+// file declares the artifact, something holds it, or (without --force)
+// it is pinned.
+func (e evictions) refusal(q *evictRequest) error {
+	d := e.d
+	name, rev := q.name, q.rev
+	d.mu.Lock()
+	if fd, ok := d.fileDesires[name]; ok && fd.State != api.StateAbsent && rev == "" {
+		d.mu.Unlock()
+		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; set state: absent there or remove the file", name, strings.TrimPrefix(fd.Origin, originFile))
+	}
+	_, q.hadDesire = d.apiDesires[name]
+	_, q.noted = d.evicted[name]
+	if rev == "" {
+		for n, ds := range d.desired() {
+			if ds.Serves == name {
+				q.kernels = append(q.kernels, n)
+			}
+		}
+	}
+	d.mu.Unlock()
+	if err := d.space.scan(); err != nil {
+		d.log.Warn("in-use scan before evict", "err", err)
+	}
+	var held []string
+	for k, h := range d.inUse() {
+		if n, r := splitKey(k); n == name && (rev == "" || r == rev) {
+			for _, x := range h {
+				held = append(held, x.Kind+" "+x.ID+" on "+r)
+			}
+		}
+	}
+	if len(held) > 0 {
+		sort.Strings(held)
+		return api.Errorf(api.CodeInUse, "artifact %s is in use (%s); it cannot be evicted, even with --force, until they let go", name, strings.Join(held, ", "))
+	}
+	if q.force {
+		return nil
+	}
+	if a, err := d.store.Summary(name); err == nil {
+		for _, v := range a.Versions {
+			if v.Pinned && (rev == "" || v.Revision == rev) {
+				return fmt.Errorf("artifact %s@%s: %w; unpin it first (modelctl unpin %s) or evict with --force", name, v.Revision, cachestore.ErrPinned, name)
+			}
+		}
+	}
+	return nil
+}
+
+// forget drops the desire and cancels its pull in one step, so that the
+// cancelled pull's end cannot start another one that commits after the
+// evict with no desire left; then it waits for that pull to finish.
+func (e evictions) forget(ctx context.Context, q evictRequest) error {
+	d := e.d
+	var inFlight chan struct{}
+	d.desireMu.Lock()
+	if q.hadDesire {
+		if err := d.store.DeleteDesire(q.name); err != nil { // an index write: outside the daemon lock
+			d.desireMu.Unlock()
+			return err
+		}
+	}
+	d.mu.Lock()
+	delete(d.apiDesires, q.name)
+	delete(d.evicted, q.name)
+	if st := d.arts[q.name]; st != nil && st.cancel != nil {
+		st.cancel()
+		inFlight = st.done
+	}
+	d.notify()
+	d.mu.Unlock()
+	d.desireMu.Unlock()
+	if inFlight == nil {
+		return nil
+	}
+	select {
+	case <-inFlight:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// evictKernels evicts the kernel caches that go with an evicted model and
+// returns their name@revision.
+func (e evictions) evictKernels(ctx context.Context, q evictRequest) []string {
+	d := e.d
+	var out []string
+	sort.Strings(q.kernels)
+	for _, k := range q.kernels {
+		revs, err := d.store.Evict(ctx, k, "", q.force)
 		if err != nil && !errors.Is(err, cachestore.ErrNotFound) {
-			d.log.Warn("evict a kernel cache of an evicted model", "artifact", k, "model", name, "err", err)
+			d.log.Warn("evict a kernel cache of an evicted model", "artifact", k, "model", q.name, "err", err)
 		}
 		for _, rv := range revs {
-			res.Revisions = append(res.Revisions, k+"@"+rv)
+			out = append(out, k+"@"+rv)
 		}
 		d.metrics.evictions.WithLabelValues(capacity.ReasonManual).Add(float64(len(revs)))
 		d.mu.Lock()
 		delete(d.arts, k)
 		d.mu.Unlock()
 	}
-	gc, err := d.store.GC(r.Context())
-	if err != nil {
-		return err
-	}
-	res.GC = api.GCResult{BlobsRemoved: gc.BlobsRemoved, BytesFreed: gc.BytesFreed, BlobsKept: gc.BlobsKept}
-	d.log.Info("evicted", "artifact", name, "revisions", res.Revisions, "bytes_freed", gc.BytesFreed)
-	return writeJSON(w, res)
+	return out
 }
 
-func (d *Daemon) handleGC(w http.ResponseWriter, r *http.Request) error {
+func (e evictions) handleGC(w http.ResponseWriter, r *http.Request) error {
+	d := e.d
 	gc := d.store.GC
 	dry := r.URL.Query().Get("dryRun") == "true"
 	if dry {
@@ -200,7 +245,8 @@ func (d *Daemon) handleGC(w http.ResponseWriter, r *http.Request) error {
 // noteEvicted tells the artifacts that a pass evicted for space why
 // they are gone (an ad-hoc entry's note says why: dropAdHoc), and pulls
 // declared ones again when there is room.
-func (d *Daemon) noteEvicted(vs []capacity.Victim) {
+func (e evictions) noteEvicted(vs []capacity.Victim) {
+	d := e.d
 	d.mu.Lock()
 	want := d.desired()
 	for _, v := range vs {
@@ -228,7 +274,8 @@ const maxEvictionNotes = 1000
 // pressure) and leaves a note in its place, shown by list and inspect
 // until the name is pulled again or evicted by hand. An entry declared
 // meanwhile (pinned, kept) stays. Called under evictMu.
-func (d *Daemon) dropAdHoc(v capacity.Victim, forName string) error {
+func (e evictions) dropAdHoc(v capacity.Victim, forName string) error {
+	d := e.d
 	d.desireMu.Lock()
 	defer d.desireMu.Unlock()
 	d.mu.Lock()

@@ -3,6 +3,7 @@ package daemon
 import (
 	"net/http"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/modelcache/modelcache/api"
@@ -16,6 +17,35 @@ type lease struct {
 	expires time.Time
 }
 
+// leaseSet is the explicit in-use holds taken through the API (modelctl
+// lease): name → holder → lease, each dropped once it expires.
+type leaseSet struct {
+	store *cachestore.Store
+	// changed wakes the daemon's waiters (it takes the daemon lock).
+	changed func()
+
+	mu sync.Mutex // guards m; taken after the daemon lock, nothing under it
+	m  map[string]map[string]*lease
+}
+
+// uses adds the live leases to an in-use map and forgets expired ones.
+func (l *leaseSet) uses(out map[string][]api.Holder) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	for name, ls := range l.m {
+		for holder, x := range ls {
+			if now.After(x.expires) {
+				delete(ls, holder)
+				continue
+			}
+			exp := x.expires
+			k := capacity.Key(name, x.rev)
+			out[k] = append(out[k], api.Holder{Kind: "lease", ID: holder, Revision: x.rev, Expires: &exp})
+		}
+	}
+}
+
 // inUse merges live leases and the last /proc scan, by version key.
 func (d *Daemon) inUse() map[string][]api.Holder {
 	d.mu.Lock()
@@ -26,18 +56,7 @@ func (d *Daemon) inUse() map[string][]api.Holder {
 // inUseLocked is inUse with d.mu held (d.mu before scanMu, never after).
 func (d *Daemon) inUseLocked() map[string][]api.Holder {
 	out := map[string][]api.Holder{}
-	now := time.Now()
-	for name, ls := range d.leases {
-		for holder, l := range ls {
-			if now.After(l.expires) {
-				delete(ls, holder)
-				continue
-			}
-			exp := l.expires
-			k := capacity.Key(name, l.rev)
-			out[k] = append(out[k], api.Holder{Kind: "lease", ID: holder, Revision: l.rev, Expires: &exp})
-		}
-	}
+	d.leases.uses(out)
 	d.podUses(out)
 	d.csi.uses(out, d.podNames)
 	d.space.scanned(out)
@@ -147,7 +166,7 @@ func (d *Daemon) podUses(out map[string][]api.Holder) {
 // artifact within this long.
 const maxLeaseTTL = time.Hour
 
-func (d *Daemon) handleLease(w http.ResponseWriter, r *http.Request) error {
+func (ls *leaseSet) handleLease(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	var req api.LeaseRequest
 	if err := decode(r, &req); err != nil {
@@ -160,40 +179,41 @@ func (d *Daemon) handleLease(w http.ResponseWriter, r *http.Request) error {
 	if req.Holder == "" || len(req.Holder) > 253 {
 		return api.Errorf(api.CodeInvalid, "lease holder %q: want a non-empty id of at most 253 bytes (a pod, a job, a host:pid)", req.Holder)
 	}
-	a, err := d.store.Summary(name)
+	a, err := ls.store.Summary(name)
 	if err != nil {
 		return err
 	}
 	if len(a.Versions) == 0 || a.Versions[0].Revision != a.Current || a.Versions[0].State != cachestore.StateReady {
 		return api.Errorf(api.CodeConflict, "artifact %s has no Ready version to lease; wait for it first (modelctl wait %s)", name, name)
 	}
-	d.mu.Lock()
-	ls := d.leases[name]
-	if ls == nil {
-		ls = map[string]*lease{}
-		d.leases[name] = ls
+	ls.mu.Lock()
+	byHolder := ls.m[name]
+	if byHolder == nil {
+		byHolder = map[string]*lease{}
+		ls.m[name] = byHolder
 	}
-	l, ok := ls[req.Holder]
+	l, ok := byHolder[req.Holder]
 	if !ok || time.Now().After(l.expires) {
 		l = &lease{rev: a.Current} // a renewal keeps the revision first leased
-		ls[req.Holder] = l
+		byHolder[req.Holder] = l
 	}
 	l.expires = time.Now().Add(ttl)
 	out := api.Lease{Name: name, Revision: l.rev, Holder: req.Holder, Expires: l.expires}
-	d.notify()
-	d.mu.Unlock()
-	d.store.Touch(name, out.Revision)
+	ls.mu.Unlock()
+	ls.changed()
+	ls.store.Touch(name, out.Revision)
 	return writeJSON(w, out)
 }
 
-func (d *Daemon) handleRelease(w http.ResponseWriter, r *http.Request) error {
+func (ls *leaseSet) handleRelease(w http.ResponseWriter, r *http.Request) error {
 	name, holder := r.PathValue("name"), r.URL.Query().Get("holder")
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if _, ok := d.leases[name][holder]; !ok {
+	ls.mu.Lock()
+	_, ok := ls.m[name][holder]
+	delete(ls.m[name], holder)
+	ls.mu.Unlock()
+	if !ok {
 		return api.Errorf(api.CodeNotFound, "artifact %s: no lease held by %q", name, holder)
 	}
-	delete(d.leases[name], holder)
-	d.notify()
+	ls.changed()
 	return writeJSON(w, map[string]string{"released": holder})
 }

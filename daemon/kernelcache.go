@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net/http"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -68,6 +70,23 @@ type kernels struct {
 	metrics *metrics
 	// desired is the merged desire set (it takes the daemon lock).
 	desired func() map[string]api.Desire
+}
+
+// newKernels reads the node's GPUs: NVML, or the simulated inventory
+// --gpu-inventory names.
+func newKernels(cfg Config, log *slog.Logger, st *cachestore.Store, desired func() map[string]api.Desire) (*kernels, error) {
+	k := &kernels{floor: cfg.KernelCacheSignaturePolicy, store: st, desired: desired}
+	if cfg.GPUInventory != "" {
+		var err error
+		if k.gpus, err = gpu.Load(cfg.GPUInventory); err != nil {
+			return nil, err
+		}
+	} else {
+		k.gpus = gpu.Detect()
+	}
+	inv := k.gpus
+	log.Info("gpu inventory", "source", inv.Source, "devices", len(inv.Devices), "driver", inv.DriverVersion, "cuda", inv.CUDADriverVersion, "reason", inv.Reason)
+	return k, nil
 }
 
 // kernelCacheBefore runs after the image is resolved and before any layer
@@ -301,6 +320,18 @@ func (k *kernels) env(name string) (map[string]string, error) {
 		kernelEnv(k.store.TreePath(cachestore.KindKernelCache, kc.Name, ""), kc.Info, out)
 	}
 	return out, nil
+}
+
+func (k *kernels) handleGPU(w http.ResponseWriter, r *http.Request) error {
+	return writeJSON(w, gpuView(k.gpus))
+}
+
+func (k *kernels) handleEnv(w http.ResponseWriter, r *http.Request) error {
+	env, err := k.env(r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, env)
 }
 
 // servedKernelCache is a Ready kernel cache version that serves a model.

@@ -92,7 +92,7 @@ func (d *Daemon) reconcile(ctx context.Context) time.Duration {
 		}
 	}
 	for _, name := range absent {
-		d.evictAbsent(ctx, name)
+		evictions{d}.evictAbsent(ctx, name)
 	}
 	for name, rev := range flips {
 		d.activate(name, rev)

@@ -31,16 +31,16 @@ func (d *Daemon) routeTable() []route {
 		{"GET /v1/artifacts", false, views{d}.handleList},
 		{"GET /v1/artifacts/{name}", false, views{d}.handleGet},
 		{"GET /v1/artifacts/{name}/wait", false, views{d}.handleWait},
-		{"GET /v1/artifacts/{name}/env", false, d.handleEnv},
-		{"GET /v1/gpu", false, d.handleGPU},
+		{"GET /v1/artifacts/{name}/env", false, d.kernels.handleEnv},
+		{"GET /v1/gpu", false, d.kernels.handleGPU},
 		{"POST /v1/pull", true, d.handlePull},
 		{"POST /v1/artifacts/{name}/pin", true, d.handlePin(true)},
 		{"POST /v1/artifacts/{name}/unpin", true, d.handlePin(false)},
-		{"DELETE /v1/artifacts/{name}", true, d.handleEvict},
-		{"POST /v1/artifacts/{name}/lease", true, d.handleLease},
-		{"DELETE /v1/artifacts/{name}/lease", true, d.handleRelease},
+		{"DELETE /v1/artifacts/{name}", true, evictions{d}.handleEvict},
+		{"POST /v1/artifacts/{name}/lease", true, d.leases.handleLease},
+		{"DELETE /v1/artifacts/{name}/lease", true, d.leases.handleRelease},
 		{"POST /v1/verify", true, d.handleVerify},
-		{"POST /v1/gc", true, d.handleGC},
+		{"POST /v1/gc", true, evictions{d}.handleGC},
 	}
 }
 
@@ -207,16 +207,4 @@ func (d *Daemon) handleVerify(w http.ResponseWriter, r *http.Request) error {
 		d.kick()
 	}
 	return writeJSON(w, out)
-}
-
-func (d *Daemon) handleGPU(w http.ResponseWriter, r *http.Request) error {
-	return writeJSON(w, gpuView(d.kernels.gpus))
-}
-
-func (d *Daemon) handleEnv(w http.ResponseWriter, r *http.Request) error {
-	env, err := d.kernels.env(r.PathValue("name"))
-	if err != nil {
-		return err
-	}
-	return writeJSON(w, env)
 }

@@ -94,7 +94,7 @@ func (p *pull) unpackLayer(ctx context.Context, fl fetchers.File, merged map[str
 		case errors.Is(err, fetchers.ErrHostileArchive):
 			return fetchers.Permanent(fmt.Errorf("layer %s: %w", fl.Digest, err))
 		case errors.Is(err, syscall.ENOSPC):
-			return fetchers.Permanent(d.diskFull(err))
+			return fetchers.Permanent(diskFull(d.store.Root(), err))
 		}
 		return err
 	}
@@ -104,7 +104,7 @@ func (p *pull) unpackLayer(ctx context.Context, fl fetchers.File, merged map[str
 		if d.cfg.Hook != nil {
 			d.cfg.Hook("layer.check-from-blob")
 		}
-		err = d.readLayer(dg, fl.Archive.MediaType, func(body io.Reader) error { return checkArchive(ctx, body, lim) })
+		err = readLayer(d.store, dg, fl.Archive.MediaType, func(body io.Reader) error { return checkArchive(ctx, body, lim) })
 	}
 	if err != nil {
 		return nil, refuse(err)
@@ -112,158 +112,187 @@ func (p *pull) unpackLayer(ctx context.Context, fl fetchers.File, merged map[str
 	p.stage("archive_check", time.Since(t0))
 	t0 = time.Now()
 	defer func() { p.stage("unpack", time.Since(t0)) }()
-
-	// Members stream in order; each one's fsync and commit runs beside the
-	// next one's decompression (a few at a time). A later entry of the same
-	// path wins by its position, not by when its commit ends; links wait
-	// for every commit before them.
-	layer := map[string]cachestore.Entry{}
-	var (
-		cmu     sync.Mutex
-		pending sync.WaitGroup
-		cerr    error
-		sem     = make(chan struct{}, 4)
-		seq     = map[string]int{}
-		n       int
-		// Small members commit in batches (one syncfs and one index
-		// transaction each), not one fsync at a time.
-		batch      []member
-		batchBytes int64
-	)
-	// set records a committed member unless a later entry of its path won.
-	set := func(m member, dg string) {
-		if seq[m.e.Path] <= m.idx {
-			seq[m.e.Path] = m.idx
-			layer[m.e.Path] = cachestore.Entry{Path: m.e.Path, Digest: dg, Size: m.e.Size, Mode: m.e.Mode}
-		}
-	}
-	fail := func(err error) {
-		if cerr == nil {
-			cerr = err
-		}
-	}
-	flush := func() {
-		if len(batch) == 0 {
-			return
-		}
-		b := batch
-		batch, batchBytes = nil, 0
-		sem <- struct{}{}
-		pending.Add(1)
-		go func() {
-			defer pending.Done()
-			defer func() { <-sem }()
-			ws, sizes := make([]*cachestore.Writer, len(b)), make([]int64, len(b))
-			for i, m := range b {
-				ws[i], sizes[i] = m.w, m.e.Size
-			}
-			dgs, err := d.store.CommitBatch(ctx, ws, sizes)
-			cmu.Lock()
-			defer cmu.Unlock()
-			if err != nil {
-				fail(err)
-				return
-			}
-			for i, m := range b {
-				set(m, dgs[i])
-			}
-		}()
-	}
-	defer pending.Wait()
-	err = d.readLayer(dg, fl.Archive.MediaType, func(body io.Reader) error {
-		return fetchers.Untar(body, lim, func(e fetchers.TarEntry, r io.Reader) error {
-			n++
-			if e.Link != "" {
-				flush()
-				pending.Wait()
-				if cerr != nil {
-					return cerr
-				}
-				src, ok := layer[e.Link]
-				if !ok {
-					src, ok = merged[e.Link]
-				}
-				if !ok {
-					return fmt.Errorf("%w %q: link target %q was removed", fetchers.ErrHostileArchive, e.Path, e.Link)
-				}
-				seq[e.Path] = n
-				layer[e.Path] = cachestore.Entry{Path: e.Path, Digest: src.Digest, Size: src.Size, Mode: src.Mode}
-				return nil
-			}
-			if err := cachestore.ValidatePath(e.Path); err != nil {
-				return fmt.Errorf("%w: %v", fetchers.ErrHostileArchive, err)
-			}
-			ref := layerRefPrefix + fl.Digest + ":" + e.Path
-			w, err := d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: lease})
-			if err == nil && w.Resumed() > 0 { // left by an earlier attempt: members start over
-				w.Abort()
-				w, err = d.store.Writer(ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: lease})
-			}
-			if err != nil {
-				return err
-			}
-			if _, err := w.ReadFrom(r); err != nil {
-				w.Abort()
-				return err
-			}
-			if e.Size <= smallMember {
-				batch = append(batch, member{w: w, e: e, idx: n})
-				if batchBytes += e.Size; len(batch) >= maxBatch || batchBytes >= maxBatchBytes {
-					flush()
-				}
-			} else {
-				sem <- struct{}{}
-				pending.Add(1)
-				go func(m member) {
-					defer pending.Done()
-					defer func() { <-sem }()
-					dg, err := w.Commit(ctx, m.e.Size, "")
-					cmu.Lock()
-					defer cmu.Unlock()
-					if err != nil {
-						fail(err)
-						return
-					}
-					set(m, dg)
-				}(member{w: w, e: e, idx: n})
-			}
-			cmu.Lock()
-			defer cmu.Unlock()
-			return cerr
-		}, func(p string, opaque bool) error {
-			// A whiteout hides p and what is under it in the lower layers;
-			// an opaque one hides everything under the directory p.
-			for k := range merged {
-				if p == "." || strings.HasPrefix(k, p+"/") || (!opaque && k == p) {
-					delete(merged, k)
-				}
-			}
-			return nil
-		})
+	u := &unpacker{st: d.store, ctx: ctx, lease: lease, layer: fl.Digest, lower: merged,
+		entries: map[string]cachestore.Entry{}, seq: map[string]int{}, sem: make(chan struct{}, 4)}
+	err = readLayer(d.store, dg, fl.Archive.MediaType, func(body io.Reader) error {
+		return fetchers.Untar(body, lim, u.member, u.whiteout)
 	})
-	if err == nil {
-		flush()
-	} else {
-		for _, m := range batch { // never committed: their partial data goes
-			m.w.Abort()
-		}
-		batch = nil
-	}
-	pending.Wait()
-	if err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err = u.finish(err); err != nil {
 		return nil, refuse(err)
 	}
-	return layer, nil
+	return u.entries, nil
+}
+
+// unpacker commits the members of one layer as they stream in order;
+// each one's fsync and commit runs beside the next one's decompression (a
+// few at a time). A later entry of the same path wins by its position,
+// not by when its commit ends; links wait for every commit before them.
+// Small members commit in batches (one syncfs and one index transaction
+// each), not one fsync at a time.
+type unpacker struct {
+	st    *cachestore.Store
+	ctx   context.Context
+	lease *cachestore.Lease
+	layer string                      // the layer's digest
+	lower map[string]cachestore.Entry // the layers below, as merged so far
+
+	mu      sync.Mutex // guards entries, seq and err against the commits
+	entries map[string]cachestore.Entry
+	seq     map[string]int
+	err     error
+
+	pending    sync.WaitGroup
+	sem        chan struct{}
+	n          int
+	batch      []member
+	batchBytes int64
+}
+
+// set records a committed member unless a later entry of its path won.
+// Called with u.mu held.
+func (u *unpacker) set(m member, dg string) {
+	if u.seq[m.e.Path] <= m.idx {
+		u.seq[m.e.Path] = m.idx
+		u.entries[m.e.Path] = cachestore.Entry{Path: m.e.Path, Digest: dg, Size: m.e.Size, Mode: m.e.Mode}
+	}
+}
+
+// done records the end of one commit (a batch or a large member).
+func (u *unpacker) done(err error, ms []member, dgs []string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if err != nil {
+		if u.err == nil {
+			u.err = err
+		}
+		return
+	}
+	for i, m := range ms {
+		u.set(m, dgs[i])
+	}
+}
+
+// async runs a commit beside the stream, a few at a time.
+func (u *unpacker) async(commit func()) {
+	u.sem <- struct{}{}
+	u.pending.Add(1)
+	go func() {
+		defer u.pending.Done()
+		defer func() { <-u.sem }()
+		commit()
+	}()
+}
+
+// flush commits the batch of small members gathered so far.
+func (u *unpacker) flush() {
+	if len(u.batch) == 0 {
+		return
+	}
+	b := u.batch
+	u.batch, u.batchBytes = nil, 0
+	u.async(func() {
+		ws, sizes := make([]*cachestore.Writer, len(b)), make([]int64, len(b))
+		for i, m := range b {
+			ws[i], sizes[i] = m.w, m.e.Size
+		}
+		dgs, err := u.st.CommitBatch(u.ctx, ws, sizes)
+		u.done(err, b, dgs)
+	})
+}
+
+// member writes one tar entry: a link to an entry before it, or a file.
+func (u *unpacker) member(e fetchers.TarEntry, r io.Reader) error {
+	u.n++
+	if e.Link != "" {
+		return u.link(e)
+	}
+	if err := cachestore.ValidatePath(e.Path); err != nil {
+		return fmt.Errorf("%w: %v", fetchers.ErrHostileArchive, err)
+	}
+	ref := layerRefPrefix + u.layer + ":" + e.Path
+	w, err := u.st.Writer(u.ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: u.lease})
+	if err == nil && w.Resumed() > 0 { // left by an earlier attempt: members start over
+		w.Abort()
+		w, err = u.st.Writer(u.ctx, cachestore.WriterOpts{Ref: ref, Size: e.Size, Lease: u.lease})
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := w.ReadFrom(r); err != nil {
+		w.Abort()
+		return err
+	}
+	m := member{w: w, e: e, idx: u.n}
+	if e.Size <= smallMember {
+		u.batch = append(u.batch, m)
+		if u.batchBytes += e.Size; len(u.batch) >= maxBatch || u.batchBytes >= maxBatchBytes {
+			u.flush()
+		}
+	} else {
+		u.async(func() {
+			dg, err := w.Commit(u.ctx, m.e.Size, "")
+			u.done(err, []member{m}, []string{dg})
+		})
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.err
+}
+
+// link records a hard link once every commit before it has ended.
+func (u *unpacker) link(e fetchers.TarEntry) error {
+	u.flush()
+	u.pending.Wait()
+	if u.err != nil {
+		return u.err
+	}
+	src, ok := u.entries[e.Link]
+	if !ok {
+		src, ok = u.lower[e.Link]
+	}
+	if !ok {
+		return fmt.Errorf("%w %q: link target %q was removed", fetchers.ErrHostileArchive, e.Path, e.Link)
+	}
+	u.seq[e.Path] = u.n
+	u.entries[e.Path] = cachestore.Entry{Path: e.Path, Digest: src.Digest, Size: src.Size, Mode: src.Mode}
+	return nil
+}
+
+// whiteout hides p and what is under it in the lower layers; an opaque
+// one hides everything under the directory p.
+func (u *unpacker) whiteout(p string, opaque bool) error {
+	for k := range u.lower {
+		if p == "." || strings.HasPrefix(k, p+"/") || (!opaque && k == p) {
+			delete(u.lower, k)
+		}
+	}
+	return nil
+}
+
+// finish commits what is left (or, after err, aborts the batch never
+// committed: its partial data goes), waits for every commit, and returns
+// the first error.
+func (u *unpacker) finish(err error) error {
+	if err == nil {
+		u.flush()
+	} else {
+		for _, m := range u.batch {
+			m.w.Abort()
+		}
+		u.batch = nil
+	}
+	u.pending.Wait()
+	if err == nil {
+		err = u.err
+	}
+	return err
 }
 
 // readLayer hands fn the uncompressed stream of the layer blob dg. An
 // uncompressed layer is the blob's file itself, so the tar reader skips
 // member bodies by seeking.
-func (d *Daemon) readLayer(dg, mediaType string, fn func(io.Reader) error) error {
-	fh, err := d.store.OpenBlob(dg)
+func readLayer(st *cachestore.Store, dg, mediaType string, fn func(io.Reader) error) error {
+	fh, err := st.OpenBlob(dg)
 	if err != nil {
 		return err
 	}

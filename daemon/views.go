@@ -213,6 +213,37 @@ func (vw views) viewLocked(name string, a *cachestore.Artifact, want map[string]
 			out.Kind = api.KindKernelCache
 		}
 	}
+	cur := versionsView(&out, a, detail)
+	if cur != nil {
+		currentView(&out, cur, d.store.TreePath(cur.Kind, name, "current"))
+	}
+	st := d.arts[name]
+	if out.Desire != nil && out.Desire.Stage && cur != nil && cur.State == cachestore.StateReady {
+		// A rollout's prefetch: the current revision serves (the phase
+		// says so); the pull's state is the next revision's.
+		out.Next = vw.nextView(*out.Desire, a, st)
+		st = nil
+	}
+	if st != nil {
+		pullView(&out, st, cur)
+	} else if out.Desire == nil && cur != nil && cur.State != cachestore.StateReady {
+		out.Message = cur.Message + " (no desire to re-fetch from: pull it again)"
+	}
+	if note, ok := d.evicted[name]; ok && out.Desire == nil && cur == nil {
+		n := note
+		out.Phase, out.Evicted, out.Reason = api.PhaseEvicted, &n, n.Reason
+		out.Message = fmt.Sprintf("ad-hoc entry evicted at %s for disk space; pull it again to bring it back", n.At.Format(time.RFC3339))
+		if n.For != "" {
+			out.Message = fmt.Sprintf("ad-hoc entry evicted at %s to make room for %s; pull it again (with --keep to keep it) to bring it back", n.At.Format(time.RFC3339), n.For)
+		}
+	}
+	redactView(&out) // every local user reads views: no credentials in them
+	return out
+}
+
+// versionsView fills in the versions of a stored artifact (detail
+// permitting) and returns its current one, or nil.
+func versionsView(out *api.Artifact, a *cachestore.Artifact, detail viewDetail) *cachestore.Version {
 	var cur *cachestore.Version
 	if a != nil {
 		for i := range a.Versions {
@@ -239,73 +270,60 @@ func (vw views) viewLocked(name string, a *cachestore.Artifact, want map[string]
 		m := api.Metadata(*cur.Metadata)
 		out.Metadata = &m
 	}
-	if cur != nil {
-		out.Kind, out.Revision, out.ManifestDigest, out.Bytes, out.Pinned = cur.Kind, cur.Revision, cur.ManifestDigest, cur.Bytes, cur.Pinned
-		out.Source = cur.Source
-		out.KernelCache = kernelCacheInfo(cur)
-		if !cur.LastUsed.IsZero() {
-			lu := cur.LastUsed
-			out.LastUsed = &lu
-		}
-		if !cur.Created.IsZero() {
-			cr := cur.Created
-			out.Created = &cr
-		}
-		if out.URI == "" {
-			out.URI = cur.Source
-		}
-		switch cur.State {
-		case cachestore.StateReady:
-			out.Phase = api.PhaseReady
-			out.Path = d.store.TreePath(cur.Kind, name, "current")
-		case cachestore.StateMissing: // a re-fetch is due
-			out.Phase, out.Message = api.PhasePending, cur.Message
-		default:
-			out.Phase, out.Message = api.PhaseFailed, cur.Message
-		}
+	return cur
+}
+
+// currentView fills in what the current version says: kind, revision,
+// bytes, source, times, and its phase (path is its tree).
+func currentView(out *api.Artifact, cur *cachestore.Version, path string) {
+	out.Kind, out.Revision, out.ManifestDigest, out.Bytes, out.Pinned = cur.Kind, cur.Revision, cur.ManifestDigest, cur.Bytes, cur.Pinned
+	out.Source = cur.Source
+	out.KernelCache = kernelCacheInfo(cur)
+	if !cur.LastUsed.IsZero() {
+		lu := cur.LastUsed
+		out.LastUsed = &lu
 	}
-	st := d.arts[name]
-	if out.Desire != nil && out.Desire.Stage && cur != nil && cur.State == cachestore.StateReady {
-		// A rollout's prefetch: the current revision serves (the phase
-		// says so); the pull's state is the next revision's.
-		out.Next = vw.nextView(*out.Desire, a, st)
-		st = nil
+	if !cur.Created.IsZero() {
+		cr := cur.Created
+		out.Created = &cr
 	}
-	if st != nil {
-		switch {
-		case st.cancel != nil:
-			out.Phase, out.Message, out.Progress = st.phase, st.message, st.prog.view()
-		case st.phase == api.PhaseFailed || st.phase == api.PhaseIncompatible:
-			out.Phase, out.Message, out.Reason = st.phase, st.message, st.reason
-			if st.kc != nil {
-				out.KernelCache = st.kc // what this attempt found: signature, compatibility
-			}
-		case cur == nil || cur.State != cachestore.StateReady:
-			if st.message != "" {
-				out.Message = st.message
-			}
-		case out.Desire != nil && out.Desire.State == api.StateAbsent && st.message != "":
-			out.Message = st.message // why an absent artifact is still here ("kept while in use by …")
-		}
-		out.Attempts = st.attempts
-		out.LastPull = st.last
-		if !st.nextRetry.IsZero() && st.phase == api.PhaseFailed {
-			t := st.nextRetry
-			out.NextRetry = &t
-		}
-	} else if out.Desire == nil && cur != nil && cur.State != cachestore.StateReady {
-		out.Message = cur.Message + " (no desire to re-fetch from: pull it again)"
+	if out.URI == "" {
+		out.URI = cur.Source
 	}
-	if note, ok := d.evicted[name]; ok && out.Desire == nil && cur == nil {
-		n := note
-		out.Phase, out.Evicted, out.Reason = api.PhaseEvicted, &n, n.Reason
-		out.Message = fmt.Sprintf("ad-hoc entry evicted at %s for disk space; pull it again to bring it back", n.At.Format(time.RFC3339))
-		if n.For != "" {
-			out.Message = fmt.Sprintf("ad-hoc entry evicted at %s to make room for %s; pull it again (with --keep to keep it) to bring it back", n.At.Format(time.RFC3339), n.For)
-		}
+	switch cur.State {
+	case cachestore.StateReady:
+		out.Phase = api.PhaseReady
+		out.Path = path
+	case cachestore.StateMissing: // a re-fetch is due
+		out.Phase, out.Message = api.PhasePending, cur.Message
+	default:
+		out.Phase, out.Message = api.PhaseFailed, cur.Message
 	}
-	redactView(&out) // every local user reads views: no credentials in them
-	return out
+}
+
+// pullView fills in what the pull of the artifact is doing or last did.
+func pullView(out *api.Artifact, st *artState, cur *cachestore.Version) {
+	switch {
+	case st.cancel != nil:
+		out.Phase, out.Message, out.Progress = st.phase, st.message, st.prog.view()
+	case st.phase == api.PhaseFailed || st.phase == api.PhaseIncompatible:
+		out.Phase, out.Message, out.Reason = st.phase, st.message, st.reason
+		if st.kc != nil {
+			out.KernelCache = st.kc // what this attempt found: signature, compatibility
+		}
+	case cur == nil || cur.State != cachestore.StateReady:
+		if st.message != "" {
+			out.Message = st.message
+		}
+	case out.Desire != nil && out.Desire.State == api.StateAbsent && st.message != "":
+		out.Message = st.message // why an absent artifact is still here ("kept while in use by …")
+	}
+	out.Attempts = st.attempts
+	out.LastPull = st.last
+	if !st.nextRetry.IsZero() && st.phase == api.PhaseFailed {
+		t := st.nextRetry
+		out.NextRetry = &t
+	}
 }
 
 // nextView is the revision a staged desire prefetches: Ready once a
