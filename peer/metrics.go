@@ -68,3 +68,15 @@ func (m *Metrics) avoid(reason string) {
 		m.avoided.WithLabelValues(reason).Inc()
 	}
 }
+
+// Refusals is the counter of refusals for reason.
+func (m *Metrics) Refusals(reason string) prometheus.Counter { return m.refusals.WithLabelValues(reason) }
+
+// Uploads is the counter of transfers served.
+func (m *Metrics) Uploads() prometheus.Counter { return m.uploads }
+
+// Fetched is the counter of bytes received from source ("peer", "origin").
+func (m *Metrics) Fetched(source string) prometheus.Counter { return m.fetched.WithLabelValues(source) }
+
+// Avoided is the counter of peers set aside for reason.
+func (m *Metrics) Avoided(reason string) prometheus.Counter { return m.avoided.WithLabelValues(reason) }
