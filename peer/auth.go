@@ -66,7 +66,8 @@ func (a StaticTokenAuthenticator) Authenticate(_ context.Context, token string) 
 // TokenReviewAuthenticator accepts a projected service-account token of
 // one service account (the daemon's own: only daemons of this cluster are
 // peers, never pods or users) for one audience, checked with a
-// TokenReview. A positive answer is cached until the token expires (its
+// TokenReview. A token that is not a JWT with an exp claim still ahead
+// is refused without asking the API server. A positive answer is cached until the token expires (its
 // exp claim, read without verification: the TokenReview verified it), a
 // negative one for NegativeTTL; the cache holds at most MaxEntries tokens
 // (by their SHA-256, never the token itself). Use
@@ -121,6 +122,13 @@ func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token strin
 		}
 		return fmt.Errorf("%w: rejected recently", ErrUnauthenticated)
 	}
+	// Only a JWT whose exp is ahead can pass a review: anything else is
+	// refused here, so garbage costs the API server nothing.
+	exp, ok := expiry(token)
+	if !ok || !now.Before(exp) {
+		a.remember(key, verdict{until: now.Add(a.NegativeTTL)}, now)
+		return fmt.Errorf("%w: not a service-account token that is still valid", ErrUnauthenticated)
+	}
 	tr, err := a.reviews.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{
 		Token: token, Audiences: []string{a.audience}}}, metav1.CreateOptions{})
 	if err != nil {
@@ -141,10 +149,6 @@ func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token strin
 	}
 	v = verdict{ok: reject == "", until: now.Add(a.NegativeTTL)}
 	if v.ok {
-		exp, ok := expiry(token)
-		if !ok {
-			exp = now.Add(a.NegativeTTL) // no readable exp: ask again soon
-		}
 		v.until = exp
 	}
 	a.remember(key, v, now)
