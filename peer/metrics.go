@@ -70,7 +70,9 @@ func (m *Metrics) avoid(reason string) {
 }
 
 // Refusals is the counter of refusals for reason.
-func (m *Metrics) Refusals(reason string) prometheus.Counter { return m.refusals.WithLabelValues(reason) }
+func (m *Metrics) Refusals(reason string) prometheus.Counter {
+	return m.refusals.WithLabelValues(reason)
+}
 
 // Uploads is the counter of transfers served.
 func (m *Metrics) Uploads() prometheus.Counter { return m.uploads }
