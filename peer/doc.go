@@ -26,5 +26,6 @@
 //	fetch.go      Fetcher: a blob from peers, then the origin, into a
 //	              partial ingest (Fetch) and committed (Ingest); peers set
 //	              aside by reason
+//	picker.go     Pick: the peers that hold a revision, from ModelCacheNode statuses
 //	metrics.go    Metrics: the modelcache_peer_* collectors the daemon registers
 package peer
