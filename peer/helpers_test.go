@@ -3,6 +3,7 @@ package peer_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -30,10 +31,9 @@ func openStore(t *testing.T) *cachestore.Store {
 // their digest.
 func blobOf(n int, seed uint64) ([]byte, peer.Blob) {
 	b := make([]byte, n)
-	r := rand.New(rand.NewPCG(seed, seed))
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
+	var s [32]byte
+	binary.LittleEndian.PutUint64(s[:], seed)
+	rand.NewChaCha8(s).Read(b)
 	return b, peer.Blob{Digest: cachestore.DigestBytes(b), Size: int64(n)}
 }
 

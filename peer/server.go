@@ -53,6 +53,7 @@ type serverOptions struct {
 	maxUploads int
 	rate       float64
 	retryAfter time.Duration
+	sendIdle   time.Duration
 	log        *slog.Logger
 	metrics    *Metrics
 }
@@ -73,6 +74,11 @@ func WithUploadRate(bytesPerSecond float64) ServerOption {
 // default 2s (whole seconds on the wire, at least 1).
 func WithRetryAfter(d time.Duration) ServerOption { return func(o *serverOptions) { o.retryAfter = d } }
 
+// WithSendIdle bounds how long one write of an upload may wait for the
+// caller to take the bytes: a caller that stops reading loses its
+// transfer (and its upload slot) after it; default 30s.
+func WithSendIdle(d time.Duration) ServerOption { return func(o *serverOptions) { o.sendIdle = d } }
+
 // WithServerLogger sets the logger; default none.
 func WithServerLogger(l *slog.Logger) ServerOption { return func(o *serverOptions) { o.log = l } }
 
@@ -81,7 +87,7 @@ func WithServerMetrics(m *Metrics) ServerOption { return func(o *serverOptions) 
 
 // NewServer serves blobs to the callers auth accepts.
 func NewServer(blobs Blobs, auth Authenticator, opts ...ServerOption) (*Server, error) {
-	o := serverOptions{maxUploads: 4, retryAfter: 2 * time.Second}
+	o := serverOptions{maxUploads: 4, retryAfter: 2 * time.Second, sendIdle: 30 * time.Second}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -90,6 +96,8 @@ func NewServer(blobs Blobs, auth Authenticator, opts ...ServerOption) (*Server, 
 		return nil, errors.New("peer server: needs the store's blobs and an authenticator")
 	case o.maxUploads < 1:
 		return nil, fmt.Errorf("peer server: max uploads %d: want at least 1", o.maxUploads)
+	case o.sendIdle <= 0:
+		return nil, fmt.Errorf("peer server: send idle %s: want more than 0", o.sendIdle)
 	case o.rate < 0:
 		return nil, fmt.Errorf("peer server: upload rate %.0f bytes/s: want 0 (no bound) or more", o.rate)
 	}
@@ -183,7 +191,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodHead {
 		return
 	}
-	sent, err := io.Copy(w, fetchers.RateLimited(r.Context(), io.NewSectionReader(f, start, n), s.limit))
+	out := deadlineWriter{w: w, rc: http.NewResponseController(w), idle: s.o.sendIdle}
+	sent, err := io.Copy(out, fetchers.RateLimited(r.Context(), io.NewSectionReader(f, start, n), s.limit))
 	s.o.metrics.served(sent)
 	if err != nil {
 		s.o.log.Debug("peer: upload ended early", "digest", d, "sent", sent, "want", n, "err", err)
@@ -247,4 +256,16 @@ func parseRange(h string, size int64) (start, n int64, err error) {
 		last = min(v, size-1)
 	}
 	return first, last - first + 1, nil
+}
+
+// deadlineWriter gives each write idle to complete.
+type deadlineWriter struct {
+	w    io.Writer
+	rc   *http.ResponseController
+	idle time.Duration
+}
+
+func (d deadlineWriter) Write(p []byte) (int, error) {
+	d.rc.SetWriteDeadline(time.Now().Add(d.idle)) // best effort: a writer without deadlines keeps the server's
+	return d.w.Write(p)
 }

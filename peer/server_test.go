@@ -268,9 +268,36 @@ func TestServerBoundsUploadsAndReleasesLeases(t *testing.T) {
 	}
 }
 
+// A caller that stops reading loses its transfer after the send idle
+// time: it cannot hold an upload slot (and the blob's lease) for ever.
+func TestServerDropsACallerThatStopsReading(t *testing.T) {
+	s := openStore(t)
+	data, b := blobOf(32<<20, 6) // more than the socket buffers hold
+	commit(t, s, data)
+	blobs := &countingBlobs{Blobs: peer.StoreBlobs{Store: s}}
+	srv, err := peer.NewServer(blobs, peer.StaticTokenAuthenticator{File: tokenFile(t, "secret")}, peer.WithSendIdle(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := testenv.ServeOn(t, "127.0.0.1", srv)
+	req, _ := http.NewRequest("GET", hs.URL+peer.BlobPath+b.Digest, nil)
+	req.Header.Set("Authorization", "Bearer secret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close() // read nothing
+	testenv.Eventually(t, "the stalled transfer ends and releases its lease", 20*time.Second, func() error {
+		if r := blobs.releases.Load(); r != 1 {
+			return fmt.Errorf("%d releases", r)
+		}
+		return nil
+	})
+}
+
 func TestNewServerValidates(t *testing.T) {
 	a := peer.StaticTokenAuthenticator{File: peer.NewTokenFile("/nonexistent")}
-	for _, opt := range []peer.ServerOption{peer.WithMaxUploads(0), peer.WithUploadRate(-1)} {
+	for _, opt := range []peer.ServerOption{peer.WithMaxUploads(0), peer.WithUploadRate(-1), peer.WithSendIdle(0)} {
 		if _, err := peer.NewServer(&countingBlobs{}, a, opt); err == nil {
 			t.Error("a bad setting was accepted")
 		}
