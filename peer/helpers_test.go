@@ -17,7 +17,7 @@ import (
 )
 
 // openStore opens a store in a temp dir, closed at cleanup.
-func openStore(t *testing.T) *cachestore.Store {
+func openStore(t testing.TB) *cachestore.Store {
 	t.Helper()
 	s, _, err := cachestore.Open(context.Background(), t.TempDir())
 	if err != nil {
@@ -38,7 +38,7 @@ func blobOf(n int, seed uint64) ([]byte, peer.Blob) {
 }
 
 // commit puts data into s as a committed blob.
-func commit(t *testing.T, s *cachestore.Store, data []byte) {
+func commit(t testing.TB, s *cachestore.Store, data []byte) {
 	t.Helper()
 	if _, err := s.Ingest(context.Background(), "test:"+cachestore.DigestBytes(data), bytes.NewReader(data), int64(len(data)), ""); err != nil {
 		t.Fatal(err)
@@ -46,7 +46,7 @@ func commit(t *testing.T, s *cachestore.Store, data []byte) {
 }
 
 // tokenFile writes tok to a file and returns its TokenFile.
-func tokenFile(t *testing.T, tok string) *peer.TokenFile {
+func tokenFile(t testing.TB, tok string) *peer.TokenFile {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(p, []byte(tok+"\n"), 0o600); err != nil {
@@ -57,7 +57,7 @@ func tokenFile(t *testing.T, tok string) *peer.TokenFile {
 
 // servePeer serves s's blobs to holders of tok, as a daemon's peer port
 // does; wrap, when not nil, wraps the handler (to observe requests).
-func servePeer(t *testing.T, s *cachestore.Store, tok *peer.TokenFile, opts ...peer.ServerOption) (*httptest.Server, *peer.Server) {
+func servePeer(t testing.TB, s *cachestore.Store, tok *peer.TokenFile, opts ...peer.ServerOption) (*httptest.Server, *peer.Server) {
 	t.Helper()
 	srv, err := peer.NewServer(peer.StoreBlobs{Store: s}, peer.StaticTokenAuthenticator{File: tok}, opts...)
 	if err != nil {
