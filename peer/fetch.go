@@ -25,7 +25,10 @@ type Blob struct {
 }
 
 // Partial is the partial ingest a fetch writes into, at its Offset: the
-// store's *cachestore.Writer is one. Its contract is the Writer's:
+// store's *cachestore.Writer is one. A caller may wrap its ReadFrom to
+// count progress, bound bandwidth or tee the bytes; an error the wrapper
+// returns (not one it passes on from the reader) is the sink's, which
+// blames no source. Its contract is the Writer's:
 // ReadFrom appends, Offset is how many bytes it holds, Commit checks
 // size and digest and moves the data into the store (deleting it on a
 // mismatch, with an error wrapping cachestore.ErrDigestMismatch or
@@ -93,6 +96,14 @@ func (r Result) Bytes(source string) int64 {
 		if s.Source == source {
 			n += s.Bytes
 		}
+	}
+	return n
+}
+
+func (r Result) bytes() int64 {
+	var n int64
+	for _, s := range r.Spans {
+		n += s.Bytes
 	}
 	return n
 }
@@ -207,6 +218,10 @@ func NewFetcher(tokens TokenSource, opts ...FetcherOption) (*Fetcher, error) {
 	return &Fetcher{tokens: tokens, client: o.http.Client(), o: o, peers: map[string]*peerState{}}, nil
 }
 
+// maxPeerStates is how many peers' failures the fetcher remembers
+// before it forgets those no longer set aside.
+const maxPeerStates = 4096
+
 // ErrNoSource is returned by Fetch when every peer failed and there is no
 // origin to fall back to.
 var ErrNoSource = errors.New("no source left")
@@ -288,10 +303,20 @@ func (f *Fetcher) Fetch(ctx context.Context, b Blob, peers []string, dst Partial
 // digest check and any byte came from a peer (or from before this call),
 // every peer that gave bytes is set aside (AvoidDigest) and the blob is
 // fetched once more from the origin alone, from byte 0: a lying peer
-// costs time, never a wrong byte nor a failed pull. On any other failure
-// the partial ingest is closed, kept for a resume.
+// costs time, never a wrong byte nor a failed pull. When the origin
+// cannot continue the partial blob (fetchers.ErrCannotResume) it is
+// dropped and fetched once more from byte 0. On a Permanent failure the
+// partial ingest is dropped; on any other it is closed, kept for the
+// caller's next attempt to resume.
 func (f *Fetcher) Ingest(ctx context.Context, b Blob, peers []string, open OpenPartial, origin Origin) (string, Result, error) {
 	d, res, err := f.ingestOnce(ctx, b, peers, open, origin)
+	if errors.Is(err, fetchers.ErrCannotResume) && res.Resumed+res.bytes() > 0 {
+		// The origin cannot continue what is held: start the blob over.
+		f.o.log.Warn("peer fetch: the origin cannot continue the partial blob; starting it over", "digest", b.Digest, "err", err)
+		d, again, err := f.ingestOnce(ctx, b, peers, open, origin)
+		again.Spans = append(res.Spans, again.Spans...)
+		return d, again, err
+	}
 	if err == nil || !(errors.Is(err, cachestore.ErrDigestMismatch) || errors.Is(err, cachestore.ErrSizeMismatch)) {
 		return d, res, err
 	}
@@ -314,7 +339,11 @@ func (f *Fetcher) ingestOnce(ctx context.Context, b Blob, peers []string, open O
 	}
 	res, err := f.Fetch(ctx, b, peers, w, origin)
 	if err != nil {
-		w.Close()
+		if errors.Is(err, fetchers.ErrCannotResume) || (fetchers.IsPermanent(err) && ctx.Err() == nil) {
+			w.Abort() // no later attempt can continue these bytes
+		} else {
+			w.Close() // kept for the next attempt to resume
+		}
 		return "", res, err
 	}
 	d, err := w.Commit(ctx, b.Size, b.Digest)
@@ -368,6 +397,14 @@ func (f *Fetcher) setAside(p string, err error) {
 		reason, wait = pe.reason, pe.wait
 	}
 	f.mu.Lock()
+	now := f.o.now()
+	if len(f.peers) >= maxPeerStates { // forget peers whose time is up
+		for k, st := range f.peers {
+			if !now.Before(st.until) {
+				delete(f.peers, k)
+			}
+		}
+	}
 	st := f.peers[p]
 	if st == nil {
 		st = &peerState{}
@@ -379,7 +416,7 @@ func (f *Fetcher) setAside(p string, err error) {
 		d = f.o.avoidMax
 	}
 	d = max(d, wait)
-	st.until, st.reason = f.o.now().Add(d), reason
+	st.until, st.reason = now.Add(d), reason
 	failures := st.failures
 	f.mu.Unlock()
 	f.o.metrics.avoid(reason)

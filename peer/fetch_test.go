@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/peer"
 )
 
@@ -456,5 +457,55 @@ func TestAvoidanceBacksOff(t *testing.T) {
 		if step.fetchAfterall {
 			fetch()
 		}
+	}
+}
+
+// An origin that cannot continue the partial blob (its file changed)
+// gets it from byte 0: the partial is dropped, not resumed for ever.
+func TestOriginThatCannotResumeStartsOver(t *testing.T) {
+	data, b := blobOf(64<<10, 20)
+	s := openStore(t)
+	w, _ := s.Writer(context.Background(), cachestore.WriterOpts{Ref: "blob:" + b.Digest, Size: b.Size})
+	w.Write(data[:8192])
+	w.Close()
+	o := &origin{data: data}
+	open := func(ctx context.Context, off int64) (io.ReadCloser, error) {
+		if off > 0 {
+			o.open(ctx, off)
+			return nil, fmt.Errorf("validator changed: %w", fetchers.ErrCannotResume)
+		}
+		return o.open(ctx, off)
+	}
+	f := newFetcher(t, tokenFile(t, "secret"), nil)
+	got, _, err := f.Ingest(context.Background(), b, nil, opener(s, b), open)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertCommitted(t, s, b, data, got)
+	if fmt.Sprint(o.asked()) != "[8192 0]" {
+		t.Errorf("origin asked from %v, want [8192 0]", o.asked())
+	}
+}
+
+// Without a readable token the peers are not asked (nor blamed): the
+// origin serves.
+func TestNoTokenGoesToTheOrigin(t *testing.T) {
+	data, b := blobOf(10000, 21)
+	holder := openStore(t)
+	commit(t, holder, data)
+	good, _ := servePeer(t, holder, tokenFile(t, "secret"))
+	s := openStore(t)
+	f := newFetcher(t, peer.NewTokenFile(t.TempDir()+"/missing"), nil)
+	o := &origin{data: data}
+	got, res, err := f.Ingest(context.Background(), b, []string{good.URL}, opener(s, b), o.open)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertCommitted(t, s, b, data, got)
+	if res.Bytes(peer.SourceOrigin) != b.Size {
+		t.Errorf("result %+v: want all from the origin", res)
+	}
+	if avoided, _ := f.Avoided(good.URL); avoided {
+		t.Error("a peer was set aside for our own missing token")
 	}
 }
