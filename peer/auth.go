@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	authv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
@@ -82,8 +83,9 @@ type TokenReviewAuthenticator struct {
 	MaxEntries  int
 	Now         func() time.Time
 
-	mu    sync.Mutex
-	cache map[[32]byte]verdict
+	mu     sync.Mutex
+	cache  map[[32]byte]verdict
+	flight singleflight.Group
 }
 
 type verdict struct {
@@ -129,12 +131,20 @@ func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token strin
 		a.remember(key, verdict{until: now.Add(a.NegativeTTL)}, now)
 		return fmt.Errorf("%w: not a service-account token that is still valid", ErrUnauthenticated)
 	}
-	tr, err := a.reviews.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{
-		Token: token, Audiences: []string{a.audience}}}, metav1.CreateOptions{})
+	// One review per token at a time: the uploads a new peer starts at
+	// once share it.
+	res, err, _ := a.flight.Do(string(key[:]), func() (any, error) {
+		tr, err := a.reviews.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{
+			Token: token, Audiences: []string{a.audience}}}, metav1.CreateOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return tr.Status, nil
+	})
 	if err != nil {
 		return fmt.Errorf("peer authentication: TokenReview: %w", err)
 	}
-	st := tr.Status
+	st := res.(authenticationv1.TokenReviewStatus)
 	reject := ""
 	switch {
 	case !st.Authenticated:

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -162,6 +163,23 @@ func TestTokenReviewAuthenticator(t *testing.T) {
 	now = now.Add(2 * time.Hour) // past the token's exp (1h by default): the acceptance ends
 	if err := a.Authenticate(ctx, good); !errors.Is(err, peer.ErrUnauthenticated) {
 		t.Errorf("after the token's exp: %v, want ErrUnauthenticated", err)
+	}
+	// A new token presented by many uploads at once is reviewed once.
+	now = time.Now()
+	fresh, before := token("modelcached", peer.DefaultAudience), reviews.n.Load()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.Authenticate(ctx, fresh); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if d := reviews.n.Load() - before; d != 1 {
+		t.Errorf("8 concurrent checks of one token sent %d reviews, want 1", d)
 	}
 	// The cache is bounded.
 	a.MaxEntries = 3

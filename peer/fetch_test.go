@@ -509,3 +509,27 @@ func TestNoTokenGoesToTheOrigin(t *testing.T) {
 		t.Error("a peer was set aside for our own missing token")
 	}
 }
+
+// A peer whose upload rate bound is under the fetcher's progress floor
+// is a slow peer: set aside, the origin serves the rest.
+func TestRateBoundedPeerUnderTheFloorIsLeft(t *testing.T) {
+	data, b := blobOf(1<<20, 22)
+	holder := openStore(t)
+	commit(t, holder, data)
+	tok := tokenFile(t, "secret")
+	slow, _ := servePeer(t, holder, tok, peer.WithUploadRate(32<<10))
+	s := openStore(t)
+	f := newFetcher(t, tok, nil, peer.WithProgressFloor(256<<10, 100*time.Millisecond))
+	o := &origin{data: data}
+	got, res, err := f.Ingest(context.Background(), b, []string{slow.URL}, opener(s, b), o.open)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertCommitted(t, s, b, data, got)
+	if avoided, why := f.Avoided(slow.URL); !avoided || why != peer.AvoidStall {
+		t.Errorf("avoided %v (%q), want stall", avoided, why)
+	}
+	if len(o.asked()) != 1 || o.asked()[0] != res.Bytes(slow.URL) {
+		t.Errorf("origin asked from %v after the peer's %d bytes", o.asked(), res.Bytes(slow.URL))
+	}
+}
