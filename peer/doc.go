@@ -13,6 +13,18 @@
 // for a blob not held, 503 with Retry-After when the uploads are all
 // busy or the token cannot be checked now. No redirects either way.
 //
+// Who may fetch: in Kubernetes, a daemon presents a projected
+// service-account token of its own account for audience DefaultAudience
+// (a serviceAccountToken volume with that audience), re-read from its
+// file on each request; the serving daemon checks it with a TokenReview
+// (its account needs create on tokenreviews: bind system:auth-delegator)
+// and accepts only its own account, so pods and users, whatever their
+// tokens, are never served. Outside Kubernetes every daemon reads one
+// shared token file (StaticTokenAuthenticator on the serving side, the
+// same file as the Fetcher's TokenSource). A network policy that admits
+// the peer port only from the DaemonSet's pods is a second fence, not a
+// substitute.
+//
 // Where to find what:
 //
 //	server.go     Server (the http.Handler), Blobs (what it serves from),
