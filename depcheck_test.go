@@ -46,6 +46,9 @@ var only = map[string][]string{
 	// nothing else of the module.
 	"gpu/...":      {"mod:gpu"},
 	"fetchers/...": {"mod:fetchers", "mod:internal/testenv"},
+	// peer serves and fetches blobs: the store, the fetchers' HTTP
+	// policy, the node status types; never the daemon.
+	"peer/...": {"mod:peer", "mod:cachestore", "mod:fetchers", "mod:k8ssync", "mod:api"},
 }
 
 func TestDependencyDirection(t *testing.T) {

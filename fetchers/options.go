@@ -36,6 +36,9 @@ type HTTPOptions struct {
 	Connections int
 	Chunk       int64
 	RangeBelow  float64
+	// NoRedirects refuses every redirect (RefuseRedirects) instead of
+	// following it under the redirect policy.
+	NoRedirects bool
 }
 
 // Option sets one of HTTPOptions.
@@ -60,6 +63,10 @@ func WithInternal(internal func(netip.Addr) bool) Option {
 // WithIdleTimeout sets how long a body may deliver nothing before the
 // read fails and the download resumes on a new request; default 60s.
 func WithIdleTimeout(d time.Duration) Option { return func(o *HTTPOptions) { o.IdleTimeout = d } }
+
+// WithoutRedirects makes Client refuse every redirect (RefuseRedirects);
+// default: follow them under the redirect policy (DropAuthAcrossOrigins).
+func WithoutRedirects() Option { return func(o *HTTPOptions) { o.NoRedirects = true } }
 
 // WithUserAgent sets the User-Agent; default "modelcached".
 func WithUserAgent(ua string) Option { return func(o *HTTPOptions) { o.UserAgent = ua } }
@@ -109,12 +116,17 @@ func DefaultTransport() *http.Transport {
 // whose redirects cannot reach host-internal addresses (Guard) and take no
 // credentials to another origin (DropAuthAcrossOrigins). It has no
 // overall timeout: large files take long; IdleTimeout bounds a stall.
+// With NoRedirects it follows none (RefuseRedirects).
 func (o HTTPOptions) Client() *http.Client {
 	t := o.Transport
 	if t == nil {
 		t = DefaultTransport()
 	}
-	return &http.Client{Transport: o.Guard.Transport(t, nil), CheckRedirect: DropAuthAcrossOrigins}
+	check := DropAuthAcrossOrigins
+	if o.NoRedirects {
+		check = RefuseRedirects
+	}
+	return &http.Client{Transport: o.Guard.Transport(t, nil), CheckRedirect: check}
 }
 
 // Ranged is the file of size bytes that open reads, in Range requests

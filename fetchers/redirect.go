@@ -1,6 +1,7 @@
 package fetchers
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -22,6 +23,9 @@ import (
 //     (IsSecretParam: presigned-URL signatures, tokens) when a redirect
 //     carries them on; a redirect's own signed URL (a CDN's, which the
 //     origin minted for it) is kept.
+//
+// A client may refuse redirects altogether (RefuseRedirects, set by
+// WithoutRedirects): then nothing of the request leaves its origin.
 //
 // Two hooks apply it: DropAuthAcrossOrigins, the http.Client
 // CheckRedirect of every fetcher, and Guard.Transport, which strips what
@@ -50,6 +54,19 @@ func IsCredentialHeader(name string) bool {
 		}
 	}
 	return false
+}
+
+// ErrRedirect is wrapped by the error of a request whose answer was a
+// redirect that its client refuses (RefuseRedirects).
+var ErrRedirect = errors.New("redirect refused")
+
+// RefuseRedirects is the CheckRedirect of a client that follows no
+// redirect at all (HTTPOptions.NoRedirects): a source that must answer
+// itself (a peer daemon) and redirects instead has broken its contract.
+// The error wraps ErrRedirect and is Permanent: asking again gets the
+// same redirect.
+func RefuseRedirects(req *http.Request, via []*http.Request) error {
+	return Permanent(fmt.Errorf("%s answered with a redirect to %s: %w", via[len(via)-1].URL.Redacted(), req.URL.Redacted(), ErrRedirect))
 }
 
 // DropAuthAcrossOrigins is the http.Client CheckRedirect of every

@@ -2,6 +2,7 @@ package fetchers_test
 
 import (
 	"encoding/base64"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -170,5 +171,42 @@ func TestRedirectCredentialsStayAtTheirOrigin(t *testing.T) {
 	get(t, client(byHost), secure.URL+"/go?to="+url.QueryEscape(otherPort.URL+"/byhost"), false)
 	if !otherPort.Saw("/byhost") || otherPort.Saw(secret) {
 		t.Fatalf("another port of the host: %q", otherPort.Seen())
+	}
+}
+
+// A client made WithoutRedirects follows no redirect, not even one to its
+// own origin, and says so with ErrRedirect (Permanent: a retry gets the
+// same answer); the target is never asked.
+func TestWithoutRedirectsRefusesEveryRedirect(t *testing.T) {
+	var targetHits int
+	mux := http.NewServeMux()
+	mux.HandleFunc("/target", func(w http.ResponseWriter, r *http.Request) { targetHits++ })
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/target", http.StatusFound) })
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	var o fetchers.HTTPOptions
+	o.Apply(fetchers.WithoutRedirects())
+	resp, err := o.Client().Get(srv.URL + "/start")
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("a redirect was followed (status %d)", resp.StatusCode)
+	}
+	if !errors.Is(err, fetchers.ErrRedirect) || !fetchers.IsPermanent(err) {
+		t.Fatalf("error %v: want a Permanent ErrRedirect", err)
+	}
+	if !strings.Contains(err.Error(), "/target") {
+		t.Errorf("error %q does not name where the redirect led", err)
+	}
+	if targetHits != 0 {
+		t.Errorf("the redirect's target was asked %d times", targetHits)
+	}
+	// The default client still follows it.
+	resp, err = fetchers.DefaultHTTPOptions().Client().Get(srv.URL + "/start")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if targetHits != 1 {
+		t.Errorf("the default client reached the target %d times, want 1", targetHits)
 	}
 }

@@ -1,0 +1,229 @@
+package peer
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	authv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
+)
+
+// ErrUnauthenticated is wrapped by an Authenticator's answer for a
+// token it rejects. Any other error means it could not decide (the API
+// server is unreachable): the server answers 503, not 401, and caches
+// nothing.
+var ErrUnauthenticated = errors.New("unauthenticated")
+
+// Authenticator decides whether a bearer token belongs to a daemon of
+// this cluster. Implementations are safe for concurrent use.
+type Authenticator interface {
+	// Authenticate returns nil for a token it accepts, an error wrapping
+	// ErrUnauthenticated for one it rejects, any other error when it
+	// cannot decide.
+	Authenticate(ctx context.Context, token string) error
+}
+
+// DefaultAudience is the audience of the projected service-account token
+// that daemons present to each other: a token minted for the API server
+// (or anything else) is not accepted by a peer, and a peer's token is
+// useless to the API server.
+const DefaultAudience = "modelcache-peer"
+
+// StaticTokenAuthenticator accepts the one token held in a file (the
+// shared token of a systemd fleet, outside Kubernetes). The file is
+// stat'ed on each request and read again when it changed (TokenFile), so
+// rotating the token needs no restart.
+type StaticTokenAuthenticator struct {
+	File *TokenFile
+}
+
+// Authenticate compares token with the file's in constant time. A file
+// that cannot be read rejects every token (ErrUnauthenticated): the
+// feature is misconfigured, and the error says why for the log.
+func (a StaticTokenAuthenticator) Authenticate(_ context.Context, token string) error {
+	want, err := a.File.Token()
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrUnauthenticated, err)
+	}
+	// Compare digests: equal lengths, so the time says nothing of the
+	// token's length either.
+	w, g := sha256.Sum256([]byte(want)), sha256.Sum256([]byte(token))
+	if subtle.ConstantTimeCompare(w[:], g[:]) != 1 {
+		return fmt.Errorf("%w: not the shared token of %s", ErrUnauthenticated, a.File.Path())
+	}
+	return nil
+}
+
+// TokenReviewAuthenticator accepts a projected service-account token of
+// one service account (the daemon's own: only daemons of this cluster are
+// peers, never pods or users) for one audience, checked with a
+// TokenReview. A token that is not a JWT with an exp claim still ahead
+// is refused without asking the API server. A positive answer is cached until the token expires (its
+// exp claim, read without verification: the TokenReview verified it), a
+// negative one for NegativeTTL; the cache holds at most MaxEntries tokens
+// (by their SHA-256, never the token itself). Use
+// NewTokenReviewAuthenticator.
+type TokenReviewAuthenticator struct {
+	reviews  authv1client.TokenReviewInterface
+	audience string
+	user     string
+	// NegativeTTL is how long a rejection is remembered; MaxEntries
+	// bounds the cache; Now is the clock. Set before first use.
+	NegativeTTL time.Duration
+	MaxEntries  int
+	Now         func() time.Time
+
+	mu     sync.Mutex
+	cache  map[[32]byte]verdict
+	flight singleflight.Group
+}
+
+type verdict struct {
+	ok    bool
+	until time.Time
+}
+
+// NewTokenReviewAuthenticator checks tokens with reviews (a clientset's
+// AuthenticationV1().TokenReviews(); the daemon's service account needs
+// create on tokenreviews, as the system:auth-delegator ClusterRole
+// grants) for audience (DefaultAudience when empty), accepting only the
+// service account namespace/name.
+func NewTokenReviewAuthenticator(reviews authv1client.TokenReviewInterface, audience, namespace, name string) (*TokenReviewAuthenticator, error) {
+	if namespace == "" || name == "" {
+		return nil, fmt.Errorf("peer authentication: the daemon's service account is %q/%q; give both its namespace and its name (the DaemonSet's serviceAccountName)", namespace, name)
+	}
+	if audience == "" {
+		audience = DefaultAudience
+	}
+	return &TokenReviewAuthenticator{reviews: reviews, audience: audience, user: "system:serviceaccount:" + namespace + ":" + name,
+		NegativeTTL: 10 * time.Second, MaxEntries: 1024, Now: time.Now, cache: map[[32]byte]verdict{}}, nil
+}
+
+// Authenticate answers from the cache or asks the API server.
+func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token string) error {
+	if token == "" {
+		return fmt.Errorf("%w: no token", ErrUnauthenticated)
+	}
+	key, now := sha256.Sum256([]byte(token)), a.Now()
+	a.mu.Lock()
+	v, hit := a.cache[key]
+	a.mu.Unlock()
+	if hit && now.Before(v.until) {
+		if v.ok {
+			return nil
+		}
+		return fmt.Errorf("%w: rejected recently", ErrUnauthenticated)
+	}
+	// Only a JWT whose exp is ahead can pass a review: anything else is
+	// refused here, so garbage costs the API server nothing.
+	exp, ok := expiry(token)
+	if !ok || !now.Before(exp) {
+		a.remember(key, verdict{until: now.Add(a.NegativeTTL)}, now)
+		return fmt.Errorf("%w: not a service-account token that is still valid", ErrUnauthenticated)
+	}
+	// One review per token at a time: the uploads a new peer starts at
+	// once share it.
+	res, err, _ := a.flight.Do(string(key[:]), func() (any, error) {
+		tr, err := a.reviews.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{
+			Token: token, Audiences: []string{a.audience}}}, metav1.CreateOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return tr.Status, nil
+	})
+	if err != nil {
+		return fmt.Errorf("peer authentication: TokenReview: %w", err)
+	}
+	st := res.(authenticationv1.TokenReviewStatus)
+	reject := ""
+	switch {
+	case !st.Authenticated:
+		reject = "the API server does not accept the token"
+		if st.Error != "" {
+			reject += " (" + st.Error + ")"
+		}
+	case !hasAudience(st.Audiences, a.audience):
+		reject = "the token is not for audience " + a.audience
+	case st.User.Username != a.user:
+		reject = "the token is " + st.User.Username + "'s, not " + a.user + "'s"
+	}
+	v = verdict{ok: reject == "", until: now.Add(a.NegativeTTL)}
+	if v.ok {
+		v.until = exp
+	}
+	a.remember(key, v, now)
+	if !v.ok {
+		return fmt.Errorf("%w: %s", ErrUnauthenticated, reject)
+	}
+	return nil
+}
+
+// remember stores v, first dropping expired entries when the cache is
+// full and then, if still full, an arbitrary one.
+func (a *TokenReviewAuthenticator) remember(key [32]byte, v verdict, now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.cache) >= a.MaxEntries {
+		for k, e := range a.cache {
+			if !now.Before(e.until) {
+				delete(a.cache, k)
+			}
+		}
+		for k := range a.cache {
+			if len(a.cache) < a.MaxEntries {
+				break
+			}
+			delete(a.cache, k)
+		}
+	}
+	a.cache[key] = v
+}
+
+// Cached is how many verdicts the cache holds.
+func (a *TokenReviewAuthenticator) Cached() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.cache)
+}
+
+func hasAudience(auds []string, want string) bool {
+	for _, a := range auds {
+		if a == want {
+			return true
+		}
+	}
+	return false
+}
+
+// expiry reads the exp claim of a JWT without verifying it.
+func expiry(token string) (time.Time, bool) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return time.Time{}, false
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return time.Time{}, false
+	}
+	var claims struct {
+		Exp *json.Number `json:"exp"`
+	}
+	if json.Unmarshal(payload, &claims) != nil || claims.Exp == nil {
+		return time.Time{}, false
+	}
+	sec, err := claims.Exp.Int64()
+	if err != nil || sec <= 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(sec, 0), true
+}

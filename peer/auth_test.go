@@ -1,0 +1,207 @@
+package peer_test
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	authv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
+
+	"github.com/modelcache/modelcache/internal/kubetest"
+	"github.com/modelcache/modelcache/peer"
+)
+
+// replace writes content to path by rename, as kubelet and config
+// management tools do (a new inode).
+func replace(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The shared token is read again when its file changes: a rotation needs
+// no restart.
+func TestStaticTokenFollowsTheFile(t *testing.T) {
+	tf := tokenFile(t, "first")
+	a := peer.StaticTokenAuthenticator{File: tf}
+	ctx := context.Background()
+	check := func(tok string, ok bool) {
+		t.Helper()
+		err := a.Authenticate(ctx, tok)
+		if (err == nil) != ok || (err != nil && !errors.Is(err, peer.ErrUnauthenticated)) {
+			t.Errorf("token %q: %v, want accepted=%v", tok, err, ok)
+		}
+	}
+	check("first", true)
+	check("firs", false)
+	check("first ", false)
+	check("", false)
+	replace(t, tf.Path(), "second\n")
+	check("second", true)
+	check("first", false)
+	// A file gone or empty accepts nothing.
+	os.Remove(tf.Path())
+	check("second", false)
+	replace(t, tf.Path(), "  \n")
+	check("", false)
+	check("second", false)
+}
+
+func TestTokenFileRejects(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]string{"empty": "", "blank": " \n\n", "two-tokens": "a\nb\n", "spaced": "a b"} {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(content), 0o600)
+		if tok, err := peer.NewTokenFile(p).Token(); err == nil || !strings.Contains(err.Error(), p) {
+			t.Errorf("%s: token %q, err %v; want an error naming the file", name, tok, err)
+		}
+	}
+	if _, err := peer.NewTokenFile(dir).Token(); err == nil {
+		t.Error("a directory gave a token")
+	}
+	big := filepath.Join(dir, "big")
+	os.WriteFile(big, []byte(strings.Repeat("x", 1<<20)), 0o600)
+	if _, err := peer.NewTokenFile(big).Token(); err == nil {
+		t.Error("a 1 MiB token was read")
+	}
+}
+
+// countingReviews counts the TokenReviews sent.
+type countingReviews struct {
+	authv1client.TokenReviewInterface
+	n atomic.Int32
+}
+
+func (c *countingReviews) Create(ctx context.Context, tr *authenticationv1.TokenReview, o metav1.CreateOptions) (*authenticationv1.TokenReview, error) {
+	c.n.Add(1)
+	return c.TokenReviewInterface.Create(ctx, tr, o)
+}
+
+// Against a real kube-apiserver: only a token of the daemon's own
+// service account, for the peer audience, is accepted; answers are
+// cached (positive until the token's exp, negative for NegativeTTL).
+func TestTokenReviewAuthenticator(t *testing.T) {
+	cl := kubetest.Start(t)
+	kc := kubernetes.NewForConfigOrDie(cl.Config)
+	ctx := context.Background()
+	const ns = "modelcache-system"
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, sa := range []string{"modelcached", "other"} {
+		if _, err := kc.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	token := func(sa string, audiences ...string) string {
+		tr, err := kc.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: audiences}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr.Status.Token
+	}
+	reviews := &countingReviews{TokenReviewInterface: kc.AuthenticationV1().TokenReviews()}
+	now := time.Now()
+	a, err := peer.NewTokenReviewAuthenticator(reviews, "", ns, "modelcached")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Now = func() time.Time { return now }
+	good := token("modelcached", peer.DefaultAudience)
+	for _, tc := range []struct {
+		name, token string
+		ok          bool
+	}{
+		{"the daemon's account, peer audience", good, true},
+		{"the daemon's account, also another audience", token("modelcached", "elsewhere", peer.DefaultAudience), true},
+		{"another account", token("other", peer.DefaultAudience), false},
+		{"the daemon's account, API server audience", token("modelcached"), false},
+		{"the daemon's account, wrong audience", token("modelcached", "modelcache-peers"), false},
+		{"garbage", "not.a.jwt", false},
+		{"a forged exp", forgedJWT(), false},
+	} {
+		err := a.Authenticate(ctx, tc.token)
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, peer.ErrUnauthenticated)) {
+			t.Errorf("%s: %v, want accepted=%v", tc.name, err, tc.ok)
+		}
+	}
+	// Garbage never reaches the API server.
+	n := reviews.n.Load()
+	for _, g := range []string{"garbage", "a.b.c", "not.a.jwt", expiredJWT()} {
+		if a.Authenticate(ctx, g+"x") == nil {
+			t.Errorf("%q accepted", g)
+		}
+	}
+	if reviews.n.Load() != n {
+		t.Errorf("malformed or expired tokens sent %d reviews", reviews.n.Load()-n)
+	}
+	// Cached: asking again sends no review, until the verdict expires.
+	if a.Authenticate(ctx, good) != nil || a.Authenticate(ctx, forgedJWT()) == nil || reviews.n.Load() != n {
+		t.Errorf("cached answers sent %d more reviews", reviews.n.Load()-n)
+	}
+	now = now.Add(a.NegativeTTL + time.Second)
+	if a.Authenticate(ctx, good) != nil || a.Authenticate(ctx, forgedJWT()) == nil || reviews.n.Load() != n+1 {
+		t.Errorf("after the negative TTL: %d more reviews, want 1 (the rejected token's)", reviews.n.Load()-n)
+	}
+	now = now.Add(2 * time.Hour) // past the token's exp (1h by default): the acceptance ends
+	if err := a.Authenticate(ctx, good); !errors.Is(err, peer.ErrUnauthenticated) {
+		t.Errorf("after the token's exp: %v, want ErrUnauthenticated", err)
+	}
+	// A new token presented by many uploads at once is reviewed once.
+	now = time.Now()
+	fresh, before := token("modelcached", peer.DefaultAudience), reviews.n.Load()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.Authenticate(ctx, fresh); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if d := reviews.n.Load() - before; d != 1 {
+		t.Errorf("8 concurrent checks of one token sent %d reviews, want 1", d)
+	}
+	// The cache is bounded.
+	a.MaxEntries = 3
+	for i := range 10 {
+		a.Authenticate(ctx, fmt.Sprintf("garbage-%d", i))
+	}
+	if c := a.Cached(); c > 3 {
+		t.Errorf("the cache holds %d verdicts, more than MaxEntries 3", c)
+	}
+	if _, err := peer.NewTokenReviewAuthenticator(reviews, "", "", "modelcached"); err == nil {
+		t.Error("an authenticator without the namespace was made")
+	}
+}
+
+// forgedJWT claims a far exp with no valid signature.
+func forgedJWT() string {
+	enc := base64.RawURLEncoding.EncodeToString
+	return enc([]byte(`{"alg":"RS256"}`)) + "." + enc([]byte(`{"exp":99999999999,"sub":"system:serviceaccount:modelcache-system:modelcached","aud":["modelcache-peer"]}`)) + "." + enc([]byte("sig"))
+}
+
+// expiredJWT is well formed with an exp in the past.
+func expiredJWT() string {
+	enc := base64.RawURLEncoding.EncodeToString
+	return enc([]byte(`{"alg":"RS256"}`)) + "." + enc([]byte(`{"exp":1000}`)) + "." + enc([]byte("sig"))
+}

@@ -1,0 +1,35 @@
+package peer
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/modelcache/modelcache/cachestore"
+)
+
+// StoreBlobs serves the blobs of a store: only what is under blobs/,
+// which holds nothing but content whose size and digest were checked on
+// commit (partial ingests live elsewhere and are never served).
+type StoreBlobs struct {
+	Store *cachestore.Store
+}
+
+// OpenBlob holds a lease on d (GC and eviction keep the file until
+// release), then opens it.
+func (s StoreBlobs) OpenBlob(_ context.Context, d string) (*os.File, int64, func(), error) {
+	l := s.Store.NewLease()
+	l.Hold(d)
+	f, err := s.Store.OpenBlob(d)
+	if err != nil {
+		l.Release()
+		return nil, 0, nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		l.Release()
+		return nil, 0, nil, fmt.Errorf("blob %s: not a readable regular file: %v", d, err)
+	}
+	return f, fi.Size(), l.Release, nil
+}

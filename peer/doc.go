@@ -1,0 +1,43 @@
+// Package peer lets the daemons of one cluster fetch verified blobs from
+// each other, so that the origin serves each byte about once. A daemon
+// serves its committed blobs by digest (Server, on its own port, to
+// callers an Authenticator accepts) and fetches blobs from a list of
+// peers before the origin (Fetcher). A peer is an untrusted mirror: its
+// bytes go into the same partial ingest as the origin's, the store's
+// size and digest check decides what commits, and a peer that fails in
+// any way is set aside for a while.
+//
+// The wire: GET or HEAD /v1/blobs/sha256:<hex>, one Range (bytes=a-b,
+// a-, -n; 206 with Content-Range, 416 for anything else), header
+// "Authorization: Bearer <token>"; 401 without an accepted token, 404
+// for a blob not held, 503 with Retry-After when the uploads are all
+// busy or the token cannot be checked now. No redirects either way.
+//
+// Who may fetch: in Kubernetes, a daemon presents a projected
+// service-account token of its own account for audience DefaultAudience
+// (a serviceAccountToken volume with that audience), re-read from its
+// file on each request; the serving daemon checks it with a TokenReview
+// (its account needs create on tokenreviews: bind system:auth-delegator)
+// and accepts only its own account, so pods and users, whatever their
+// tokens, are never served. Outside Kubernetes every daemon reads one
+// shared token file (StaticTokenAuthenticator on the serving side, the
+// same file as the Fetcher's TokenSource). A network policy that admits
+// the peer port only from the DaemonSet's pods is a second fence, not a
+// substitute.
+//
+// Where to find what:
+//
+//	server.go     Server (the http.Handler), Blobs (what it serves from),
+//	              the upload bounds, the Range parser
+//	blobs.go      StoreBlobs: Blobs over a cachestore.Store, with a lease per transfer
+//	auth.go       Authenticator; TokenReviewAuthenticator (a projected
+//	              service-account token of the daemon's own account and
+//	              audience, checked with a TokenReview, cached);
+//	              StaticTokenAuthenticator (a shared token file, systemd)
+//	tokenfile.go  TokenFile: a token read from a file again when it changes
+//	fetch.go      Fetcher: a blob from peers, then the origin, into a
+//	              partial ingest (Fetch) and committed (Ingest); peers set
+//	              aside by reason
+//	picker.go     Pick: the peers that hold a revision, from ModelCacheNode statuses
+//	metrics.go    Metrics: the modelcache_peer_* collectors the daemon registers
+package peer

@@ -1,0 +1,601 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
+)
+
+// Blob is one blob to fetch: its digest ("sha256:<hex>", from the
+// cluster's resolution) and its size in bytes.
+type Blob struct {
+	Digest string
+	Size   int64
+}
+
+// Partial is the partial ingest a fetch writes into, at its Offset: the
+// store's *cachestore.Writer is one. A caller may wrap its ReadFrom to
+// count progress, bound bandwidth or tee the bytes; an error the wrapper
+// returns (not one it passes on from the reader) is the sink's, which
+// blames no source. Its contract is the Writer's:
+// ReadFrom appends, Offset is how many bytes it holds, Commit checks
+// size and digest and moves the data into the store (deleting it on a
+// mismatch, with an error wrapping cachestore.ErrDigestMismatch or
+// ErrSizeMismatch), Close keeps the data for a resume, Abort drops it.
+type Partial interface {
+	io.ReaderFrom
+	Offset() int64
+	Commit(ctx context.Context, size int64, expected string) (string, error)
+	Close() error
+	Abort()
+}
+
+// OpenPartial opens, or resumes, the partial ingest of the blob being
+// fetched (the daemon: store.Writer with the blob's ref, size and lease).
+type OpenPartial func(ctx context.Context) (Partial, error)
+
+// Origin opens the blob at its source from offset (the daemon: its
+// fetcher's Open of the file). The fetcher tries it after every usable
+// peer failed, and on its own when no peer is usable; its errors come
+// back unchanged, for the caller's retry policy.
+type Origin func(ctx context.Context, offset int64) (io.ReadCloser, error)
+
+// TokenSource gives the bearer token of each outgoing request (a
+// *TokenFile over the projected service-account token).
+type TokenSource interface {
+	Token() (string, error)
+}
+
+// SourceOrigin names the origin in a Span.
+const SourceOrigin = "origin"
+
+// Span is a run of bytes of one fetch and where they came from: a peer's
+// base URL or SourceOrigin.
+type Span struct {
+	Source string
+	Offset int64
+	Bytes  int64
+}
+
+// Result says where the bytes of one Fetch (or Ingest) came from.
+// Resumed bytes were in the partial ingest before it started: their
+// source is not known to this fetch.
+type Result struct {
+	Resumed int64
+	Spans   []Span
+}
+
+// Peers lists the peers that gave bytes, once each.
+func (r Result) Peers() []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, s := range r.Spans {
+		if s.Source != SourceOrigin && s.Bytes > 0 && !seen[s.Source] {
+			seen[s.Source] = true
+			out = append(out, s.Source)
+		}
+	}
+	return out
+}
+
+// Bytes sums the bytes from source.
+func (r Result) Bytes(source string) int64 {
+	var n int64
+	for _, s := range r.Spans {
+		if s.Source == source {
+			n += s.Bytes
+		}
+	}
+	return n
+}
+
+func (r Result) bytes() int64 {
+	var n int64
+	for _, s := range r.Spans {
+		n += s.Bytes
+	}
+	return n
+}
+
+func (r *Result) add(source string, off, n int64) {
+	if n > 0 {
+		r.Spans = append(r.Spans, Span{Source: source, Offset: off, Bytes: n})
+	}
+}
+
+// Reasons a peer is set aside (label reason of modelcache_peer_avoided_total).
+const (
+	AvoidUnauthorized = "unauthorized" // 401 or 403: the peer does not take our token
+	AvoidBusy         = "busy"         // 429 or 503 (for its Retry-After at least)
+	AvoidStatus       = "status"       // any other answer than 200/206/404
+	AvoidRedirect     = "redirect"     // it redirected: a peer answers itself
+	AvoidWrongLength  = "wrong_length" // Content-Length or Content-Range not what was asked
+	AvoidTooLong      = "too_long"     // more bytes than the blob has
+	AvoidShort        = "short"        // the body ended early
+	AvoidStall        = "stall"        // under the progress floor, or idle
+	AvoidNetwork      = "network"      // no connection, a reset
+	AvoidDigest       = "digest"       // bytes it sent failed the digest check at commit
+	AvoidBadURL       = "bad_url"      // the peer's address is not an http(s) base URL
+)
+
+// Fetcher gets blobs from peer daemons, falling back to the origin. A
+// peer is untrusted: bytes from it go into the same partial ingest as the
+// origin's, nothing commits without the store's size and digest check,
+// and a peer that fails a transfer in any way (see the Avoid reasons) is
+// set aside for a while (exponential per peer, AvoidFor) while the
+// transfer goes on, from the same offset, at the next peer or the origin.
+// Use NewFetcher; safe for concurrent use.
+type Fetcher struct {
+	tokens TokenSource
+	client *http.Client
+	o      fetcherOptions
+	mu     sync.Mutex
+	peers  map[string]*peerState
+}
+
+type peerState struct {
+	failures int
+	until    time.Time
+	reason   string
+}
+
+type fetcherOptions struct {
+	http               fetchers.HTTPOptions
+	floor              int64
+	window             time.Duration
+	avoidMin, avoidMax time.Duration
+	now                func() time.Time
+	log                *slog.Logger
+	metrics            *Metrics
+}
+
+// FetcherOption sets one setting of NewFetcher.
+type FetcherOption func(*fetcherOptions)
+
+// WithHTTP sets the HTTP settings (transport, idle timeout, User-Agent)
+// from fetchers' Options; redirects are refused whatever they say.
+// Default fetchers.DefaultHTTPOptions with a 30s idle timeout.
+func WithHTTP(opts ...fetchers.Option) FetcherOption {
+	return func(o *fetcherOptions) { o.http.Apply(opts...) }
+}
+
+// WithProgressFloor sets the least a peer must send in each window of
+// time spent reading it (fetchers.MinRate); less sets it aside (a peer
+// is on the cluster's network: one slower than this is worth less than
+// the origin). Default 8 MiB per 10s; a floor of 0 turns it off.
+func WithProgressFloor(floor int64, window time.Duration) FetcherOption {
+	return func(o *fetcherOptions) { o.floor, o.window = floor, window }
+}
+
+// AvoidFor sets how long a failing peer is set aside: min after its
+// first failure, doubling with each failure in a row up to max; a
+// success forgets its failures. Default 30s and 10m.
+func AvoidFor(min, max time.Duration) FetcherOption {
+	return func(o *fetcherOptions) { o.avoidMin, o.avoidMax = min, max }
+}
+
+// WithClock sets the clock of the avoidance; default time.Now.
+func WithClock(now func() time.Time) FetcherOption { return func(o *fetcherOptions) { o.now = now } }
+
+// WithFetcherLogger sets the logger; default none.
+func WithFetcherLogger(l *slog.Logger) FetcherOption { return func(o *fetcherOptions) { o.log = l } }
+
+// WithFetcherMetrics counts bytes by source and avoided peers in m;
+// default none.
+func WithFetcherMetrics(m *Metrics) FetcherOption { return func(o *fetcherOptions) { o.metrics = m } }
+
+// NewFetcher returns a Fetcher whose requests carry tokens' token.
+func NewFetcher(tokens TokenSource, opts ...FetcherOption) (*Fetcher, error) {
+	o := fetcherOptions{http: fetchers.DefaultHTTPOptions(), floor: 8 << 20, window: 10 * time.Second,
+		avoidMin: 30 * time.Second, avoidMax: 10 * time.Minute, now: time.Now}
+	o.http.IdleTimeout = 30 * time.Second
+	for _, opt := range opts {
+		opt(&o)
+	}
+	o.http.NoRedirects = true
+	switch {
+	case tokens == nil:
+		return nil, errors.New("peer fetcher: needs a token source (the projected service-account token file)")
+	case o.floor < 0 || (o.floor > 0 && o.window <= 0):
+		return nil, fmt.Errorf("peer fetcher: progress floor %d per %s: want a floor >= 0 (0 = off) and a window > 0", o.floor, o.window)
+	case o.avoidMin <= 0 || o.avoidMax < o.avoidMin:
+		return nil, fmt.Errorf("peer fetcher: avoid peers for %s to %s: want 0 < min <= max", o.avoidMin, o.avoidMax)
+	}
+	if o.log == nil {
+		o.log = slog.New(slog.DiscardHandler)
+	}
+	return &Fetcher{tokens: tokens, client: o.http.Client(), o: o, peers: map[string]*peerState{}}, nil
+}
+
+// maxPeerStates is how many peers' failures the fetcher remembers
+// before it forgets those no longer set aside.
+const maxPeerStates = 4096
+
+// ErrNoSource is returned by Fetch when every peer failed and there is no
+// origin to fall back to.
+var ErrNoSource = errors.New("no source left")
+
+// Fetch fills dst from its Offset to b.Size: from each usable peer of
+// peers in turn (the order is the caller's preference; peers set aside
+// are skipped), then from origin (nil: none). A transfer that fails
+// midway goes on from dst's new offset at the next source. It does not
+// commit dst, nor close it. The error is the origin's, a failure of dst
+// itself (a full disk), the context's, or ErrNoSource; a peer's failure
+// is never returned while origin is there.
+func (f *Fetcher) Fetch(ctx context.Context, b Blob, peers []string, dst Partial, origin Origin) (Result, error) {
+	res := Result{Resumed: dst.Offset()}
+	if _, err := cachestore.ParseDigest(b.Digest); err != nil || !strings.HasPrefix(b.Digest, cachestore.DigestPrefix) {
+		return res, fmt.Errorf("peer fetch: blob digest %q: want sha256:<64 lowercase hex>", b.Digest)
+	}
+	if b.Size < 0 || dst.Offset() > b.Size {
+		return res, fmt.Errorf("peer fetch %s: size %d with %d bytes already held: want a known size no smaller than what is held", b.Digest, b.Size, dst.Offset())
+	}
+	usable := f.usable(peers)
+	var tok string
+	if len(usable) > 0 {
+		var err error
+		if tok, err = f.tokens.Token(); err != nil {
+			f.o.log.Warn("peer fetch: no token for peers; fetching from the origin", "digest", b.Digest, "err", err)
+			usable = nil
+		}
+	}
+	var last error
+	for _, p := range usable {
+		if dst.Offset() == b.Size {
+			break
+		}
+		off := dst.Offset()
+		n, err := f.fromPeer(ctx, p, tok, b, dst)
+		res.add(p, off, n)
+		f.o.metrics.received("peer", n)
+		var se sinkError
+		switch {
+		case err == nil:
+			f.succeeded(p)
+			return res, nil
+		case errors.As(err, &se):
+			return res, se.err
+		case ctx.Err() != nil:
+			return res, ctx.Err()
+		}
+		last = err
+		var pe *peerError
+		if errors.As(err, &pe) && pe.reason == "" { // the peer lacks the blob: not its fault
+			f.o.log.Debug("peer fetch: peer does not hold the blob", "peer", p, "digest", b.Digest)
+			continue
+		}
+		f.setAside(p, err)
+	}
+	if dst.Offset() == b.Size {
+		return res, nil
+	}
+	if origin == nil {
+		return res, fmt.Errorf("peer fetch %s: %w (no origin; last peer error: %v)", b.Digest, ErrNoSource, last)
+	}
+	off := dst.Offset()
+	rc, err := origin(ctx, off)
+	if err != nil {
+		return res, err
+	}
+	n, err := f.transfer(rc, b, dst)
+	res.add(SourceOrigin, off, n)
+	f.o.metrics.received(SourceOrigin, n)
+	var se sinkError
+	if errors.As(err, &se) {
+		return res, se.err
+	}
+	return res, err
+}
+
+// Ingest fetches b into the partial ingest open opens and commits it;
+// it returns the committed digest. When the commit fails its size or
+// digest check and any byte came from a peer (or from before this call),
+// every peer that gave bytes is set aside (AvoidDigest) and the blob is
+// fetched once more from the origin alone, from byte 0: a lying peer
+// costs time, never a wrong byte nor a failed pull. When the origin
+// cannot continue the partial blob (fetchers.ErrCannotResume) it is
+// dropped and fetched once more from byte 0. On a Permanent failure the
+// partial ingest is dropped; on any other it is closed, kept for the
+// caller's next attempt to resume.
+func (f *Fetcher) Ingest(ctx context.Context, b Blob, peers []string, open OpenPartial, origin Origin) (string, Result, error) {
+	d, res, err := f.ingestOnce(ctx, b, peers, open, origin)
+	if errors.Is(err, fetchers.ErrCannotResume) && res.Resumed+res.bytes() > 0 {
+		// The origin cannot continue what is held: start the blob over.
+		f.o.log.Warn("peer fetch: the origin cannot continue the partial blob; starting it over", "digest", b.Digest, "err", err)
+		d, again, err := f.ingestOnce(ctx, b, peers, open, origin)
+		again.Spans = append(res.Spans, again.Spans...)
+		return d, again, err
+	}
+	if err == nil || !(errors.Is(err, cachestore.ErrDigestMismatch) || errors.Is(err, cachestore.ErrSizeMismatch)) {
+		return d, res, err
+	}
+	if res.Resumed == 0 && len(res.Peers()) == 0 {
+		return "", res, err // the origin's own bytes: its error
+	}
+	f.Distrust(res, err)
+	if origin == nil {
+		return "", res, err
+	}
+	d, again, err := f.ingestOnce(ctx, b, nil, open, origin)
+	again.Spans = append(res.Spans, again.Spans...)
+	return d, again, err
+}
+
+func (f *Fetcher) ingestOnce(ctx context.Context, b Blob, peers []string, open OpenPartial, origin Origin) (string, Result, error) {
+	w, err := open(ctx)
+	if err != nil {
+		return "", Result{}, err
+	}
+	res, err := f.Fetch(ctx, b, peers, w, origin)
+	if err != nil {
+		if errors.Is(err, fetchers.ErrCannotResume) || (fetchers.IsPermanent(err) && ctx.Err() == nil) {
+			w.Abort() // no later attempt can continue these bytes
+		} else {
+			w.Close() // kept for the next attempt to resume
+		}
+		return "", res, err
+	}
+	d, err := w.Commit(ctx, b.Size, b.Digest)
+	return d, res, err
+}
+
+// Distrust sets aside every peer that gave bytes to res (AvoidDigest):
+// for a caller that commits a Fetch itself and sees the check fail. why
+// is the commit's error, for the log.
+func (f *Fetcher) Distrust(res Result, why error) {
+	for _, p := range res.Peers() {
+		f.setAside(p, &peerError{reason: AvoidDigest, err: why})
+	}
+}
+
+// Avoided reports whether peer is set aside now, and why.
+func (f *Fetcher) Avoided(peer string) (bool, string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.peers[peer]
+	if st == nil || !f.o.now().Before(st.until) {
+		return false, ""
+	}
+	return true, st.reason
+}
+
+// usable is peers without those set aside and repeats, in order.
+func (f *Fetcher) usable(peers []string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := f.o.now()
+	var out []string
+	seen := map[string]bool{}
+	for _, p := range peers {
+		if seen[p] {
+			continue
+		}
+		seen[p] = true
+		if st := f.peers[p]; st != nil && now.Before(st.until) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func (f *Fetcher) setAside(p string, err error) {
+	reason, wait := AvoidNetwork, time.Duration(0)
+	var pe *peerError
+	if errors.As(err, &pe) {
+		reason, wait = pe.reason, pe.wait
+	}
+	f.mu.Lock()
+	now := f.o.now()
+	if len(f.peers) >= maxPeerStates { // forget peers whose time is up
+		for k, st := range f.peers {
+			if !now.Before(st.until) {
+				delete(f.peers, k)
+			}
+		}
+	}
+	st := f.peers[p]
+	if st == nil {
+		st = &peerState{}
+		f.peers[p] = st
+	}
+	st.failures++
+	d := f.o.avoidMin << min(st.failures-1, 20)
+	if d > f.o.avoidMax || d <= 0 {
+		d = f.o.avoidMax
+	}
+	d = max(d, wait)
+	st.until, st.reason = now.Add(d), reason
+	failures := st.failures
+	f.mu.Unlock()
+	f.o.metrics.avoid(reason)
+	f.o.log.Warn("peer set aside", "peer", p, "reason", reason, "for", d, "failures", failures, "err", err)
+}
+
+func (f *Fetcher) succeeded(p string) {
+	f.mu.Lock()
+	delete(f.peers, p)
+	f.mu.Unlock()
+}
+
+// peerError is a peer's failure and the reason it is set aside; reason
+// "" is a 404 (the peer does not hold the blob), which sets nothing aside.
+type peerError struct {
+	reason string
+	wait   time.Duration // at least this long (a Retry-After)
+	err    error
+}
+
+func (e *peerError) Error() string { return e.err.Error() }
+func (e *peerError) Unwrap() error { return e.err }
+
+// sinkError is a failure of the partial ingest, not of the source.
+type sinkError struct{ err error }
+
+func (e sinkError) Error() string { return e.err.Error() }
+
+// blobURL is base's URL of digest; base is an http(s) URL with a host
+// and nothing after it but an optional "/".
+func blobURL(base, digest string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
+		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+		return "", fmt.Errorf("peer %q: want a base URL such as http://10.0.0.7:7435", base)
+	}
+	return u.Scheme + "://" + u.Host + BlobPath + digest, nil
+}
+
+// fromPeer asks peer p for b from dst's offset and streams the answer
+// into dst.
+func (f *Fetcher) fromPeer(ctx context.Context, p, tok string, b Blob, dst Partial) (int64, error) {
+	fail := func(reason string, format string, args ...any) (int64, error) {
+		return 0, &peerError{reason: reason, err: fmt.Errorf("peer %s: blob %s: "+format, append([]any{p, b.Digest}, args...)...)}
+	}
+	u, err := blobURL(p, b.Digest)
+	if err != nil {
+		return 0, &peerError{reason: AvoidBadURL, err: err}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, &peerError{reason: AvoidBadURL, err: err}
+	}
+	off := dst.Offset()
+	req.Header.Set("Authorization", "Bearer "+tok)
+	req.Header.Set("User-Agent", f.o.http.UserAgent)
+	if off > 0 {
+		req.Header.Set("Range", "bytes="+strconv.FormatInt(off, 10)+"-")
+	}
+	resp, err := f.client.Do(req)
+	if err != nil {
+		if errors.Is(err, fetchers.ErrRedirect) {
+			return 0, &peerError{reason: AvoidRedirect, err: err}
+		}
+		return 0, &peerError{reason: AvoidNetwork, err: err}
+	}
+	want := b.Size - off
+	switch {
+	case resp.StatusCode == http.StatusOK && off == 0, resp.StatusCode == http.StatusPartialContent && off > 0:
+	case resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusPartialContent:
+		resp.Body.Close()
+		return fail(AvoidWrongLength, "asked for bytes from %d, got %s", off, resp.Status)
+	case resp.StatusCode == http.StatusNotFound:
+		resp.Body.Close()
+		return 0, &peerError{err: fmt.Errorf("peer %s: blob %s: %w", p, b.Digest, fetchers.ErrNotFound)}
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		resp.Body.Close()
+		return fail(AvoidUnauthorized, "%s: the peer does not accept this daemon's token", resp.Status)
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable:
+		resp.Body.Close()
+		n, err := fail(AvoidBusy, "%s", resp.Status)
+		err.(*peerError).wait = fetchers.ParseRetryAfter(resp.Header.Get("Retry-After"), f.o.now())
+		return n, err
+	default:
+		resp.Body.Close()
+		return fail(AvoidStatus, "%s", resp.Status)
+	}
+	if resp.ContentLength != want {
+		resp.Body.Close()
+		return fail(AvoidWrongLength, "Content-Length %d, want %d (the blob's %d bytes from %d)", resp.ContentLength, want, b.Size, off)
+	}
+	if off > 0 {
+		if cr := resp.Header.Get("Content-Range"); cr != fmt.Sprintf("bytes %d-%d/%d", off, b.Size-1, b.Size) {
+			resp.Body.Close()
+			return fail(AvoidWrongLength, "Content-Range %q, want bytes %d-%d/%d", cr, off, b.Size-1, b.Size)
+		}
+	}
+	n, err := f.transfer(resp.Body, b, dst)
+	if err != nil {
+		var se sinkError
+		if errors.As(err, &se) {
+			return n, err
+		}
+		reason := AvoidNetwork
+		switch {
+		case errors.Is(err, errTooLong):
+			reason = AvoidTooLong
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			reason = AvoidShort
+		case errors.Is(err, fetchers.ErrTooSlow) || errors.Is(err, fetchers.ErrIdle):
+			reason = AvoidStall
+		}
+		return n, &peerError{reason: reason, err: fmt.Errorf("peer %s: blob %s at byte %d: %w", p, b.Digest, off+n, err)}
+	}
+	return n, nil
+}
+
+// transfer streams body into dst until b.Size, closing body. It refuses a
+// body that ends early (io.ErrUnexpectedEOF) or goes on past the blob
+// (errTooLong), one that stalls (fetchers.IdleTimeout, MinRate); a
+// failure of dst comes back as a sinkError.
+func (f *Fetcher) transfer(body io.ReadCloser, b Blob, dst Partial) (int64, error) {
+	body = fetchers.MinRate(fetchers.IdleTimeout(body, f.o.http.IdleTimeout), f.o.floor, f.o.window)
+	defer body.Close()
+	src := &exactReader{r: body, left: b.Size - dst.Offset()}
+	n, err := dst.ReadFrom(src)
+	switch {
+	case src.err != nil:
+		return n, src.err
+	case err != nil:
+		return n, sinkError{err}
+	case src.left > 0:
+		return n, fmt.Errorf("stream ended %d bytes early: %w", src.left, io.ErrUnexpectedEOF)
+	}
+	return n, nil
+}
+
+var errTooLong = errors.New("more bytes than the blob has")
+
+// exactReader passes exactly left bytes of r: an EOF before is
+// io.ErrUnexpectedEOF, a byte after is errTooLong. err keeps the error
+// it returned (other than io.EOF), so its failures are told from the
+// sink's.
+type exactReader struct {
+	r    io.Reader
+	left int64
+	err  error
+	one  [1]byte
+}
+
+func (e *exactReader) Read(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	if e.left == 0 {
+		n, err := e.r.Read(e.one[:])
+		if n > 0 {
+			e.err = errTooLong
+			return 0, e.err
+		}
+		if err != nil && err != io.EOF {
+			e.err = err
+			return 0, err
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > e.left {
+		p = p[:e.left]
+	}
+	n, err := e.r.Read(p)
+	e.left -= int64(n)
+	switch {
+	case err == io.EOF && e.left > 0:
+		e.err = fmt.Errorf("stream ended %d bytes early: %w", e.left, io.ErrUnexpectedEOF)
+		return n, e.err
+	case err == io.EOF:
+		return n, io.EOF
+	case err != nil:
+		e.err = err
+	}
+	return n, err
+}
