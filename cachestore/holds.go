@@ -11,9 +11,11 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
 
 	"github.com/google/renameio/v2"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 )
 
 // Holds are the daemon's opaque records of something that holds versions
@@ -245,13 +247,28 @@ func (s *Store) HoldTree(ctx context.Context, key string, parts []TreePart) (str
 		return "", err
 	}
 	s.hit("holdtree.link")
-	if err := s.materialize(dir, "", holdTreeDir, m); err != nil {
+	if err := atIdlePriority(func() error { return s.materialize(dir, "", holdTreeDir, m) }); err != nil {
 		if errors.Is(err, fs.ErrNotExist) { // a blob GC took before the lease (its version evicted since Get)
 			return "", fmt.Errorf("composed tree of hold %q: %w: %v", key, ErrNotFound, err)
 		}
 		return "", fmt.Errorf("composed tree of hold %q: %w", key, err)
 	}
 	return filepath.Join(dir, holdTreeDir), nil
+}
+
+// atIdlePriority runs fn on an OS thread of its own under SCHED_IDLE: a
+// composed tree's thousands of links then take only the CPU nothing else
+// wants, and a publish of another volume beside it waits for none of it
+// (BenchmarkCSIPublishDuringCompose; docs/benchmarks.md). The thread is
+// never unlocked: it exits with the goroutine, and its policy with it.
+func atIdlePriority(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
+		errc <- fn()
+	}()
+	return <-errc
 }
 
 // HoldTreePath is where the composed tree of the hold under key is (or
