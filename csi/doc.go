@@ -69,9 +69,12 @@
 //
 // Where to find what:
 //
-//	server.go  the Backend interface, Config, Driver: New, Serve, the
-//	           Identity, Node and registration services
-//	mount.go   a target path opened beneath the pods directory, the
-//	           descriptor-based mkdir, bind mount, mount check and unmount,
-//	           and FindBinds over the mount table
+//	server.go     the Backend interface, Config, Driver: New, Serve, the
+//	              reconcile at start, the Identity and registration services
+//	publish.go    the Node service: NodePublishVolume and
+//	              NodeUnpublishVolume, the request's attributes and target
+//	mount.go      a target path opened beneath the pods directory, the
+//	              descriptor-based mkdir, bind mount, mount check and unmount
+//	mountinfo.go  the mount table: FindBinds, the mounts that show the
+//	              store, and the volume IDs kubelet recorded beside them
 package csi

@@ -44,15 +44,7 @@ type TarEntry struct {
 // or point at nothing earlier, device nodes, fifos, sockets, setuid/setgid
 // bits, and archives past the limits are refused with the entry named.
 func Untar(r io.Reader, lim TarLimits, file func(e TarEntry, body io.Reader) error, whiteout func(p string, opaque bool) error) error {
-	if lim.MaxEntries == 0 {
-		lim.MaxEntries = 100000
-	}
-	if lim.MaxEntrySize == 0 {
-		lim.MaxEntrySize = 1 << 40
-	}
-	if lim.MaxTotal == 0 {
-		lim.MaxTotal = 4 << 40
-	}
+	lim = lim.withDefaults()
 	sub := strings.Trim(lim.Subtree, "/")
 	regular := map[string]bool{}
 	tr := tar.NewReader(r)
@@ -119,25 +111,9 @@ func Untar(r io.Reader, lim TarLimits, file func(e TarEntry, body io.Reader) err
 			}
 			regular[p] = true
 		case tar.TypeLink, tar.TypeSymlink:
-			target := hdr.Linkname
-			if hdr.Typeflag == tar.TypeSymlink && !strings.HasPrefix(target, "/") {
-				target = path.Join(path.Dir(hdr.Name), target) // relative to the link's directory
-			}
-			if strings.HasPrefix(target, "/") && hdr.Typeflag == tar.TypeSymlink {
-				return bad(fmt.Sprintf("symlink to the absolute path %q", hdr.Linkname))
-			}
-			t, err := cleanArchivePath(target)
-			if err != nil {
-				return bad(fmt.Sprintf("link to %q leaves the archive", hdr.Linkname))
-			}
-			if sub != "" {
-				if !strings.HasPrefix(t, sub+"/") {
-					return bad(fmt.Sprintf("link to %q leaves the %s tree", hdr.Linkname, sub))
-				}
-				t = strings.TrimPrefix(t, sub+"/")
-			}
-			if !regular[t] && (lim.Exists == nil || !lim.Exists(t)) {
-				return bad(fmt.Sprintf("link to %q, which is not an earlier regular file of the archive", hdr.Linkname))
+			t, why := linkTarget(hdr, sub, lim.Exists, regular)
+			if why != "" {
+				return bad(why)
 			}
 			if err := file(TarEntry{Path: p, Mode: 0o644, Link: t}, nil); err != nil {
 				return err
@@ -153,6 +129,50 @@ func Untar(r io.Reader, lim TarLimits, file func(e TarEntry, body io.Reader) err
 			return bad(fmt.Sprintf("entry type %q", hdr.Typeflag))
 		}
 	}
+}
+
+// withDefaults is lim with the limits left zero set to their defaults.
+func (lim TarLimits) withDefaults() TarLimits {
+	if lim.MaxEntries == 0 {
+		lim.MaxEntries = 100000
+	}
+	if lim.MaxEntrySize == 0 {
+		lim.MaxEntrySize = 1 << 40
+	}
+	if lim.MaxTotal == 0 {
+		lim.MaxTotal = 4 << 40
+	}
+	return lim
+}
+
+// linkTarget is the path (within sub, with sub's prefix removed) of the
+// file a hard link or symlink entry points at, which must be an earlier
+// regular file of the archive or one exists says a lower layer has; why
+// says what is wrong with the link otherwise: a symlink to an absolute
+// path, or a target that leaves the archive or the subtree or is no
+// such file.
+func linkTarget(hdr *tar.Header, sub string, exists func(string) bool, regular map[string]bool) (target, why string) {
+	target = hdr.Linkname
+	if hdr.Typeflag == tar.TypeSymlink && !strings.HasPrefix(target, "/") {
+		target = path.Join(path.Dir(hdr.Name), target) // relative to the link's directory
+	}
+	if strings.HasPrefix(target, "/") && hdr.Typeflag == tar.TypeSymlink {
+		return "", fmt.Sprintf("symlink to the absolute path %q", hdr.Linkname)
+	}
+	t, err := cleanArchivePath(target)
+	if err != nil {
+		return "", fmt.Sprintf("link to %q leaves the archive", hdr.Linkname)
+	}
+	if sub != "" {
+		if !strings.HasPrefix(t, sub+"/") {
+			return "", fmt.Sprintf("link to %q leaves the %s tree", hdr.Linkname, sub)
+		}
+		t = strings.TrimPrefix(t, sub+"/")
+	}
+	if !regular[t] && (exists == nil || !exists(t)) {
+		return "", fmt.Sprintf("link to %q, which is not an earlier regular file of the archive", hdr.Linkname)
+	}
+	return t, ""
 }
 
 // cleanArchivePath turns "./a/b" into "a/b" and refuses absolute paths,

@@ -133,26 +133,35 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 			s.wantOrWait(want, pending, vd, ok, why)
 			owners[n] = mc.Name
 		}
-		if ref := mc.Spec.SecretRef; ref != nil {
-			secrets[ref.Namespace+"/"+ref.Name] = true
-			data, err := s.secret(ctx, ref.Namespace, ref.Name)
-			if s.secrets.changed(ref.Namespace+"/"+ref.Name, err) {
-				if err != nil {
-					s.log.Warn("k8s sync: credentials", "modelcache", mc.Name, "secret", ref.Namespace+"/"+ref.Name, "err", err)
-				} else {
-					s.log.Info("k8s sync: credentials read", "modelcache", mc.Name, "secret", ref.Namespace+"/"+ref.Name)
-				}
-			}
-			if data != nil {
-				for n, o := range owners {
-					if o == mc.Name {
-						creds[n] = data
-					}
-				}
+		s.credentials(ctx, mc, owners, creds, secrets)
+	}
+	return want, creds, owners, pending
+}
+
+// credentials reads the Secret mc names (spec.secretRef), if any, adds
+// its name to secrets, and gives its data to every artifact owners says
+// mc owns; whether the Secret reads is logged when that changes.
+func (s *Syncer) credentials(ctx context.Context, mc *ModelCache, owners map[string]string, creds map[string]map[string]string, secrets map[string]bool) {
+	ref := mc.Spec.SecretRef
+	if ref == nil {
+		return
+	}
+	secrets[ref.Namespace+"/"+ref.Name] = true
+	data, err := s.secret(ctx, ref.Namespace, ref.Name)
+	if s.secrets.changed(ref.Namespace+"/"+ref.Name, err) {
+		if err != nil {
+			s.log.Warn("k8s sync: credentials", "modelcache", mc.Name, "secret", ref.Namespace+"/"+ref.Name, "err", err)
+		} else {
+			s.log.Info("k8s sync: credentials read", "modelcache", mc.Name, "secret", ref.Namespace+"/"+ref.Name)
+		}
+	}
+	if data != nil {
+		for n, o := range owners {
+			if o == mc.Name {
+				creds[n] = data
 			}
 		}
 	}
-	return want, creds, owners, pending
 }
 
 // wantOrWait adds ds to want when the cluster resolved it (ok); else the

@@ -36,8 +36,11 @@
 //	              StaticTokenAuthenticator (a shared token file, systemd)
 //	tokenfile.go  TokenFile: a token read from a file again when it changes
 //	fetch.go      Fetcher: a blob from peers, then the origin, into a
-//	              partial ingest (Fetch) and committed (Ingest); peers set
-//	              aside by reason
+//	              partial ingest (Fetch) and committed (Ingest)
+//	transfer.go   one peer's GET: the blob's URL, the answer checked (status,
+//	              length, Range) and streamed at a progress floor
+//	avoid.go      peers set aside by reason, for a time that grows with
+//	              their failures
 //	picker.go     Pick: the peers that hold a revision, from ModelCacheNode statuses
 //	metrics.go    Metrics: the modelcache_peer_* collectors the daemon registers
 package peer

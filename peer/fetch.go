@@ -7,8 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -114,21 +112,6 @@ func (r *Result) add(source string, off, n int64) {
 	}
 }
 
-// Reasons a peer is set aside (label reason of modelcache_peer_avoided_total).
-const (
-	AvoidUnauthorized = "unauthorized" // 401 or 403: the peer does not take our token
-	AvoidBusy         = "busy"         // 429 or 503 (for its Retry-After at least)
-	AvoidStatus       = "status"       // any other answer than 200/206/404
-	AvoidRedirect     = "redirect"     // it redirected: a peer answers itself
-	AvoidWrongLength  = "wrong_length" // Content-Length or Content-Range not what was asked
-	AvoidTooLong      = "too_long"     // more bytes than the blob has
-	AvoidShort        = "short"        // the body ended early
-	AvoidStall        = "stall"        // under the progress floor, or idle
-	AvoidNetwork      = "network"      // no connection, a reset
-	AvoidDigest       = "digest"       // bytes it sent failed the digest check at commit
-	AvoidBadURL       = "bad_url"      // the peer's address is not an http(s) base URL
-)
-
 // Fetcher gets blobs from peer daemons, falling back to the origin. A
 // peer is untrusted: bytes from it go into the same partial ingest as the
 // origin's, nothing commits without the store's size and digest check,
@@ -142,12 +125,6 @@ type Fetcher struct {
 	o      fetcherOptions
 	mu     sync.Mutex
 	peers  map[string]*peerState
-}
-
-type peerState struct {
-	failures int
-	until    time.Time
-	reason   string
 }
 
 type fetcherOptions struct {
@@ -217,10 +194,6 @@ func NewFetcher(tokens TokenSource, opts ...FetcherOption) (*Fetcher, error) {
 	}
 	return &Fetcher{tokens: tokens, client: o.http.Client(), o: o, peers: map[string]*peerState{}}, nil
 }
-
-// maxPeerStates is how many peers' failures the fetcher remembers
-// before it forgets those no longer set aside.
-const maxPeerStates = 4096
 
 // ErrNoSource is returned by Fetch when every peer failed and there is no
 // origin to fall back to.
@@ -348,254 +321,4 @@ func (f *Fetcher) ingestOnce(ctx context.Context, b Blob, peers []string, open O
 	}
 	d, err := w.Commit(ctx, b.Size, b.Digest)
 	return d, res, err
-}
-
-// Distrust sets aside every peer that gave bytes to res (AvoidDigest):
-// for a caller that commits a Fetch itself and sees the check fail. why
-// is the commit's error, for the log.
-func (f *Fetcher) Distrust(res Result, why error) {
-	for _, p := range res.Peers() {
-		f.setAside(p, &peerError{reason: AvoidDigest, err: why})
-	}
-}
-
-// Avoided reports whether peer is set aside now, and why.
-func (f *Fetcher) Avoided(peer string) (bool, string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	st := f.peers[peer]
-	if st == nil || !f.o.now().Before(st.until) {
-		return false, ""
-	}
-	return true, st.reason
-}
-
-// usable is peers without those set aside and repeats, in order.
-func (f *Fetcher) usable(peers []string) []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	now := f.o.now()
-	var out []string
-	seen := map[string]bool{}
-	for _, p := range peers {
-		if seen[p] {
-			continue
-		}
-		seen[p] = true
-		if st := f.peers[p]; st != nil && now.Before(st.until) {
-			continue
-		}
-		out = append(out, p)
-	}
-	return out
-}
-
-func (f *Fetcher) setAside(p string, err error) {
-	reason, wait := AvoidNetwork, time.Duration(0)
-	var pe *peerError
-	if errors.As(err, &pe) {
-		reason, wait = pe.reason, pe.wait
-	}
-	f.mu.Lock()
-	now := f.o.now()
-	if len(f.peers) >= maxPeerStates { // forget peers whose time is up
-		for k, st := range f.peers {
-			if !now.Before(st.until) {
-				delete(f.peers, k)
-			}
-		}
-	}
-	st := f.peers[p]
-	if st == nil {
-		st = &peerState{}
-		f.peers[p] = st
-	}
-	st.failures++
-	d := f.o.avoidMin << min(st.failures-1, 20)
-	if d > f.o.avoidMax || d <= 0 {
-		d = f.o.avoidMax
-	}
-	d = max(d, wait)
-	st.until, st.reason = now.Add(d), reason
-	failures := st.failures
-	f.mu.Unlock()
-	f.o.metrics.avoid(reason)
-	f.o.log.Warn("peer set aside", "peer", p, "reason", reason, "for", d, "failures", failures, "err", err)
-}
-
-func (f *Fetcher) succeeded(p string) {
-	f.mu.Lock()
-	delete(f.peers, p)
-	f.mu.Unlock()
-}
-
-// peerError is a peer's failure and the reason it is set aside; reason
-// "" is a 404 (the peer does not hold the blob), which sets nothing aside.
-type peerError struct {
-	reason string
-	wait   time.Duration // at least this long (a Retry-After)
-	err    error
-}
-
-func (e *peerError) Error() string { return e.err.Error() }
-func (e *peerError) Unwrap() error { return e.err }
-
-// sinkError is a failure of the partial ingest, not of the source.
-type sinkError struct{ err error }
-
-func (e sinkError) Error() string { return e.err.Error() }
-
-// blobURL is base's URL of digest; base is an http(s) URL with a host
-// and nothing after it but an optional "/".
-func blobURL(base, digest string) (string, error) {
-	u, err := url.Parse(base)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
-		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
-		return "", fmt.Errorf("peer %q: want a base URL such as http://10.0.0.7:7435", base)
-	}
-	return u.Scheme + "://" + u.Host + BlobPath + digest, nil
-}
-
-// fromPeer asks peer p for b from dst's offset and streams the answer
-// into dst.
-func (f *Fetcher) fromPeer(ctx context.Context, p, tok string, b Blob, dst Partial) (int64, error) {
-	fail := func(reason string, format string, args ...any) (int64, error) {
-		return 0, &peerError{reason: reason, err: fmt.Errorf("peer %s: blob %s: "+format, append([]any{p, b.Digest}, args...)...)}
-	}
-	u, err := blobURL(p, b.Digest)
-	if err != nil {
-		return 0, &peerError{reason: AvoidBadURL, err: err}
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return 0, &peerError{reason: AvoidBadURL, err: err}
-	}
-	off := dst.Offset()
-	req.Header.Set("Authorization", "Bearer "+tok)
-	req.Header.Set("User-Agent", f.o.http.UserAgent)
-	if off > 0 {
-		req.Header.Set("Range", "bytes="+strconv.FormatInt(off, 10)+"-")
-	}
-	resp, err := f.client.Do(req)
-	if err != nil {
-		if errors.Is(err, fetchers.ErrRedirect) {
-			return 0, &peerError{reason: AvoidRedirect, err: err}
-		}
-		return 0, &peerError{reason: AvoidNetwork, err: err}
-	}
-	want := b.Size - off
-	switch {
-	case resp.StatusCode == http.StatusOK && off == 0, resp.StatusCode == http.StatusPartialContent && off > 0:
-	case resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusPartialContent:
-		resp.Body.Close()
-		return fail(AvoidWrongLength, "asked for bytes from %d, got %s", off, resp.Status)
-	case resp.StatusCode == http.StatusNotFound:
-		resp.Body.Close()
-		return 0, &peerError{err: fmt.Errorf("peer %s: blob %s: %w", p, b.Digest, fetchers.ErrNotFound)}
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
-		resp.Body.Close()
-		return fail(AvoidUnauthorized, "%s: the peer does not accept this daemon's token", resp.Status)
-	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable:
-		resp.Body.Close()
-		n, err := fail(AvoidBusy, "%s", resp.Status)
-		err.(*peerError).wait = fetchers.ParseRetryAfter(resp.Header.Get("Retry-After"), f.o.now())
-		return n, err
-	default:
-		resp.Body.Close()
-		return fail(AvoidStatus, "%s", resp.Status)
-	}
-	if resp.ContentLength != want {
-		resp.Body.Close()
-		return fail(AvoidWrongLength, "Content-Length %d, want %d (the blob's %d bytes from %d)", resp.ContentLength, want, b.Size, off)
-	}
-	if off > 0 {
-		if cr := resp.Header.Get("Content-Range"); cr != fmt.Sprintf("bytes %d-%d/%d", off, b.Size-1, b.Size) {
-			resp.Body.Close()
-			return fail(AvoidWrongLength, "Content-Range %q, want bytes %d-%d/%d", cr, off, b.Size-1, b.Size)
-		}
-	}
-	n, err := f.transfer(resp.Body, b, dst)
-	if err != nil {
-		var se sinkError
-		if errors.As(err, &se) {
-			return n, err
-		}
-		reason := AvoidNetwork
-		switch {
-		case errors.Is(err, errTooLong):
-			reason = AvoidTooLong
-		case errors.Is(err, io.ErrUnexpectedEOF):
-			reason = AvoidShort
-		case errors.Is(err, fetchers.ErrTooSlow) || errors.Is(err, fetchers.ErrIdle):
-			reason = AvoidStall
-		}
-		return n, &peerError{reason: reason, err: fmt.Errorf("peer %s: blob %s at byte %d: %w", p, b.Digest, off+n, err)}
-	}
-	return n, nil
-}
-
-// transfer streams body into dst until b.Size, closing body. It refuses a
-// body that ends early (io.ErrUnexpectedEOF) or goes on past the blob
-// (errTooLong), one that stalls (fetchers.IdleTimeout, MinRate); a
-// failure of dst comes back as a sinkError.
-func (f *Fetcher) transfer(body io.ReadCloser, b Blob, dst Partial) (int64, error) {
-	body = fetchers.MinRate(fetchers.IdleTimeout(body, f.o.http.IdleTimeout), f.o.floor, f.o.window)
-	defer body.Close()
-	src := &exactReader{r: body, left: b.Size - dst.Offset()}
-	n, err := dst.ReadFrom(src)
-	switch {
-	case src.err != nil:
-		return n, src.err
-	case err != nil:
-		return n, sinkError{err}
-	case src.left > 0:
-		return n, fmt.Errorf("stream ended %d bytes early: %w", src.left, io.ErrUnexpectedEOF)
-	}
-	return n, nil
-}
-
-var errTooLong = errors.New("more bytes than the blob has")
-
-// exactReader passes exactly left bytes of r: an EOF before is
-// io.ErrUnexpectedEOF, a byte after is errTooLong. err keeps the error
-// it returned (other than io.EOF), so its failures are told from the
-// sink's.
-type exactReader struct {
-	r    io.Reader
-	left int64
-	err  error
-	one  [1]byte
-}
-
-func (e *exactReader) Read(p []byte) (int, error) {
-	if e.err != nil {
-		return 0, e.err
-	}
-	if e.left == 0 {
-		n, err := e.r.Read(e.one[:])
-		if n > 0 {
-			e.err = errTooLong
-			return 0, e.err
-		}
-		if err != nil && err != io.EOF {
-			e.err = err
-			return 0, err
-		}
-		return 0, io.EOF
-	}
-	if int64(len(p)) > e.left {
-		p = p[:e.left]
-	}
-	n, err := e.r.Read(p)
-	e.left -= int64(n)
-	switch {
-	case err == io.EOF && e.left > 0:
-		e.err = fmt.Errorf("stream ended %d bytes early: %w", e.left, io.ErrUnexpectedEOF)
-		return n, e.err
-	case err == io.EOF:
-		return n, io.EOF
-	case err != nil:
-		e.err = err
-	}
-	return n, err
 }

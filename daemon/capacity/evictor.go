@@ -136,29 +136,17 @@ func (e *Evictor) Run(ctx context.Context, p Pass) (*Report, error) {
 	rep := &Report{Before: pr}
 	if pr.Need > 0 && e.Reclaim != nil {
 		// Partial downloads go before any version, even an unwanted one.
-		n, err := e.Reclaim(ctx, pr.Need, p)
-		if err != nil && e.Log != nil {
-			e.Log.Warn("reclaim partial downloads", "err", err)
-		}
-		if n > 0 {
-			rep.IngestBytesFreed = n
-			if pr, err = e.Pressure(); err != nil {
-				return rep, err
-			}
+		if pr, err = e.reclaim(ctx, pr, p, rep); err != nil {
+			return rep, err
 		}
 	}
 	if pr.Need+extra <= 0 {
-		// No pressure: only old revisions can be due. Look at summaries
-		// first; manifests are read only when some artifact has one.
-		sums, err := e.Store.ListSummaries()
+		// No pressure: only old revisions can be due.
+		due, err := e.oldRevisions()
 		if err != nil {
 			return nil, err
 		}
-		old := false
-		for _, a := range sums {
-			old = old || len(a.Versions) > 1
-		}
-		if !old {
+		if !due {
 			return rep, nil
 		}
 	}
@@ -188,39 +176,91 @@ func (e *Evictor) Run(ctx context.Context, p Pass) (*Report, error) {
 		} else {
 			rep.Short = 0
 		}
-		failed := false
-		for _, v := range victims {
-			if err := ctx.Err(); err != nil {
-				return rep, err
-			}
-			if e.Evicting != nil {
-				if err := e.Evicting(v, p); err != nil {
-					rep.Failed = append(rep.Failed, fmt.Sprintf("%s: %v", Key(v.Name, v.Revision), err))
-					in.Skip[Key(v.Name, v.Revision)] = true
-					failed = true
-					continue
-				}
-			}
-			if _, err := e.Store.Evict(ctx, v.Name, v.Revision, false); err != nil {
-				if !errors.Is(err, cachestore.ErrNotFound) {
-					rep.Failed = append(rep.Failed, fmt.Sprintf("%s: %v", Key(v.Name, v.Revision), err))
-					in.Skip[Key(v.Name, v.Revision)] = true
-					failed = true
-				}
-				continue
-			}
-			freed += v.Bytes
-			done = append(done, v)
-			rep.Evicted = append(rep.Evicted, v)
-			if e.Evicted != nil {
-				e.Evicted(v)
-			}
+		evicted, failed, err := e.evict(ctx, victims, in.Skip, p, rep)
+		if err != nil {
+			return rep, err
 		}
+		for _, v := range evicted {
+			freed += v.Bytes
+		}
+		done = append(done, evicted...)
 		if !failed {
 			break
 		}
 		victims = nil // plan again around the failures, for what is still needed
 	}
+	return e.collect(ctx, pr, rep)
+}
+
+// reclaim frees partial downloads for pr.Need bytes (Reclaim), counts
+// them in rep, and returns the pressure after: pr when nothing was freed.
+func (e *Evictor) reclaim(ctx context.Context, pr Pressure, p Pass, rep *Report) (Pressure, error) {
+	n, err := e.Reclaim(ctx, pr.Need, p)
+	if err != nil && e.Log != nil {
+		e.Log.Warn("reclaim partial downloads", "err", err)
+	}
+	if n <= 0 {
+		return pr, nil
+	}
+	rep.IngestBytesFreed = n
+	return e.Pressure()
+}
+
+// oldRevisions tells whether some artifact has more than one version, so
+// that old revisions may be due. It looks at summaries: manifests are
+// read only when some artifact has one.
+func (e *Evictor) oldRevisions() (bool, error) {
+	sums, err := e.Store.ListSummaries()
+	if err != nil {
+		return false, err
+	}
+	for _, a := range sums {
+		if len(a.Versions) > 1 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// evict removes victims in order, telling Evicting before and Evicted
+// after each, and records them in rep. A version that Evicting or the
+// store refuses is recorded as failed and added to skip, so a later plan
+// passes it by (failed is then true); one already gone is passed over.
+// It returns the versions removed, and ctx's error when ctx ends.
+func (e *Evictor) evict(ctx context.Context, victims []Victim, skip map[string]bool, p Pass, rep *Report) (evicted []Victim, failed bool, err error) {
+	for _, v := range victims {
+		if err := ctx.Err(); err != nil {
+			return evicted, failed, err
+		}
+		if e.Evicting != nil {
+			if err := e.Evicting(v, p); err != nil {
+				rep.Failed = append(rep.Failed, fmt.Sprintf("%s: %v", Key(v.Name, v.Revision), err))
+				skip[Key(v.Name, v.Revision)] = true
+				failed = true
+				continue
+			}
+		}
+		if _, err := e.Store.Evict(ctx, v.Name, v.Revision, false); err != nil {
+			if !errors.Is(err, cachestore.ErrNotFound) {
+				rep.Failed = append(rep.Failed, fmt.Sprintf("%s: %v", Key(v.Name, v.Revision), err))
+				skip[Key(v.Name, v.Revision)] = true
+				failed = true
+			}
+			continue
+		}
+		evicted = append(evicted, v)
+		rep.Evicted = append(rep.Evicted, v)
+		if e.Evicted != nil {
+			e.Evicted(v)
+		}
+	}
+	return evicted, failed, nil
+}
+
+// collect ends a pass: when it removed or failed to remove a version,
+// GC frees the blobs no version holds any more; the pass is logged when
+// it did or could not do something.
+func (e *Evictor) collect(ctx context.Context, pr Pressure, rep *Report) (*Report, error) {
 	if len(rep.Evicted) == 0 && len(rep.Failed) == 0 {
 		if e.Log != nil && rep.IngestBytesFreed > 0 {
 			e.Log.Info("eviction pass", "ingest_bytes_freed", rep.IngestBytesFreed, "short_bytes", rep.Short)

@@ -199,100 +199,124 @@ func (h *Hub) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	p := r.URL.Path
 	if rest, ok := strings.CutPrefix(p, "/api/models/"); ok {
-		for _, verb := range []string{"/revision/", "/tree/", "/paths-info/"} {
-			if i := strings.Index(rest, verb); i > 0 {
-				repo, rev := rest[:i], rest[i+len(verb):]
-				rev, _ = url.PathUnescape(rev)
-				c, sha, code := h.lookup(repo, rev)
-				if c == nil {
-					hubError(w, http.StatusNotFound, code, code)
-					return
-				}
-				w.Header().Set("Content-Type", "application/json")
-				switch verb {
-				case "/revision/":
-					sib := []map[string]string{}
-					for p := range c.files {
-						sib = append(sib, map[string]string{"rfilename": p})
-					}
-					json.NewEncoder(w).Encode(map[string]any{"id": repo, "sha": sha, "siblings": sib})
-				case "/tree/":
-					h.mu.Lock()
-					tree := append([]Entry(nil), c.tree...)
-					h.mu.Unlock()
-					cursor, _ := strconv.Atoi(r.URL.Query().Get("cursor"))
-					end := min(cursor+h.PageSize, len(tree))
-					if end < len(tree) {
-						next := *r.URL
-						q := next.Query()
-						q.Set("cursor", strconv.Itoa(end))
-						next.RawQuery = q.Encode()
-						w.Header().Set("Link", fmt.Sprintf(`<%s%s>; rel="next"`, h.API.URL, next.RequestURI()))
-					}
-					json.NewEncoder(w).Encode(tree[cursor:end])
-				case "/paths-info/":
-					r.ParseForm()
-					want := map[string]bool{}
-					for _, p := range r.Form["paths"] {
-						want[p] = true
-					}
-					var body struct {
-						Paths []string `json:"paths"`
-					}
-					json.NewDecoder(r.Body).Decode(&body)
-					for _, p := range body.Paths {
-						want[p] = true
-					}
-					out := []Entry{}
-					for _, e := range c.tree {
-						if want[e.Path] {
-							out = append(out, e)
-						}
-					}
-					json.NewEncoder(w).Encode(out)
-				}
-				return
-			}
-		}
-		hubError(w, http.StatusNotFound, "", "no such API route")
+		h.serveModels(w, r, rest)
 		return
 	}
 	if i := strings.Index(p, "/resolve/"); i > 0 {
-		repo := strings.TrimPrefix(p[:i], "/")
-		rev, path, _ := strings.Cut(p[i+len("/resolve/"):], "/")
-		rev, _ = url.PathUnescape(rev)
-		path, _ = url.PathUnescape(path)
-		c, sha, code := h.lookup(repo, rev)
-		if c == nil {
-			hubError(w, http.StatusNotFound, code, code)
-			return
-		}
-		h.mu.Lock()
-		b, ok := c.files[path]
-		var entry Entry
-		for _, e := range c.tree {
-			if e.Path == path {
-				entry = e
-			}
-		}
-		h.mu.Unlock()
-		if !ok {
-			hubError(w, http.StatusNotFound, "EntryNotFound", "Entry not found")
-			return
-		}
-		w.Header().Set("X-Repo-Commit", sha)
-		if entry.LFS != nil {
-			w.Header().Set("X-Linked-Etag", `"`+entry.LFS.OID+`"`)
-			w.Header().Set("X-Linked-Size", strconv.FormatInt(entry.LFS.Size, 10))
-			w.Header().Set("ETag", `"`+entry.OID+`"`)
-			http.Redirect(w, r, h.CDN.URL+"/lfs/"+entry.LFS.OID, http.StatusFound)
-			return
-		}
-		w.Header().Set("ETag", `"`+entry.OID+`"`)
-		h.serveContent(w, r, b)
+		h.serveResolve(w, r, strings.TrimPrefix(p[:i], "/"), p[i+len("/resolve/"):])
 		return
 	}
 	hubError(w, http.StatusNotFound, "", "not found")
+}
+
+// serveModels answers /api/models/<repo>/{revision,tree,paths-info}/<rev>
+// (rest is the path after /api/models/).
+func (h *Hub) serveModels(w http.ResponseWriter, r *http.Request, rest string) {
+	for _, verb := range []string{"/revision/", "/tree/", "/paths-info/"} {
+		if i := strings.Index(rest, verb); i > 0 {
+			repo, rev := rest[:i], rest[i+len(verb):]
+			rev, _ = url.PathUnescape(rev)
+			c, sha, code := h.lookup(repo, rev)
+			if c == nil {
+				hubError(w, http.StatusNotFound, code, code)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			switch verb {
+			case "/revision/":
+				sib := []map[string]string{}
+				for p := range c.files {
+					sib = append(sib, map[string]string{"rfilename": p})
+				}
+				json.NewEncoder(w).Encode(map[string]any{"id": repo, "sha": sha, "siblings": sib})
+			case "/tree/":
+				h.serveTree(w, r, c)
+			case "/paths-info/":
+				servePathsInfo(w, r, c)
+			}
+			return
+		}
+	}
+	hubError(w, http.StatusNotFound, "", "no such API route")
+}
+
+// serveTree answers one page of a commit's tree, from ?cursor= on, with
+// a Link to the next page while there is one.
+func (h *Hub) serveTree(w http.ResponseWriter, r *http.Request, c *commit) {
+	h.mu.Lock()
+	tree := append([]Entry(nil), c.tree...)
+	h.mu.Unlock()
+	cursor, _ := strconv.Atoi(r.URL.Query().Get("cursor"))
+	end := min(cursor+h.PageSize, len(tree))
+	if end < len(tree) {
+		next := *r.URL
+		q := next.Query()
+		q.Set("cursor", strconv.Itoa(end))
+		next.RawQuery = q.Encode()
+		w.Header().Set("Link", fmt.Sprintf(`<%s%s>; rel="next"`, h.API.URL, next.RequestURI()))
+	}
+	json.NewEncoder(w).Encode(tree[cursor:end])
+}
+
+// servePathsInfo answers the tree entries of the paths asked for, as
+// form values or a JSON body.
+func servePathsInfo(w http.ResponseWriter, r *http.Request, c *commit) {
+	r.ParseForm()
+	want := map[string]bool{}
+	for _, p := range r.Form["paths"] {
+		want[p] = true
+	}
+	var body struct {
+		Paths []string `json:"paths"`
+	}
+	json.NewDecoder(r.Body).Decode(&body)
+	for _, p := range body.Paths {
+		want[p] = true
+	}
+	out := []Entry{}
+	for _, e := range c.tree {
+		if want[e.Path] {
+			out = append(out, e)
+		}
+	}
+	json.NewEncoder(w).Encode(out)
+}
+
+// serveResolve answers /<repo>/resolve/<rev>/<path> (revPath is what
+// follows /resolve/): an LFS file redirects to the CDN, another is
+// served here.
+func (h *Hub) serveResolve(w http.ResponseWriter, r *http.Request, repo, revPath string) {
+	rev, path, _ := strings.Cut(revPath, "/")
+	rev, _ = url.PathUnescape(rev)
+	path, _ = url.PathUnescape(path)
+	c, sha, code := h.lookup(repo, rev)
+	if c == nil {
+		hubError(w, http.StatusNotFound, code, code)
+		return
+	}
+	h.mu.Lock()
+	b, ok := c.files[path]
+	var entry Entry
+	for _, e := range c.tree {
+		if e.Path == path {
+			entry = e
+		}
+	}
+	h.mu.Unlock()
+	if !ok {
+		hubError(w, http.StatusNotFound, "EntryNotFound", "Entry not found")
+		return
+	}
+	w.Header().Set("X-Repo-Commit", sha)
+	if entry.LFS != nil {
+		w.Header().Set("X-Linked-Etag", `"`+entry.LFS.OID+`"`)
+		w.Header().Set("X-Linked-Size", strconv.FormatInt(entry.LFS.Size, 10))
+		w.Header().Set("ETag", `"`+entry.OID+`"`)
+		http.Redirect(w, r, h.CDN.URL+"/lfs/"+entry.LFS.OID, http.StatusFound)
+		return
+	}
+	w.Header().Set("ETag", `"`+entry.OID+`"`)
+	h.serveContent(w, r, b)
 }
 
 func (h *Hub) serveCDN(w http.ResponseWriter, r *http.Request) {

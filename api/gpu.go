@@ -1,0 +1,80 @@
+package api
+
+import "time"
+
+// KernelCacheInfo is what the daemon checked of a kernel cache version.
+type KernelCacheInfo struct {
+	Serves        string          `json:"serves,omitempty"`
+	Signature     *SignatureCheck `json:"signature,omitempty"`
+	Compatibility *Compatibility  `json:"compatibility,omitempty"`
+	// CacheBytes is what was extracted under the cache directories.
+	CacheBytes     int64   `json:"cacheBytes,omitempty"`
+	Entries        int     `json:"entries,omitempty"`
+	ExtractSeconds float64 `json:"extractSeconds,omitempty"`
+	// Dirs are the cache directories found (io.triton.cache, …).
+	Dirs []string `json:"dirs,omitempty"`
+}
+
+// SignatureCheck is the result of a signature verification.
+type SignatureCheck struct {
+	Policy   string    `json:"policy"`
+	Verified bool      `json:"verified"`
+	Digest   string    `json:"digest,omitempty"`
+	Format   string    `json:"format,omitempty"`
+	Signer   string    `json:"signer,omitempty"`
+	At       time.Time `json:"at"`
+}
+
+// GPUInventory is what this node's GPUs are.
+type GPUInventory struct {
+	// Source is nvml, simulated (from --gpu-inventory) or none.
+	Source    string `json:"source"`
+	Simulated bool   `json:"simulated,omitempty"`
+	// Reason says why the inventory is empty or partial (no driver, NVML
+	// error on one device).
+	Reason            string      `json:"reason,omitempty"`
+	DriverVersion     string      `json:"driverVersion,omitempty"`
+	CUDADriverVersion string      `json:"cudaDriverVersion,omitempty"` // e.g. "12.4"
+	Devices           []GPUDevice `json:"devices"`
+	DetectedAt        time.Time   `json:"detectedAt"`
+}
+
+// GPUDevice is one GPU.
+type GPUDevice struct {
+	Index int    `json:"index"`
+	Name  string `json:"name"`
+	UUID  string `json:"uuid"`
+	// ComputeCapability is major.minor, e.g. "9.0" (sm_90).
+	ComputeCapability string `json:"computeCapability"`
+	// Architecture is the family: Volta, Turing, Ampere, Ada, Hopper,
+	// Blackwell (or an AMD gfx name in a simulated inventory).
+	Architecture string `json:"architecture"`
+	MemoryBytes  uint64 `json:"memoryBytes"`
+	// Backend is what kernels target: cuda (every NVML device) or hip.
+	Backend string `json:"backend"`
+	// Arch is the kernel target as Triton names it: "90" for sm_90,
+	// "gfx90a" for an AMD device.
+	Arch     string `json:"arch"`
+	WarpSize int    `json:"warpSize"`
+}
+
+// GPUCompat is the verdict of a kernel cache for one GPU.
+type GPUCompat struct {
+	Index      int    `json:"index"`
+	UUID       string `json:"uuid,omitempty"`
+	Name       string `json:"name,omitempty"`
+	Compatible bool   `json:"compatible"`
+	// Entries is how many of the cache's entries this GPU can run.
+	Entries int    `json:"entries"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// Compatibility is the verdict of a kernel cache against the inventory.
+type Compatibility struct {
+	// Compatible: at least one GPU runs at least one entry of the cache.
+	Compatible bool        `json:"compatible"`
+	Simulated  bool        `json:"simulated,omitempty"`
+	Targets    int         `json:"targets"`
+	Devices    []GPUCompat `json:"devices"`
+	Reason     string      `json:"reason,omitempty"`
+}
