@@ -216,7 +216,7 @@ func (s *Store) syncHFView(repo string) error {
 	if ents, err := os.ReadDir(filepath.Join(base, "snapshots")); err == nil {
 		for _, e := range ents {
 			if want[e.Name()] == nil {
-				s.removeTree(filepath.Join(base, "snapshots", e.Name()))
+				removeTree(s.root, s.log, filepath.Join(base, "snapshots", e.Name()))
 			}
 		}
 	}

@@ -143,12 +143,12 @@ func (s *Store) Writer(ctx context.Context, opts WriterOpts) (*Writer, error) {
 	if opts.Ref == "" {
 		return nil, errors.New("ingest: empty ref")
 	}
-	if err := s.lockRef(opts.Ref); err != nil {
+	if err := s.refs.lock(opts.Ref); err != nil {
 		return nil, err
 	}
 	w, err := s.openWriter(ctx, opts)
 	if err != nil {
-		s.unlockRef(opts.Ref)
+		s.refs.unlock(opts.Ref)
 		return nil, err
 	}
 	return w, nil
@@ -432,7 +432,7 @@ func (w *Writer) Close() error {
 	if cerr := w.f.Close(); err == nil {
 		err = cerr
 	}
-	w.s.unlockRef(w.opts.Ref)
+	w.s.refs.unlock(w.opts.Ref)
 	return err
 }
 
@@ -441,7 +441,7 @@ func (w *Writer) Abort() {
 	if !w.closed {
 		w.drain()
 		w.f.Close()
-		w.s.unlockRef(w.opts.Ref)
+		w.s.refs.unlock(w.opts.Ref)
 	}
 	os.RemoveAll(w.dir)
 }
@@ -458,7 +458,7 @@ func (w *Writer) Commit(ctx context.Context, size int64, expected string) (strin
 	if err != nil {
 		return "", err
 	}
-	defer w.s.unlockRef(w.opts.Ref) // the ingest stays open (never abandoned) until adopted
+	defer w.s.refs.unlock(w.opts.Ref) // the ingest stays open (never abandoned) until adopted
 	if err := w.s.adoptIngest(ctx, filepath.Join(w.dir, ingestData), got, w.offset, w.opts.Lease); err != nil {
 		return "", err
 	}
@@ -493,7 +493,7 @@ func (w *Writer) finish(ctx context.Context, size int64, expected string, sync b
 	w.f.Close()
 	defer func() {
 		if err != nil {
-			w.s.unlockRef(w.opts.Ref)
+			w.s.refs.unlock(w.opts.Ref)
 		}
 	}()
 	if err != nil {
@@ -544,7 +544,7 @@ func (s *Store) CommitBatch(ctx context.Context, ws []*Writer, sizes []int64) ([
 			abort(i + 1)
 			for _, w := range ws[:i] {
 				os.RemoveAll(w.dir)
-				s.unlockRef(w.opts.Ref)
+				s.refs.unlock(w.opts.Ref)
 			}
 			return nil, err
 		}
@@ -555,11 +555,11 @@ func (s *Store) CommitBatch(ctx context.Context, ws []*Writer, sizes []int64) ([
 	cleanup := func() {
 		for _, w := range ws {
 			os.RemoveAll(w.dir)
-			s.unlockRef(w.opts.Ref)
+			s.refs.unlock(w.opts.Ref)
 		}
 	}
 	s.hit("batch.sync")
-	if err := s.syncfs(); err != nil {
+	if err := syncfs(s.root); err != nil {
 		cleanup()
 		return nil, fmt.Errorf("ingest: syncfs: %w", err)
 	}
@@ -569,8 +569,8 @@ func (s *Store) CommitBatch(ctx context.Context, ws []*Writer, sizes []int64) ([
 		if l := w.opts.Lease; l != nil {
 			l.Hold(digests[i])
 		} else {
-			s.hold(digests[i]) // until recorded: GC must not take it in between
-			defer s.unhold(digests[i])
+			s.held.hold(digests[i]) // until recorded: GC must not take it in between
+			defer s.held.unhold(digests[i])
 		}
 		isNew, err := s.placeBlob(filepath.Join(w.dir, ingestData), digests[i])
 		if err != nil {
@@ -583,7 +583,7 @@ func (s *Store) CommitBatch(ctx context.Context, ws []*Writer, sizes []int64) ([
 		}
 	}
 	if len(placed) > 0 {
-		if err := s.syncfs(); err != nil {
+		if err := syncfs(s.root); err != nil {
 			s.log.Warn("syncfs after renaming blobs", "err", err)
 		}
 		s.hit("blob.after-rename")
@@ -595,9 +595,9 @@ func (s *Store) CommitBatch(ctx context.Context, ws []*Writer, sizes []int64) ([
 	return digests, nil
 }
 
-// syncfs flushes the store's filesystem.
-func (s *Store) syncfs() error {
-	f, err := os.Open(s.root)
+// syncfs flushes the filesystem that holds root.
+func syncfs(root string) error {
+	f, err := os.Open(root)
 	if err != nil {
 		return err
 	}
@@ -618,20 +618,34 @@ func (s *Store) Ingest(ctx context.Context, ref string, r io.Reader, size int64,
 	return w.Commit(ctx, size, expected)
 }
 
-func (s *Store) lockRef(ref string) error {
-	s.refMu.Lock()
-	defer s.refMu.Unlock()
-	if s.refs[ref] {
+// refLocks are the refs of the ingests a Writer holds open: one Writer
+// per ref at a time.
+type refLocks struct {
+	mu   sync.Mutex
+	open map[string]bool
+}
+
+// lock takes ref, ErrLocked when it is open.
+func (r *refLocks) lock(ref string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.open[ref] {
 		return fmt.Errorf("ingest %s: %w", ref, ErrLocked)
 	}
-	s.refs[ref] = true
+	r.open[ref] = true
 	return nil
 }
 
-func (s *Store) unlockRef(ref string) {
-	s.refMu.Lock()
-	delete(s.refs, ref)
-	s.refMu.Unlock()
+func (r *refLocks) unlock(ref string) {
+	r.mu.Lock()
+	delete(r.open, ref)
+	r.mu.Unlock()
+}
+
+func (r *refLocks) isOpen(ref string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.open[ref]
 }
 
 // Ingests lists the refs of partial ingests on disk and their sizes.
@@ -675,9 +689,7 @@ func (s *Store) ListIngests() ([]IngestInfo, error) {
 		}
 		owner, _ := os.ReadFile(filepath.Join(dir, e.Name(), ingestOwner))
 		in := IngestInfo{Ref: string(ref), Owner: string(owner), Size: fi.Size(), Modified: fi.ModTime()}
-		s.refMu.Lock()
-		in.Open = s.refs[in.Ref]
-		s.refMu.Unlock()
+		in.Open = s.refs.isOpen(in.Ref)
 		out = append(out, in)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Modified.Before(out[j].Modified) })
@@ -687,10 +699,10 @@ func (s *Store) ListIngests() ([]IngestInfo, error) {
 // RemoveIngest deletes a partial ingest that no pull wants any more. It
 // fails with ErrLocked while a Writer holds the ref open.
 func (s *Store) RemoveIngest(ref string) error {
-	if err := s.lockRef(ref); err != nil {
+	if err := s.refs.lock(ref); err != nil {
 		return err
 	}
-	defer s.unlockRef(ref)
+	defer s.refs.unlock(ref)
 	return os.RemoveAll(filepath.Join(s.root, dirIngest, ingestDirName(ref)))
 }
 

@@ -185,7 +185,7 @@ func (s *Store) repair(ctx context.Context, ingestMaxAge time.Duration, full boo
 				}
 				rep.TreesRebuilt++
 			case v.State != StateReady && serr == nil:
-				s.removeTree(tree)
+				removeTree(s.root, s.log, tree)
 				rep.TreesRemoved++
 			}
 		}
@@ -212,7 +212,7 @@ func (s *Store) repair(ctx context.Context, ingestMaxAge time.Duration, full boo
 		for _, n := range names {
 			revs, ok := known[n.Name()]
 			if !ok {
-				s.removeTree(filepath.Join(base, n.Name()))
+				removeTree(s.root, s.log, filepath.Join(base, n.Name()))
 				rep.TreesRemoved++
 				continue
 			}
@@ -222,7 +222,7 @@ func (s *Store) repair(ctx context.Context, ingestMaxAge time.Duration, full boo
 					continue
 				}
 				if v, ok := revs[e.Name()]; !ok || v.State != StateReady || v.Kind != kind {
-					s.removeTree(filepath.Join(base, n.Name(), e.Name()))
+					removeTree(s.root, s.log, filepath.Join(base, n.Name(), e.Name()))
 					rep.TreesRemoved++
 				}
 			}

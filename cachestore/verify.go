@@ -115,7 +115,7 @@ func (s *Store) Verify(ctx context.Context, names []string, progress func(done, 
 				if a.Current == v.Revision {
 					s.setCurrentLink(filepath.Join(base, a.Name), "")
 				}
-				s.removeTree(filepath.Join(base, a.Name, v.Revision))
+				removeTree(s.root, s.log, filepath.Join(base, a.Name, v.Revision))
 				rep.Affected = append(rep.Affected, a.Name+"@"+v.Revision)
 				if v.HFRepo != "" {
 					s.syncHFView(v.HFRepo) // the corrupt inode leaves the view too
