@@ -28,8 +28,11 @@
 //	path.go        Entry and Manifest; ValidatePath and ValidateName, the root's guard
 //	digest.go      parsing and normalizing sha256 digests
 //	errors.go      the sentinel errors
-//	ingest.go      Writer: resumable, hashed ingest into ingest/<ref>/ and the commit of a blob
-//	bufpool.go     the Writer's I/O buffers: their size, huge pages, a pool that frees idle ones
+//	writer.go      Writer: resumable, hashed ingest into ingest/<ref>/ and the commit of a blob
+//	ingest.go      opening Writers, CommitBatch, the partial ingests on disk (list, remove,
+//	               abandoned) and the lock of a ref
+//	bufpool.go     the Writer's I/O buffers: their size, alignment, huge pages, a pool that
+//	               frees idle ones
 //	metadata.go    Metadata read from a version's config.json and safetensors headers
 //	hfview.go      the Hugging Face hub cache view under hf/
 //	repair.go      what Open repairs after a crash (blobs, trees, current links, ingests)
