@@ -32,7 +32,14 @@ func (s *Store) get(name string, manifests bool) (*Artifact, error) {
 }
 
 // List returns every artifact with its manifests, sorted by name.
-func (s *Store) List() ([]Artifact, error) { return s.list(true) }
+func (s *Store) List() ([]Artifact, error) {
+	var out []Artifact
+	err := s.db.View(func(tx *bolt.Tx) (err error) {
+		out, err = readArtifacts(tx, true)
+		return err
+	})
+	return out, err
+}
 
 // ListSummaries returns every artifact sorted by name, without manifests:
 // the cheap read behind listing thousands of artifacts. The summaries are
@@ -81,15 +88,6 @@ func (c *summaryCache) at(tx *bolt.Tx) ([]Artifact, error) {
 	c.arts, c.tx = arts, tx.ID()
 	c.mu.Unlock()
 	return arts, nil
-}
-
-func (s *Store) list(manifests bool) ([]Artifact, error) {
-	var out []Artifact
-	err := s.db.View(func(tx *bolt.Tx) (err error) {
-		out, err = readArtifacts(tx, manifests)
-		return err
-	})
-	return out, err
 }
 
 // readArtifacts reads every artifact in one transaction, sorted by name

@@ -64,7 +64,7 @@ func (s *Store) adoptIngest(ctx context.Context, data, d string, size int64, l *
 		}
 		s.hit("blob.after-rename")
 	}
-	if err := s.putBlobRecord(d, size); err != nil {
+	if err := s.putBlobRecords(map[string]int64{d: size}); err != nil {
 		if !isNew {
 			return err
 		}
@@ -96,7 +96,8 @@ func (s *Store) placeBlob(data, d string) (bool, error) {
 	return true, nil
 }
 
-// putBlobRecords records many blobs in one transaction.
+// putBlobRecords records blobs (digest → size) in one transaction; a
+// blob already recorded keeps its record.
 func (s *Store) putBlobRecords(sizes map[string]int64) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketBlobs)
@@ -110,17 +111,6 @@ func (s *Store) putBlobRecords(sizes map[string]int64) error {
 			}
 		}
 		return nil
-	})
-}
-
-func (s *Store) putBlobRecord(d string, size int64) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketBlobs)
-		if b.Get([]byte(d)) != nil {
-			return nil
-		}
-		raw, _ := json.Marshal(blobRecord{Size: size, Created: s.now().UTC()})
-		return b.Put([]byte(d), raw)
 	})
 }
 

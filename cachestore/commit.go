@@ -103,7 +103,7 @@ func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, 
 		Name: spec.Name, Kind: spec.Kind, Source: spec.Source, Revision: rev,
 		Manifest: m, ManifestDigest: md, State: StateReady, Pinned: spec.Pin,
 		Created: now, LastUsed: now, Bytes: m.Bytes(), Spec: spec.Spec,
-		HFRepo: spec.HFRepo, HFRef: spec.HFRef, Metadata: s.readMetadata(m), Annotations: spec.Annotations,
+		HFRepo: spec.HFRepo, HFRef: spec.HFRef, Metadata: readMetadata(s, m), Annotations: spec.Annotations,
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		ab, err := tx.Bucket(bucketArtifacts).CreateBucketIfNotExists([]byte(spec.Name))

@@ -21,7 +21,7 @@ import (
 func (s *Store) Fsck() ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	arts, err := s.list(true)
+	arts, err := s.List()
 	if err != nil {
 		return nil, err
 	}

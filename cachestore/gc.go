@@ -66,7 +66,7 @@ func (s *Store) gc(ctx context.Context, dry bool, only map[string]bool) (*GCRepo
 	}
 	var onDisk map[string]int64
 	if only == nil {
-		onDisk, err = s.blobsOnDisk()
+		onDisk, err = blobsOnDisk(s.root, s.log)
 	} else {
 		onDisk = map[string]int64{}
 		for d := range only {

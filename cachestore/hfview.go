@@ -305,18 +305,3 @@ func isHexN(s string, n int) bool {
 	}
 	return true
 }
-
-// hfRepos lists the repos the index and the hf/ directory know.
-func (s *Store) hfRepos() map[string]bool {
-	out := map[string]bool{}
-	if arts, err := s.ListSummaries(); err == nil {
-		for _, a := range arts {
-			for _, v := range a.Versions {
-				if v.HFRepo != "" {
-					out[v.HFRepo] = true
-				}
-			}
-		}
-	}
-	return out
-}

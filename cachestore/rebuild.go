@@ -30,9 +30,9 @@ type RebuildReport struct {
 const rebuildMessage = "rebuilt from disk after the index was lost; source, pin and desire unknown until pulled again"
 
 // storeHasTrees reports whether any kind dir holds an artifact directory.
-func (s *Store) storeHasTrees() bool {
+func storeHasTrees(root string) bool {
 	for _, d := range kindDirs {
-		if ents, err := os.ReadDir(filepath.Join(s.root, d)); err == nil && len(ents) > 0 {
+		if ents, err := os.ReadDir(filepath.Join(root, d)); err == nil && len(ents) > 0 {
 			return true
 		}
 	}
@@ -54,7 +54,7 @@ func (s *Store) storeHasTrees() bool {
 func (s *Store) rebuildIndex(ctx context.Context) (*RebuildReport, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b, err := s.newRebuilder()
+	b, err := newRebuilder(s)
 	if err != nil {
 		return nil, err
 	}
@@ -101,8 +101,8 @@ type rebuilder struct {
 	now     time.Time
 }
 
-func (s *Store) newRebuilder() (*rebuilder, error) {
-	onDisk, err := s.blobsOnDisk()
+func newRebuilder(s *Store) (*rebuilder, error) {
+	onDisk, err := blobsOnDisk(s.root, s.log)
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +188,7 @@ func (b *rebuilder) version(ctx context.Context, kind, dir, name string, r fs.Di
 		}
 		b.rep.HFVersions++
 	}
-	v.Metadata = b.s.readMetadata(v.Manifest)
+	v.Metadata = readMetadata(b.s, v.Manifest)
 	return v, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -42,9 +43,9 @@ func (r *RepairReport) Clean() bool {
 
 // blobsOnDisk lists blobs by walking blobs/sha256 (names and sizes only; no
 // hashing). Files that cannot be blobs are removed.
-func (s *Store) blobsOnDisk() (map[string]int64, error) {
+func blobsOnDisk(root string, log *slog.Logger) (map[string]int64, error) {
 	out := map[string]int64{}
-	top := filepath.Join(s.root, dirBlobs)
+	top := filepath.Join(root, dirBlobs)
 	prefixes, err := os.ReadDir(top)
 	if err != nil {
 		return nil, err
@@ -59,7 +60,7 @@ func (s *Store) blobsOnDisk() (map[string]int64, error) {
 			d := DigestPrefix + e.Name()
 			h, err := ParseDigest(d)
 			if err != nil || h[:2] != p.Name() || !e.Type().IsRegular() {
-				s.log.Warn("removing a file that is not a blob", "path", filepath.Join(dir, e.Name()))
+				log.Warn("removing a file that is not a blob", "path", filepath.Join(dir, e.Name()))
 				os.RemoveAll(filepath.Join(dir, e.Name()))
 				continue
 			}
@@ -90,7 +91,7 @@ func (s *Store) repair(ctx context.Context, ingestMaxAge time.Duration, full boo
 		r.rep.AfterCleanShutdown = true
 		return r.rep, s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyClean) })
 	}
-	onDisk, err := s.blobsOnDisk()
+	onDisk, err := blobsOnDisk(s.root, s.log)
 	if err != nil {
 		return nil, err
 	}
@@ -291,7 +292,7 @@ func (r repairer) unknownTrees(known map[string]map[string]Version) {
 // hfViews makes the HF cache view follow the index: rebuilt where
 // missing, trimmed where it serves nothing.
 func (r repairer) hfViews() {
-	repos := r.s.hfRepos()
+	repos := r.hfRepos()
 	if ents, err := os.ReadDir(filepath.Join(r.s.root, dirHF)); err == nil {
 		for _, e := range ents {
 			known := false
@@ -309,4 +310,19 @@ func (r repairer) hfViews() {
 			r.s.log.Warn("rebuild hf cache view", "repo", repo, "err", err)
 		}
 	}
+}
+
+// hfRepos lists the repos the index and the hf/ directory know.
+func (r repairer) hfRepos() map[string]bool {
+	out := map[string]bool{}
+	if arts, err := r.s.ListSummaries(); err == nil {
+		for _, a := range arts {
+			for _, v := range a.Versions {
+				if v.HFRepo != "" {
+					out[v.HFRepo] = true
+				}
+			}
+		}
+	}
+	return out
 }

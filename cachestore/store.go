@@ -112,7 +112,7 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 		records: &Records{db: db, root: abs, log: o.log},
 	}
 	var rebuilt *RebuildReport
-	if fresh && s.storeHasTrees() {
+	if fresh && storeHasTrees(abs) {
 		// The index was lost (emptied or deleted), not the store: what is on
 		// disk is rebuilt into it, never deleted for want of a record.
 		s.log.Warn("index.db is new or empty but the store holds trees; rebuilding the index from disk", "index", dbPath)

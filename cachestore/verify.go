@@ -35,7 +35,7 @@ func (s *Store) Verify(ctx context.Context, names []string, progress func(done, 
 		return nil, err
 	}
 	if len(names) == 0 {
-		onDisk, err := s.blobsOnDisk()
+		onDisk, err := blobsOnDisk(s.root, s.log)
 		if err != nil {
 			return nil, err
 		}
