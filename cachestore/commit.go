@@ -41,6 +41,37 @@ type VersionSpec struct {
 	Stage bool
 }
 
+// check validates the spec: its name, its manifest (a sorted copy is
+// returned with its digest) against ExpectedDigest, and the revision
+// (the manifest digest's hex when none is given).
+func (spec VersionSpec) check() (m Manifest, md, rev string, err error) {
+	if err := ValidateName(spec.Name); err != nil {
+		return nil, "", "", err
+	}
+	m = append(Manifest(nil), spec.Manifest...)
+	if err := m.Validate(); err != nil {
+		return nil, "", "", fmt.Errorf("artifact %s: %w", spec.Name, err)
+	}
+	md = m.Digest()
+	if spec.ExpectedDigest != "" {
+		want, err := NormalizeDigest(spec.ExpectedDigest)
+		if err != nil {
+			return nil, "", "", fmt.Errorf("artifact %s: expected digest: %w", spec.Name, err)
+		}
+		if want != md {
+			return nil, "", "", fmt.Errorf("artifact %s: %w: manifest digest is %s, expected %s", spec.Name, ErrDigestMismatch, md, want)
+		}
+	}
+	rev = spec.Revision
+	if rev == "" {
+		rev = md[len(DigestPrefix):]
+	}
+	if err := ValidateName(rev); err != nil {
+		return nil, "", "", fmt.Errorf("artifact %s: revision: %w", spec.Name, err)
+	}
+	return m, md, rev, nil
+}
+
 // CommitVersion makes an artifact version visible: it checks the manifest
 // and every blob, builds the tree of hardlinks under tmp/, renames it to
 // <kind dir>/<name>/<revision>, records the version Ready and current in
@@ -49,29 +80,9 @@ type VersionSpec struct {
 // tree (repair), unless it is Ready, its tree is in place and only
 // current is to move. On any error before the rename nothing is visible.
 func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, error) {
-	if err := ValidateName(spec.Name); err != nil {
+	m, md, rev, err := spec.check()
+	if err != nil {
 		return nil, err
-	}
-	m := append(Manifest(nil), spec.Manifest...)
-	if err := m.Validate(); err != nil {
-		return nil, fmt.Errorf("artifact %s: %w", spec.Name, err)
-	}
-	md := m.Digest()
-	if spec.ExpectedDigest != "" {
-		want, err := NormalizeDigest(spec.ExpectedDigest)
-		if err != nil {
-			return nil, fmt.Errorf("artifact %s: expected digest: %w", spec.Name, err)
-		}
-		if want != md {
-			return nil, fmt.Errorf("artifact %s: %w: manifest digest is %s, expected %s", spec.Name, ErrDigestMismatch, md, want)
-		}
-	}
-	rev := spec.Revision
-	if rev == "" {
-		rev = md[len(DigestPrefix):]
-	}
-	if err := ValidateName(rev); err != nil {
-		return nil, fmt.Errorf("artifact %s: revision: %w", spec.Name, err)
 	}
 	base, err := s.kindDir(spec.Kind)
 	if err != nil {
