@@ -34,13 +34,26 @@
 //	bufpool.go     the Writer's I/O buffers: their size, alignment, huge pages, a pool that
 //	               frees idle ones
 //	metadata.go    Metadata read from a version's config.json and safetensors headers
-//	hfview.go      the Hugging Face hub cache view under hf/
-//	repair.go      what Open repairs after a crash (blobs, trees, current links, ingests)
-//	rebuild.go     rebuilding a lost index from the trees on disk
-//	fsck.go        Fsck: index, blobs and trees agree, without rehashing
+//	hfview.go      the Hugging Face hub cache view under hf/: what one repo's view should
+//	               be (wantedSnapshots, wantedRefs) and its steps (hfRepoView)
+//	repair.go      what Open repairs after a crash (blobs, trees, current links, ingests),
+//	               one step per method of a repairer
+//	rebuild.go     rebuilding a lost index from the trees on disk (a rebuilder: per
+//	               artifact, per version, then one transaction)
+//	fsck.go        Fsck: index, blobs and trees agree, without rehashing (a fscker)
 //	verify.go      Verify: rehash blobs (scrub), quarantine what fails
 //	gc.go          GC of unreferenced blobs; usage accounting and filesystem stats
 //	doc_test.go    TestDocDrawsSchema, which holds the schema below to the code
+//
+// # Content and metadata
+//
+// Store is the content: blobs, ingests, versions and their trees, the HF
+// view. Records is the daemon's metadata (desires, holds), kept apart in
+// its own type over the same index file, as containerd keeps its metadata
+// store beside its content store. Store reads none of it; Open only has
+// Records put hold records back after a lost index (records.go). Consumers
+// take the narrowest role they need (roles.go): a pull a Puller, the read
+// views a Viewer, eviction a Pruner.
 //
 // # On-disk layout
 //
