@@ -141,7 +141,7 @@ func (c *csiVolumes) rediscover() {
 }
 
 // readyVersion finds name@rev Ready in the index.
-func readyVersion(st *cachestore.Store, name, rev string) (cachestore.Version, bool) {
+func readyVersion(st cachestore.Inspector, name, rev string) (cachestore.Version, bool) {
 	if a, err := st.Summary(name); err == nil {
 		for _, x := range a.Versions {
 			if x.Revision == rev && x.State == cachestore.StateReady {
@@ -310,7 +310,7 @@ func (c *csiVolumes) compose(ctx context.Context, v csi.Volume) (string, error) 
 
 // kindOf is the kind of an artifact's versions (models unless the index
 // says otherwise).
-func kindOf(st *cachestore.Store, name string) string {
+func kindOf(st cachestore.Inspector, name string) string {
 	if a, err := st.Summary(name); err == nil && len(a.Versions) > 0 {
 		return a.Versions[0].Kind
 	}
