@@ -19,7 +19,9 @@ import (
 // content (blobs, versions, trees) that Store keeps, in the manner of
 // containerd's metadata store beside its content store. They live in the
 // store's index file (buckets desires/ and holds/, doc.go), so one bbolt
-// transaction log and one lock cover both; the store never reads them.
+// transaction log and one lock cover both; Store's methods never read
+// them (Open only has Records put back the hold records a lost index
+// took with it).
 //
 // Get it from Store.Records; it is valid until the Store is closed. Its
 // methods are safe for concurrent use.
