@@ -23,24 +23,15 @@ const (
 	maxTypeMethods = 40
 )
 
-// sizeAllowed lists the offenders in cachestore/ still to be split
-// (issue 32). The test fails when one of them is no longer over its
-// limit, so the list only shrinks: delete an entry with the change that
-// mends it, and this list and its check once it is empty. Keys are as
-// sizeOffenders writes them: "file DIR/NAME.go", "func DIR RECV.NAME" (by
-// the package's directory, so a function may move between its package's
-// files) and "type DIR.TYPE".
+// sizeAllowed lists the offenders allowed to stay. The test fails when
+// one of them is no longer over its limit, so the list only shrinks.
+// Keys are as sizeOffenders writes them: "file DIR/NAME.go", "func DIR
+// RECV.NAME" and "type DIR.TYPE".
 var sizeAllowed = map[string]bool{
-	// Types with more than 40 methods.
+	// The content store: 58 methods on one type, used through the small
+	// role interfaces of cachestore/roles.go (Puller, Viewer, Pruner); the
+	// daemon's records are a type of their own (cachestore.Records).
 	"type cachestore.Store": true,
-	// Files over 500 lines.
-	"file cachestore/store.go":  true,
-	"file cachestore/ingest.go": true,
-	// Functions over 100 lines.
-	"func cachestore Store.Fsck":         true,
-	"func cachestore Store.rebuildIndex": true,
-	"func cachestore Store.repair":       true,
-	"func cachestore Store.syncHFView":   true,
 }
 
 // TestSizes fails naming each non-test file of the module over

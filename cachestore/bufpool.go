@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -200,4 +201,24 @@ func (b *ioBuf) free() {
 	if b.mapped {
 		unix.Munmap(b.mem)
 	}
+}
+
+type ioBuf struct {
+	mem    []byte // aligned: the pool's size, or a small blob's own (getFor)
+	mapped bool   // mem is an anonymous mapping (mapBuffer)
+	n      int
+	pos    int64
+}
+
+// alignOffset is how far into raw the first ioAlign-aligned byte is.
+func alignOffset(raw []byte) int { return alignUp(raw, ioAlign) }
+
+// alignUp is how far into raw the first byte aligned to a (a power of
+// two) is.
+func alignUp(raw []byte, a int) int {
+	off := int(uintptr(unsafe.Pointer(&raw[0])) & uintptr(a-1))
+	if off != 0 {
+		off = a - off
+	}
+	return off
 }

@@ -10,25 +10,50 @@
 //
 // # Where to find what
 //
-//	store.go       Store, its options, Open and Close, blobs, leases, CommitVersion,
-//	               Activate, the artifact records (get, list, pin, touch, evict), desires
+//	store.go       Store, Open and Close, Check, the root's directories and kinds
+//	options.go     Open's options (WithLogger, WithDirectIO, …), each with its default
+//	roles.go       the consumer-side interfaces: what a pull, a view and eviction need
+//	blobs.go       blobs: paths, presence, reading, adoption into blobs/, their index
+//	               records; Lease and what holds a blob from GC
+//	commit.go      VersionSpec, CommitVersion, Activate; building, removing and
+//	               pointing at trees (materialize, current links)
+//	artifacts.go   the artifact records: get, list (with the summaries' cache), pin,
+//	               touch, state, evict
+//	records.go     Records: the daemon's records (desires, holds) beside the content,
+//	               in the same index; the on-disk copies of hold records
+//	holdtree.go    a hold's composed tree (HoldTree), beside its record
 //	index.go       the index's records (Version, Artifact, blobRecord), buckets and keys,
 //	               the schema version and its migrations
 //	indexcheck.go  opening index.db safely: the read-only check of a damaged index
 //	path.go        Entry and Manifest; ValidatePath and ValidateName, the root's guard
 //	digest.go      parsing and normalizing sha256 digests
 //	errors.go      the sentinel errors
-//	ingest.go      Writer: resumable, hashed ingest into ingest/<ref>/ and the commit of a blob
-//	bufpool.go     the Writer's I/O buffers: their size, huge pages, a pool that frees idle ones
+//	writer.go      Writer: resumable, hashed ingest into ingest/<ref>/ and the commit of a blob
+//	ingest.go      opening Writers, CommitBatch, the partial ingests on disk (list, remove,
+//	               abandoned) and the lock of a ref
+//	bufpool.go     the Writer's I/O buffers: their size, alignment, huge pages, a pool that
+//	               frees idle ones
 //	metadata.go    Metadata read from a version's config.json and safetensors headers
-//	hfview.go      the Hugging Face hub cache view under hf/
-//	holds.go       hold records and their on-disk copies; a hold's composed tree
-//	repair.go      what Open repairs after a crash (blobs, trees, current links, ingests)
-//	rebuild.go     rebuilding a lost index from the trees on disk
-//	fsck.go        Fsck: index, blobs and trees agree, without rehashing
+//	hfview.go      the Hugging Face hub cache view under hf/: what one repo's view should
+//	               be (wantedSnapshots, wantedRefs) and its steps (hfRepoView)
+//	repair.go      what Open repairs after a crash (blobs, trees, current links, ingests),
+//	               one step per method of a repairer
+//	rebuild.go     rebuilding a lost index from the trees on disk (a rebuilder: per
+//	               artifact, per version, then one transaction)
+//	fsck.go        Fsck: index, blobs and trees agree, without rehashing (a fscker)
 //	verify.go      Verify: rehash blobs (scrub), quarantine what fails
 //	gc.go          GC of unreferenced blobs; usage accounting and filesystem stats
 //	doc_test.go    TestDocDrawsSchema, which holds the schema below to the code
+//
+// # Content and metadata
+//
+// Store is the content: blobs, ingests, versions and their trees, the HF
+// view. Records is the daemon's metadata (desires, holds), kept apart in
+// its own type over the same index file, as containerd keeps its metadata
+// store beside its content store. Store reads none of it; Open only has
+// Records put hold records back after a lost index (records.go). Consumers
+// take the narrowest role they need (roles.go): a pull a Puller, the read
+// views a Viewer, eviction a Pruner.
 //
 // # On-disk layout
 //
@@ -83,13 +108,13 @@
 //	                             daemon's api.KernelCacheInfo for a kernel cache)
 //	        manifests/       (bucket; since schema 2)
 //	            <revision>   -> JSON Manifest [{path, digest, size, mode, etag, streamed}], sorted by path
-//	desires/
+//	desires/             (kept by Records, never read by Store)
 //	    <name>               -> opaque to the store: the daemon's JSON api.Desire
 //	                            (source URIs with credentials redacted) of a
 //	                            socket pull or pin; models.d files are never stored
 //	    cluster:<name>       -> the same, for a desire from a ModelCache object
 //	                            (a colon is never part of an artifact name)
-//	holds/               (bucket; since schema 3)
+//	holds/               (bucket; since schema 3; kept by Records)
 //	    <key>                -> opaque to the store: the daemon's JSON record of a
 //	                            hold that outlives restarts (csi:<volume id>: a
 //	                            pod's CSI volume and the version it mounts)

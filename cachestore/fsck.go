@@ -21,98 +21,138 @@ import (
 func (s *Store) Fsck() ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	arts, err := s.list(true)
+	arts, err := s.List()
 	if err != nil {
 		return nil, err
 	}
-	var probs []string
-	bad := func(f string, a ...any) { probs = append(probs, fmt.Sprintf(f, a...)) }
-	records := map[string]int64{}
-	if err := s.db.View(func(tx *bolt.Tx) error {
+	f := &fscker{s: s, known: map[string]bool{}}
+	if err := f.blobRecords(); err != nil {
+		return nil, err
+	}
+	for _, a := range arts {
+		for _, v := range a.Versions {
+			f.version(a.Name, v)
+		}
+		f.current(a)
+	}
+	f.unknownTrees()
+	sort.Strings(f.probs)
+	return f.probs, nil
+}
+
+// fscker is one run of Fsck, with the store's lock held.
+type fscker struct {
+	s       *Store
+	probs   []string
+	records map[string]int64 // blob digest → size, as the index records it
+	known   map[string]bool  // the trees of recorded versions: kind dir/name/rev
+}
+
+func (f *fscker) bad(format string, a ...any) { f.probs = append(f.probs, fmt.Sprintf(format, a...)) }
+
+// blobRecords reads the blob records and checks each against its file.
+func (f *fscker) blobRecords() error {
+	f.records = map[string]int64{}
+	if err := f.s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketBlobs).ForEach(func(k, raw []byte) error {
 			var r blobRecord
 			if err := json.Unmarshal(raw, &r); err != nil {
-				bad("blob record %s is unreadable: %v", k, err)
+				f.bad("blob record %s is unreadable: %v", k, err)
 				return nil
 			}
-			records[string(k)] = r.Size
+			f.records[string(k)] = r.Size
 			return nil
 		})
 	}); err != nil {
-		return nil, err
+		return err
 	}
-	for d, size := range records {
-		p, _ := s.BlobPath(d)
+	for d, size := range f.records {
+		p, _ := f.s.BlobPath(d)
 		fi, err := os.Stat(p)
 		switch {
 		case err != nil:
-			bad("blob %s is in the index but not on disk", d)
+			f.bad("blob %s is in the index but not on disk", d)
 		case fi.Size() != size:
-			bad("blob %s is %d bytes on disk, %d in the index", d, fi.Size(), size)
+			f.bad("blob %s is %d bytes on disk, %d in the index", d, fi.Size(), size)
 		}
 	}
-	known := map[string]bool{} // kind dir/name/rev
-	for _, a := range arts {
-		for _, v := range a.Versions {
-			base, err := s.kindDir(v.Kind)
-			if err != nil {
-				bad("%s@%s: %v", a.Name, v.Revision, err)
-				continue
-			}
-			tree := filepath.Join(base, a.Name, v.Revision)
-			known[tree] = true
-			if v.State != StateReady {
-				continue
-			}
-			want := map[string]bool{}
-			for _, e := range v.Manifest {
-				want[e.Path] = true
-				bp, _ := s.BlobPath(e.Digest)
-				bfi, err := os.Stat(bp)
-				if err != nil {
-					bad("%s@%s: %s: blob %s missing", a.Name, v.Revision, e.Path, e.Digest)
-					continue
-				}
-				if _, ok := records[e.Digest]; !ok {
-					bad("%s@%s: %s: blob %s has no index record", a.Name, v.Revision, e.Path, e.Digest)
-				}
-				if bfi.Size() != e.Size {
-					bad("%s@%s: %s: blob is %d bytes, the manifest says %d", a.Name, v.Revision, e.Path, bfi.Size(), e.Size)
-				}
-				tfi, err := os.Lstat(filepath.Join(tree, filepath.FromSlash(e.Path)))
-				if err != nil {
-					bad("%s@%s: %s is missing from the tree", a.Name, v.Revision, e.Path)
-					continue
-				}
-				if !os.SameFile(bfi, tfi) {
-					bad("%s@%s: %s is not the blob %s (not a hardlink to it)", a.Name, v.Revision, e.Path, e.Digest)
-				}
-			}
-			filepath.WalkDir(tree, func(p string, d fs.DirEntry, err error) error {
-				if err != nil || d.IsDir() {
-					return nil
-				}
-				rel, _ := filepath.Rel(tree, p)
-				if !want[filepath.ToSlash(rel)] {
-					bad("%s@%s: %s is in the tree but not in the manifest", a.Name, v.Revision, filepath.ToSlash(rel))
-				}
-				return nil
-			})
+	return nil
+}
+
+// version checks that a Ready version's blobs exist with their size and
+// a record, and that its tree holds exactly its manifest's paths, each a
+// hardlink to its blob.
+func (f *fscker) version(name string, v Version) {
+	base, err := f.s.kindDir(v.Kind)
+	if err != nil {
+		f.bad("%s@%s: %v", name, v.Revision, err)
+		return
+	}
+	tree := filepath.Join(base, name, v.Revision)
+	f.known[tree] = true
+	if v.State != StateReady {
+		return
+	}
+	want := map[string]bool{}
+	for _, e := range v.Manifest {
+		want[e.Path] = true
+		f.entry(name, v.Revision, tree, e)
+	}
+	filepath.WalkDir(tree, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
 		}
-		if a.Current != "" {
-			ready := false
-			for _, v := range a.Versions {
-				if v.Revision == a.Current && v.State == StateReady {
-					ready = true
-				}
-			}
-			if !ready {
-				bad("%s: current revision %s is not a Ready version", a.Name, a.Current)
-			}
+		rel, _ := filepath.Rel(tree, p)
+		if !want[filepath.ToSlash(rel)] {
+			f.bad("%s@%s: %s is in the tree but not in the manifest", name, v.Revision, filepath.ToSlash(rel))
+		}
+		return nil
+	})
+}
+
+// entry checks one manifest entry of name@rev: its blob, its record and
+// its hardlink in the tree.
+func (f *fscker) entry(name, rev, tree string, e Entry) {
+	bp, _ := f.s.BlobPath(e.Digest)
+	bfi, err := os.Stat(bp)
+	if err != nil {
+		f.bad("%s@%s: %s: blob %s missing", name, rev, e.Path, e.Digest)
+		return
+	}
+	if _, ok := f.records[e.Digest]; !ok {
+		f.bad("%s@%s: %s: blob %s has no index record", name, rev, e.Path, e.Digest)
+	}
+	if bfi.Size() != e.Size {
+		f.bad("%s@%s: %s: blob is %d bytes, the manifest says %d", name, rev, e.Path, bfi.Size(), e.Size)
+	}
+	tfi, err := os.Lstat(filepath.Join(tree, filepath.FromSlash(e.Path)))
+	if err != nil {
+		f.bad("%s@%s: %s is missing from the tree", name, rev, e.Path)
+		return
+	}
+	if !os.SameFile(bfi, tfi) {
+		f.bad("%s@%s: %s is not the blob %s (not a hardlink to it)", name, rev, e.Path, e.Digest)
+	}
+}
+
+// current checks that an artifact's current revision is a Ready version.
+func (f *fscker) current(a Artifact) {
+	if a.Current == "" {
+		return
+	}
+	for _, v := range a.Versions {
+		if v.Revision == a.Current && v.State == StateReady {
+			return
 		}
 	}
+	f.bad("%s: current revision %s is not a Ready version", a.Name, a.Current)
+}
+
+// unknownTrees finds trees and current links on disk that the index does
+// not know.
+func (f *fscker) unknownTrees() {
 	for _, kind := range []string{KindModel, KindKernelCache} {
-		base, _ := s.kindDir(kind)
+		base, _ := f.s.kindDir(kind)
 		names, _ := os.ReadDir(base)
 		for _, n := range names {
 			revs, _ := os.ReadDir(filepath.Join(base, n.Name()))
@@ -120,17 +160,15 @@ func (s *Store) Fsck() ([]string, error) {
 				p := filepath.Join(base, n.Name(), r.Name())
 				if r.Name() == currentLink {
 					target, err := os.Readlink(p)
-					if err != nil || !known[filepath.Join(base, n.Name(), target)] {
-						bad("%s/%s/current points at %q, which the index does not know", kindDirs[kind], n.Name(), target)
+					if err != nil || !f.known[filepath.Join(base, n.Name(), target)] {
+						f.bad("%s/%s/current points at %q, which the index does not know", kindDirs[kind], n.Name(), target)
 					}
 					continue
 				}
-				if !known[p] {
-					bad("%s/%s/%s is on disk but not in the index", kindDirs[kind], n.Name(), r.Name())
+				if !f.known[p] {
+					f.bad("%s/%s/%s is on disk but not in the index", kindDirs[kind], n.Name(), r.Name())
 				}
 			}
 		}
 	}
-	sort.Strings(probs)
-	return probs, nil
 }

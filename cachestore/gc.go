@@ -66,7 +66,7 @@ func (s *Store) gc(ctx context.Context, dry bool, only map[string]bool) (*GCRepo
 	}
 	var onDisk map[string]int64
 	if only == nil {
-		onDisk, err = s.blobsOnDisk()
+		onDisk, err = blobsOnDisk(s.root, s.log)
 	} else {
 		onDisk = map[string]int64{}
 		for d := range only {
@@ -83,14 +83,14 @@ func (s *Store) gc(ctx context.Context, dry bool, only map[string]bool) (*GCRepo
 		return nil, err
 	}
 	rep := &GCReport{IngestsRemoved: in, IngestBytesFreed: inBytes}
-	s.holdMu.Lock()
-	defer s.holdMu.Unlock()
+	s.held.mu.Lock()
+	defer s.held.mu.Unlock()
 	var gone [][]byte
 	for d, size := range onDisk {
 		if err := ctx.Err(); err != nil {
 			break
 		}
-		if ref[d] || s.holds[d] > 0 {
+		if ref[d] || s.held.n[d] > 0 {
 			rep.BlobsKept++
 			continue
 		}

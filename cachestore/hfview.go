@@ -53,13 +53,45 @@ func (s *Store) syncHFView(repo string) error {
 	if err != nil {
 		return err
 	}
-	base := filepath.Join(s.root, dirHF, HFRepoDir(repo))
-	type snap struct {
-		m    Manifest
-		refs []string
-		cur  map[string]bool // refs a current version names
+	v := hfRepoView{s: s, repo: repo, base: filepath.Join(s.root, dirHF, HFRepoDir(repo))}
+	want := wantedSnapshots(arts, repo)
+	if len(want) == 0 {
+		return os.RemoveAll(v.base)
 	}
-	want := map[string]*snap{} // commit → snapshot
+	for _, d := range []string{"blobs", "snapshots", "refs"} {
+		if err := os.MkdirAll(filepath.Join(v.base, d), 0o755); err != nil {
+			return err
+		}
+	}
+	// Blobs first: a snapshot's links must never dangle.
+	usedBlobs, err := v.linkBlobs(want)
+	if err != nil {
+		return err
+	}
+	if err := v.makeSnapshots(want); err != nil {
+		return err
+	}
+	refs := v.wantedRefs(want)
+	if err := v.writeRefs(refs); err != nil {
+		return err
+	}
+	v.prune(want, usedBlobs, refs)
+	return nil
+}
+
+// hfSnapshot is what the view serves of one commit: its files, and the
+// refs that name it (current: those a current version names; "" stands
+// for a version pulled by its commit).
+type hfSnapshot struct {
+	m    Manifest
+	refs []string
+	cur  map[string]bool
+}
+
+// wantedSnapshots is the view of repo the index asks for: by commit, the
+// Ready versions from that repo whose revision is a commit.
+func wantedSnapshots(arts []Artifact, repo string) map[string]*hfSnapshot {
+	want := map[string]*hfSnapshot{}
 	for _, a := range arts {
 		for _, v := range a.Versions {
 			if v.HFRepo != repo || v.State != StateReady || !isHexN(v.Revision, 40) {
@@ -67,66 +99,68 @@ func (s *Store) syncHFView(repo string) error {
 			}
 			sn := want[v.Revision]
 			if sn == nil {
-				sn = &snap{m: v.Manifest}
+				sn = &hfSnapshot{m: v.Manifest}
 				want[v.Revision] = sn
 			}
-			if v.HFRef != "" && v.HFRef != v.Revision {
-				sn.refs = append(sn.refs, v.HFRef)
-				if v.Revision == a.Current {
-					if sn.cur == nil {
-						sn.cur = map[string]bool{}
-					}
-					sn.cur[v.HFRef] = true
-				}
-			} else {
+			if v.HFRef == "" || v.HFRef == v.Revision {
 				sn.refs = append(sn.refs, "")
+				continue
+			}
+			sn.refs = append(sn.refs, v.HFRef)
+			if v.Revision == a.Current {
+				if sn.cur == nil {
+					sn.cur = map[string]bool{}
+				}
+				sn.cur[v.HFRef] = true
 			}
 		}
 	}
-	if len(want) == 0 {
-		return os.RemoveAll(base)
-	}
-	for _, d := range []string{"blobs", "snapshots", "refs"} {
-		if err := os.MkdirAll(filepath.Join(base, d), 0o755); err != nil {
-			return err
-		}
-	}
-	// Blobs first: a snapshot's links must never dangle.
-	usedBlobs := map[string]bool{}
+	return want
+}
+
+// hfRepoView is the view of one repo under base, hf/models--<org>--<repo>.
+type hfRepoView struct {
+	s    *Store
+	repo string
+	base string
+}
+
+// linkBlobs hardlinks each store blob a snapshot uses as blobs/<oid> and
+// returns the oids used.
+func (v hfRepoView) linkBlobs(want map[string]*hfSnapshot) (map[string]bool, error) {
+	used := map[string]bool{}
 	for _, sn := range want {
 		for _, e := range sn.m {
 			oid := hfOID(e)
-			usedBlobs[oid] = true
-			dst := filepath.Join(base, "blobs", oid)
+			used[oid] = true
+			dst := filepath.Join(v.base, "blobs", oid)
 			if _, err := os.Lstat(dst); err == nil {
 				continue
 			}
-			src, _ := s.BlobPath(e.Digest)
+			src, _ := v.s.BlobPath(e.Digest)
 			if err := os.Link(src, dst); err != nil && !errors.Is(err, os.ErrExist) {
-				return fmt.Errorf("hf view %s: blob %s: %w", repo, oid, err)
+				return nil, fmt.Errorf("hf view %s: blob %s: %w", v.repo, oid, err)
 			}
 		}
 	}
+	return used, nil
+}
+
+// makeSnapshots builds each missing snapshots/<commit> under tmp/ as
+// relative symlinks into ../../blobs and renames it into place.
+func (v hfRepoView) makeSnapshots(want map[string]*hfSnapshot) error {
 	for commit, sn := range want {
-		dst := filepath.Join(base, "snapshots", commit)
+		dst := filepath.Join(v.base, "snapshots", commit)
 		if _, err := os.Lstat(dst); err == nil {
 			continue
 		}
-		tmp, err := os.MkdirTemp(filepath.Join(s.root, dirTmp), "hfsnap-")
+		tmp, err := os.MkdirTemp(filepath.Join(v.s.root, dirTmp), "hfsnap-")
 		if err != nil {
 			return err
 		}
-		for _, e := range sn.m {
-			p := filepath.Join(tmp, filepath.FromSlash(e.Path))
-			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-				os.RemoveAll(tmp)
-				return err
-			}
-			target := strings.Repeat("../", strings.Count(e.Path, "/")+2) + "blobs/" + hfOID(e)
-			if err := os.Symlink(target, p); err != nil {
-				os.RemoveAll(tmp)
-				return err
-			}
+		if err := linkSnapshot(tmp, sn.m); err != nil {
+			os.RemoveAll(tmp)
+			return err
 		}
 		os.Chmod(tmp, 0o755)
 		if err := os.Rename(tmp, dst); err != nil {
@@ -134,27 +168,47 @@ func (s *Store) syncHFView(repo string) error {
 			return err
 		}
 	}
-	// refs: each requested revision names its commit; a commit pulled by
-	// sha also gets refs/main when there is none, so scanners that
-	// require refs/ find the snapshot.
-	// A ref two commits claim (a rollout's staged revision of a branch
-	// beside the current one) names the current one's.
-	wantRefs := map[string]string{}
+	return nil
+}
+
+// linkSnapshot makes, under dir, each file of m a relative symlink to
+// its blob in the repo's blobs/ (dir stands where snapshots/<commit> will).
+func linkSnapshot(dir string, m Manifest) error {
+	for _, e := range m {
+		p := filepath.Join(dir, filepath.FromSlash(e.Path))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		target := strings.Repeat("../", strings.Count(e.Path, "/")+2) + "blobs/" + hfOID(e)
+		if err := os.Symlink(target, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wantedRefs is the commit each ref names. Each requested revision names
+// its commit; a commit pulled by sha also gets refs/main when there is
+// none, so scanners that require refs/ find the snapshot. A ref two
+// commits claim (a rollout's staged revision of a branch beside the
+// current one) names the current one's.
+func (v hfRepoView) wantedRefs(want map[string]*hfSnapshot) map[string]string {
+	refs := map[string]string{}
 	for commit, sn := range want {
 		for _, r := range sn.refs {
 			if r == "" {
 				continue
 			}
-			if _, taken := wantRefs[r]; !taken || sn.cur[r] {
-				wantRefs[r] = commit
+			if _, taken := refs[r]; !taken || sn.cur[r] {
+				refs[r] = commit
 			}
 		}
 	}
-	if _, ok := wantRefs["main"]; !ok {
+	if _, ok := refs["main"]; !ok {
 		for commit, sn := range want {
 			for _, r := range sn.refs {
 				if r == "" {
-					wantRefs["main"] = commit
+					refs["main"] = commit
 				}
 			}
 		}
@@ -163,26 +217,32 @@ func (s *Store) syncHFView(repo string) error {
 	// a file, the other needs it to be a directory). The shorter wins,
 	// every time, and the other is left out with a warning; the snapshot
 	// stays reachable by its commit.
-	names := make([]string, 0, len(wantRefs))
-	for r := range wantRefs {
+	names := make([]string, 0, len(refs))
+	for r := range refs {
 		names = append(names, r)
 	}
 	sort.Strings(names)
 	for _, r := range names {
 		for _, q := range names {
-			if _, ok := wantRefs[q]; ok && strings.HasPrefix(q, r+"/") {
-				if _, kept := wantRefs[r]; kept {
-					s.log.Warn("hf view: revisions whose refs cannot coexist; leaving the longer one out", "repo", repo, "kept", r, "left_out", q)
-					delete(wantRefs, q)
+			if _, ok := refs[q]; ok && strings.HasPrefix(q, r+"/") {
+				if _, kept := refs[r]; kept {
+					v.s.log.Warn("hf view: revisions whose refs cannot coexist; leaving the longer one out", "repo", v.repo, "kept", r, "left_out", q)
+					delete(refs, q)
 				}
 			}
 		}
 	}
-	for r, commit := range wantRefs {
+	return refs
+}
+
+// writeRefs writes refs/<ref> = commit for each ref, clearing what
+// stands in the way.
+func (v hfRepoView) writeRefs(refs map[string]string) error {
+	for r, commit := range refs {
 		if err := ValidatePath(r); err != nil {
 			continue
 		}
-		p := filepath.Join(base, "refs", filepath.FromSlash(r))
+		p := filepath.Join(v.base, "refs", filepath.FromSlash(r))
 		if cur, err := os.ReadFile(p); err == nil && string(cur) == commit {
 			continue
 		}
@@ -192,7 +252,7 @@ func (s *Store) syncHFView(repo string) error {
 		if fi, err := os.Lstat(p); err == nil && fi.IsDir() {
 			os.RemoveAll(p)
 		}
-		for d := filepath.Dir(p); d != filepath.Join(base, "refs") && strings.HasPrefix(d, base); d = filepath.Dir(d) {
+		for d := filepath.Dir(p); d != filepath.Join(v.base, "refs") && strings.HasPrefix(d, v.base); d = filepath.Dir(d) {
 			if fi, err := os.Lstat(d); err == nil && !fi.IsDir() {
 				os.Remove(d)
 			}
@@ -202,32 +262,35 @@ func (s *Store) syncHFView(repo string) error {
 			return err
 		}
 	}
-	// Remove what nothing serves.
-	filepath.WalkDir(filepath.Join(base, "refs"), func(p string, d os.DirEntry, err error) error {
+	return nil
+}
+
+// prune removes the refs, snapshots and blobs nothing serves.
+func (v hfRepoView) prune(want map[string]*hfSnapshot, usedBlobs map[string]bool, refs map[string]string) {
+	filepath.WalkDir(filepath.Join(v.base, "refs"), func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return nil
 		}
-		rel, _ := filepath.Rel(filepath.Join(base, "refs"), p)
-		if _, ok := wantRefs[filepath.ToSlash(rel)]; !ok {
+		rel, _ := filepath.Rel(filepath.Join(v.base, "refs"), p)
+		if _, ok := refs[filepath.ToSlash(rel)]; !ok {
 			os.Remove(p)
 		}
 		return nil
 	})
-	if ents, err := os.ReadDir(filepath.Join(base, "snapshots")); err == nil {
+	if ents, err := os.ReadDir(filepath.Join(v.base, "snapshots")); err == nil {
 		for _, e := range ents {
 			if want[e.Name()] == nil {
-				s.removeTree(filepath.Join(base, "snapshots", e.Name()))
+				removeTree(v.s.root, v.s.log, filepath.Join(v.base, "snapshots", e.Name()))
 			}
 		}
 	}
-	if ents, err := os.ReadDir(filepath.Join(base, "blobs")); err == nil {
+	if ents, err := os.ReadDir(filepath.Join(v.base, "blobs")); err == nil {
 		for _, e := range ents {
 			if !usedBlobs[e.Name()] {
-				os.Remove(filepath.Join(base, "blobs", e.Name()))
+				os.Remove(filepath.Join(v.base, "blobs", e.Name()))
 			}
 		}
 	}
-	return nil
 }
 
 func isHexN(s string, n int) bool {
@@ -241,19 +304,4 @@ func isHexN(s string, n int) bool {
 		}
 	}
 	return true
-}
-
-// hfRepos lists the repos the index and the hf/ directory know.
-func (s *Store) hfRepos() map[string]bool {
-	out := map[string]bool{}
-	if arts, err := s.ListSummaries(); err == nil {
-		for _, a := range arts {
-			for _, v := range a.Versions {
-				if v.HFRepo != "" {
-					out[v.HFRepo] = true
-				}
-			}
-		}
-	}
-	return out
 }

@@ -40,7 +40,7 @@ func BenchmarkHoldTree(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		key := fmt.Sprint("csi:vol-", i)
 		b.StopTimer()
-		if err := s.PutHold(key, []byte(`{}`)); err != nil {
+		if err := s.Records().PutHold(key, []byte(`{}`)); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()
@@ -48,7 +48,7 @@ func BenchmarkHoldTree(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StopTimer()
-		if err := s.DeleteHold(key); err != nil {
+		if err := s.Records().DeleteHold(key); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()

@@ -21,13 +21,13 @@ func TestHoldsSurviveALostIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.PutHold("csi:vol-1", []byte(`{"pod":"ml/a"}`)); err != nil {
+	if err := s.Records().PutHold("csi:vol-1", []byte(`{"pod":"ml/a"}`)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.PutHold("csi:vol-2", []byte(`{"pod":"ml/b"}`)); err != nil {
+	if err := s.Records().PutHold("csi:vol-2", []byte(`{"pod":"ml/b"}`)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeleteHold("csi:vol-2"); err != nil {
+	if err := s.Records().DeleteHold("csi:vol-2"); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -42,14 +42,14 @@ func TestHoldsSurviveALostIndex(t *testing.T) {
 	if rep.IndexRebuilt == nil || rep.HoldsRestored != 1 {
 		t.Fatalf("report %+v: want the index rebuilt and 1 hold restored", rep)
 	}
-	got, err := s.Holds()
+	got, err := s.Records().Holds()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 1 || string(got["csi:vol-1"]) != `{"pod":"ml/a"}` {
 		t.Fatalf("holds after a lost index: %q, want csi:vol-1 only, its record intact", got)
 	}
-	if err := s.DeleteHold("csi:vol-1"); err != nil {
+	if err := s.Records().DeleteHold("csi:vol-1"); err != nil {
 		t.Fatal(err)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(root, "holds")); len(ents) != 0 {
@@ -70,7 +70,7 @@ func TestHoldTree(t *testing.T) {
 	}
 	defer s.Close()
 	kc := strings.Repeat("c", 64)
-	if err := s.PutHold("csi:v", []byte(`{}`)); err != nil {
+	if err := s.Records().PutHold("csi:v", []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
 	tree, err := s.HoldTree(ctx, "csi:v", []cachestore.TreePart{{Name: "a", Revision: "r1"}, {Dir: "kernels/k", Name: "k", Revision: kc}})
@@ -101,7 +101,7 @@ func TestHoldTree(t *testing.T) {
 	if _, err := s.HoldTree(ctx, "csi:w", []cachestore.TreePart{{Name: "a", Revision: "nope"}}); !errors.Is(err, cachestore.ErrNotFound) {
 		t.Errorf("a part that is not Ready: %v, want ErrNotFound", err)
 	}
-	if err := s.DeleteHold("csi:v"); err != nil {
+	if err := s.Records().DeleteHold("csi:v"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(tree); !os.IsNotExist(err) {

@@ -31,20 +31,20 @@ const (
 
 // readMetadata reads config.json and the safetensors headers (8 bytes of
 // length and the JSON header, never the tensors). nil when the manifest
-// holds neither.
-func (s *Store) readMetadata(m Manifest) *Metadata {
+// holds neither. The blobs are read from blobs.
+func readMetadata(blobs Provider, m Manifest) *Metadata {
 	md := &Metadata{}
 	found := false
 	for _, e := range m {
 		switch {
 		case e.Path == "config.json":
 			found = true
-			if err := s.readConfig(e, md); err != nil {
+			if err := readConfig(blobs, e, md); err != nil {
 				md.Problems = append(md.Problems, "config.json: "+err.Error())
 			}
 		case strings.HasSuffix(e.Path, ".safetensors"):
 			found = true
-			if err := s.readSafetensors(e, md); err != nil {
+			if err := readSafetensors(blobs, e, md); err != nil {
 				md.Problems = append(md.Problems, e.Path+": "+err.Error())
 			}
 		}
@@ -55,11 +55,11 @@ func (s *Store) readMetadata(m Manifest) *Metadata {
 	return md
 }
 
-func (s *Store) readConfig(e Entry, md *Metadata) error {
+func readConfig(blobs Provider, e Entry, md *Metadata) error {
 	if e.Size > maxConfigBytes {
 		return fmt.Errorf("larger than %d bytes", maxConfigBytes)
 	}
-	f, err := s.OpenBlob(e.Digest)
+	f, err := blobs.OpenBlob(e.Digest)
 	if err != nil {
 		return err
 	}
@@ -81,8 +81,8 @@ func (s *Store) readConfig(e Entry, md *Metadata) error {
 	return nil
 }
 
-func (s *Store) readSafetensors(e Entry, md *Metadata) error {
-	f, err := s.OpenBlob(e.Digest)
+func readSafetensors(blobs Provider, e Entry, md *Metadata) error {
+	f, err := blobs.OpenBlob(e.Digest)
 	if err != nil {
 		return err
 	}

@@ -30,9 +30,9 @@ type RebuildReport struct {
 const rebuildMessage = "rebuilt from disk after the index was lost; source, pin and desire unknown until pulled again"
 
 // storeHasTrees reports whether any kind dir holds an artifact directory.
-func (s *Store) storeHasTrees() bool {
+func storeHasTrees(root string) bool {
 	for _, d := range kindDirs {
-		if ents, err := os.ReadDir(filepath.Join(s.root, d)); err == nil && len(ents) > 0 {
+		if ents, err := os.ReadDir(filepath.Join(root, d)); err == nil && len(ents) > 0 {
 			return true
 		}
 	}
@@ -54,22 +54,10 @@ func (s *Store) storeHasTrees() bool {
 func (s *Store) rebuildIndex(ctx context.Context) (*RebuildReport, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rep := &RebuildReport{}
-	type key struct{ dev, ino uint64 }
-	byInode := map[key]string{}
-	onDisk, err := s.blobsOnDisk()
+	b, err := newRebuilder(s)
 	if err != nil {
 		return nil, err
 	}
-	for d := range onDisk {
-		p, _ := s.BlobPath(d)
-		var st syscall.Stat_t
-		if err := syscall.Lstat(p, &st); err == nil {
-			byInode[key{uint64(st.Dev), st.Ino}] = d
-		}
-	}
-	hf := s.scanHFView()
-	now := s.now().UTC()
 	var arts []Artifact
 	for _, kind := range []string{KindModel, KindKernelCache} {
 		base := filepath.Join(s.root, kindDirs[kind])
@@ -81,72 +69,132 @@ func (s *Store) rebuildIndex(ctx context.Context) (*RebuildReport, error) {
 			if !n.IsDir() || ValidateName(n.Name()) != nil {
 				continue // repair removes it as before: nothing of ours
 			}
-			dir := filepath.Join(base, n.Name())
-			a := Artifact{Name: n.Name()}
-			revs, _ := os.ReadDir(dir)
-			var newest time.Time
-			for _, r := range revs {
-				if r.Name() == currentLink || !r.IsDir() || ValidateName(r.Name()) != nil {
-					continue
-				}
-				tree := filepath.Join(dir, r.Name())
-				m, err := s.manifestOfTree(ctx, tree, func(st *syscall.Stat_t) string { return byInode[key{uint64(st.Dev), st.Ino}] })
-				if err == nil {
-					err = m.Validate()
-				}
-				if err != nil {
-					if ctx.Err() != nil {
-						return nil, ctx.Err()
-					}
-					q := filepath.Join(s.root, dirQuarantine, fmt.Sprintf("tree-%s-%s-%s-%d", kindDirs[kind], n.Name(), r.Name(), now.Unix()))
-					if rerr := os.Rename(tree, q); rerr != nil {
-						return nil, fmt.Errorf("rebuild: %s: %v; and it cannot be moved aside: %w", tree, err, rerr)
-					}
-					s.log.Warn("index rebuild: tree is not a store tree; moved to quarantine", "tree", tree, "to", q, "err", err)
-					rep.Quarantined = append(rep.Quarantined, n.Name()+"@"+r.Name())
-					continue
-				}
-				created := now
-				if fi, err := r.Info(); err == nil {
-					created = fi.ModTime().UTC()
-				}
-				if created.After(newest) {
-					newest, a.Current = created, r.Name()
-				}
-				v := Version{
-					Name: n.Name(), Kind: kind, Revision: r.Name(), Manifest: m, ManifestDigest: m.Digest(),
-					State: StateReady, Message: rebuildMessage, Created: created, LastUsed: created, Bytes: m.Bytes(),
-				}
-				if repo, ref, etags, ok := hf.match(v.Revision, m); ok && kind == KindModel {
-					v.HFRepo, v.HFRef = repo, ref
-					for i := range v.Manifest {
-						if oid := etags[v.Manifest[i].Path]; oid != v.Manifest[i].Digest[len(DigestPrefix):] {
-							v.Manifest[i].Etag = oid
-						}
-					}
-					rep.HFVersions++
-				}
-				v.Metadata = s.readMetadata(v.Manifest)
-				a.Versions = append(a.Versions, v)
-				rep.Versions = append(rep.Versions, v.Name+"@"+v.Revision)
+			a, err := b.artifact(ctx, kind, base, n.Name())
+			if err != nil {
+				return nil, err
 			}
-			if len(a.Versions) == 0 {
-				continue
+			if len(a.Versions) > 0 {
+				arts = append(arts, a)
 			}
-			if cur, err := os.Readlink(filepath.Join(dir, currentLink)); err == nil {
-				for _, v := range a.Versions {
-					if v.Revision == cur {
-						a.Current = cur
-					}
-				}
-			}
-			arts = append(arts, a)
 		}
 	}
 	if len(arts) == 0 {
-		return rep, nil
+		return b.rep, nil
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	if err := b.record(arts); err != nil {
+		return nil, fmt.Errorf("rebuild index: %w", err)
+	}
+	sort.Strings(b.rep.Versions)
+	return b.rep, nil
+}
+
+// inode names a file by device and inode: a tree's file is its blob's.
+type inode struct{ dev, ino uint64 }
+
+// rebuilder is one run of rebuildIndex: the blobs on disk by inode, the
+// HF view on disk, and what it rebuilt so far.
+type rebuilder struct {
+	s       *Store
+	rep     *RebuildReport
+	byInode map[inode]string
+	hf      hfScan
+	now     time.Time
+}
+
+func newRebuilder(s *Store) (*rebuilder, error) {
+	onDisk, err := blobsOnDisk(s.root, s.log)
+	if err != nil {
+		return nil, err
+	}
+	byInode := map[inode]string{}
+	for d := range onDisk {
+		p, _ := s.BlobPath(d)
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err == nil {
+			byInode[inode{uint64(st.Dev), st.Ino}] = d
+		}
+	}
+	return &rebuilder{s: s, rep: &RebuildReport{}, byInode: byInode, hf: scanHFView(s.root), now: s.now().UTC()}, nil
+}
+
+// artifact rebuilds the versions of one artifact from its trees under
+// base/name; current is the current link's target, else the newest tree.
+func (b *rebuilder) artifact(ctx context.Context, kind, base, name string) (Artifact, error) {
+	dir := filepath.Join(base, name)
+	a := Artifact{Name: name}
+	revs, _ := os.ReadDir(dir)
+	var newest time.Time
+	for _, r := range revs {
+		if r.Name() == currentLink || !r.IsDir() || ValidateName(r.Name()) != nil {
+			continue
+		}
+		v, err := b.version(ctx, kind, dir, name, r)
+		if err != nil {
+			return a, err
+		}
+		if v == nil {
+			continue
+		}
+		if v.Created.After(newest) {
+			newest, a.Current = v.Created, v.Revision
+		}
+		a.Versions = append(a.Versions, *v)
+		b.rep.Versions = append(b.rep.Versions, v.Name+"@"+v.Revision)
+	}
+	if cur, err := os.Readlink(filepath.Join(dir, currentLink)); err == nil {
+		for _, v := range a.Versions {
+			if v.Revision == cur {
+				a.Current = cur
+			}
+		}
+	}
+	return a, nil
+}
+
+// version rebuilds one version from its tree, dir/<rev>; nil when the
+// tree is not a store tree and was moved to quarantine/.
+func (b *rebuilder) version(ctx context.Context, kind, dir, name string, r fs.DirEntry) (*Version, error) {
+	tree := filepath.Join(dir, r.Name())
+	m, err := b.manifestOfTree(ctx, tree)
+	if err == nil {
+		err = m.Validate()
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		q := filepath.Join(b.s.root, dirQuarantine, fmt.Sprintf("tree-%s-%s-%s-%d", kindDirs[kind], name, r.Name(), b.now.Unix()))
+		if rerr := os.Rename(tree, q); rerr != nil {
+			return nil, fmt.Errorf("rebuild: %s: %v; and it cannot be moved aside: %w", tree, err, rerr)
+		}
+		b.s.log.Warn("index rebuild: tree is not a store tree; moved to quarantine", "tree", tree, "to", q, "err", err)
+		b.rep.Quarantined = append(b.rep.Quarantined, name+"@"+r.Name())
+		return nil, nil
+	}
+	created := b.now
+	if fi, err := r.Info(); err == nil {
+		created = fi.ModTime().UTC()
+	}
+	v := &Version{
+		Name: name, Kind: kind, Revision: r.Name(), Manifest: m, ManifestDigest: m.Digest(),
+		State: StateReady, Message: rebuildMessage, Created: created, LastUsed: created, Bytes: m.Bytes(),
+	}
+	if repo, ref, etags, ok := b.hf.match(v.Revision, m); ok && kind == KindModel {
+		v.HFRepo, v.HFRef = repo, ref
+		for i := range v.Manifest {
+			if oid := etags[v.Manifest[i].Path]; oid != v.Manifest[i].Digest[len(DigestPrefix):] {
+				v.Manifest[i].Etag = oid
+			}
+		}
+		b.rep.HFVersions++
+	}
+	v.Metadata = readMetadata(b.s, v.Manifest)
+	return v, nil
+}
+
+// record writes the rebuilt artifacts into the index in one transaction.
+func (b *rebuilder) record(arts []Artifact) error {
+	return b.s.db.Update(func(tx *bolt.Tx) error {
 		for _, a := range arts {
 			ab, err := tx.Bucket(bucketArtifacts).CreateBucketIfNotExists([]byte(a.Name))
 			if err != nil {
@@ -155,7 +203,7 @@ func (s *Store) rebuildIndex(ctx context.Context) (*RebuildReport, error) {
 			if ab.Get(keyCurrent) != nil {
 				// The same name under models/ and kernels/: the first kept wins;
 				// repair removes the other tree, which no record names.
-				s.log.Warn("index rebuild: a name exists under both models/ and kernels/; keeping the model", "artifact", a.Name)
+				b.s.log.Warn("index rebuild: a name exists under both models/ and kernels/; keeping the model", "artifact", a.Name)
 				continue
 			}
 			for i := range a.Versions {
@@ -169,16 +217,11 @@ func (s *Store) rebuildIndex(ctx context.Context) (*RebuildReport, error) {
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("rebuild index: %w", err)
-	}
-	sort.Strings(rep.Versions)
-	return rep, nil
 }
 
 // manifestOfTree lists the files under tree with the blob each one is. A
 // symlink or special file means the tree is not one the store built.
-func (s *Store) manifestOfTree(ctx context.Context, tree string, blobOf func(*syscall.Stat_t) string) (Manifest, error) {
+func (b *rebuilder) manifestOfTree(ctx context.Context, tree string) (Manifest, error) {
 	var m Manifest
 	err := filepath.WalkDir(tree, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -199,9 +242,9 @@ func (s *Store) manifestOfTree(ctx context.Context, tree string, blobOf func(*sy
 		if err := syscall.Lstat(p, &st); err != nil {
 			return err
 		}
-		dg := blobOf(&st)
+		dg := b.byInode[inode{uint64(st.Dev), st.Ino}]
 		if dg == "" {
-			if dg, err = s.adoptTreeFile(ctx, p); err != nil {
+			if dg, err = b.adoptTreeFile(ctx, p); err != nil {
 				return fmt.Errorf("%s: %w", rel, err)
 			}
 		}
@@ -216,16 +259,16 @@ func (s *Store) manifestOfTree(ctx context.Context, tree string, blobOf func(*sy
 
 // adoptTreeFile hashes a tree file that is not a hardlink of a blob and
 // makes it one when the store lacks that blob.
-func (s *Store) adoptTreeFile(ctx context.Context, p string) (string, error) {
+func (b *rebuilder) adoptTreeFile(ctx context.Context, p string) (string, error) {
 	h := sha256.New()
 	if err := hashFile(ctx, p, h); err != nil {
 		return "", err
 	}
 	dg := DigestPrefix + hex.EncodeToString(h.Sum(nil))
-	if s.HasBlob(dg) {
+	if b.s.HasBlob(dg) {
 		return dg, nil
 	}
-	dst, _ := s.BlobPath(dg)
+	dst, _ := b.s.BlobPath(dg)
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return "", err
 	}
@@ -246,9 +289,10 @@ type hfSnap struct {
 	etags map[string]string
 }
 
-func (s *Store) scanHFView() hfScan {
+// scanHFView reads the HF cache view under root.
+func scanHFView(root string) hfScan {
 	out := hfScan{}
-	top := filepath.Join(s.root, dirHF)
+	top := filepath.Join(root, dirHF)
 	repos, _ := os.ReadDir(top)
 	for _, r := range repos {
 		repo, ok := strings.CutPrefix(r.Name(), "models--")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -42,9 +43,9 @@ func (r *RepairReport) Clean() bool {
 
 // blobsOnDisk lists blobs by walking blobs/sha256 (names and sizes only; no
 // hashing). Files that cannot be blobs are removed.
-func (s *Store) blobsOnDisk() (map[string]int64, error) {
+func blobsOnDisk(root string, log *slog.Logger) (map[string]int64, error) {
 	out := map[string]int64{}
-	top := filepath.Join(s.root, dirBlobs)
+	top := filepath.Join(root, dirBlobs)
 	prefixes, err := os.ReadDir(top)
 	if err != nil {
 		return nil, err
@@ -59,7 +60,7 @@ func (s *Store) blobsOnDisk() (map[string]int64, error) {
 			d := DigestPrefix + e.Name()
 			h, err := ParseDigest(d)
 			if err != nil || h[:2] != p.Name() || !e.Type().IsRegular() {
-				s.log.Warn("removing a file that is not a blob", "path", filepath.Join(dir, e.Name()))
+				log.Warn("removing a file that is not a blob", "path", filepath.Join(dir, e.Name()))
 				os.RemoveAll(filepath.Join(dir, e.Name()))
 				continue
 			}
@@ -83,40 +84,73 @@ func (s *Store) blobsOnDisk() (map[string]int64, error) {
 func (s *Store) repair(ctx context.Context, ingestMaxAge time.Duration, full bool) (*RepairReport, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rep := &RepairReport{}
-
-	tmp := filepath.Join(s.root, dirTmp)
-	if ents, err := os.ReadDir(tmp); err == nil {
-		for _, e := range ents {
-			os.RemoveAll(filepath.Join(tmp, e.Name()))
-			rep.TmpRemoved++
-		}
-	}
-
-	ing := filepath.Join(s.root, dirIngest)
-	if ents, err := os.ReadDir(ing); err == nil {
-		for _, e := range ents {
-			dir := filepath.Join(ing, e.Name())
-			ref, rerr := os.ReadFile(filepath.Join(dir, ingestRef))
-			fi, derr := os.Stat(filepath.Join(dir, ingestData))
-			if rerr != nil || derr != nil || ingestDirName(string(ref)) != e.Name() || s.now().Sub(fi.ModTime()) > ingestMaxAge {
-				os.RemoveAll(dir)
-				rep.IngestsRemoved++
-				continue
-			}
-			rep.IngestsKept++
-		}
-	}
-
+	r := repairer{s: s, rep: &RepairReport{}}
+	r.emptyTmp()
+	r.sweepIngests(ingestMaxAge)
 	if !full {
-		rep.AfterCleanShutdown = true
-		return rep, s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyClean) })
+		r.rep.AfterCleanShutdown = true
+		return r.rep, s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyClean) })
 	}
-	onDisk, err := s.blobsOnDisk()
+	onDisk, err := blobsOnDisk(s.root, s.log)
 	if err != nil {
 		return nil, err
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	if err := r.blobRecords(onDisk); err != nil {
+		return nil, err
+	}
+	known, err := r.versions(onDisk)
+	if err != nil {
+		return nil, err
+	}
+	r.unknownTrees(known)
+	r.hfViews()
+	return r.rep, ctx.Err()
+}
+
+// repairer is one run of repair, with the store's lock held; its steps
+// count what they do in rep.
+type repairer struct {
+	s   *Store
+	rep *RepairReport
+}
+
+// emptyTmp removes everything under tmp/.
+func (r repairer) emptyTmp() {
+	tmp := filepath.Join(r.s.root, dirTmp)
+	if ents, err := os.ReadDir(tmp); err == nil {
+		for _, e := range ents {
+			os.RemoveAll(filepath.Join(tmp, e.Name()))
+			r.rep.TmpRemoved++
+		}
+	}
+}
+
+// sweepIngests keeps the partial ingests a pull may resume and removes
+// the broken and those older than maxAge.
+func (r repairer) sweepIngests(maxAge time.Duration) {
+	ing := filepath.Join(r.s.root, dirIngest)
+	ents, err := os.ReadDir(ing)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		dir := filepath.Join(ing, e.Name())
+		ref, rerr := os.ReadFile(filepath.Join(dir, ingestRef))
+		fi, derr := os.Stat(filepath.Join(dir, ingestData))
+		if rerr != nil || derr != nil || ingestDirName(string(ref)) != e.Name() || r.s.now().Sub(fi.ModTime()) > maxAge {
+			os.RemoveAll(dir)
+			r.rep.IngestsRemoved++
+			continue
+		}
+		r.rep.IngestsKept++
+	}
+}
+
+// blobRecords makes the blob records follow the blobs on disk, in the
+// transaction that deletes the clean record: records of blobs gone are
+// dropped, blobs without a record adopted.
+func (r repairer) blobRecords(onDisk map[string]int64) error {
+	return r.s.db.Update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketMeta).Delete(keyClean); err != nil {
 			return err
 		}
@@ -134,24 +168,26 @@ func (s *Store) repair(ctx context.Context, ingestMaxAge time.Duration, full boo
 			if err := b.Delete(k); err != nil {
 				return err
 			}
-			rep.BlobsDropped++
+			r.rep.BlobsDropped++
 		}
 		for d, size := range onDisk {
 			if !recorded[d] {
-				raw, _ := json.Marshal(blobRecord{Size: size, Created: s.now().UTC()})
+				raw, _ := json.Marshal(blobRecord{Size: size, Created: r.s.now().UTC()})
 				if err := b.Put([]byte(d), raw); err != nil {
 					return err
 				}
-				rep.BlobsAdopted++
+				r.rep.BlobsAdopted++
 			}
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
+}
 
-	arts, err := s.List()
+// versions brings each recorded version's state, tree and current link
+// in line with the blobs on disk, and returns every version by artifact
+// and revision as it now stands.
+func (r repairer) versions(onDisk map[string]int64) (map[string]map[string]Version, error) {
+	arts, err := r.s.List()
 	if err != nil {
 		return nil, err
 	}
@@ -159,61 +195,84 @@ func (s *Store) repair(ctx context.Context, ingestMaxAge time.Duration, full boo
 	for _, a := range arts {
 		known[a.Name] = map[string]Version{}
 		for _, v := range a.Versions {
-			if v.State == StateReady {
-				for _, e := range v.Manifest {
-					if size, ok := onDisk[e.Digest]; !ok || size != e.Size {
-						v.State, v.Message = StateMissing, fmt.Sprintf("blob %s of %s is missing after restart; re-fetch needed", e.Digest, e.Path)
-						if err := s.SetState(a.Name, v.Revision, v.State, v.Message); err != nil {
-							return nil, err
-						}
-						rep.VersionsMissing = append(rep.VersionsMissing, a.Name+"@"+v.Revision)
-						break
-					}
-				}
+			if err := r.version(a.Name, &v, onDisk); err != nil {
+				return nil, err
 			}
 			known[a.Name][v.Revision] = v
-			base, err := s.kindDir(v.Kind)
-			if err != nil {
-				continue
-			}
-			tree := filepath.Join(base, a.Name, v.Revision)
-			_, serr := os.Lstat(tree)
-			switch {
-			case v.State == StateReady && serr != nil:
-				if err := s.materialize(base, a.Name, v.Revision, v.Manifest); err != nil {
-					return nil, fmt.Errorf("rebuild %s@%s: %w", a.Name, v.Revision, err)
-				}
-				rep.TreesRebuilt++
-			case v.State != StateReady && serr == nil:
-				s.removeTree(tree)
-				rep.TreesRemoved++
-			}
 		}
-		if len(a.Versions) > 0 {
-			base, _ := s.kindDir(a.Versions[0].Kind)
-			want := a.Current
-			if v, ok := known[a.Name][want]; !ok || v.State != StateReady {
-				want = ""
-			}
-			link := filepath.Join(base, a.Name, currentLink)
-			if got, _ := os.Readlink(link); got != want {
-				if err := s.setCurrentLink(filepath.Join(base, a.Name), want); err != nil {
-					return nil, err
+		if err := r.currentLink(a, known[a.Name]); err != nil {
+			return nil, err
+		}
+	}
+	return known, nil
+}
+
+// version marks a Ready version whose blobs are gone Missing, rebuilds
+// the missing tree of a Ready one and removes the tree of one not Ready.
+func (r repairer) version(name string, v *Version, onDisk map[string]int64) error {
+	if v.State == StateReady {
+		for _, e := range v.Manifest {
+			if size, ok := onDisk[e.Digest]; !ok || size != e.Size {
+				v.State, v.Message = StateMissing, fmt.Sprintf("blob %s of %s is missing after restart; re-fetch needed", e.Digest, e.Path)
+				if err := r.s.SetState(name, v.Revision, v.State, v.Message); err != nil {
+					return err
 				}
-				rep.LinksFixed++
+				r.rep.VersionsMissing = append(r.rep.VersionsMissing, name+"@"+v.Revision)
+				break
 			}
 		}
 	}
+	base, err := r.s.kindDir(v.Kind)
+	if err != nil {
+		return nil
+	}
+	tree := filepath.Join(base, name, v.Revision)
+	_, serr := os.Lstat(tree)
+	switch {
+	case v.State == StateReady && serr != nil:
+		if err := r.s.materialize(base, name, v.Revision, v.Manifest); err != nil {
+			return fmt.Errorf("rebuild %s@%s: %w", name, v.Revision, err)
+		}
+		r.rep.TreesRebuilt++
+	case v.State != StateReady && serr == nil:
+		removeTree(r.s.root, r.s.log, tree)
+		r.rep.TreesRemoved++
+	}
+	return nil
+}
 
-	// Trees on disk that the index does not know as Ready.
+// currentLink points an artifact's current link at its current version
+// when that is Ready, and takes it down otherwise.
+func (r repairer) currentLink(a Artifact, revs map[string]Version) error {
+	if len(a.Versions) == 0 {
+		return nil
+	}
+	base, _ := r.s.kindDir(a.Versions[0].Kind)
+	want := a.Current
+	if v, ok := revs[want]; !ok || v.State != StateReady {
+		want = ""
+	}
+	link := filepath.Join(base, a.Name, currentLink)
+	if got, _ := os.Readlink(link); got != want {
+		if err := r.s.setCurrentLink(filepath.Join(base, a.Name), want); err != nil {
+			return err
+		}
+		r.rep.LinksFixed++
+	}
+	return nil
+}
+
+// unknownTrees removes the trees on disk that the index does not know as
+// Ready versions of their kind.
+func (r repairer) unknownTrees(known map[string]map[string]Version) {
 	for kind, d := range kindDirs {
-		base := filepath.Join(s.root, d)
+		base := filepath.Join(r.s.root, d)
 		names, _ := os.ReadDir(base)
 		for _, n := range names {
 			revs, ok := known[n.Name()]
 			if !ok {
-				s.removeTree(filepath.Join(base, n.Name()))
-				rep.TreesRemoved++
+				removeTree(r.s.root, r.s.log, filepath.Join(base, n.Name()))
+				r.rep.TreesRemoved++
 				continue
 			}
 			ents, _ := os.ReadDir(filepath.Join(base, n.Name()))
@@ -222,31 +281,48 @@ func (s *Store) repair(ctx context.Context, ingestMaxAge time.Duration, full boo
 					continue
 				}
 				if v, ok := revs[e.Name()]; !ok || v.State != StateReady || v.Kind != kind {
-					s.removeTree(filepath.Join(base, n.Name(), e.Name()))
-					rep.TreesRemoved++
+					removeTree(r.s.root, r.s.log, filepath.Join(base, n.Name(), e.Name()))
+					r.rep.TreesRemoved++
 				}
 			}
 		}
 	}
-	// The HF cache view follows the index: rebuilt where missing, trimmed
-	// where it serves nothing.
-	repos := s.hfRepos()
-	if ents, err := os.ReadDir(filepath.Join(s.root, dirHF)); err == nil {
+}
+
+// hfViews makes the HF cache view follow the index: rebuilt where
+// missing, trimmed where it serves nothing.
+func (r repairer) hfViews() {
+	repos := r.hfRepos()
+	if ents, err := os.ReadDir(filepath.Join(r.s.root, dirHF)); err == nil {
 		for _, e := range ents {
 			known := false
-			for r := range repos {
-				known = known || HFRepoDir(r) == e.Name()
+			for repo := range repos {
+				known = known || HFRepoDir(repo) == e.Name()
 			}
 			if !known {
-				os.RemoveAll(filepath.Join(s.root, dirHF, e.Name()))
-				rep.TreesRemoved++
+				os.RemoveAll(filepath.Join(r.s.root, dirHF, e.Name()))
+				r.rep.TreesRemoved++
 			}
 		}
 	}
-	for r := range repos {
-		if err := s.syncHFView(r); err != nil {
-			s.log.Warn("rebuild hf cache view", "repo", r, "err", err)
+	for repo := range repos {
+		if err := r.s.syncHFView(repo); err != nil {
+			r.s.log.Warn("rebuild hf cache view", "repo", repo, "err", err)
 		}
 	}
-	return rep, ctx.Err()
+}
+
+// hfRepos lists the repos the index and the hf/ directory know.
+func (r repairer) hfRepos() map[string]bool {
+	out := map[string]bool{}
+	if arts, err := r.s.ListSummaries(); err == nil {
+		for _, a := range arts {
+			for _, v := range a.Versions {
+				if v.HFRepo != "" {
+					out[v.HFRepo] = true
+				}
+			}
+		}
+	}
+	return out
 }

@@ -29,36 +29,13 @@ type VerifyReport struct {
 // loses its tree and is marked Missing, so the daemon re-fetches it.
 // progress, when not nil, is called after each blob.
 func (s *Store) Verify(ctx context.Context, names []string, progress func(done, total int)) (*VerifyReport, error) {
-	want := map[string]int64{}
 	arts, err := s.List()
 	if err != nil {
 		return nil, err
 	}
-	if len(names) == 0 {
-		onDisk, err := s.blobsOnDisk()
-		if err != nil {
-			return nil, err
-		}
-		for d, size := range onDisk {
-			want[d] = size
-		}
-	}
-	sel := map[string]bool{}
-	for _, n := range names {
-		sel[n] = true
-		if _, err := s.Get(n); err != nil {
-			return nil, err
-		}
-	}
-	for _, a := range arts {
-		if len(names) > 0 && !sel[a.Name] {
-			continue
-		}
-		for _, v := range a.Versions {
-			for _, e := range v.Manifest {
-				want[e.Digest] = e.Size
-			}
-		}
+	want, err := s.verifyTargets(arts, names)
+	if err != nil {
+		return nil, err
 	}
 	digests := make([]string, 0, len(want))
 	for d := range want {
@@ -99,6 +76,47 @@ func (s *Store) Verify(ctx context.Context, names []string, progress func(done, 
 	if len(bad) == 0 {
 		return rep, nil
 	}
+	return rep, s.dropBadVersions(arts, bad, rep)
+}
+
+// verifyTargets is what Verify rehashes, digest → size: the blobs of the
+// named artifacts (ErrNotFound for a name the index lacks), or every blob
+// on disk when names is empty.
+func (s *Store) verifyTargets(arts []Artifact, names []string) (map[string]int64, error) {
+	want := map[string]int64{}
+	if len(names) == 0 {
+		onDisk, err := blobsOnDisk(s.root, s.log)
+		if err != nil {
+			return nil, err
+		}
+		for d, size := range onDisk {
+			want[d] = size
+		}
+	}
+	sel := map[string]bool{}
+	for _, n := range names {
+		sel[n] = true
+		if _, err := s.Get(n); err != nil {
+			return nil, err
+		}
+	}
+	for _, a := range arts {
+		if len(names) > 0 && !sel[a.Name] {
+			continue
+		}
+		for _, v := range a.Versions {
+			for _, e := range v.Manifest {
+				want[e.Digest] = e.Size
+			}
+		}
+	}
+	return want, nil
+}
+
+// dropBadVersions marks every version that uses a bad blob Missing and
+// takes its tree (and current link, and HF view) down; it lists them in
+// rep.Affected.
+func (s *Store) dropBadVersions(arts []Artifact, bad map[string]bool, rep *VerifyReport) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, a := range arts {
@@ -109,13 +127,13 @@ func (s *Store) Verify(ctx context.Context, names []string, progress func(done, 
 				}
 				msg := fmt.Sprintf("blob %s of %s failed verification and was quarantined; re-fetch needed", e.Digest, e.Path)
 				if err := s.SetState(a.Name, v.Revision, StateMissing, msg); err != nil {
-					return rep, err
+					return err
 				}
 				base, _ := s.kindDir(v.Kind)
 				if a.Current == v.Revision {
 					s.setCurrentLink(filepath.Join(base, a.Name), "")
 				}
-				s.removeTree(filepath.Join(base, a.Name, v.Revision))
+				removeTree(s.root, s.log, filepath.Join(base, a.Name, v.Revision))
 				rep.Affected = append(rep.Affected, a.Name+"@"+v.Revision)
 				if v.HFRepo != "" {
 					s.syncHFView(v.HFRepo) // the corrupt inode leaves the view too
@@ -124,7 +142,7 @@ func (s *Store) Verify(ctx context.Context, names []string, progress func(done, 
 			}
 		}
 	}
-	return rep, nil
+	return nil
 }
 
 func hashMatches(path, d string, size int64, buf []byte) (bool, int64, error) {

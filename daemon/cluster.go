@@ -90,7 +90,7 @@ func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[str
 	}
 	for name := range old {
 		if _, ok := valid[name]; !ok {
-			if err := d.store.DeleteDesire(clusterKey + name); err != nil {
+			if err := d.records.DeleteDesire(clusterKey + name); err != nil {
 				return err
 			}
 		}

@@ -58,7 +58,7 @@ func (c *csiVolumes) held(id string) (csi.Volume, bool) {
 func (c *csiVolumes) load() {
 	d := c.d
 	c.holds = map[string]csi.Volume{}
-	raw, err := d.store.Holds()
+	raw, err := d.records.Holds()
 	if err != nil {
 		d.log.Error("reading CSI holds from the index", "err", err)
 		return
@@ -71,7 +71,7 @@ func (c *csiVolumes) load() {
 		var v csi.Volume
 		if err := json.Unmarshal(b, &v); err != nil || v.ID != id {
 			d.log.Error("dropping an unreadable CSI hold from the index", "key", k, "err", err)
-			d.store.DeleteHold(k)
+			d.records.DeleteHold(k)
 			continue
 		}
 		c.holds[id] = v
@@ -128,7 +128,7 @@ func (c *csiVolumes) rediscover() {
 		}
 		raw, err := json.Marshal(v)
 		if err == nil {
-			err = d.store.PutHold(csiHoldKey(v.ID), raw)
+			err = d.records.PutHold(csiHoldKey(v.ID), raw)
 		}
 		if err != nil {
 			d.log.Error("csi: recording the hold of a rediscovered volume", "volume", v.ID, "err", err)
@@ -141,7 +141,7 @@ func (c *csiVolumes) rediscover() {
 }
 
 // readyVersion finds name@rev Ready in the index.
-func readyVersion(st *cachestore.Store, name, rev string) (cachestore.Version, bool) {
+func readyVersion(st cachestore.Inspector, name, rev string) (cachestore.Version, bool) {
 	if a, err := st.Summary(name); err == nil {
 		for _, x := range a.Versions {
 			if x.Revision == rev && x.State == cachestore.StateReady {
@@ -231,7 +231,7 @@ func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, er
 	// these versions before the hold counted has removed it by now, or
 	// will see the hold.
 	d.desireMu.Lock() // index writes of holds are serialised like desires'
-	err = d.store.PutHold(csiHoldKey(v.ID), raw)
+	err = d.records.PutHold(csiHoldKey(v.ID), raw)
 	if err == nil {
 		c.mu.Lock()
 		c.holds[v.ID] = v
@@ -310,7 +310,7 @@ func (c *csiVolumes) compose(ctx context.Context, v csi.Volume) (string, error) 
 
 // kindOf is the kind of an artifact's versions (models unless the index
 // says otherwise).
-func kindOf(st *cachestore.Store, name string) string {
+func kindOf(st cachestore.Inspector, name string) string {
 	if a, err := st.Summary(name); err == nil && len(a.Versions) > 0 {
 		return a.Versions[0].Kind
 	}
@@ -452,7 +452,7 @@ func (c *csiVolumes) Release(_ context.Context, id string) error {
 	d.store.RemoveHoldTree(csiHoldKey(id))
 	d.desireMu.Lock()
 	defer d.desireMu.Unlock()
-	if err := d.store.DeleteHold(csiHoldKey(id)); err != nil {
+	if err := d.records.DeleteHold(csiHoldKey(id)); err != nil {
 		return err
 	}
 	c.mu.Lock()

@@ -65,7 +65,7 @@ func TestCSISanity(t *testing.T) {
 	reporter.Succinct = !testing.Verbose() && !reporter.Verbose && !reporter.VeryVerbose
 	ginkgo.RunSpecs(t, "csi-sanity: "+csi.DriverName, suite, reporter)
 
-	if raw, _ := h.d.store.Holds(); len(raw) != 0 {
+	if raw, _ := h.d.records.Holds(); len(raw) != 0 {
 		t.Errorf("holds left after the suite: %v", raw)
 	}
 	if ents, _ := os.ReadDir(sc.TargetPath); len(ents) != 0 {

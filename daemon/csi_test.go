@@ -116,7 +116,7 @@ func (r *csiRig) released(names ...string) {
 			r.t.Fatalf("%s still held: %v", n, got)
 		}
 	}
-	if raw, _ := r.d.store.Holds(); len(raw) != 0 {
+	if raw, _ := r.d.records.Holds(); len(raw) != 0 {
 		r.t.Fatalf("hold records left in the index: %v", raw)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(r.cfg.Root, "holds")); len(ents) != 0 {

@@ -45,6 +45,7 @@ type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
 	store   *cachestore.Store
+	records *cachestore.Records
 	sources *sources // fetchers, credentials, who file:// reads as (sources.go)
 	metrics *metrics
 	limiter *rate.Limiter // --bandwidth-limit, nil when unlimited
@@ -109,7 +110,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		gid = -1
 	}
 	d = &Daemon{
-		cfg: cfg, log: log, store: st, started: time.Now(), gid: gid,
+		cfg: cfg, log: log, store: st, records: st.Records(), started: time.Now(), gid: gid,
 		backoff:        fetchers.DefaultBackoff,
 		apiDesires:     map[string]api.Desire{},
 		fileDesires:    map[string]api.Desire{},

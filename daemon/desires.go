@@ -82,7 +82,7 @@ func (d *Daemon) desired() map[string]api.Desire {
 // loadDesires reads the desires the index keeps (socket pulls and the
 // cluster's last known set) into memory (New).
 func (d *Daemon) loadDesires() error {
-	raw, err := d.store.Desires()
+	raw, err := d.records.Desires()
 	if err != nil {
 		return err
 	}
@@ -110,7 +110,7 @@ func (d *Daemon) persistDesire(key string, ds api.Desire) error {
 	if err != nil {
 		return err
 	}
-	return d.store.PutDesire(key, raw)
+	return d.records.PutDesire(key, raw)
 }
 
 func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
@@ -226,7 +226,7 @@ func (d *Daemon) dropFailedPull(name, fp string, set func(error)) {
 	d.mu.Unlock()
 	var err error
 	if still {
-		err = d.store.DeleteDesire(name) // an index write: outside the daemon lock
+		err = d.records.DeleteDesire(name) // an index write: outside the daemon lock
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()

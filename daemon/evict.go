@@ -180,7 +180,7 @@ func (e evictions) forget(ctx context.Context, q evictRequest) error {
 	var inFlight chan struct{}
 	d.desireMu.Lock()
 	if q.hadDesire {
-		if err := d.store.DeleteDesire(q.name); err != nil { // an index write: outside the daemon lock
+		if err := d.records.DeleteDesire(q.name); err != nil { // an index write: outside the daemon lock
 			d.desireMu.Unlock()
 			return err
 		}
@@ -285,7 +285,7 @@ func (e evictions) dropAdHoc(v capacity.Victim, forName string) error {
 		return fmt.Errorf("%s was declared meanwhile", v.Name)
 	}
 	if ok {
-		if err := d.store.DeleteDesire(v.Name); err != nil { // an index write: outside the daemon lock
+		if err := d.records.DeleteDesire(v.Name); err != nil { // an index write: outside the daemon lock
 			return err
 		}
 	}

@@ -201,7 +201,7 @@ func TestCredentialsInURIRedacted(t *testing.T) {
 	// change), and a desire that must fetch again says its credentials
 	// were not kept and how to give them.
 	h2 := start(t, cfg)
-	raw, err := h2.d.Store().Desires()
+	raw, err := h2.d.Store().Records().Desires()
 	if err != nil || len(raw) < 2 {
 		t.Fatalf("desires after restart: %v %v", raw, err)
 	}

@@ -327,7 +327,7 @@ func TestCredentialsFile(t *testing.T) {
 	}
 	a, _ := h.c.Get(context.Background(), "w")
 	view, _ := json.Marshal(a)
-	raw, _ := h.d.Store().Desires()
+	raw, _ := h.d.Store().Records().Desires()
 	st, _ := json.Marshal(raw)
 	for what, s := range map[string]string{"inspect": string(view), "index": string(st), "log": logs.String()} {
 		if strings.Contains(s, "TOPSECRET") {

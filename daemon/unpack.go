@@ -130,7 +130,7 @@ func (p *pull) unpackLayer(ctx context.Context, fl fetchers.File, merged map[str
 // Small members commit in batches (one syncfs and one index transaction
 // each), not one fsync at a time.
 type unpacker struct {
-	st    *cachestore.Store
+	st    cachestore.Ingester
 	ctx   context.Context
 	lease *cachestore.Lease
 	layer string                      // the layer's digest
@@ -291,7 +291,7 @@ func (u *unpacker) finish(err error) error {
 // readLayer hands fn the uncompressed stream of the layer blob dg. An
 // uncompressed layer is the blob's file itself, so the tar reader skips
 // member bodies by seeking.
-func readLayer(st *cachestore.Store, dg, mediaType string, fn func(io.Reader) error) error {
+func readLayer(st cachestore.Provider, dg, mediaType string, fn func(io.Reader) error) error {
 	fh, err := st.OpenBlob(dg)
 	if err != nil {
 		return err

@@ -11,13 +11,11 @@ import (
 	"github.com/modelcache/modelcache/cachestore"
 )
 
-// Store is what the evictor needs of the store.
+// Store is what the evictor needs of the store: cachestore's eviction
+// role, and every version's manifest for the plan.
 type Store interface {
+	cachestore.Pruner
 	List() ([]cachestore.Artifact, error)
-	ListSummaries() ([]cachestore.Artifact, error)
-	Evict(ctx context.Context, name, rev string, force bool) ([]string, error)
-	GC(ctx context.Context) (*cachestore.GCReport, error)
-	StoreBytes() (int64, error)
 }
 
 // FSStats reports the capacity and free bytes of the store's filesystem.
