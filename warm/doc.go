@@ -20,7 +20,9 @@
 //	            for modelctl inspect
 //	budget.go   MemAvailable, Budget (a share of it, never more than the model),
 //	            DefaultShare
-//	ioprio.go   the warming thread's idle I/O priority (ioprio_set) and nice 19
+//	devstat.go  the block device's I/O counters, to yield while others read or
+//	            write it (WithYield)
+//	ioprio.go   the warming thread's idle I/O priority (ioprio_set)
 //	metrics.go  Metrics: the modelcache_warm_* counters for the daemon's registry
 //
 // Promises: a warm reads only beneath its tree and through no symlink
@@ -28,8 +30,8 @@
 // budget of bytes that were not resident (all running warms share one
 // budget: a share of MemAvailable at the start, and an optional node
 // limit); it runs on a thread of its own at idle I/O priority (which the
-// block layer honours under BFQ and mq-deadline, not under none) and nice
-// 19. Residency is read with mincore(2), which reports the page cache
+// block layer honours under BFQ and mq-deadline, not under none).
+// Residency is read with mincore(2), which reports the page cache
 // only to the file's owner, a process with write access or one with
 // CAP_FOWNER: the daemon owns the store's files, and a warm run by
 // anyone else sees only pages it mapped itself, that is none.

@@ -96,24 +96,32 @@ func writeIndex(t testing.TB, path string, weights [][2]string) {
 	writeFile(t, path, s+"}}")
 }
 
-// diskDir is a fresh directory on a disk-backed filesystem: the page
-// cache of tmpfs cannot be dropped, so a tmpfs TMPDIR gives way to
-// /var/tmp.
+// diskDir is a fresh directory on a disk-backed filesystem (diskBase),
+// removed when the test ends.
 func diskDir(t testing.TB) string {
 	t.Helper()
+	base, err := diskBase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := os.MkdirTemp(base, "warm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// diskBase is TMPDIR if it is disk-backed, else /var/tmp: the page cache
+// of tmpfs cannot be dropped.
+func diskBase() (string, error) {
 	for _, base := range []string{os.TempDir(), "/var/tmp"} {
 		var st unix.Statfs_t
 		if unix.Statfs(base, &st) == nil && st.Type != unix.TMPFS_MAGIC && st.Type != unix.RAMFS_MAGIC {
-			d, err := os.MkdirTemp(base, "warm-")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.RemoveAll(d) })
-			return d
+			return base, nil
 		}
 	}
-	t.Fatalf("neither %s nor /var/tmp is on a disk-backed filesystem; set TMPDIR to one", os.TempDir())
-	return ""
+	return "", fmt.Errorf("neither %s nor /var/tmp is on a disk-backed filesystem; set TMPDIR to one", os.TempDir())
 }
 
 // drop writes back and drops the page cache of every file of the tree,

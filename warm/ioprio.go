@@ -13,20 +13,18 @@ const (
 	ioprioWhoProcess = 1
 )
 
-// idleThread puts the calling OS thread at idle I/O priority (the block
-// layer serves its reads only when no other reads or writes wait: BFQ and
-// mq-deadline honour the class, the none scheduler ignores it) and at the
-// lowest CPU priority (nice 19). Both are per thread on Linux: the caller
+// idleThread puts the calling OS thread at idle I/O priority: the block
+// layer serves its reads only when no other reads or writes wait (BFQ and
+// mq-deadline honour the class, the none scheduler ignores it). Its CPU
+// priority stays: a warm spends little CPU, and at nice 19 on busy cores
+// it would hardly run. The priority is per thread on Linux: the caller
 // must have locked its goroutine to the thread (runtime.LockOSThread) and
 // must never unlock it, so that the thread exits with the goroutine and
-// no other goroutine runs on it at these priorities.
+// no other goroutine runs on it at this priority.
 func idleThread() error {
 	tid := unix.Gettid()
 	if _, _, e := unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, uintptr(tid), ioprioClassIdle<<ioprioClassShift); e != 0 {
 		return fmt.Errorf("warm: ioprio_set idle: %w", e)
-	}
-	if err := unix.Setpriority(unix.PRIO_PROCESS, tid, 19); err != nil {
-		return fmt.Errorf("warm: setpriority 19: %w", err)
 	}
 	return nil
 }

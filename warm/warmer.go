@@ -43,6 +43,7 @@ type Result struct {
 	Total    int64         // bytes of the plan
 	Budget   int64         // the most it could read (0 until planned)
 	Elapsed  time.Duration // from the start to the end (so far, in Progress)
+	Yielded  time.Duration // of Elapsed, the time it waited for other I/O
 	Reason   Reason        // empty while it runs
 	Err      error         // when Reason is Failed
 }
@@ -72,6 +73,10 @@ type config struct {
 	log       *slog.Logger
 	available func() (int64, error)
 	onChunk   func(r *Run, i int) // tests: called before each chunk
+
+	yieldAbove            int64 // bytes/s of others' I/O on the device; 0: never yield
+	yieldWindow, yieldMax time.Duration
+	device                func(dirfd int) devCounter
 }
 
 // Option sets one of a Warmer's settings.
@@ -145,6 +150,23 @@ func WithStartRate(every time.Duration, burst int) Option {
 	}
 }
 
+// WithYield makes a warm wait while other processes read or write more
+// than bytesPerSecond on the block device of the tree (a pull, the pod's
+// own reads), measured from the device's counters between its reads
+// (/sys/dev/block/MAJ:MIN/stat; a filesystem on no single device has
+// none and relies on the I/O priority alone). It is what keeps a warm
+// out of the way under the none I/O scheduler, which ignores I/O
+// priorities. Default 64 MB/s; 0 never yields.
+func WithYield(bytesPerSecond int64) Option {
+	return func(c *config) error {
+		if bytesPerSecond < 0 {
+			return fmt.Errorf("warm: a yield threshold of %d bytes/s: give 0 (never yield) or more", bytesPerSecond)
+		}
+		c.yieldAbove = bytesPerSecond
+		return nil
+	}
+}
+
 // WithMetrics counts into m (NewMetrics). Default none.
 func WithMetrics(m *Metrics) Option {
 	return func(c *config) error { c.metrics = m; return nil }
@@ -172,7 +194,8 @@ type Warmer struct {
 
 // New makes a Warmer.
 func New(opts ...Option) (*Warmer, error) {
-	c := config{share: DefaultShare, chunk: 8 << 20, lookahead: 64 << 20, every: 10 * time.Second, burst: 4, available: MemAvailable}
+	c := config{share: DefaultShare, chunk: 8 << 20, lookahead: 64 << 20, every: 10 * time.Second, burst: 4, available: MemAvailable,
+		yieldAbove: 64e6, yieldWindow: 50 * time.Millisecond, yieldMax: time.Second, device: deviceOf}
 	for _, o := range opts {
 		if err := o(&c); err != nil {
 			return nil, err
@@ -319,7 +342,7 @@ type Run struct {
 	done    chan struct{}
 	result  Result // set before done closes
 
-	warmed, resident, total, budget atomic.Int64
+	warmed, resident, total, budget, yielded atomic.Int64
 }
 
 // hold adds ctx as a holder: when every holder's ctx has ended the warm
@@ -364,7 +387,7 @@ func (r *Run) Progress() Result {
 	default:
 	}
 	return Result{Key: r.key, Warmed: r.warmed.Load(), Resident: r.resident.Load(), Total: r.total.Load(),
-		Budget: r.budget.Load(), Elapsed: time.Since(r.start)}
+		Budget: r.budget.Load(), Elapsed: time.Since(r.start), Yielded: time.Duration(r.yielded.Load())}
 }
 
 // run plans and warms; it runs on its own locked thread.
@@ -400,13 +423,36 @@ func (r *Run) run(req Request) Result {
 	res.Budget = budget
 	r.budget.Store(budget)
 	reason, err := r.warm(dirfd, req.Dir, items, budget)
-	res.Warmed, res.Resident = r.warmed.Load(), r.resident.Load()
+	res.Warmed, res.Resident, res.Yielded = r.warmed.Load(), r.resident.Load(), time.Duration(r.yielded.Load())
 	res.Elapsed = time.Since(r.start)
 	if err != nil {
 		return fail(err)
 	}
 	res.Reason = reason
 	return res
+}
+
+// yield waits while other processes do I/O on the warm's device: more
+// than yieldAbove bytes a second over the window just ended, then over
+// each wait (yieldWindow, doubling up to yieldMax). It is false when
+// r.ctx ended while it waited.
+func (r *Run) yield(o *others, window time.Duration) bool {
+	cfg := r.w.cfg
+	wait := cfg.yieldWindow
+	for float64(o.since()) > float64(cfg.yieldAbove)*window.Seconds() {
+		start := time.Now()
+		t := time.NewTimer(wait)
+		select {
+		case <-r.ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+		window = time.Since(start)
+		r.yielded.Add(int64(window))
+		wait = min(2*wait, cfg.yieldMax)
+	}
+	return true
 }
 
 // chunk is one read of a warm: a range of the plan's file number file.
@@ -451,13 +497,13 @@ type openedFile struct {
 }
 
 // warm reads the plan's chunks in order into the page cache (pread into
-// one reused buffer: the fastest of pread, readahead(2) and
-// fadvise(WILLNEED) to make the cache resident here, see
-// docs/benchmarks.md, and the one whose progress is exact), skipping a
-// chunk already resident, stopping at the budget, at r.ctx's end, or
-// when more than half of a chunk probed lookahead ahead has become
-// resident by the time the cursor is half that distance from it (someone
-// else read it: the consumer is ahead).
+// one reused buffer, the file's readahead off: see docs/benchmarks.md for
+// why not readahead(2) or fadvise(WILLNEED)), skipping a chunk already
+// resident. It yields while other processes do I/O on the device, and
+// stops at the budget, at r.ctx's end, or when more than half of a chunk
+// probed lookahead ahead has become resident by the time the cursor is
+// half that distance from it (someone else read it: the consumer is
+// ahead).
 func (r *Run) warm(dirfd int, root string, items []Item, budget int64) (Reason, error) {
 	cfg := r.w.cfg
 	names, cs := chunks(items, cfg.chunk)
@@ -479,6 +525,13 @@ func (r *Run) warm(dirfd int, root string, items []Item, budget int64) (Reason, 
 		f, size, err := openFile(dirfd, root, names[n])
 		if err != nil {
 			return nil, err
+		}
+		// No readahead beyond what the warm reads: its reads are then
+		// exactly what it brought in (the budget, the overtaking check
+		// and the yield to other I/O count on it).
+		if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("warm: %s in %s: fadvise: %w", names[n], root, err)
 		}
 		m, err := mapFile(f, size)
 		if err != nil {
@@ -504,6 +557,14 @@ func (r *Run) warm(dirfd int, root string, items []Item, budget int64) (Reason, 
 	for j := range probed {
 		probed[j] = -1
 	}
+	var oth *others
+	if cfg.yieldAbove > 0 {
+		if dev := cfg.device(dirfd); dev != nil {
+			oth = &others{dev: dev}
+			oth.since()
+		}
+	}
+	mark := time.Now()
 	buf := make([]byte, cfg.chunk)
 	var warmed int64
 	for i, c := range cs {
@@ -519,6 +580,12 @@ func (r *Run) warm(dirfd int, root string, items []Item, budget int64) (Reason, 
 				o.f.Close()
 				delete(open, n)
 			}
+		}
+		if oth != nil && time.Since(mark) >= cfg.yieldWindow {
+			if !r.yield(oth, time.Since(mark)) {
+				return Cancelled, nil
+			}
+			mark = time.Now()
 		}
 		if check > 0 {
 			if j := i + probe; j < len(cs) {
@@ -550,17 +617,13 @@ func (r *Run) warm(dirfd int, root string, items []Item, budget int64) (Reason, 
 		o := open[c.file]
 		n := c.len
 		if warmed+c.len-res > budget {
-			// What the budget allows of this chunk, read without the
-			// kernel's readahead beyond it.
+			// What the budget allows of this chunk.
 			n = (budget - warmed) &^ (pageSize - 1)
 			if n <= 0 {
 				return BudgetSpent, nil
 			}
 			if res, err = o.m.resident(c.off, n); err != nil {
 				return "", err
-			}
-			if err := unix.Fadvise(int(o.f.Fd()), 0, 0, unix.FADV_RANDOM); err != nil {
-				return "", fmt.Errorf("warm: %s in %s: fadvise: %w", names[c.file], root, err)
 			}
 		}
 		if _, err := o.f.ReadAt(buf[:n], c.off); err != nil {
@@ -570,6 +633,9 @@ func (r *Run) warm(dirfd int, root string, items []Item, budget int64) (Reason, 
 		r.warmed.Add(n - res)
 		r.resident.Add(res)
 		cfg.metrics.add(n-res, res)
+		if oth != nil {
+			oth.ours += uint64(n - res)
+		}
 		if n < c.len {
 			return BudgetSpent, nil
 		}

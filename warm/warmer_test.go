@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
 
 	"github.com/modelcache/modelcache/internal/testenv"
 )
@@ -20,9 +21,11 @@ func withChunkHook(f func(r *Run, i int)) Option {
 	return func(c *config) error { c.onChunk = f; return nil }
 }
 
+// newWarmer makes a Warmer that does not yield to other I/O (the machine
+// running the tests does its own), unless opts say otherwise.
 func newWarmer(t *testing.T, opts ...Option) *Warmer {
 	t.Helper()
-	w, err := New(opts...)
+	w, err := New(append([]Option{WithYield(0)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,5 +331,107 @@ func TestParseMemAvailable(t *testing.T) {
 	}
 	if n, err := MemAvailable(); err != nil || n <= 0 {
 		t.Errorf("MemAvailable() = %d, %v", n, err)
+	}
+}
+
+// withDevice gives warms a fake device counter and short waits.
+func withDevice(dev devCounter) Option {
+	return func(c *config) error {
+		c.device = func(int) devCounter { return dev }
+		c.yieldWindow, c.yieldMax = time.Millisecond, 4*time.Millisecond
+		return nil
+	}
+}
+
+// A warm waits while others use the device, and goes on once they stop.
+func TestWarmYieldsToOtherIO(t *testing.T) {
+	dir := diskDir(t)
+	model(t, dir, 1, 8)
+	drop(t, dir)
+	var mu sync.Mutex
+	var counter uint64
+	busy := 0 // calls left that see another process's I/O
+	calls := 0
+	dev := func() (uint64, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if busy > 0 {
+			busy--
+			counter += 1 << 30
+		}
+		return counter, nil
+	}
+	var before int64
+	w := newWarmer(t, WithChunk(1<<20), WithYield(1e6), withDevice(dev), withChunkHook(func(r *Run, i int) {
+		if i == 4 {
+			time.Sleep(2 * time.Millisecond) // a window ends before the next chunk
+			mu.Lock()
+			busy, calls = 3, 0
+			mu.Unlock()
+			before = r.Progress().Warmed
+		}
+	}))
+	res, err := w.Warm(context.Background(), Request{Key: "m@1", Dir: dir, Caller: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reason != Done || res.Yielded <= 0 || calls < 4 || before == 0 {
+		t.Errorf("Result = %+v after %d looks at the device; want done after waiting out 3 busy windows", res, calls)
+	}
+
+	// A device that stays busy holds the warm until its holder lets go.
+	drop(t, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	w = newWarmer(t, WithChunk(1<<20), WithYield(1e6), withDevice(func() (uint64, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		counter += 1 << 30
+		calls++
+		if calls == 20 {
+			cancel()
+		}
+		return counter, nil
+	}), withChunkHook(func(r *Run, i int) {
+		if i == 0 {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}))
+	calls = 0
+	run, _, err := w.Start(ctx, Request{Key: "m@1", Dir: dir, Caller: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = run.Wait(context.Background())
+	if err != nil || res.Reason != Cancelled || res.Warmed+res.Resident > 1<<20 || res.Yielded <= 0 {
+		t.Errorf("Warm on a busy device = %+v, %v; want cancelled before reading past its first chunk", res, err)
+	}
+}
+
+func TestDeviceCounter(t *testing.T) {
+	got, err := parseDevStat([]byte(" 2227400 527626 858242658 24732928 2908651 5100716 299590824 4283163 0 752760 29349347\n"))
+	if err != nil || got != (858242658+299590824)*512 {
+		t.Errorf("parseDevStat = %d, %v", got, err)
+	}
+	for _, bad := range []string{"", "1 2 3", "1 2 x 4 5 6 7"} {
+		if _, err := parseDevStat([]byte(bad)); err == nil {
+			t.Errorf("%q: accepted", bad)
+		}
+	}
+	dir := diskDir(t)
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	unix.Fstat(fd, &st)
+	p := fmt.Sprintf("/sys/dev/block/%d:%d/stat", unix.Major(st.Dev), unix.Minor(st.Dev))
+	if _, err := os.Stat(p); err != nil {
+		testenv.Missing(t, p, "run the tests on a filesystem on a block device")
+		return
+	}
+	if dev := deviceOf(fd); dev == nil {
+		t.Errorf("deviceOf(%s) = nil though %s exists", dir, p)
 	}
 }
