@@ -116,6 +116,7 @@ func BenchmarkWarm(b *testing.B) {
 				warm += d
 				warmed += res.Warmed
 				yielded += res.Yielded
+				b.Logf("warm before the reader: %s, %d of %d bytes warmed, %d resident, budget %d, %v waiting for other I/O", res.Reason, res.Warmed, res.Total, res.Resident, res.Budget, res.Yielded.Round(time.Millisecond))
 			} else {
 				cold += d
 			}

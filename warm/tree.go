@@ -55,9 +55,9 @@ func openBeneath(dirfd int, rel string, flags int) (int, error) {
 	}
 }
 
-// openFile opens the regular file rel beneath dirfd for reading. A
-// symlink that leads out of the tree is ErrEscape; anything but a regular
-// file is refused.
+// openFile opens the regular file rel beneath dirfd for reading, with
+// the kernel's readahead off (FADV_RANDOM). A symlink that leads out of
+// the tree is ErrEscape; anything but a regular file is refused.
 func openFile(dirfd int, root, rel string) (*os.File, int64, error) {
 	fd, err := openBeneath(dirfd, rel, unix.O_RDONLY)
 	if err != nil {
@@ -72,6 +72,15 @@ func openFile(dirfd int, root, rel string) (*os.File, int64, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		f.Close()
 		return nil, 0, fmt.Errorf("warm: %s in %s is not a regular file", rel, root)
+	}
+	// No readahead: what the package reads is then exactly what it
+	// brings in (the budget, the overtaking check and the yield to other
+	// I/O count on it). A sequential read here would also leave the
+	// kernel's readahead marks behind, and a later read that hits one
+	// reads ahead whatever this descriptor says.
+	if err := unix.Fadvise(fd, 0, 0, unix.FADV_RANDOM); err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("warm: %s in %s: fadvise: %w", rel, root, err)
 	}
 	return f, st.Size, nil
 }

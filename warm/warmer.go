@@ -502,8 +502,8 @@ type openedFile struct {
 // resident. It yields while other processes do I/O on the device, and
 // stops at the budget, at r.ctx's end, or when more than half of a chunk
 // probed lookahead ahead has become resident by the time the cursor is
-// half that distance from it (someone else read it: the consumer is
-// ahead).
+// half that distance from it or at it (someone else read it: the
+// consumer is ahead).
 func (r *Run) warm(dirfd int, root string, items []Item, budget int64) (Reason, error) {
 	cfg := r.w.cfg
 	names, cs := chunks(items, cfg.chunk)
@@ -525,13 +525,6 @@ func (r *Run) warm(dirfd int, root string, items []Item, budget int64) (Reason, 
 		f, size, err := openFile(dirfd, root, names[n])
 		if err != nil {
 			return nil, err
-		}
-		// No readahead beyond what the warm reads: its reads are then
-		// exactly what it brought in (the budget, the overtaking check
-		// and the yield to other I/O count on it).
-		if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("warm: %s in %s: fadvise: %w", names[n], root, err)
 		}
 		m, err := mapFile(f, size)
 		if err != nil {
@@ -608,6 +601,9 @@ func (r *Run) warm(dirfd int, root string, items []Item, budget int64) (Reason, 
 		res, err := residentOf(c)
 		if err != nil {
 			return "", err
+		}
+		if probed[i] >= 0 && res-probed[i] > c.len/2 {
+			return Overtaken, nil // read since its probe, and not by the warm
 		}
 		if res == c.len {
 			r.resident.Add(res)

@@ -64,8 +64,8 @@ func TestWarmMakesTheTreeResident(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, total := residentOf(t, dir)
-	if res.Reason != Done || res.Err != nil || res.Total != total || res.Warmed+res.Resident != total || res.Warmed < total/2 {
-		t.Errorf("Result = %+v; want done, %d bytes in all, most of them warmed", res, total)
+	if res.Reason != Done || res.Err != nil || res.Total != total || res.Warmed+res.Resident != total || res.Warmed < total-total/50 {
+		t.Errorf("Result = %+v; want done, %d bytes in all, all but the 2 %% the plan or the drop left read", res, total)
 	}
 	if r, _ := residentOf(t, dir); r != total {
 		t.Errorf("after the warm %d of %d bytes are resident", r, total)
