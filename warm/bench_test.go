@@ -229,6 +229,8 @@ func benchPull(b *testing.B, dir string, n int64, on bool) time.Duration {
 		b.Fatal(err)
 	}
 	d := time.Since(start)
-	stop()
+	if res := stop(); on {
+		b.Logf("warm beside the pull: %s, %d bytes warmed, %v waiting for other I/O, the pull %v", res.Reason, res.Warmed, res.Yielded.Round(time.Millisecond), d.Round(time.Millisecond))
+	}
 	return d
 }

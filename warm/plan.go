@@ -24,9 +24,11 @@ type Item struct {
 	Length int64
 }
 
-// maxHeader is the largest safetensors header read (the format's own
-// limit is 100 MB); a larger one is treated as a file without a header.
-const maxHeader = 100 << 20
+// maxHeader is the largest safetensors header parsed: real ones hold
+// well under 1 MiB (a few thousand tensors), the format allows 100 MB,
+// and a hostile one should not cost the daemon hundreds of MB of JSON.
+// A larger one makes its shard one item, read whole.
+const maxHeader = 16 << 20
 
 // maxIndex is the largest *.safetensors.index.json parsed for shard
 // order; a larger one is ignored (shards then go in name order).

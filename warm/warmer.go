@@ -441,18 +441,26 @@ func (r *Run) yield(o *others, window time.Duration) bool {
 	wait := cfg.yieldWindow
 	for float64(o.since()) > float64(cfg.yieldAbove)*window.Seconds() {
 		start := time.Now()
-		t := time.NewTimer(wait)
-		select {
-		case <-r.ctx.Done():
-			t.Stop()
+		if !r.sleep(wait) {
 			return false
-		case <-t.C:
 		}
 		window = time.Since(start)
 		r.yielded.Add(int64(window))
 		wait = min(2*wait, cfg.yieldMax)
 	}
 	return true
+}
+
+// sleep waits d; it is false when r.ctx ended first.
+func (r *Run) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-r.ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // chunk is one read of a warm: a range of the plan's file number file.
@@ -553,8 +561,13 @@ func (r *Run) warm(dirfd int, root string, items []Item, budget int64) (Reason, 
 	var oth *others
 	if cfg.yieldAbove > 0 {
 		if dev := cfg.device(dirfd); dev != nil {
+			// One look before the first read: a pull already under way
+			// keeps the warm waiting from the start.
 			oth = &others{dev: dev}
 			oth.since()
+			if !r.sleep(cfg.yieldWindow) || !r.yield(oth, cfg.yieldWindow) {
+				return Cancelled, nil
+			}
 		}
 	}
 	mark := time.Now()
