@@ -326,7 +326,7 @@ func (w *Warmer) finish(r *Run, res Result) {
 	r.cancel()
 	w.cfg.metrics.finish(res)
 	w.cfg.log.Debug("warm ended", "key", res.Key, "reason", res.Reason, "warmed_bytes", res.Warmed,
-		"resident_bytes", res.Resident, "total_bytes", res.Total, "budget_bytes", res.Budget, "seconds", res.Elapsed.Seconds(), "error", res.Err)
+		"resident_bytes", res.Resident, "total_bytes", res.Total, "budget_bytes", res.Budget, "seconds", res.Elapsed.Seconds(), "yielded_seconds", res.Yielded.Seconds(), "error", res.Err)
 	r.result = res
 	close(r.done)
 }
@@ -593,22 +593,20 @@ func (r *Run) warm(dirfd int, root string, items []Item, budget int64) (Reason, 
 			}
 			mark = time.Now()
 		}
-		if check > 0 {
-			if j := i + probe; j < len(cs) {
-				res, err := residentOf(cs[j])
-				if err != nil {
-					return "", err
-				}
-				probed[j] = res
+		if j := i + probe; probe > 0 && j < len(cs) {
+			res, err := residentOf(cs[j])
+			if err != nil {
+				return "", err
 			}
-			if j := i + check; j < len(cs) && probed[j] >= 0 {
-				res, err := residentOf(cs[j])
-				if err != nil {
-					return "", err
-				}
-				if res-probed[j] > cs[j].len/2 {
-					return Overtaken, nil
-				}
+			probed[j] = res
+		}
+		if j := i + check; check > 0 && j < len(cs) && probed[j] >= 0 {
+			res, err := residentOf(cs[j])
+			if err != nil {
+				return "", err
+			}
+			if res-probed[j] > cs[j].len/2 {
+				return Overtaken, nil
 			}
 		}
 		res, err := residentOf(c)

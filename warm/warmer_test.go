@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
 
@@ -236,6 +237,40 @@ func TestWarmStopsWhenOvertaken(t *testing.T) {
 	}
 }
 
+// A consumer that reads the very chunk the warm is about to read, after
+// the warm probed it, gets ahead of it too.
+func TestWarmStopsWhenOvertakenAtItsCursor(t *testing.T) {
+	dir := diskDir(t)
+	model(t, dir, 1, 8)
+	drop(t, dir)
+	items, err := Plan(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, cs := chunks(items, 1<<20)
+	w := newWarmer(t, WithChunk(1<<20), WithLookahead(1<<20), withChunkHook(func(r *Run, i int) {
+		if i == 6 { // the consumer reads chunk 6, probed cold at chunk 5
+			f, err := os.Open(filepath.Join(dir, names[cs[6].file]))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer f.Close()
+			if _, err := f.ReadAt(make([]byte, cs[6].len), cs[6].off); err != nil {
+				t.Error(err)
+			}
+		}
+	}))
+	res, err := w.Warm(context.Background(), Request{Key: "m@1", Dir: dir, Caller: "test"})
+	var before int64
+	for _, c := range cs[:6] {
+		before += c.len
+	}
+	if err != nil || res.Reason != Overtaken || res.Warmed+res.Resident != before {
+		t.Errorf("Warm = %+v, %v; want overtaken at chunk 6, after %d bytes", res, err, before)
+	}
+}
+
 func TestWarmStartsAreRateLimitedPerCaller(t *testing.T) {
 	dir := diskDir(t)
 	writeFile(t, filepath.Join(dir, "config.json"), "{}")
@@ -434,4 +469,26 @@ func TestDeviceCounter(t *testing.T) {
 	if dev := deviceOf(fd); dev == nil {
 		t.Errorf("deviceOf(%s) = nil though %s exists", dir, p)
 	}
+}
+
+func TestMetricsLint(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m := NewMetrics()
+	reg.MustRegister(m.Collectors()...)
+	m.add(10, 5)
+	m.finish(Result{Reason: Overtaken, Elapsed: time.Second})
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+	if n, err := testutil.GatherAndCount(reg, "modelcache_warms_total"); err != nil || n != 6 {
+		t.Errorf("modelcache_warms_total has %d series (%v), want one per outcome (6)", n, err)
+	}
+	var none *Metrics // a Warmer without metrics counts nothing, and does not panic
+	none.add(1, 1)
+	none.finish(Result{Reason: Done})
+	none.refused()
 }
