@@ -122,11 +122,10 @@ func WithChunk(bytes int64) Option {
 
 // WithLookahead sets how far ahead of its cursor a warm watches for the
 // consumer's reads. A chunk probed that far ahead of which more than half
-// became resident by the time the cursor is half that distance from it
-// was read by someone else: the warm is overtaken.
-// Half of it must exceed the device's read_ahead_kb plus one chunk, or
-// the kernel's readahead of the warm's own reads looks like a reader.
-// Default 64 MiB (read_ahead_kb up to 24 MiB with 8 MiB chunks).
+// became resident by the time the cursor is half that distance from it,
+// or at it, was read by someone else (the warm's own reads have the
+// kernel's readahead off): the warm is overtaken. 0 never looks ahead.
+// Default 64 MiB.
 func WithLookahead(bytes int64) Option {
 	return func(c *config) error {
 		if bytes < 0 {
