@@ -77,15 +77,7 @@ func BenchmarkWarm(b *testing.B) {
 	pullMiB := envInt(b, "WARM_BENCH_PULL_MIB", 1024)
 	delay := envDuration(b, "WARM_BENCH_DELAY", 2*time.Second)
 	benchModel.Do(func() {
-		parent := os.Getenv("WARM_BENCH_DIR")
-		if parent != "" {
-			if err := os.MkdirAll(parent, 0o755); err != nil {
-				benchModel.err = err
-				return
-			}
-			os.Setenv("TMPDIR", parent)
-		}
-		base, err := diskBase()
+		base, err := diskBase(os.Getenv("WARM_BENCH_DIR"))
 		if err != nil {
 			benchModel.err = err
 			return

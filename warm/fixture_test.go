@@ -100,7 +100,7 @@ func writeIndex(t testing.TB, path string, weights [][2]string) {
 // removed when the test ends.
 func diskDir(t testing.TB) string {
 	t.Helper()
-	base, err := diskBase()
+	base, err := diskBase("")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,12 +112,22 @@ func diskDir(t testing.TB) string {
 	return d
 }
 
-// diskBase is TMPDIR if it is disk-backed, else /var/tmp: the page cache
-// of tmpfs cannot be dropped.
-func diskBase() (string, error) {
-	for _, base := range []string{os.TempDir(), "/var/tmp"} {
+// diskBase is prefer if it is not empty, which must then be on a
+// disk-backed filesystem, else the first of TMPDIR and /var/tmp that is:
+// the page cache of tmpfs cannot be dropped.
+func diskBase(prefer string) (string, error) {
+	onDisk := func(dir string) bool {
 		var st unix.Statfs_t
-		if unix.Statfs(base, &st) == nil && st.Type != unix.TMPFS_MAGIC && st.Type != unix.RAMFS_MAGIC {
+		return unix.Statfs(dir, &st) == nil && st.Type != unix.TMPFS_MAGIC && st.Type != unix.RAMFS_MAGIC
+	}
+	if prefer != "" {
+		if !onDisk(prefer) {
+			return "", fmt.Errorf("%s is not a directory on a disk-backed filesystem (tmpfs and ramfs keep their pages); name one that is", prefer)
+		}
+		return prefer, nil
+	}
+	for _, base := range []string{os.TempDir(), "/var/tmp"} {
+		if onDisk(base) {
 			return base, nil
 		}
 	}
