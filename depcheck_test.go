@@ -49,6 +49,8 @@ var only = map[string][]string{
 	// peer serves and fetches blobs: the store, the fetchers' HTTP
 	// policy, the node status types; never the daemon.
 	"peer/...": {"mod:peer", "mod:cachestore", "mod:fetchers", "mod:k8ssync", "mod:api"},
+	// warm is given a tree and reads it; the daemon wires it.
+	"warm/...": {"mod:warm"},
 }
 
 func TestDependencyDirection(t *testing.T) {
