@@ -14,8 +14,9 @@
 //	warmer.go   Warmer (New and its options), Start/Warm, Run (Wait, Progress),
 //	            Result and Reason: one warm per key (a second request joins it),
 //	            a token bucket of starts per caller, a budget shared by the
-//	            running warms, the chunked read loop that skips what is resident
-//	            and stops when the consumer overtakes it
+//	            running warms
+//	cursor.go   the chunked read loop (cursor): skips what is resident, yields to
+//	            others' I/O, stops at the budget or when the consumer overtakes it
 //	mincore.go  residency: a read-only mapping per file and mincore(2); Resident
 //	            for modelctl inspect
 //	budget.go   MemAvailable, Budget (a share of it, never more than the model),
