@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -20,11 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/modelcache/modelcache/api"
 )
@@ -48,13 +45,9 @@ func resourceBytes(n int64) *resource.Quantity {
 // The leader renews once a minute; a dead leader is replaced within
 // LeaseDuration plus a RetryPeriod (about four minutes).
 func (s *Syncer) aggregate(ctx context.Context) {
-	lf := informers.NewSharedInformerFactoryWithOptions(s.kc, 0, informers.WithNamespace(s.cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", leaseName).String()
-			longWatch(o)
-		}))
-	leases := lf.Coordination().V1().Leases().Informer()
-	lf.Start(ctx.Done())
+	leases := newInformer(s.coord.Leases(s.cfg.Namespace), &coordinationv1.Lease{}, 0,
+		fields.OneTermEqualSelector("metadata.name", leaseName).String())
+	go leases.Run(ctx.Done())
 	// Until the watch has the Lease, Get says there is none and Create
 	// asks the API server, which answers: wait a little for it, not for
 	// ever (a list the RBAC forbids must not hide the problem that
@@ -62,7 +55,7 @@ func (s *Syncer) aggregate(ctx context.Context) {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	cache.WaitForCacheSync(wctx.Done(), leases.HasSynced)
 	cancel()
-	lock := reportingLock{Interface: &leaseLock{client: s.kc.CoordinationV1(), store: leases.GetStore(),
+	lock := reportingLock{leaseLocker: &leaseLock{client: s.coord, store: leases.GetStore(),
 		ns: s.cfg.Namespace, name: leaseName, identity: s.cfg.NodeName}, report: s.aggregationProblem}
 	for ctx.Err() == nil {
 		// While the Lease cannot be written (no namespace, RBAC), try
@@ -88,16 +81,10 @@ func (s *Syncer) aggregate(ctx context.Context) {
 				}
 			}
 		}()
-		leaderelection.RunOrDie(ectx, leaderelection.LeaderElectionConfig{
-			Lock: lock, ReleaseOnCancel: true,
-			LeaseDuration: 3 * time.Minute, RenewDeadline: 150 * time.Second, RetryPeriod: time.Minute,
-			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: func(ctx context.Context) {
-					s.log.Info("k8s sync: resolving sources and aggregating ModelCache status", "node", s.cfg.NodeName)
-					s.lead(ctx)
-				},
-				OnStoppedLeading: func() {},
-			},
+		e := &elector{lock: lock, leaseDuration: 3 * time.Minute, renewDeadline: 150 * time.Second, retryPeriod: time.Minute}
+		e.run(ectx, func(ctx context.Context) {
+			s.log.Info("k8s sync: resolving sources and aggregating ModelCache status", "node", s.cfg.NodeName)
+			s.lead(ctx)
 		})
 		cancel()
 	}
@@ -112,8 +99,7 @@ func (s *Syncer) lead(ctx context.Context) {
 		s.leading = false
 		s.mu.Unlock()
 	}()
-	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.dyn, 10*time.Minute, "", longWatch)
-	mcn := df.ForResource(ModelCacheNodeGVR).Informer()
+	mcn := newInformer(s.dyn.Resource(ModelCacheNodeGVR), &unstructured.Unstructured{}, 10*time.Minute, "")
 	kick := make(chan struct{}, 1)
 	poke := func() {
 		select {
@@ -124,7 +110,7 @@ func (s *Syncer) lead(ctx context.Context) {
 	h := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { poke() }, UpdateFunc: func(any, any) { poke() }, DeleteFunc: func(any) { poke() }}
 	mcn.AddEventHandler(h)
 	s.mcInf.AddEventHandler(h)
-	df.Start(ctx.Done())
+	go mcn.Run(ctx.Done())
 	written := map[string]ModelCacheStatus{}
 	for {
 		select {
@@ -264,26 +250,26 @@ func (s *Syncer) writeMCStatus(ctx context.Context, mc *ModelCache, st ModelCach
 // missing namespace would silently leave every ModelCache's status
 // unwritten.
 type reportingLock struct {
-	resourcelock.Interface
+	leaseLocker
 	report func(error)
 }
 
-func (l reportingLock) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
-	err := l.Interface.Create(ctx, ler)
+func (l reportingLock) Create(ctx context.Context, ler leaseRecord) error {
+	err := l.leaseLocker.Create(ctx, ler)
 	l.report(err)
 	return err
 }
 
-func (l reportingLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
-	r, b, err := l.Interface.Get(ctx)
+func (l reportingLock) Get(ctx context.Context) (*leaseRecord, []byte, error) {
+	r, b, err := l.leaseLocker.Get(ctx)
 	if err == nil {
 		l.report(nil) // the Lease exists: whoever holds it, aggregation works
 	}
 	return r, b, err
 }
 
-func (l reportingLock) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
-	err := l.Interface.Update(ctx, ler)
+func (l reportingLock) Update(ctx context.Context, ler leaseRecord) error {
+	err := l.leaseLocker.Update(ctx, ler)
 	l.report(err)
 	return err
 }

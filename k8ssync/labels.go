@@ -129,7 +129,7 @@ func (s *Syncer) syncLabels(ctx context.Context, node *corev1.Node, arts []api.A
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := s.kc.CoreV1().Nodes().Patch(ctx, s.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: managerName}); err != nil {
+	if _, err := s.core.Nodes().Patch(ctx, s.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: managerName}); err != nil {
 		s.log.Warn("k8s sync: node labels", "node", s.cfg.NodeName, "err", err)
 		s.mu.Lock()
 		s.labelPatch = ""

@@ -95,11 +95,11 @@ func artifactsUnder(root, p string, names func() []string) []string {
 func (s *Syncer) pvModel(ns, claim string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	pvc, err := s.kc.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claim, metav1.GetOptions{})
+	pvc, err := s.core.PersistentVolumeClaims(ns).Get(ctx, claim, metav1.GetOptions{})
 	if err != nil || pvc.Spec.VolumeName == "" {
 		return ""
 	}
-	pv, err := s.kc.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+	pv, err := s.core.PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
 	if err != nil || pv.Labels[LabelNode] != s.cfg.NodeName {
 		return ""
 	}

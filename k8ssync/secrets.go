@@ -7,9 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -86,12 +84,7 @@ func (s *Syncer) secret(ctx context.Context, ns, name string) (map[string]string
 
 // watchSecret starts the watch of one Secret; a change pokes the loop.
 func (s *Syncer) watchSecret(ns, name string) *secretWatch {
-	f := informers.NewSharedInformerFactoryWithOptions(s.kc, 0, informers.WithNamespace(ns),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
-			longWatch(o)
-		}))
-	inf := f.Core().V1().Secrets().Informer()
+	inf := newInformer(s.core.Secrets(ns), &corev1.Secret{}, 0, fields.OneTermEqualSelector("metadata.name", name).String())
 	w := &secretWatch{store: inf.GetStore(), synced: inf.HasSynced, done: make(chan struct{})}
 	inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
 		w.mu.Lock()

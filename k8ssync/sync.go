@@ -25,8 +25,9 @@
 //	              prefetch of the target, the flip at minReadyPercent, retainOld
 //	labels.go     scheduling labels on this node's Node (model ready, kernel
 //	              cache compatible)
-//	lease.go      a quiet API footprint: long watches, and a Lease lock that
-//	              candidates read from an informer
+//	lease.go      a quiet API footprint: long watches, informers without a
+//	              factory, a Lease lock that candidates read from an informer,
+//	              and the election over it
 //	limits.go     caps on what a status copies (clip, clipText, clipList)
 //	types.go      the CRD types
 package k8ssync
@@ -39,13 +40,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -128,10 +127,13 @@ type Syncer struct {
 	cfg  Config
 	node Node
 	log  *slog.Logger
-	kc   kubernetes.Interface
-	dyn  dynamic.Interface
-	rec  record.EventRecorder
-	pvRL flowcontrol.RateLimiter
+	// The typed clients of the two API groups the loop uses, not
+	// kubernetes.Interface, which links the client of every built-in group.
+	core  typedcorev1.CoreV1Interface
+	coord coordinationv1client.CoordinationV1Interface
+	dyn   dynamic.Interface
+	rec   record.EventRecorder
+	pvRL  flowcontrol.RateLimiter
 
 	mcInf   cache.SharedIndexInformer
 	nodeInf cache.SharedIndexInformer
@@ -188,7 +190,7 @@ func New(cfg Config, node Node) (*Syncer, error) {
 	SetClientLog(cfg.Log)
 	kcfg := rest.CopyConfig(cfg.Kube)
 	kcfg.UserAgent = "modelcached/" + cfg.NodeName
-	kc, err := kubernetes.NewForConfig(kcfg)
+	core, coord, err := typedClients(kcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -196,14 +198,37 @@ func New(cfg Config, node Node) (*Syncer, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Syncer{cfg: cfg, node: node, log: cfg.Log, kc: kc, dyn: dyn, kick: make(chan struct{}, 1),
+	s := &Syncer{cfg: cfg, node: node, log: cfg.Log, core: core, coord: coord, dyn: dyn, kick: make(chan struct{}, 1),
 		phases: map[string]string{}, owners: map[string]string{},
 		polled: map[string]time.Time{}, flipped: map[string]string{}, nexts: map[string]string{},
 		pvRL: flowcontrol.NewTokenBucketRateLimiter(cfg.PVQPS, cfg.PVBurst)}
 	b := record.NewBroadcaster(record.WithCorrelatorOptions(record.CorrelatorOptions{QPS: 1.0 / 10, BurstSize: 10}))
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kc.CoreV1().Events("")})
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: core.Events("")})
 	s.rec = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: managerName, Host: cfg.NodeName})
 	return s, nil
+}
+
+// typedClients are the core and coordination clients as
+// kubernetes.NewForConfig makes them: one HTTP client, and one rate
+// limiter shared by both when cfg sets QPS.
+func typedClients(cfg *rest.Config) (typedcorev1.CoreV1Interface, coordinationv1client.CoordinationV1Interface, error) {
+	c := *cfg
+	if c.RateLimiter == nil && c.QPS > 0 {
+		if c.Burst <= 0 {
+			return nil, nil, errors.New("k8s sync: the client's Burst must be above 0 when QPS is set")
+		}
+		c.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(c.QPS, c.Burst)
+	}
+	hc, err := rest.HTTPClientFor(&c)
+	if err != nil {
+		return nil, nil, err
+	}
+	core, err := typedcorev1.NewForConfigAndClient(&c, hc)
+	if err != nil {
+		return nil, nil, err
+	}
+	coord, err := coordinationv1client.NewForConfigAndClient(&c, hc)
+	return core, coord, err
 }
 
 // later pokes the loop after d; one timer at a time.
@@ -241,24 +266,13 @@ func (s *Syncer) handler() cache.ResourceEventHandler {
 // server is away; writes back off.
 func (s *Syncer) Run(ctx context.Context) error {
 	const resync = 10 * time.Minute
-	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.dyn, resync, "", longWatch)
-	s.mcInf = df.ForResource(ModelCacheGVR).Informer()
-	s.mcInf.AddEventHandler(s.handler())
-	nf := informers.NewSharedInformerFactoryWithOptions(s.kc, resync, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.cfg.NodeName).String()
-		longWatch(o)
-	}))
-	s.nodeInf = nf.Core().V1().Nodes().Informer()
-	s.nodeInf.AddEventHandler(s.handler())
-	pf := informers.NewSharedInformerFactoryWithOptions(s.kc, resync, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", s.cfg.NodeName).String()
-		longWatch(o)
-	}))
-	s.podInf = pf.Core().V1().Pods().Informer()
-	s.podInf.AddEventHandler(s.handler())
-	df.Start(ctx.Done())
-	nf.Start(ctx.Done())
-	pf.Start(ctx.Done())
+	s.mcInf = newInformer(s.dyn.Resource(ModelCacheGVR), &unstructured.Unstructured{}, resync, "")
+	s.nodeInf = newInformer(s.core.Nodes(), &corev1.Node{}, resync, fields.OneTermEqualSelector("metadata.name", s.cfg.NodeName).String())
+	s.podInf = newInformer(s.core.Pods(""), &corev1.Pod{}, resync, fields.OneTermEqualSelector("spec.nodeName", s.cfg.NodeName).String())
+	for _, inf := range []cache.SharedIndexInformer{s.mcInf, s.nodeInf, s.podInf} {
+		inf.AddEventHandler(s.handler())
+		go inf.Run(ctx.Done())
+	}
 	defer s.keepSecrets(map[string]bool{}, nil) // stops the Secrets' watches
 	if s.cfg.Aggregate {
 		go s.aggregate(ctx)

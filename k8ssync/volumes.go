@@ -40,7 +40,7 @@ func PVName(node, model string) string {
 func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[string]string, want map[string]api.Desire) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	pvs := s.kc.CoreV1().PersistentVolumes()
+	pvs := s.core.PersistentVolumes()
 	have, err := pvs.List(ctx, metav1.ListOptions{LabelSelector: LabelNode + "=" + s.cfg.NodeName})
 	if err != nil {
 		return
