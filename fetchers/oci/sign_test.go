@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
+	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"math/big"
@@ -176,4 +177,83 @@ func mustRef(t *testing.T, s string) name.Reference {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// TestKeylessBundlesWithRealCosign: a sigstore bundle that cosign v3
+// signs with a certificate from a private CA verifies against that CA,
+// given as a PEM bundle or as a sigstore trusted_root.json, when the
+// certificate's issuer and subject match; another identity, issuer or CA
+// fails, and so does a trusted root whose CA's validity has ended.
+func TestKeylessBundlesWithRealCosign(t *testing.T) {
+	host := testenv.Registry(t)
+	cs := ocitest.NewCosign(t)
+	f := oci.New(oci.WithInsecureRegistries(host))
+	ctx := context.Background()
+	img := ocitest.SM90(map[string][]byte{"h90/kernel.cubin": {7, 1, 2, 3}}).Image(t)
+	uri, dg := "oci://"+host+"/kc/kb", ocitest.Push(t, host, "kc/kb:v1", img)
+	leafKey, leafCrt, caCrt := testCA(t, cs.Dir, "builder@example.com", "https://issuer.example.com")
+	cs.SignV3(t, cs.ImportKey(t, leafKey, "leaf"), host+"/kc/kb@"+dg, "--certificate", leafCrt, "--certificate-chain", caCrt)
+
+	caPEM, err := os.ReadFile(caCrt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(caPEM)
+	trustedRoot := func(validFor string) string {
+		return `{"mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1",
+  "certificateAuthorities": [{"subject": {"organization": "modelcache", "commonName": "modelcache test CA"},
+    "uri": "https://fulcio.example.com", "certChain": {"certificates": [{"rawBytes": "` + base64.StdEncoding.EncodeToString(blk.Bytes) + `"}]},
+    "validFor": ` + validFor + `}]}`
+	}
+	current := trustedRoot(`{"start": "` + time.Now().Add(-time.Hour).UTC().Format(time.RFC3339) + `"}`)
+	ended := trustedRoot(`{"start": "2020-01-01T00:00:00Z", "end": "2021-01-01T00:00:00Z"}`)
+	good := func(root string) oci.SignaturePolicy {
+		return oci.SignaturePolicy{Identity: "builder@example.com", Issuer: "https://issuer.example.com", TrustedRoot: root}
+	}
+	for name, root := range map[string]string{"a PEM CA": caCrt, "a trusted_root.json": current} {
+		if r, err := f.VerifySignature(ctx, uri, dg, good(root)); err != nil || r.Format != oci.FormatBundle || !strings.Contains(r.Signer, "builder@example.com") {
+			t.Fatalf("keyless bundle against %s: %+v %v", name, r, err)
+		}
+	}
+	if _, err := f.VerifySignature(ctx, uri, dg, oci.SignaturePolicy{IdentityRegexp: `^builder@`, IssuerRegexp: `^https://issuer\.example\.com$`, TrustedRoot: caCrt}); err != nil {
+		t.Fatalf("keyless bundle by regexps: %v", err)
+	}
+	_, _, otherCA := testCA(t, t.TempDir(), "builder@example.com", "https://issuer.example.com")
+	for name, p := range map[string]oci.SignaturePolicy{
+		"another identity":          {Identity: "attacker@example.com", Issuer: "https://issuer.example.com", TrustedRoot: caCrt},
+		"another issuer":            {Identity: "builder@example.com", Issuer: "https://other-issuer.example.com", TrustedRoot: caCrt},
+		"an identity regexp missed": {IdentityRegexp: `^attacker@`, Issuer: "https://issuer.example.com", TrustedRoot: caCrt},
+		"another CA":                good(otherCA),
+		"a CA no longer valid":      good(ended),
+	} {
+		if _, err := f.VerifySignature(ctx, uri, dg, p); !errors.Is(err, oci.ErrBadSignature) {
+			t.Fatalf("keyless bundle with %s must fail verification: %v", name, err)
+		}
+	}
+	// A key policy does not accept a bundle signed with a certificate.
+	if _, err := f.VerifySignature(ctx, uri, dg, oci.SignaturePolicy{PublicKeys: [][]byte{pubPEM(t, leafCrt)}}); !errors.Is(err, oci.ErrBadSignature) {
+		t.Fatalf("a certificate's bundle under a key policy: %v", err)
+	}
+	// A trusted_root.json that is not one is refused, naming what is wrong.
+	if _, err := f.VerifySignature(ctx, uri, dg, good(`{"certificateAuthorities": 3}`)); !errors.Is(err, oci.ErrBadSignature) || !strings.Contains(err.Error(), "trusted_root.json") {
+		t.Fatalf("a malformed trusted root: %v", err)
+	}
+}
+
+// pubPEM is the PEM public key of the certificate at path.
+func pubPEM(t *testing.T, path string) []byte {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(c.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})
 }

@@ -198,9 +198,11 @@ func (c *Cosign) SignV2(t testing.TB, key, ref string, extra ...string) {
 }
 
 // SignV3 signs ref with cosign v3: a sigstore bundle as a referrer.
-func (c *Cosign) SignV3(t testing.TB, key, ref string) {
+// Extra flags (a certificate for keyless) follow the key.
+func (c *Cosign) SignV3(t testing.TB, key, ref string, extra ...string) {
 	t.Helper()
-	c.run(t, c.V3, "sign", "--yes", "--key", key, "--tlog-upload=false", "--use-signing-config=false", "--allow-http-registry", ref)
+	args := append([]string{"sign", "--yes", "--key", key, "--tlog-upload=false", "--use-signing-config=false", "--allow-http-registry"}, extra...)
+	c.run(t, c.V3, append(args, ref)...)
 }
 
 // ImportKey turns a PEM private key into a cosign key file.
