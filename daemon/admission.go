@@ -71,7 +71,7 @@ func newSpace(d *Daemon) *space {
 			d.mu.Lock()
 			defer d.mu.Unlock()
 			out := map[string]bool{}
-			for n, ds := range d.desired() {
+			for n, ds := range d.desires.merged() {
 				out[n] = ds.State != api.StateAbsent && keep(ds)
 			}
 			return out

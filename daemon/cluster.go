@@ -32,11 +32,11 @@ type clusterNode struct{ d *Daemon }
 // apply; the error returned names every refused one.
 func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[string]map[string]string) error {
 	d := c.d
-	// desireMu keeps other writers of desires out while the index is
+	// desires.writeMu keeps other writers of desires out while the index is
 	// written (fsyncs) without the daemon lock; clusterDesires is replaced
-	// only under both, so reading it under desireMu is safe.
-	d.desireMu.Lock()
-	defer d.desireMu.Unlock()
+	// only under both, so reading it under desires.writeMu is safe.
+	d.desires.writeMu.Lock()
+	defer d.desires.writeMu.Unlock()
 	changed := d.sources.setCredentials(creds)
 	d.mu.Lock()
 	retry := false
@@ -47,7 +47,7 @@ func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[str
 			st.permanent, st.nextRetry, retry = false, time.Time{}, true
 		}
 	}
-	old := d.clusterDesires
+	old := d.desires.cluster
 	d.mu.Unlock()
 	if retry {
 		d.kick()
@@ -72,8 +72,8 @@ func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[str
 		valid[name] = ds
 	}
 	d.mu.Lock()
-	if !reflect.DeepEqual(rejected, d.clusterRejected) {
-		d.clusterRejected = rejected
+	if !reflect.DeepEqual(rejected, d.desires.rejected) {
+		d.desires.rejected = rejected
 		d.notify()
 	}
 	d.mu.Unlock()
@@ -84,19 +84,19 @@ func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[str
 		if o, ok := old[name]; ok && reflect.DeepEqual(o, ds) {
 			continue
 		}
-		if err := d.persistDesire(clusterKey+name, ds); err != nil {
+		if err := d.desires.persist(clusterKey+name, ds); err != nil {
 			return err
 		}
 	}
 	for name := range old {
 		if _, ok := valid[name]; !ok {
-			if err := d.records.DeleteDesire(clusterKey + name); err != nil {
+			if err := d.desires.unpersist(clusterKey + name); err != nil {
 				return err
 			}
 		}
 	}
 	d.mu.Lock()
-	d.clusterDesires = valid
+	d.desires.cluster = valid
 	d.notify()
 	d.mu.Unlock()
 	d.kick()
@@ -142,8 +142,8 @@ func (c clusterNode) SetPodHolders(h map[string][]api.Holder, names map[string]s
 // spec.rollout.retainOld).
 func (d *Daemon) kept() map[string]string {
 	d.mu.Lock()
-	want := d.desired()
-	cluster := d.clusterDesires
+	want := d.desires.merged()
+	cluster := d.desires.cluster
 	d.mu.Unlock()
 	out := map[string]string{}
 	for name, ds := range want {

@@ -230,7 +230,7 @@ func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, er
 	// Record first, then check the trees: an eviction that chose one of
 	// these versions before the hold counted has removed it by now, or
 	// will see the hold.
-	d.desireMu.Lock() // index writes of holds are serialised like desires'
+	d.desires.writeMu.Lock() // index writes of holds are serialised like desires'
 	err = d.records.PutHold(csiHoldKey(v.ID), raw)
 	if err == nil {
 		c.mu.Lock()
@@ -240,7 +240,7 @@ func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, er
 		d.notify()
 		d.mu.Unlock()
 	}
-	d.desireMu.Unlock()
+	d.desires.writeMu.Unlock()
 	if err != nil {
 		return "", "", status.Errorf(codes.Internal, "recording the hold of %s@%s: %v", v.Model, rev, err)
 	}
@@ -328,7 +328,7 @@ func (c *csiVolumes) revision(v csi.Volume) (rev, kind string, err error) {
 		return "", "", status.Errorf(codes.Internal, "artifact %s: %v", v.Model, err)
 	}
 	d.mu.Lock()
-	want := d.desired()
+	want := d.desires.merged()
 	ds, desired := want[v.Model]
 	desired = desired && ds.State != api.StateAbsent
 	d.mu.Unlock()
@@ -420,7 +420,7 @@ func (c *csiVolumes) servable() string {
 		}
 	}
 	d.mu.Lock()
-	for n, ds := range d.desired() {
+	for n, ds := range d.desires.merged() {
 		if ds.State != api.StateAbsent {
 			names[n] = true
 		}
@@ -445,13 +445,13 @@ func listOr(xs []string, none string) string {
 }
 
 // Release implements csi.Backend. The composed tree goes first, outside
-// desireMu: removing a tree of many files takes as long as making it,
-// and every Hold takes desireMu.
+// desires.writeMu: removing a tree of many files takes as long as making it,
+// and every Hold takes desires.writeMu.
 func (c *csiVolumes) Release(_ context.Context, id string) error {
 	d := c.d
 	d.store.RemoveHoldTree(csiHoldKey(id))
-	d.desireMu.Lock()
-	defer d.desireMu.Unlock()
+	d.desires.writeMu.Lock()
+	defer d.desires.writeMu.Unlock()
 	if err := d.records.DeleteHold(csiHoldKey(id)); err != nil {
 		return err
 	}

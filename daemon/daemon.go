@@ -28,7 +28,7 @@ import (
 // Locks, in the order they are taken (a lock is never taken while one
 // after it in this list is held):
 //
-//	space.capMu → space.evictMu → desireMu → mu → leaf locks;  space.scanRun → space.scanMu
+//	space.capMu → space.evictMu → desires.writeMu → mu → leaf locks;  space.scanRun → space.scanMu
 //
 // The leaf locks (sources.mu, leaseSet.mu, csiVolumes.mu, space.scanMu)
 // guard their component's own state and are never held together or
@@ -37,7 +37,7 @@ import (
 // mu, the daemon lock, guards the in-memory state that API reads join
 // (desires, artifact states, pod holders, flights) and is held only for
 // memory: no index write (an fsync), tree removal or eviction runs under
-// it. Writers of desires take desireMu first, write the index, then take
+// it. Writers of desires take desires.writeMu first, write the index, then take
 // mu to change memory. The store and the capacity package take their own
 // locks below all of these.
 type Daemon struct {
@@ -60,27 +60,19 @@ type Daemon struct {
 	wake    chan struct{}    // kicks the reconciler
 	pulls   sync.WaitGroup   // pulls in flight; Run waits for them
 
-	// desireMu serialises changes of the desire maps with their index
-	// writes; the maps change only with desireMu and mu both held.
-	desireMu sync.Mutex
-
-	mu          sync.Mutex
-	apiDesires  map[string]api.Desire
-	fileDesires map[string]api.Desire
-	// clusterDesires come from ModelCache objects (k8ssync); podHolders
-	// are running pods that mount artifacts; podNames maps the UIDs of
-	// the pods on this node to "namespace/name".
-	clusterDesires map[string]api.Desire
-	// clusterRejected: cluster desires that failed validation, with why;
-	// shown as Failed (InvalidSpec) while the others apply.
-	clusterRejected map[string]string
-	podHolders      map[string][]api.Holder
-	podNames        map[string]string
-	fileErrors      []string
-	arts            map[string]*artState
-	flights         map[string]*flight          // one download per blob (pull.go)
-	changed         chan struct{}               // closed and replaced on every state change
-	evicted         map[string]api.EvictionNote // ad-hoc entries evicted to make room (evict.go)
+	mu sync.Mutex
+	// desires: the socket's, the models dir's and the cluster's
+	// (desires.go); its maps are read under mu.
+	desires *desireSet
+	// podHolders are running pods that mount artifacts; podNames maps the
+	// UIDs of the pods on this node to "namespace/name".
+	podHolders map[string][]api.Holder
+	podNames   map[string]string
+	fileErrors []string
+	arts       map[string]*artState
+	flights    map[string]*flight          // one download per blob (pull.go)
+	changed    chan struct{}               // closed and replaced on every state change
+	evicted    map[string]api.EvictionNote // ad-hoc entries evicted to make room (evict.go)
 
 	metricsAddr atomic.Value                 // string: where /metrics listens once Run serves
 	peers       atomic.Pointer[peerListener] // the API socket's, once Run serves
@@ -111,16 +103,14 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d = &Daemon{
 		cfg: cfg, log: log, store: st, records: st.Records(), started: time.Now(), gid: gid,
-		backoff:        fetchers.DefaultBackoff,
-		apiDesires:     map[string]api.Desire{},
-		fileDesires:    map[string]api.Desire{},
-		clusterDesires: map[string]api.Desire{},
-		arts:           map[string]*artState{},
-		flights:        map[string]*flight{},
-		evicted:        map[string]api.EvictionNote{},
-		changed:        make(chan struct{}),
-		wake:           make(chan struct{}, 1),
-		pullSem:        make(chan struct{}, cfg.MaxConcurrentPulls),
+		backoff: fetchers.DefaultBackoff,
+		desires: newDesireSet(st.Records()),
+		arts:    map[string]*artState{},
+		flights: map[string]*flight{},
+		evicted: map[string]api.EvictionNote{},
+		changed: make(chan struct{}),
+		wake:    make(chan struct{}, 1),
+		pullSem: make(chan struct{}, cfg.MaxConcurrentPulls),
 	}
 	d.space = newSpace(d)
 	d.leases = &leaseSet{store: st, m: map[string]map[string]*lease{}, changed: func() {
@@ -131,7 +121,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	if d.sources, err = newSources(cfg, log, func() map[string]api.Desire {
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		return d.desired()
+		return d.desires.merged()
 	}); err != nil {
 		st.Close()
 		return nil, err
@@ -154,7 +144,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		}
 		k8ssync.SetClientLog(cl)
 	}
-	if err := d.loadDesires(); err != nil {
+	if err := d.desires.load(log); err != nil {
 		st.Close()
 		return nil, err
 	}

@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
@@ -49,18 +51,38 @@ func fingerprint(ds api.Desire) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// desired merges the sources: a file desire wins over a cluster one, which
-// wins over an API one.
-// Called with d.mu held.
-func (d *Daemon) desired() map[string]api.Desire {
-	out := make(map[string]api.Desire, len(d.apiDesires)+len(d.fileDesires)+len(d.clusterDesires))
-	for n, ds := range d.apiDesires {
+// desireSet is what the node is asked to hold, by origin: the socket's
+// desires (persisted under their names), the models dir's (file,
+// with the problems found in it) and the cluster's (persisted under
+// cluster:<name>; rejected holds those refused, with why).
+//
+// writeMu serialises changes with their index writes; the maps change
+// only with writeMu and the daemon lock both held, and are read with the
+// daemon lock held (readers join them with the artifacts' states).
+type desireSet struct {
+	records *cachestore.Records
+	writeMu sync.Mutex
+
+	api, file, cluster map[string]api.Desire
+	rejected           map[string]string
+	fileErrors         []string
+}
+
+func newDesireSet(records *cachestore.Records) *desireSet {
+	return &desireSet{records: records, api: map[string]api.Desire{}, file: map[string]api.Desire{}, cluster: map[string]api.Desire{}}
+}
+
+// merged merges the origins: a file desire wins over a cluster one,
+// which wins over an API one. Called with the daemon lock held.
+func (s *desireSet) merged() map[string]api.Desire {
+	out := make(map[string]api.Desire, len(s.api)+len(s.file)+len(s.cluster))
+	for n, ds := range s.api {
 		out[n] = ds
 	}
-	for n, ds := range d.clusterDesires {
+	for n, ds := range s.cluster {
 		out[n] = ds
 	}
-	for n, ds := range d.fileDesires {
+	for n, ds := range s.file {
 		out[n] = ds
 	}
 	// Expand in name order: where two models name the same kernel cache,
@@ -81,22 +103,22 @@ func (d *Daemon) desired() map[string]api.Desire {
 
 // loadDesires reads the desires the index keeps (socket pulls and the
 // cluster's last known set) into memory (New).
-func (d *Daemon) loadDesires() error {
-	raw, err := d.records.Desires()
+func (s *desireSet) load(log *slog.Logger) error {
+	raw, err := s.records.Desires()
 	if err != nil {
 		return err
 	}
 	for name, b := range raw {
 		var ds api.Desire
 		if err := json.Unmarshal(b, &ds); err != nil {
-			d.log.Error("dropping an unreadable desire from the index", "artifact", name, "err", err)
+			log.Error("dropping an unreadable desire from the index", "artifact", name, "err", err)
 			continue
 		}
 		if n, ok := isClusterKey(name); ok {
-			d.clusterDesires[n] = ds
+			s.cluster[n] = ds
 			continue
 		}
-		d.apiDesires[name] = trustSocketDesire(ds, d.log)
+		s.api[name] = trustSocketDesire(ds, log)
 	}
 	return nil
 }
@@ -105,13 +127,16 @@ func (d *Daemon) loadDesires() error {
 // redacted: a secret carried in a source URI lives only in memory, for
 // fetching. After a restart such a desire cannot fetch until it is pulled
 // again (lostCredentials says so).
-func (d *Daemon) persistDesire(key string, ds api.Desire) error {
+func (s *desireSet) persist(key string, ds api.Desire) error {
 	raw, err := json.Marshal(redactDesire(ds))
 	if err != nil {
 		return err
 	}
-	return d.records.PutDesire(key, raw)
+	return s.records.PutDesire(key, raw)
 }
+
+// unpersist removes the desire under key from the index.
+func (s *desireSet) unpersist(key string) error { return s.records.DeleteDesire(key) }
 
 func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	var req api.PullRequest
@@ -136,29 +161,29 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	if err := d.sources.checkSourceAccess(r.Context(), ds); err != nil {
 		return err
 	}
-	// Again, under desireMu: the check above ran unlocked. The index
+	// Again, under desires.writeMu: the check above ran unlocked. The index
 	// write (an fsync) runs outside the daemon lock.
-	d.desireMu.Lock()
+	d.desires.writeMu.Lock()
 	d.mu.Lock()
 	err = d.pullConflicts(ds)
 	if err == nil && !req.Replace {
 		err = d.replaces(ds)
 	}
-	_, had := d.apiDesires[ds.Name]
+	_, had := d.desires.api[ds.Name]
 	d.mu.Unlock()
 	// A pull of a name the node knows nothing of: if its first attempt
 	// fails for good, nothing of it stays (dropFailedPull).
 	_, serr := d.store.Summary(ds.Name)
 	fresh := !had && errors.Is(serr, cachestore.ErrNotFound)
 	if err == nil {
-		err = d.persistDesire(ds.Name, ds)
+		err = d.desires.persist(ds.Name, ds)
 	}
 	if err != nil {
-		d.desireMu.Unlock()
+		d.desires.writeMu.Unlock()
 		return err
 	}
 	d.mu.Lock()
-	d.apiDesires[ds.Name] = ds
+	d.desires.api[ds.Name] = ds
 	delete(d.evicted, ds.Name)
 	st := d.arts[ds.Name]
 	if st == nil {
@@ -173,7 +198,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	since := st.completed
 	d.notify()
 	d.mu.Unlock()
-	d.desireMu.Unlock()
+	d.desires.writeMu.Unlock()
 	d.kick()
 	if r.URL.Query().Get("wait") != "true" {
 		a, err := views{d}.view(ds.Name, false)
@@ -211,10 +236,10 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 // no saved desire. set gets the waiter's error, which says whether the
 // desire went; it is called with d.mu held.
 func (d *Daemon) dropFailedPull(name, fp string, set func(error)) {
-	d.desireMu.Lock()
-	defer d.desireMu.Unlock()
+	d.desires.writeMu.Lock()
+	defer d.desires.writeMu.Unlock()
 	d.mu.Lock()
-	ds, ok := d.apiDesires[name]
+	ds, ok := d.desires.api[name]
 	st := d.arts[name]
 	var failure error
 	if st != nil {
@@ -226,7 +251,7 @@ func (d *Daemon) dropFailedPull(name, fp string, set func(error)) {
 	d.mu.Unlock()
 	var err error
 	if still {
-		err = d.records.DeleteDesire(name) // an index write: outside the daemon lock
+		err = d.desires.unpersist(name) // an index write: outside the daemon lock
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -234,7 +259,7 @@ func (d *Daemon) dropFailedPull(name, fp string, set func(error)) {
 	case failure == nil:
 		set(fmt.Errorf("artifact %s changed while its failure was reported; see modelctl inspect %s", name, name))
 	case still && err == nil:
-		delete(d.apiDesires, name)
+		delete(d.desires.api, name)
 		delete(d.arts, name)
 		set(fmt.Errorf("%w; nothing was kept (pull again once fixed, or with --keep to keep the desire and its Failed entry)", failure))
 	default:
@@ -247,10 +272,10 @@ func (d *Daemon) dropFailedPull(name, fp string, set func(error)) {
 // declares: a models.d desire, or a declared model's kernel cache. Called
 // with d.mu held.
 func (d *Daemon) pullConflict(name string) error {
-	if fd, ok := d.fileDesires[name]; ok {
+	if fd, ok := d.desires.file[name]; ok {
 		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; edit that file instead of pulling it by hand", name, strings.TrimPrefix(fd.Origin, originFile))
 	}
-	if w, ok := d.desired()[name]; ok && w.Serves != "" && w.Origin != originAPI {
+	if w, ok := d.desires.merged()[name]; ok && w.Serves != "" && w.Origin != originAPI {
 		return api.Errorf(api.CodeConflict, "artifact %s is the kernel cache of %s, declared in %s; pull under another name", name, w.Serves, w.Origin)
 	}
 	return nil
@@ -260,7 +285,7 @@ func (d *Daemon) pullConflict(name string) error {
 // an existing desire of the same name (PullRequest.Replace allows it).
 // Called with d.mu held.
 func (d *Daemon) replaces(ds api.Desire) error {
-	old, ok := d.apiDesires[ds.Name]
+	old, ok := d.desires.api[ds.Name]
 	if !ok || old.State == api.StateAbsent {
 		return nil
 	}
@@ -419,21 +444,21 @@ func validateKernelCaches(ds api.Desire, floor string) error {
 func (d *Daemon) handlePin(pin bool) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		name := r.PathValue("name")
-		d.desireMu.Lock()
+		d.desires.writeMu.Lock()
 		d.mu.Lock()
-		ds, isAPI := d.apiDesires[name]
+		ds, isAPI := d.desires.api[name]
 		d.mu.Unlock()
 		if isAPI {
 			ds.Pin = pin
-			if err := d.persistDesire(name, ds); err != nil {
-				d.desireMu.Unlock()
+			if err := d.desires.persist(name, ds); err != nil {
+				d.desires.writeMu.Unlock()
 				return err
 			}
 			d.mu.Lock()
-			d.apiDesires[name] = ds
+			d.desires.api[name] = ds
 			d.mu.Unlock()
 		}
-		d.desireMu.Unlock()
+		d.desires.writeMu.Unlock()
 		err := d.store.SetPinned(name, "", pin)
 		if err != nil && !(isAPI && errors.Is(err, cachestore.ErrNotFound)) {
 			return err

@@ -9,6 +9,8 @@
 // The daemon is a few components, each owning its state (and, where it
 // has one, its lock), wired by New and served by Run:
 //
+//	desireSet   the desires by origin (socket, models dir, cluster), merged;
+//	            their persistence and the writers' lock
 //	sources     fetchers, fetchers made with credentials, the cluster's credentials
 //	kernels     the GPU inventory; kernel cache signatures and compatibility
 //	space       admission (reservations), eviction passes (capacity.Evictor),
@@ -21,9 +23,9 @@
 //	modelsDir   the models dir's desires, read and watched
 //	clusterNode the daemon as k8ssync sees it (k8ssync.Node)
 //
-// The Daemon itself keeps the desire set and the artifacts' pull states
-// (under mu; desireMu for writers of desires), runs the reconciler and
-// the pulls, and serves the socket.
+// The Daemon itself keeps the artifacts' pull states and the pods that
+// hold artifacts (under mu, which the desire set's readers take too),
+// runs the reconciler and the pulls, and serves the socket.
 //
 // Where to find what, by file:
 //
@@ -34,7 +36,8 @@
 //	auth.go        how a request is authorised: the peer's credentials, who may mutate,
 //	               what a desire from each origin may ask (socket, models.d, cluster)
 //	peers.go       connections: per-uid limits, credentials read at accept
-//	desires.go     desires: the merged set, fingerprints, validation, modelctl pull/pin, persistence
+//	desires.go     desireSet: the merged set and its persistence; fingerprints,
+//	               validation, modelctl pull/pin
 //	limits.go      the cap on a desire's source URIs (api.MaxURIBytes), for every origin
 //	modelsdir.go   modelsDir: desires from models.d files (and the watcher)
 //	cluster.go     clusterNode: cluster desires, pod holders, views, resolutions

@@ -28,7 +28,7 @@ func (e evictions) evictAbsent(ctx context.Context, name string) {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		st := d.arts[name]
-		if ds, ok := d.desired()[name]; st == nil || !ok || ds.State != api.StateAbsent || st.message == msg {
+		if ds, ok := d.desires.merged()[name]; st == nil || !ok || ds.State != api.StateAbsent || st.message == msg {
 			return
 		}
 		if phase != "" {
@@ -130,14 +130,14 @@ func (e evictions) refusal(q *evictRequest) error {
 	d := e.d
 	name, rev := q.name, q.rev
 	d.mu.Lock()
-	if fd, ok := d.fileDesires[name]; ok && fd.State != api.StateAbsent && rev == "" {
+	if fd, ok := d.desires.file[name]; ok && fd.State != api.StateAbsent && rev == "" {
 		d.mu.Unlock()
 		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; set state: absent there or remove the file", name, strings.TrimPrefix(fd.Origin, originFile))
 	}
-	_, q.hadDesire = d.apiDesires[name]
+	_, q.hadDesire = d.desires.api[name]
 	_, q.noted = d.evicted[name]
 	if rev == "" {
-		for n, ds := range d.desired() {
+		for n, ds := range d.desires.merged() {
 			if ds.Serves == name {
 				q.kernels = append(q.kernels, n)
 			}
@@ -178,15 +178,15 @@ func (e evictions) refusal(q *evictRequest) error {
 func (e evictions) forget(ctx context.Context, q evictRequest) error {
 	d := e.d
 	var inFlight chan struct{}
-	d.desireMu.Lock()
+	d.desires.writeMu.Lock()
 	if q.hadDesire {
-		if err := d.records.DeleteDesire(q.name); err != nil { // an index write: outside the daemon lock
-			d.desireMu.Unlock()
+		if err := d.desires.unpersist(q.name); err != nil { // an index write: outside the daemon lock
+			d.desires.writeMu.Unlock()
 			return err
 		}
 	}
 	d.mu.Lock()
-	delete(d.apiDesires, q.name)
+	delete(d.desires.api, q.name)
 	delete(d.evicted, q.name)
 	if st := d.arts[q.name]; st != nil && st.cancel != nil {
 		st.cancel()
@@ -194,7 +194,7 @@ func (e evictions) forget(ctx context.Context, q evictRequest) error {
 	}
 	d.notify()
 	d.mu.Unlock()
-	d.desireMu.Unlock()
+	d.desires.writeMu.Unlock()
 	if inFlight == nil {
 		return nil
 	}
@@ -248,7 +248,7 @@ func (e evictions) handleGC(w http.ResponseWriter, r *http.Request) error {
 func (e evictions) noteEvicted(vs []capacity.Victim) {
 	d := e.d
 	d.mu.Lock()
-	want := d.desired()
+	want := d.desires.merged()
 	for _, v := range vs {
 		if v.Reason != capacity.ReasonSpace || v.AdHoc {
 			continue
@@ -276,22 +276,22 @@ const maxEvictionNotes = 1000
 // meanwhile (pinned, kept) stays. Called under evictMu.
 func (e evictions) dropAdHoc(v capacity.Victim, forName string) error {
 	d := e.d
-	d.desireMu.Lock()
-	defer d.desireMu.Unlock()
+	d.desires.writeMu.Lock()
+	defer d.desires.writeMu.Unlock()
 	d.mu.Lock()
-	ds, ok := d.apiDesires[v.Name]
+	ds, ok := d.desires.api[v.Name]
 	d.mu.Unlock()
 	if ok && declared(ds) {
 		return fmt.Errorf("%s was declared meanwhile", v.Name)
 	}
 	if ok {
-		if err := d.records.DeleteDesire(v.Name); err != nil { // an index write: outside the daemon lock
+		if err := d.desires.unpersist(v.Name); err != nil { // an index write: outside the daemon lock
 			return err
 		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	delete(d.apiDesires, v.Name)
+	delete(d.desires.api, v.Name)
 	if st := d.arts[v.Name]; st != nil && st.cancel != nil {
 		st.cancel() // a refresh in flight goes with the entry
 	}

@@ -35,7 +35,7 @@ func (d *Daemon) abandoned(in cachestore.IngestInfo) bool {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	ds, ok := d.desired()[in.Owner]
+	ds, ok := d.desires.merged()[in.Owner]
 	return !ok || ds.State == api.StateAbsent
 }
 

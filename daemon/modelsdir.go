@@ -80,10 +80,10 @@ func (m modelsDir) load() {
 		problems[i] = fetchers.RedactText(p) // status shows them to every local user
 		d.log.Error("models dir", "problem", problems[i])
 	}
-	d.desireMu.Lock()
-	defer d.desireMu.Unlock()
+	d.desires.writeMu.Lock()
+	defer d.desires.writeMu.Unlock()
 	d.mu.Lock()
-	d.fileDesires, d.fileErrors = desires, problems
+	d.desires.file, d.desires.fileErrors = desires, problems
 	d.notify()
 	d.mu.Unlock()
 	d.kick()

@@ -136,7 +136,7 @@ func (d *Daemon) reconcileLocked(ctx context.Context) (time.Duration, []string, 
 	now := time.Now()
 	next := 30 * time.Second
 	names := make([]string, 0)
-	want := d.desired()
+	want := d.desires.merged()
 	for n := range want {
 		names = append(names, n)
 	}
@@ -163,7 +163,7 @@ func (d *Daemon) reconcileLocked(ctx context.Context) (time.Duration, []string, 
 			}
 			continue
 		}
-		if cd, ok := d.clusterDesires[name]; ok && !st.force && !ds.Stage && fingerprint(cd) == fp {
+		if cd, ok := d.desires.cluster[name]; ok && !st.force && !ds.Stage && fingerprint(cd) == fp {
 			// Only the cluster stages: another desire that names an old
 			// version's source again resolves it anew, as it always did.
 			if rev := d.staged(name, fp); rev != "" {

@@ -194,7 +194,7 @@ func (d *Daemon) handleVerify(w http.ResponseWriter, r *http.Request) error {
 	out := api.VerifyResult{BlobsChecked: rep.BlobsChecked, BytesChecked: rep.BytesChecked, Corrupt: rep.Corrupt, Missing: rep.Missing, Quarantined: rep.Quarantine}
 	if len(rep.Affected) > 0 {
 		d.mu.Lock()
-		want := d.desired()
+		want := d.desires.merged()
 		for _, nr := range rep.Affected {
 			name, _, _ := strings.Cut(nr, "@")
 			if ds, ok := want[name]; ok && ds.State != api.StateAbsent {

@@ -234,7 +234,7 @@ func TestKernelCacheInjection(t *testing.T) {
 		t.Fatalf("a socket model listing a kernel cache under a declared model's kernel cache name: %d %s", code, body)
 	}
 	h.d.mu.Lock()
-	kc := h.d.desired()["llama.kc0"]
+	kc := h.d.desires.merged()["llama.kc0"]
 	h.d.mu.Unlock()
 	if kc.Serves != "llama" || kc.URI != "oci://127.0.0.1:1/kernels/llama:sm90" {
 		t.Fatalf("the declared kernel cache was replaced: %+v", kc)
@@ -275,18 +275,14 @@ func TestNodeSignatureFloor(t *testing.T) {
 // model gets none of that model's Secret unless the daemon expanded it
 // from the model's own desire, for the URI the model names.
 func TestBorrowedCredentials(t *testing.T) {
-	d := &Daemon{
-		apiDesires:     map[string]api.Desire{},
-		fileDesires:    map[string]api.Desire{},
-		clusterDesires: map[string]api.Desire{},
-	}
+	d := &Daemon{desires: newDesireSet(nil)}
 	d.sources = &sources{creds: map[string]map[string]string{"llama": {"HF_TOKEN": "hf_secret"}},
-		desired: func() map[string]api.Desire { return d.desired() }}
-	d.clusterDesires["llama"] = api.Desire{Name: "llama", URI: "hf://org/llama", Origin: "cluster:llama",
+		desired: func() map[string]api.Desire { return d.desires.merged() }}
+	d.desires.cluster["llama"] = api.Desire{Name: "llama", URI: "hf://org/llama", Origin: "cluster:llama",
 		KernelCaches: []api.KernelCacheRef{{URI: "oci://reg/kernels:sm90"}}}
 	// A socket desire persisted by an older daemon that still carries serves.
-	d.apiDesires["thief"] = trustSocketDesire(api.Desire{Name: "thief", URI: "oci://attacker/x:v1", Origin: originAPI, Serves: "llama"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	d.apiDesires["thief2"] = api.Desire{Name: "thief2", URI: "oci://attacker/x:v1", Origin: "cluster:llama", Serves: "llama", Kind: api.KindKernelCache}
+	d.desires.api["thief"] = trustSocketDesire(api.Desire{Name: "thief", URI: "oci://attacker/x:v1", Origin: originAPI, Serves: "llama"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	d.desires.api["thief2"] = api.Desire{Name: "thief2", URI: "oci://attacker/x:v1", Origin: "cluster:llama", Serves: "llama", Kind: api.KindKernelCache}
 	if c := d.sources.credentialsFor("thief"); c != nil {
 		t.Fatalf("a socket desire borrowed the model's credentials: %v", c)
 	}
@@ -481,20 +477,20 @@ func TestPeerGroupsNotFromProc(t *testing.T) {
 // cache give it the same source every time (the first model by name; a
 // declared model over a socket one), not whichever map order comes up.
 func TestSharedKernelCacheWinnerIsStable(t *testing.T) {
-	d := &Daemon{apiDesires: map[string]api.Desire{}, fileDesires: map[string]api.Desire{}, clusterDesires: map[string]api.Desire{}}
+	d := &Daemon{desires: newDesireSet(nil)}
 	for _, n := range []string{"m3", "m1", "m2", "m4", "m5"} {
-		d.apiDesires[n] = api.Desire{Name: n, URI: "hf://o/" + n, Origin: originAPI,
+		d.desires.api[n] = api.Desire{Name: n, URI: "hf://o/" + n, Origin: originAPI,
 			KernelCaches: []api.KernelCacheRef{{Name: "shared", URI: "oci://r/" + n + ":sm90"}}}
 	}
 	for i := 0; i < 200; i++ {
-		if got := d.desired()["shared"]; got.Serves != "m1" {
+		if got := d.desires.merged()["shared"]; got.Serves != "m1" {
 			t.Fatalf("pass %d: the shared kernel cache serves %s (%s), want m1", i, got.Serves, got.URI)
 		}
 	}
-	d.fileDesires["z9"] = api.Desire{Name: "z9", URI: "hf://o/z9", Origin: originFile + "/etc/modelcached/models.d/z9.yaml",
+	d.desires.file["z9"] = api.Desire{Name: "z9", URI: "hf://o/z9", Origin: originFile + "/etc/modelcached/models.d/z9.yaml",
 		KernelCaches: []api.KernelCacheRef{{Name: "shared", URI: "oci://r/z9:sm90"}}}
 	for i := 0; i < 200; i++ {
-		if got := d.desired()["shared"]; got.Serves != "z9" {
+		if got := d.desires.merged()["shared"]; got.Serves != "z9" {
 			t.Fatalf("pass %d: a declared model's kernel cache lost to a socket one: %s", i, got.Serves)
 		}
 	}

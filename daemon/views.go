@@ -43,7 +43,7 @@ func (vw views) status() (*api.Status, error) {
 	s.StoreBytes, _, _ = d.store.BlobStats()
 	_, s.FSFreeBytes, _ = d.store.FSStat()
 	d.mu.Lock()
-	s.ModelsDirError = append([]string(nil), d.fileErrors...)
+	s.ModelsDirError = append([]string(nil), d.desires.fileErrors...)
 	d.mu.Unlock()
 	s.ReservedBytes = d.space.reserved()
 	if pr, err := d.space.evictor.Pressure(); err == nil {
@@ -137,7 +137,7 @@ func collectViews[T any](vw views, conv func(*api.Artifact) T, name func(*T) str
 	uses := d.inUse()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	want := d.desired()
+	want := d.desires.merged()
 	out := make([]T, 0, len(arts)+len(want))
 	add := func(name string, a *cachestore.Artifact) {
 		v := vw.viewLocked(name, a, want, viewSummary)
@@ -175,7 +175,7 @@ func (vw views) view(name string, files bool) (*api.Artifact, error) {
 	uses := d.inUse()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	want := d.desired()
+	want := d.desires.merged()
 	if _, ok := want[name]; !ok && a == nil && d.evicted[name].At.IsZero() {
 		return nil, api.Errorf(api.CodeNotFound, "artifact %s: not in the cache and not desired; pull it with: modelctl pull URI --name %s", name, name)
 	}
