@@ -12,6 +12,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/k8ssync"
 )
 
 // clusterKey prefixes the index keys of desires from the cluster; a colon
@@ -134,6 +135,15 @@ func (c clusterNode) SetPodHolders(h map[string][]api.Holder, names map[string]s
 	d.podHolders, d.podNames = h, names
 	d.notify()
 	d.kick() // an absent artifact a pod let go of may go now
+}
+
+// SetPeerNodes takes the cluster's ModelCacheNodes (k8ssync, with a peer
+// address): the peers a pull asks for the blobs of a revision the
+// cluster resolved, and the nodes that want it (fanout.go).
+func (c clusterNode) SetPeerNodes(nodes []k8ssync.ModelCacheNode) {
+	if c.d.fanout != nil {
+		c.d.fanout.setNodes(nodes)
+	}
 }
 
 // kept names the versions a coordinated rollout keeps besides the
