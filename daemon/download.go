@@ -163,7 +163,7 @@ func (p *pull) fetchFileTee(ctx context.Context, fl fetchers.File, lease *caches
 // file changed), the partial data is discarded and the file starts over
 // from byte 0.
 func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease *cachestore.Lease, check *layerCheck) (string, int64, error) {
-	if p.d.fanout.serves(p.ds, fl) {
+	if p.viaPeers(fl) {
 		return p.downloadFanout(ctx, ref, fl, lease, check)
 	}
 	d, f, scheme, prog := p.d, p.f, p.src.scheme, p.prog

@@ -40,7 +40,7 @@ import (
 // static fleet cannot tell who wants what: its nodes ask every peer
 // first, then the origin.
 //
-// A nil *fanout is off: serves says no to every file.
+// A nil *fanout is off (viaPeers says no to every file).
 type fanout struct {
 	cfg     PeerConfig
 	cluster bool     // peers from the cluster's statuses; else static
@@ -106,14 +106,23 @@ func (f *fanout) handler(d *Daemon) (http.Handler, error) {
 		p2p.WithUploadRate(float64(f.cfg.UploadRate)), p2p.WithServerLogger(f.log), p2p.WithServerMetrics(f.metrics))
 }
 
-// serves reports whether file fl of ds is fetched through the peers: a
-// blob of known digest and size, of a desire the cluster resolved (in a
-// cluster; every desire in a static fleet).
-func (f *fanout) serves(ds api.Desire, fl fetchers.File) bool {
+// viaPeers reports whether file fl of the pull is fetched through the
+// peers: a blob of known digest and size, of a desire the cluster
+// resolved (in a cluster; a socket pull's digests are its requester's,
+// and peers may hold blobs the requester may not read), or of any desire
+// in a static fleet.
+func (p *pull) viaPeers(fl fetchers.File) bool {
+	f := p.d.fanout
 	if f == nil || fl.Digest == "" || fl.Size < 0 {
 		return false
 	}
-	return !f.cluster || ds.Revision != ""
+	if !f.cluster {
+		return true
+	}
+	p.d.mu.Lock()
+	cd, ok := p.d.clusterDesires[p.ds.Name]
+	p.d.mu.Unlock()
+	return ok && cd.URI == p.ds.URI
 }
 
 // setNodes takes the cluster's ModelCacheNodes (k8ssync) and wakes the
@@ -134,8 +143,8 @@ type peerPlan struct {
 	until  time.Time // when this node goes to the origin whatever happens
 }
 
-// plan says where the blobs of ds come from for a pull that started at
-// started. In a static fleet: every peer (one that lacks a blob answers
+// plan says where the blobs of ds at revision (the pull's resolution:
+// the cluster's) come from for a pull that started at started. In a static fleet: every peer (one that lacks a blob answers
 // 404), then the origin. In a cluster: the peers that hold its revision
 // Ready, then those fetching it; the origin only when this node is among
 // the first OriginConcurrency of the nodes that want it (rendezvous
@@ -143,7 +152,7 @@ type peerPlan struct {
 // status has listed it for Settle (so that the statuses of the nodes that
 // wanted it at about the same moment have landed too), or once Wait has
 // passed.
-func (f *fanout) plan(ds api.Desire, started, now time.Time) peerPlan {
+func (f *fanout) plan(ds api.Desire, revision string, started, now time.Time) peerPlan {
 	pl := peerPlan{until: started.Add(f.cfg.Wait)}
 	if !f.cluster {
 		pl.peers, pl.origin = rendezvous(f.self, f.static), true
@@ -151,10 +160,10 @@ func (f *fanout) plan(ds api.Desire, started, now time.Time) peerPlan {
 	}
 	var members []string
 	var listed bool
-	pl.peers, members, listed = f.clusterPeers(ds, now)
+	pl.peers, members, listed = f.clusterPeers(ds, revision, now)
 	pl.first = rendezvous(ds.Name, members)
 	pl.first = pl.first[:min(len(pl.first), f.cfg.OriginConcurrency)]
-	key := ds.Name + "@" + ds.Revision
+	key := ds.Name + "@" + revision
 	f.mu.Lock()
 	since, ok := f.listed[key]
 	switch {
@@ -170,11 +179,11 @@ func (f *fanout) plan(ds api.Desire, started, now time.Time) peerPlan {
 }
 
 // clusterPeers reads the statuses: the base URLs of the nodes that hold
-// ds's revision Ready (peer.Pick's order), then of those downloading it
+// revision of ds Ready (peer.Pick's order), then of those downloading it
 // (they serve the blobs they have committed); the names of the nodes
 // that want it and have not failed it, this one included; and whether
 // this node's own status lists it.
-func (f *fanout) clusterPeers(ds api.Desire, now time.Time) (peers, members []string, listed bool) {
+func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, members []string, listed bool) {
 	f.mu.Lock()
 	nodes := f.nodes
 	f.mu.Unlock()
@@ -184,7 +193,7 @@ func (f *fanout) clusterPeers(ds api.Desire, now time.Time) (peers, members []st
 			addr[n.Name] = b
 		}
 	}
-	peers = p2p.Pick(nodes, p2p.PickQuery{Self: f.self, Artifact: ds.Name, Revision: ds.Revision, Digest: ds.Digest,
+	peers = p2p.Pick(nodes, p2p.PickQuery{Self: f.self, Artifact: ds.Name, Revision: revision, Digest: ds.Digest,
 		Now: now, MaxAge: peerStale, Max: maxPeersAsked, Addr: func(n string) (string, bool) { b, ok := addr[n]; return b, ok }})
 	members = []string{f.self}
 	var fetching []string
@@ -201,7 +210,7 @@ func (f *fanout) clusterPeers(ds api.Desire, now time.Time) (peers, members []st
 				continue
 			}
 			phase := a.Phase
-			if a.Next != nil && a.Next.Revision == ds.Revision {
+			if a.Next != nil && a.Next.Revision == revision {
 				phase = a.Next.Phase
 			}
 			switch api.Phase(phase) {
@@ -334,7 +343,7 @@ func (p *pull) downloadFanout(ctx context.Context, ref string, fl fetchers.File,
 	}
 	start, told := time.Now(), false
 	for {
-		pl := fo.plan(p.ds, p.prog.started, time.Now())
+		pl := fo.plan(p.ds, p.res.Revision, p.prog.started, time.Now())
 		var from p2p.Origin
 		if pl.origin {
 			from = origin

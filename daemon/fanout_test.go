@@ -18,7 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/modelcache/modelcache/api"
-	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
 	"github.com/modelcache/modelcache/k8ssync"
 	p2p "github.com/modelcache/modelcache/peer"
@@ -222,6 +221,17 @@ func TestFanOutOriginConcurrency(t *testing.T) {
 	if fromOrigin != 1 {
 		t.Fatalf("%d nodes fetched shards from the origin, want 1 (--origin-concurrency)", fromOrigin)
 	}
+	// A socket pull's digests are its requester's: in a cluster it never
+	// asks the peers (they may hold blobs the requester may not read).
+	other, _ := fanModel(5)
+	hub.Commit("acme/other", other, "main")
+	before := testutil.ToFloat64(hs[1].d.metrics.peer.Fetched("origin")) + testutil.ToFloat64(hs[1].d.metrics.peer.Fetched("peer"))
+	if _, err := hs[1].pull(api.PullRequest{Name: "other", URI: "hf://acme/other"}); err != nil {
+		t.Fatal(err)
+	}
+	if after := testutil.ToFloat64(hs[1].d.metrics.peer.Fetched("origin")) + testutil.ToFloat64(hs[1].d.metrics.peer.Fetched("peer")); after != before {
+		t.Fatalf("a socket pull in a cluster went through the peer fetcher (%v → %v bytes)", before, after)
+	}
 }
 
 // TestFanOutHostilePeer: a peer that answers every blob with flipped
@@ -347,15 +357,15 @@ func TestFanOutPlanFromStatuses(t *testing.T) {
 	pc.Settle = time.Minute
 	f := &fanout{cfg: pc, cluster: true, self: "me", changed: make(chan struct{}), listed: map[string]time.Time{}}
 	f.setNodes(nodes)
-	ds := api.Desire{Name: "llama", Revision: "r1"}
-	if pl := f.plan(ds, now, now); pl.origin {
+	ds := api.Desire{Name: "llama"}
+	if pl := f.plan(ds, "r1", now, now); pl.origin {
 		t.Fatal("the origin before this node's own status lists the artifact")
 	}
 	f.setNodes(append(nodes, me))
-	if pl := f.plan(ds, now, now); pl.origin {
+	if pl := f.plan(ds, "r1", now, now); pl.origin {
 		t.Fatal("the origin before this node's status has listed the artifact for the settle time")
 	}
-	pl := f.plan(ds, now, now.Add(time.Minute))
+	pl := f.plan(ds, "r1", now, now.Add(time.Minute))
 	if want := []string{"http://10.0.0.1:7435", "http://10.0.0.3:7435"}; !slices.Equal(pl.peers, want) {
 		t.Fatalf("peers %v, want %v (the holder, then the node downloading)", pl.peers, want)
 	}
@@ -366,10 +376,7 @@ func TestFanOutPlanFromStatuses(t *testing.T) {
 	if pl.origin != slices.Contains(want, "me") {
 		t.Fatalf("origin %v, want %v", pl.origin, slices.Contains(want, "me"))
 	}
-	if !f.plan(ds, now.Add(-time.Hour), now).origin {
+	if !f.plan(ds, "r1", now.Add(-time.Hour), now).origin {
 		t.Fatal("after --peer-wait a node may go to the origin")
-	}
-	if f.serves(api.Desire{Name: "x"}, fetchers.File{Digest: "sha256:" + strings.Repeat("a", 64), Size: 1}) {
-		t.Fatal("a desire without the cluster's revision is fetched through peers in a cluster")
 	}
 }
