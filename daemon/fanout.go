@@ -32,9 +32,10 @@ import (
 //
 // In a cluster, of the nodes that want one artifact at once (their
 // statuses list it Pending or Downloading), only OriginConcurrency go to
-// the origin first: each node ranks them the same way, by rendezvous
-// hashing of (artifact, node), so they agree without talking to each
-// other or writing to the API server. The others ask their peers until
+// the origin, each for its share of the blobs: each node ranks them the
+// same way, by rendezvous hashing of (artifact, node) and of (artifact,
+// blob), so they agree without talking to each other or writing to the
+// API server. The others ask their peers until
 // one holds the blob, and go to the origin themselves when Wait has
 // passed since their pull started (a pull never hangs on a peer). A
 // static fleet cannot tell who wants what: its nodes ask every peer
@@ -152,7 +153,7 @@ type peerPlan struct {
 // status has listed it for Settle (so that the statuses of the nodes that
 // wanted it at about the same moment have landed too), or once Wait has
 // passed.
-func (f *fanout) plan(ds api.Desire, revision string, started, now time.Time) peerPlan {
+func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.Time) peerPlan {
 	pl := peerPlan{until: started.Add(f.cfg.Wait)}
 	if !f.cluster {
 		pl.peers, pl.origin = rendezvous(f.self, f.static), true
@@ -174,7 +175,8 @@ func (f *fanout) plan(ds api.Desire, revision string, started, now time.Time) pe
 	}
 	f.mu.Unlock()
 	settled := listed && now.Sub(since) >= f.cfg.Settle
-	pl.origin = (settled && slices.Contains(pl.first, f.self)) || !now.Before(pl.until)
+	owner := rendezvous(ds.Name+"\x00"+digest, pl.first)
+	pl.origin = (settled && len(owner) > 0 && owner[0] == f.self) || !now.Before(pl.until)
 	return pl
 }
 
@@ -343,7 +345,7 @@ func (p *pull) downloadFanout(ctx context.Context, ref string, fl fetchers.File,
 	}
 	start, told := time.Now(), false
 	for {
-		pl := fo.plan(p.ds, p.res.Revision, p.prog.started, time.Now())
+		pl := fo.plan(p.ds, p.res.Revision, fl.Digest, p.prog.started, time.Now())
 		var from p2p.Origin
 		if pl.origin {
 			from = origin
@@ -368,6 +370,9 @@ func (p *pull) downloadFanout(ctx context.Context, ref string, fl fetchers.File,
 		switch {
 		case final == nil:
 			d.metrics.fetchDuration.WithLabelValues(p.src.scheme).Observe(time.Since(start).Seconds())
+			if told { // the wait is over: say so where it was said
+				p.setPhase(api.PhaseDownloading, fl.Path+": fetched after waiting for a peer")
+			}
 			return digest, fl.Size, nil
 		case errors.Is(final, p2p.ErrNoSource), errors.Is(final, errNoPeerYet):
 			if !told {
