@@ -329,12 +329,12 @@ type PeerConfig struct {
 	OriginConcurrency int
 	Wait              time.Duration
 	// Poll is how often a waiting node asks its peers again, besides each
-	// change of the cluster's statuses (default 2s).
+	// change of the cluster's statuses (default 1s).
 	Poll time.Duration
 	// Settle is how long this node's status must have listed an artifact
 	// before it ranks the nodes that want it and goes to the origin (the
 	// statuses of the nodes that got the ModelCache at about the same
-	// moment land within it; default 5s, a few status intervals).
+	// moment land within it; default 2s: the default status interval).
 	Settle time.Duration
 }
 
@@ -344,7 +344,7 @@ const DefaultPeerTokenFile = "/var/run/secrets/modelcache.io/peer/token"
 
 // DefaultPeerConfig is a peer port's settings but the address.
 func DefaultPeerConfig() PeerConfig {
-	return PeerConfig{TokenFile: DefaultPeerTokenFile, MaxUploads: 4, OriginConcurrency: 2, Wait: 30 * time.Minute, Poll: 2 * time.Second, Settle: 5 * time.Second}
+	return PeerConfig{TokenFile: DefaultPeerTokenFile, MaxUploads: 4, OriginConcurrency: 2, Wait: 30 * time.Minute, Poll: time.Second, Settle: 2 * time.Second}
 }
 
 // validate checks the peer settings; cluster says whether the daemon

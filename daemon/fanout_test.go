@@ -40,7 +40,7 @@ func fanModel(seed byte) (files map[string][]byte, lfs int64) {
 
 // freeAddrs reserves n loopback ports for peer ports that must know each
 // other before any listens.
-func freeAddrs(t *testing.T, n int) []string {
+func freeAddrs(t testing.TB, n int) []string {
 	var out []string
 	for range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -55,7 +55,7 @@ func freeAddrs(t *testing.T, n int) []string {
 
 // fanFleet starts n daemons that are each other's static peers, sharing
 // one token file, against hub.
-func fanFleet(t *testing.T, n, originConcurrency int, tune func(*Config), extra ...string) ([]*harness, string) {
+func fanFleet(t testing.TB, n, originConcurrency int, tune func(*Config), extra ...string) ([]*harness, string) {
 	t.Setenv("HF_TOKEN", "")
 	t.Setenv("HF_HOME", t.TempDir())
 	tok := filepath.Join(t.TempDir(), "peer-token")
@@ -80,7 +80,7 @@ func fanFleet(t *testing.T, n, originConcurrency int, tune func(*Config), extra 
 	return hs, tok
 }
 
-func newFanHub(t *testing.T) *hubtest.Hub {
+func newFanHub(t testing.TB) *hubtest.Hub {
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)
 	t.Setenv("HF_ENDPOINT", hub.URL())
@@ -145,7 +145,7 @@ func TestFanOutPeersBeforeOrigin(t *testing.T) {
 // node named node-<i> whose status (built from its artifacts as k8ssync
 // builds it, with its peer address) every daemon sees after each change,
 // as k8ssync's watch of ModelCacheNodes hands them over.
-func asCluster(t *testing.T, hs []*harness) {
+func asCluster(t testing.TB, hs []*harness) {
 	var mu sync.Mutex
 	publish := func() {
 		mu.Lock()
