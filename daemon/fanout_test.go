@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -428,5 +429,32 @@ func TestPeerConfigValidate(t *testing.T) {
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
 			t.Errorf("%s: %v, want an error naming %s", c.name, err, c.want)
 		}
+	}
+}
+
+// TestFanOutSlowOriginKeepsItsOwnFloor: an origin slower than the peer
+// fetcher's floor for peers but above the daemon's --progress-floor is
+// not dropped as stalled: through the peer path, as without it, the
+// origin is held to the daemon's floor only.
+func TestFanOutSlowOriginKeepsItsOwnFloor(t *testing.T) {
+	hub := newFanHub(t)
+	files, _ := fanModel(6)
+	hub.Commit("acme/fan", files, "main")
+	var sent atomic.Int64
+	throttle(hub, files, 1<<20, &sent) // 1 MiB/s in all: under 8 MiB per 10 s
+	hs, tok := fanFleet(t, 1, 1, func(c *Config) { c.FilesPerPull = 1 })
+	// A peer floor of 10 MiB/s (the default, 8 MiB per 10 s, would take
+	// a transfer longer than 10 s to show).
+	f, err := p2p.NewFetcher(p2p.NewTokenFile(tok), p2p.WithProgressFloor(1<<20, 100*time.Millisecond), p2p.WithFetcherMetrics(hs[0].d.metrics.peer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs[0].d.fanout.fetcher = f
+	if _, err := hs[0].pull(api.PullRequest{Name: "fan", URI: "hf://acme/fan"}); err != nil {
+		t.Fatal(err)
+	}
+	hs[0].checkModel("fan", files)
+	if v := testutil.ToFloat64(hs[0].d.metrics.fetchErrors.WithLabelValues("hf")); v != 0 {
+		t.Fatalf("%v failed attempts against a slow origin the daemon's floor allows", v)
 	}
 }
