@@ -30,9 +30,9 @@ import (
 //
 //	space.capMu → space.evictMu → desireMu → mu → leaf locks;  space.scanRun → space.scanMu
 //
-// The leaf locks (sources.mu, leaseSet.mu, csiVolumes.mu, space.scanMu)
-// guard their component's own state and are never held together or
-// while another lock is taken.
+// The leaf locks (sources.mu, leaseSet.mu, csiVolumes.mu, space.scanMu,
+// fanout.mu) guard their component's own state and are never held
+// together or while another lock is taken.
 //
 // mu, the daemon lock, guards the in-memory state that API reads join
 // (desires, artifact states, pod holders, flights) and is held only for
@@ -320,8 +320,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if msrv != nil {
 		msrv.Shutdown(sctx)
 	}
-	if psrv != nil {
-		psrv.Shutdown(sctx)
+	if psrv != nil && psrv.Shutdown(sctx) != nil {
+		psrv.Close() // uploads still running after the grace period end now
 	}
 	bg.Wait()
 	d.pulls.Wait() // pulls see ctx end, close their writers (data kept), and return
