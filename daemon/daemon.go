@@ -84,7 +84,6 @@ type Daemon struct {
 	evicted         map[string]api.EvictionNote // ad-hoc entries evicted to make room (evict.go)
 
 	metricsAddr atomic.Value                 // string: where /metrics listens once Run serves
-	peerAddr    atomic.Value                 // string: where the peer port listens once Run serves
 	peers       atomic.Pointer[peerListener] // the API socket's, once Run serves
 }
 
@@ -201,13 +200,6 @@ func (d *Daemon) MetricsAddr() string {
 	return s
 }
 
-// PeerAddr is the address the peer port listens on, "" before Run serves
-// it (or when --peer-addr is off).
-func (d *Daemon) PeerAddr() string {
-	s, _ := d.peerAddr.Load().(string)
-	return s
-}
-
 // Store is the daemon's store (for tests and tools in this module).
 func (d *Daemon) Store() *cachestore.Store { return d.store }
 
@@ -239,6 +231,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		ErrorLog: slog.NewLogLogger(d.log.With("component", "api").Handler(), slog.LevelWarn),
 	}
 	errc := make(chan error, 5)
+	if err := d.fanout.serve(d, errc); err != nil {
+		ln.Close()
+		return err
+	}
+	defer d.fanout.close() // after a failed start below
 	go func() { errc <- srv.Serve(pl) }()
 
 	var msrv *http.Server
@@ -254,17 +251,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.log.Info("metrics", "addr", ml.Addr().String())
 	}
 
-	var psrv *http.Server
-	if d.fanout != nil {
-		if psrv, err = d.servePeers(errc); err != nil {
-			srv.Close()
-			if msrv != nil {
-				msrv.Close()
-			}
-			return err
-		}
-	}
-
 	var bg sync.WaitGroup
 	if d.cfg.CSI != nil {
 		bg.Add(1)
@@ -274,15 +260,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go func() { defer bg.Done(); modelsDir{d}.watch(ctx) }()
 	go func() { defer bg.Done(); d.space.loop(ctx) }()
 	go func() { defer bg.Done(); d.reconcileLoop(ctx) }()
-	if d.cfg.Cluster != nil {
-		c := *d.cfg.Cluster
-		if c.Log == nil {
-			c.Log = d.log.With("component", "k8ssync")
-		}
-		if d.fanout != nil && d.fanout.cluster {
-			c.PeerAddress, _ = peerBase(d.cfg.Peer.Advertise)
-		}
-		syncer, err := k8ssync.New(c, clusterNode{d})
+	if c := (clusterNode{d}).syncConfig(); c != nil {
+		syncer, err := k8ssync.New(*c, clusterNode{d})
 		if err != nil {
 			cancel()
 			bg.Wait()
@@ -320,33 +299,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if msrv != nil {
 		msrv.Shutdown(sctx)
 	}
-	if psrv != nil && psrv.Shutdown(sctx) != nil {
-		psrv.Close() // uploads still running after the grace period end now
-	}
+	d.fanout.shutdown(sctx)
 	bg.Wait()
 	d.pulls.Wait() // pulls see ctx end, close their writers (data kept), and return
 	return runErr
-}
-
-// servePeers serves the peer port (fanout.go): committed blobs to the
-// daemons its authenticator accepts. Every connection is bounded: the
-// time to send headers, the time idle; each upload's writes are bounded
-// by the peer server itself.
-func (d *Daemon) servePeers(errc chan<- error) (*http.Server, error) {
-	h, err := d.fanout.handler(d)
-	if err != nil {
-		return nil, err
-	}
-	pl, err := net.Listen("tcp", d.cfg.Peer.Addr)
-	if err != nil {
-		return nil, fmt.Errorf("--peer-addr %s: %w (is another modelcached running? pass --peer-addr to pick another port)", d.cfg.Peer.Addr, err)
-	}
-	psrv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
-		ErrorLog: slog.NewLogLogger(d.log.With("component", "peer").Handler(), slog.LevelWarn)}
-	go func() { errc <- psrv.Serve(pl) }()
-	d.peerAddr.Store(pl.Addr().String())
-	d.log.Info("serving blobs to peers", "addr", pl.Addr().String(), "advertise", d.cfg.Peer.Advertise)
-	return psrv, nil
 }
 
 // watchdog pings systemd at half the interval while the store answers.

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -50,6 +52,8 @@ type fanout struct {
 	fetcher *p2p.Fetcher
 	metrics *p2p.Metrics
 	log     *slog.Logger
+	srv     *http.Server // the peer port's, once serve started it
+	addr    atomic.Value // string: where the peer port listens, once served
 
 	mu      sync.Mutex
 	nodes   []k8ssync.ModelCacheNode // the cluster's, as last handed over
@@ -84,6 +88,61 @@ func newFanout(cfg Config, log *slog.Logger, m *p2p.Metrics) (*fanout, error) {
 	var err error
 	f.fetcher, err = p2p.NewFetcher(p2p.NewTokenFile(tokens), p2p.WithFetcherLogger(f.log), p2p.WithFetcherMetrics(m))
 	return f, err
+}
+
+// serve starts the peer port (nothing when f is nil): committed blobs
+// to the daemons its authenticator accepts, on an http.Server whose
+// connections are bounded (the time to send headers, the time idle; each
+// upload's writes by the peer server itself). Serve's end goes to errc.
+func (f *fanout) serve(d *Daemon, errc chan<- error) error {
+	if f == nil {
+		return nil
+	}
+	h, err := f.handler(d)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", f.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("--peer-addr %s: %w (is another modelcached running? pass --peer-addr to pick another port)", f.cfg.Addr, err)
+	}
+	f.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: slog.NewLogLogger(f.log.Handler(), slog.LevelWarn)}
+	go func() { errc <- f.srv.Serve(ln) }()
+	f.addr.Store(ln.Addr().String())
+	f.log.Info("serving blobs to peers", "addr", ln.Addr().String(), "advertise", f.cfg.Advertise)
+	return nil
+}
+
+// listening is where the peer port listens, "" before serve.
+func (f *fanout) listening() string {
+	s, _ := f.addr.Load().(string)
+	return s
+}
+
+// shutdown stops the peer port, letting uploads finish until ctx ends,
+// then cutting them; close cuts them at once. Both do nothing when f is
+// nil or the port is not served.
+func (f *fanout) shutdown(ctx context.Context) {
+	if f != nil && f.srv != nil && f.srv.Shutdown(ctx) != nil {
+		f.srv.Close()
+	}
+}
+
+func (f *fanout) close() {
+	if f != nil && f.srv != nil {
+		f.srv.Close()
+	}
+}
+
+// advertised is the base URL written to this node's status: "" when f
+// is nil or its peers are a static list.
+func (f *fanout) advertised() string {
+	if f == nil || !f.cluster {
+		return ""
+	}
+	b, _ := peerBase(f.cfg.Advertise)
+	return b
 }
 
 // handler is the peer port's: the store's committed blobs, to the

@@ -155,7 +155,7 @@ func asCluster(t testing.TB, hs []*harness) {
 		for i, h := range hs {
 			var n k8ssync.ModelCacheNode
 			n.Name = "node-" + strconv.Itoa(i)
-			n.Status.PeerAddress = "http://" + h.d.PeerAddr()
+			n.Status.PeerAddress = "http://" + h.d.fanout.listening()
 			n.Status.Heartbeat = metav1.Now()
 			arts, err := clusterNode{h.d}.Artifacts()
 			if err != nil {
@@ -302,7 +302,7 @@ func TestFanOutPeerPortRefusesWithoutToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	shard := files["model-00001-of-00004.safetensors"]
-	u := "http://" + h.d.PeerAddr() + p2p.BlobPath + "sha256:" + sha(shard)
+	u := "http://" + h.d.fanout.listening() + p2p.BlobPath + "sha256:" + sha(shard)
 	for _, c := range []struct {
 		auth string
 		want int
