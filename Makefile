@@ -49,6 +49,7 @@ vet:
 # warm/ reads WARM_BENCH_MIB, WARM_BENCH_DELAY and WARM_BENCH_PULL_MIB (docs/benchmarks.md).
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./cachestore/ ./daemon/capacity/ ./warm/
+	$(GO) test -run '^$$' -bench FanOut -benchtime 1x ./daemon/
 	$(GO) run ./bench/pullbench -bin $(BIN)
 
 # The .deb (dpkg-deb; see packaging/deb/): binaries, units, sysusers and

@@ -241,6 +241,12 @@ type PullStats struct {
 	BytesFetched   int64     `json:"bytesFetched"`
 	BytesPerSecond float64   `json:"bytesPerSecond"`
 	At             time.Time `json:"at"`
+	// BytesFromPeers is how many of BytesFetched other daemons of the
+	// cluster sent (fan-out between nodes); the rest came from the origin.
+	BytesFromPeers int64 `json:"bytesFromPeers,omitempty"`
+	// FilesFromPeers names the files whose bytes came (wholly or partly)
+	// from peers, each with the peers' base URLs; at most 1024 files.
+	FilesFromPeers map[string][]string `json:"filesFromPeers,omitempty"`
 }
 
 // Metadata of a model version.

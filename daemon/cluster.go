@@ -12,6 +12,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/k8ssync"
 )
 
 // clusterKey prefixes the index keys of desires from the cluster; a colon
@@ -134,6 +135,29 @@ func (c clusterNode) SetPodHolders(h map[string][]api.Holder, names map[string]s
 	d.podHolders, d.podNames = h, names
 	d.notify()
 	d.kick() // an absent artifact a pod let go of may go now
+}
+
+// syncConfig is the configuration of the daemon's sync with the cluster
+// (nil: standalone): its logger, and the peer port it advertises.
+func (c clusterNode) syncConfig() *k8ssync.Config {
+	if c.d.cfg.Cluster == nil {
+		return nil
+	}
+	cfg := *c.d.cfg.Cluster
+	if cfg.Log == nil {
+		cfg.Log = c.d.log.With("component", "k8ssync")
+	}
+	cfg.PeerAddress = c.d.fanout.advertised()
+	return &cfg
+}
+
+// SetPeerNodes takes the cluster's ModelCacheNodes (k8ssync, with a peer
+// address): the peers a pull asks for the blobs of a revision the
+// cluster resolved, and the nodes that want it (fanout.go).
+func (c clusterNode) SetPeerNodes(nodes []k8ssync.ModelCacheNode) {
+	if c.d.fanout != nil {
+		c.d.fanout.setNodes(nodes)
+	}
 }
 
 // kept names the versions a coordinated rollout keeps besides the

@@ -30,9 +30,9 @@ import (
 //
 //	space.capMu → space.evictMu → desires.writeMu → mu → leaf locks;  space.scanRun → space.scanMu
 //
-// The leaf locks (sources.mu, leaseSet.mu, csiVolumes.mu, space.scanMu)
-// guard their component's own state and are never held together or
-// while another lock is taken.
+// The leaf locks (sources.mu, leaseSet.mu, csiVolumes.mu, space.scanMu,
+// fanout.mu) guard their component's own state and are never held
+// together or while another lock is taken.
 //
 // mu, the daemon lock, guards the in-memory state that API reads join
 // (desires, artifact states, pod holders, flights) and is held only for
@@ -56,6 +56,7 @@ type Daemon struct {
 	csi     *csiVolumes      // the volumes pods hold (csi.go)
 	kernels *kernels         // GPUs, kernel cache signatures and compatibility (kernelcache.go)
 	space   *space           // admission, eviction passes, the /proc scan (admission.go)
+	fanout  *fanout          // the peer port and fetches from peers; nil when off (fanout.go)
 	pullSem chan struct{}    // the node's pull slots (slot.go)
 	wake    chan struct{}    // kicks the reconciler
 	pulls   sync.WaitGroup   // pulls in flight; Run waits for them
@@ -135,6 +136,12 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.metrics = newMetrics(d)
 	d.kernels.metrics, d.space.metrics = d.metrics, d.metrics
+	if cfg.Peer != nil {
+		if d.fanout, err = newFanout(cfg, log, d.metrics.peer); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
 	if cfg.Cluster != nil {
 		// client-go's global log is set here, before Run starts anything
 		// that uses client-go (and before the caller goes on).
@@ -213,7 +220,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 		ReadHeaderTimeout: d.cfg.SocketReadTimeout, ReadTimeout: d.cfg.SocketReadTimeout, IdleTimeout: d.cfg.SocketIdleTimeout,
 		ErrorLog: slog.NewLogLogger(d.log.With("component", "api").Handler(), slog.LevelWarn),
 	}
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
+	if err := d.fanout.serve(d, errc); err != nil {
+		ln.Close()
+		return err
+	}
+	defer d.fanout.close() // after a failed start below
 	go func() { errc <- srv.Serve(pl) }()
 
 	var msrv *http.Server
@@ -238,12 +250,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go func() { defer bg.Done(); modelsDir{d}.watch(ctx) }()
 	go func() { defer bg.Done(); d.space.loop(ctx) }()
 	go func() { defer bg.Done(); d.reconcileLoop(ctx) }()
-	if d.cfg.Cluster != nil {
-		c := *d.cfg.Cluster
-		if c.Log == nil {
-			c.Log = d.log.With("component", "k8ssync")
-		}
-		syncer, err := k8ssync.New(c, clusterNode{d})
+	if c := (clusterNode{d}).syncConfig(); c != nil {
+		syncer, err := k8ssync.New(*c, clusterNode{d})
 		if err != nil {
 			cancel()
 			bg.Wait()
@@ -281,6 +289,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if msrv != nil {
 		msrv.Shutdown(sctx)
 	}
+	d.fanout.shutdown(sctx)
 	bg.Wait()
 	d.pulls.Wait() // pulls see ctx end, close their writers (data kept), and return
 	return runErr

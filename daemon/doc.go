@@ -22,6 +22,7 @@
 //	            ad-hoc entries evicted for space
 //	modelsDir   the models dir's desires, read and watched
 //	clusterNode the daemon as k8ssync sees it (k8ssync.Node)
+//	fanout      the peer port, and blobs fetched from peers before the origin
 //
 // The Daemon itself keeps the artifacts' pull states and the pods that
 // hold artifacts (under mu, which the desire set's readers take too),
@@ -49,6 +50,11 @@
 //	               given back while waiting (a retry's backoff, another pull's blob)
 //	unpack.go      archive layers (OCI tar layers) checked and unpacked into blobs (unpacker)
 //	failure.go     how a pull fails and retries: reasons, permanence, backoff
+//	fanout.go      fanout: fan-out between nodes; the peer port (peer.Server over
+//	               the store), a file's blob from peers then the origin
+//	               (peer.Fetcher.Ingest through the pull's sink), the peers and
+//	               the nodes that go to the origin first, from the cluster's
+//	               statuses or a static list
 //	sources.go     sources: which fetcher a desire uses, with which credentials
 //	kernelcache.go kernels: expansion, signature, GPU compatibility, env
 //	admission.go   space: admission of a pull, reservations, eviction passes

@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -16,6 +19,7 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/fetchers"
+	p2p "github.com/modelcache/modelcache/peer"
 )
 
 // flight is one download of one blob; pulls that want the same blob wait
@@ -159,6 +163,9 @@ func (p *pull) fetchFileTee(ctx context.Context, fl fetchers.File, lease *caches
 // file changed), the partial data is discarded and the file starts over
 // from byte 0.
 func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease *cachestore.Lease, check *layerCheck) (string, int64, error) {
+	if p.viaPeers(fl) {
+		return p.downloadFanout(ctx, ref, fl, lease, check)
+	}
 	d, f, scheme, prog := p.d, p.f, p.src.scheme, p.prog
 	opts := cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check, Owner: p.ds.Name}
 	w, err := d.store.Writer(ctx, opts)
@@ -191,33 +198,14 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 		}
 		rc = fetchers.MinRate(rc, d.cfg.ProgressFloor, d.cfg.ProgressWindow)
 		defer rc.Close()
-		fetched.r = timedReader{rc, &readNs}
-		var r io.Reader = fetched
-		if fl.Size < 0 {
-			r = budgetReader{r: r, p: prog}
-		}
-		r = fetchers.RateLimited(ctx, r, d.limiter)
-		r = check.tee(r, w.Offset())
-		_, err = w.ReadFrom(fetchers.CountingReader{R: r, N: &prog.done})
+		fetched.r = rc
+		_, err = w.ReadFrom(p.sinkReader(ctx, timedReader{fetched, &readNs}, fl, check, w.Offset()))
 		fetched.flush()
-		switch {
-		case errors.Is(err, cachestore.ErrSizeMismatch):
-			return fetchers.Permanent(fmt.Errorf("the source sent more than the %d bytes it announced", fl.Size))
-		case errors.Is(err, syscall.ENOSPC):
-			return fetchers.Permanent(diskFull(d.store.Root(), err))
-		case errors.As(err, new(*capacityError)):
-			return fetchers.Permanent(err)
-		case err != nil:
-			return err
-		case fl.Size >= 0 && w.Offset() < fl.Size:
+		if err = p.sinkError(err, fl); err == nil && fl.Size >= 0 && w.Offset() < fl.Size {
 			return fmt.Errorf("stream ended at byte %d of %d: %w", w.Offset(), fl.Size, io.ErrUnexpectedEOF)
 		}
-		return nil
-	}, func(n int, err error, wait time.Duration) {
-		d.metrics.fetchErrors.WithLabelValues(scheme).Inc()
-		d.log.Warn("download interrupted; resuming", "ref", ref, "offset", w.Offset(), "attempt", n, "wait", wait.Round(time.Millisecond), "err", err)
-		p.setPhase(api.PhaseDownloading, fmt.Sprintf("%s: attempt %d interrupted at byte %d (%v); resuming in %s", fl.Path, n, w.Offset(), redactedError{err}, wait.Round(time.Second)))
-	})
+		return err
+	}, p.retrying(ref, fl, func() int64 { return w.Offset() }))
 	if err != nil {
 		d.metrics.fetchErrors.WithLabelValues(scheme).Inc()
 		switch {
@@ -232,9 +220,58 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 	size := w.Offset()
 	before, t0 := w.Stages(), time.Now()
 	digest, err := w.Commit(ctx, fl.Size, fl.Digest)
-	commitTime := time.Since(t0)
+	err = p.committed(ref, w, before, time.Since(t0), time.Duration(readNs), err)
+	if err != nil {
+		return "", 0, err
+	}
+	d.metrics.fetchDuration.WithLabelValues(scheme).Observe(time.Since(start).Seconds())
+	return digest, size, nil
+}
+
+// sinkReader is r on its way into a file's ingest at offset: within the
+// budget of files of unknown size, the node's bandwidth limit, fed to
+// check, and counted as the pull's progress.
+func (p *pull) sinkReader(ctx context.Context, r io.Reader, fl fetchers.File, check *layerCheck, offset int64) io.Reader {
+	if fl.Size < 0 {
+		r = budgetReader{r: r, p: p.prog}
+	}
+	r = fetchers.RateLimited(ctx, r, p.d.limiter)
+	r = check.tee(r, offset)
+	return fetchers.CountingReader{R: r, N: &p.prog.done}
+}
+
+// sinkError is how a failure of an ingest's ReadFrom fails the
+// download: a source that sent more than it announced, a full disk or a
+// spent budget stop it (no retry can help), anything else is retried.
+func (p *pull) sinkError(err error, fl fetchers.File) error {
+	switch {
+	case errors.Is(err, cachestore.ErrSizeMismatch):
+		return fetchers.Permanent(fmt.Errorf("the source sent more than the %d bytes it announced", fl.Size))
+	case errors.Is(err, syscall.ENOSPC):
+		return fetchers.Permanent(diskFull(p.d.store.Root(), err))
+	case errors.As(err, new(*capacityError)):
+		return fetchers.Permanent(err)
+	}
+	return err
+}
+
+// retrying is the backoff's report of an interrupted attempt of one
+// file's download; offset says how far it got.
+func (p *pull) retrying(ref string, fl fetchers.File, offset func() int64) func(int, error, time.Duration) {
+	return func(n int, err error, wait time.Duration) {
+		p.d.metrics.fetchErrors.WithLabelValues(p.src.scheme).Inc()
+		p.d.log.Warn("download interrupted; resuming", "ref", ref, "offset", offset(), "attempt", n, "wait", wait.Round(time.Millisecond), "err", err)
+		p.setPhase(api.PhaseDownloading, fmt.Sprintf("%s: attempt %d interrupted at byte %d (%v); resuming in %s", fl.Path, n, offset(), redactedError{err}, wait.Round(time.Second)))
+	}
+}
+
+// committed records the commit of w (its stages, the time reading the
+// source, the verification) and says what its error means: a full disk
+// drops the partial blob it refused.
+func (p *pull) committed(ref string, w *cachestore.Writer, before cachestore.Stages, commitTime, read time.Duration, err error) error {
+	d := p.d
 	st := w.Stages()
-	p.stage("read", time.Duration(readNs))
+	p.stage("read", read)
 	p.stage("buffer_wait", st.Wait)
 	p.stage("hash", st.Hash)
 	p.stage("write", st.Write)
@@ -247,12 +284,11 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 		if errors.Is(err, cachestore.ErrDigestMismatch) {
 			d.metrics.verifications.WithLabelValues("mismatch").Inc()
 		}
-		return "", 0, err
+		return err
 	}
 	d.metrics.verifications.WithLabelValues("ok").Inc()
 	p.stage("commit", commitTime-(st.Sync-before.Sync)) // Commit's own fsync counts as fsync
-	d.metrics.fetchDuration.WithLabelValues(scheme).Observe(time.Since(start).Seconds())
-	return digest, size, nil
+	return nil
 }
 
 // diskFull says what a full disk under root means for the operator.
@@ -294,6 +330,52 @@ type progress struct {
 	// (set before any download starts); unknown is what they have written.
 	budget  int64
 	unknown atomic.Int64
+
+	// fromPeers: the bytes peers sent, and the files they came to (path →
+	// the peers, fanout.go), at most maxPeerFiles of them.
+	fromPeers atomic.Int64
+	peerMu    sync.Mutex
+	peerFiles map[string][]string
+}
+
+// maxPeerFiles bounds the files a pull's stats name by their peers.
+const maxPeerFiles = 1024
+
+// fromPeers records where the bytes of one fetch of file path came from.
+func (p *pull) fromPeers(path string, res p2p.Result) {
+	peers := res.Peers()
+	if len(peers) == 0 {
+		return
+	}
+	var n int64
+	for _, s := range res.Spans {
+		if s.Source != p2p.SourceOrigin {
+			n += s.Bytes
+		}
+	}
+	p.prog.fromPeers.Add(n)
+	p.prog.peerMu.Lock()
+	defer p.prog.peerMu.Unlock()
+	if p.prog.peerFiles == nil {
+		p.prog.peerFiles = map[string][]string{}
+	}
+	if _, ok := p.prog.peerFiles[path]; ok || len(p.prog.peerFiles) < maxPeerFiles {
+		for _, pe := range peers {
+			if !slices.Contains(p.prog.peerFiles[path], pe) {
+				p.prog.peerFiles[path] = append(p.prog.peerFiles[path], pe)
+			}
+		}
+	}
+}
+
+// peerStats fills what st (the pull's stats) says of peers.
+func (p *progress) peerStats(st *api.PullStats) {
+	st.BytesFromPeers = p.fromPeers.Load()
+	p.peerMu.Lock()
+	defer p.peerMu.Unlock()
+	if len(p.peerFiles) > 0 {
+		st.FilesFromPeers = maps.Clone(p.peerFiles)
+	}
 }
 
 func (p *progress) view() *api.Progress {

@@ -78,6 +78,7 @@ func (p *pull) finish(ctx, pctx context.Context, err error) {
 		st.nextRetry = time.Time{}
 		el := time.Since(p.prog.started).Seconds()
 		st.last = &api.PullStats{Seconds: el, BytesFetched: p.prog.done.Load(), At: time.Now().UTC()}
+		p.prog.peerStats(st.last)
 		if el > 0 {
 			st.last.BytesPerSecond = float64(st.last.BytesFetched) / el
 		}

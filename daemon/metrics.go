@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/modelcache/modelcache/api"
+	p2p "github.com/modelcache/modelcache/peer"
 )
 
 // metrics live on the daemon's own registry; nothing is global.
@@ -29,6 +30,7 @@ type metrics struct {
 	compatChecks  *prometheus.CounterVec
 	apiConns      prometheus.Gauge
 	apiRefused    prometheus.Counter
+	peer          *p2p.Metrics // the peer port's and the peer fetcher's (fanout.go)
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -79,6 +81,7 @@ func newMetrics(d *Daemon) *metrics {
 		apiRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "modelcache_api_connections_refused_total", Help: "API socket connections closed at accept because their peer uid held its limit (--max-connections-per-uid).",
 		}),
+		peer: p2p.NewMetrics(),
 	}
 	// Every known label value starts at zero, so rates and alerts see the
 	// series before the first event.
@@ -110,6 +113,10 @@ func newMetrics(d *Daemon) *metrics {
 	}
 	m.own = []prometheus.Collector{m.fetchedBytes, m.fetchErrors, m.fetchDuration, m.pullStages, m.pulls, m.verifications, m.evictions, m.apiRequests, m.freedBytes, m.admissions, m.signatures, m.compatChecks, m.apiConns, m.apiRefused,
 		&stateCollector{d: d}}
+	m.own = append(m.own, m.peer.Collectors()...)
+	for _, src := range []string{"peer", "origin"} {
+		m.peer.Fetched(src)
+	}
 	m.reg.MustRegister(m.own...)
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

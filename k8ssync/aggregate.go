@@ -20,7 +20,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/modelcache/modelcache/api"
@@ -123,17 +122,7 @@ func (s *Syncer) lead(ctx context.Context) {
 			continue
 		}
 		time.Sleep(200 * time.Millisecond) // merge bursts
-		nodes := []ModelCacheNode{}
-		for _, o := range mcn.GetStore().List() {
-			u, ok := o.(*unstructured.Unstructured)
-			if !ok {
-				continue
-			}
-			var n ModelCacheNode
-			if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &n) == nil {
-				nodes = append(nodes, n)
-			}
-		}
+		nodes, _ := peerNodes(mcn.GetStore().List())
 		for _, mc := range s.modelCaches() {
 			resolved, again := s.resolveAll(ctx, mc)
 			if again {

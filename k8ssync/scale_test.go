@@ -91,6 +91,7 @@ func (f *fakeNode) Changed() <-chan struct{} {
 	return f.changed
 }
 func (f *fakeNode) SetPodHolders(map[string][]api.Holder, map[string]string) {}
+func (f *fakeNode) SetPeerNodes([]k8ssync.ModelCacheNode)                    {}
 
 // Resolve pins every source to a revision of its URI (the URI as is).
 func (f *fakeNode) Resolve(_ context.Context, ds api.Desire, _ map[string]string) (string, string, error) {

@@ -146,6 +146,7 @@ func (s *Syncer) nodeStatus(arts []api.Artifact, owners map[string]string, want 
 	}
 	sort.Slice(st.Artifacts, func(i, j int) bool { return st.Artifacts[i].Name < st.Artifacts[j].Name })
 	st.Summary = phaseSummary(st.Artifacts)
+	st.PeerAddress = clip(s.cfg.PeerAddress, MaxStatusField)
 	s.mu.Lock()
 	if s.aggProblem != "" {
 		st.Problems = append(st.Problems, clip(s.aggProblem, MaxStatusMessage))

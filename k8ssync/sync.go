@@ -23,6 +23,8 @@
 //	              a revision (atRevision); forged entries are refused
 //	rollout.go    coordinated rollouts: status.active vs status.resolved,
 //	              prefetch of the target, the flip at minReadyPercent, retainOld
+//	peers.go      every ModelCacheNode handed to the daemon, for fan-out
+//	              between nodes (with Config.PeerAddress)
 //	labels.go     scheduling labels on this node's Node (model ready, kernel
 //	              cache compatible)
 //	lease.go      a quiet API footprint: long watches, informers without a
@@ -72,6 +74,10 @@ type Node interface {
 	// resolution for the cluster), with the ModelCache Secret's
 	// credentials: the immutable revision and the URI that names it.
 	Resolve(ctx context.Context, ds api.Desire, creds map[string]string) (revision, pinnedURI string, err error)
+	// SetPeerNodes hands over every ModelCacheNode of the cluster, as the
+	// watch sees them (only with Config.PeerAddress): where the other
+	// daemons serve blobs and what they hold (peers.go).
+	SetPeerNodes(nodes []ModelCacheNode)
 }
 
 // Config of the loop.
@@ -98,7 +104,12 @@ type Config struct {
 	// POD_NAME from the downward API); empty outside a pod. It mounts the
 	// whole store, so it is never counted as a holder.
 	Self string
-	Log  *slog.Logger
+	// PeerAddress, when set, is this daemon's peer port as the others
+	// reach it (http://10.0.0.7:7435): written to status.peerAddress, and
+	// with it the loop watches every ModelCacheNode (one long watch) and
+	// hands them to Node.SetPeerNodes.
+	PeerAddress string
+	Log         *slog.Logger
 	// Now is the clock of the elected daemon's Poll schedule (default
 	// time.Now; tests move it on).
 	Now func() time.Time
@@ -276,6 +287,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 	defer s.keepSecrets(map[string]bool{}, nil) // stops the Secrets' watches
 	if s.cfg.Aggregate {
 		go s.aggregate(ctx)
+	}
+	if s.cfg.PeerAddress != "" {
+		go s.watchPeers(ctx)
 	}
 	synced := false
 	tick := time.NewTicker(s.cfg.StatusInterval)

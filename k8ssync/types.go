@@ -285,6 +285,9 @@ type ModelCacheNodeStatus struct {
 	// Heartbeat is when the daemon last wrote (at most every few minutes
 	// when nothing changes).
 	Heartbeat metav1.Time `json:"heartbeat"`
+	// PeerAddress is where this node's daemon serves its verified blobs to
+	// the other daemons (http://<pod IP>:<port>); empty when it does not.
+	PeerAddress string `json:"peerAddress,omitempty"`
 	// Problems are what keeps this node's daemon from doing its part in
 	// the cluster (e.g. the Lease namespace of the aggregator is missing),
 	// each with its remedy.

@@ -46,7 +46,9 @@ type OpenPartial func(ctx context.Context) (Partial, error)
 // Origin opens the blob at its source from offset (the daemon: its
 // fetcher's Open of the file). The fetcher tries it after every usable
 // peer failed, and on its own when no peer is usable; its errors come
-// back unchanged, for the caller's retry policy.
+// back unchanged, for the caller's retry policy. Its body is held to no
+// progress floor or idle time of the fetcher's (those are for peers): an
+// Origin bounds its own stream, as the daemon's fetchers do.
 type Origin func(ctx context.Context, offset int64) (io.ReadCloser, error)
 
 // TokenSource gives the bearer token of each outgoing request (a
@@ -261,7 +263,7 @@ func (f *Fetcher) Fetch(ctx context.Context, b Blob, peers []string, dst Partial
 	if err != nil {
 		return res, err
 	}
-	n, err := f.transfer(rc, b, dst)
+	n, err := f.transfer(rc, b, dst, false)
 	res.add(SourceOrigin, off, n)
 	f.o.metrics.received(SourceOrigin, n)
 	var se sinkError

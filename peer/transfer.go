@@ -82,7 +82,7 @@ func (f *Fetcher) fromPeer(ctx context.Context, p, tok string, b Blob, dst Parti
 			return fail(AvoidWrongLength, "Content-Range %q, want bytes %d-%d/%d", cr, off, b.Size-1, b.Size)
 		}
 	}
-	n, err := f.transfer(resp.Body, b, dst)
+	n, err := f.transfer(resp.Body, b, dst, true)
 	if err != nil {
 		var se sinkError
 		if errors.As(err, &se) {
@@ -104,10 +104,13 @@ func (f *Fetcher) fromPeer(ctx context.Context, p, tok string, b Blob, dst Parti
 
 // transfer streams body into dst until b.Size, closing body. It refuses a
 // body that ends early (io.ErrUnexpectedEOF) or goes on past the blob
-// (errTooLong), one that stalls (fetchers.IdleTimeout, MinRate); a
-// failure of dst comes back as a sinkError.
-func (f *Fetcher) transfer(body io.ReadCloser, b Blob, dst Partial) (int64, error) {
-	body = fetchers.MinRate(fetchers.IdleTimeout(body, f.o.http.IdleTimeout), f.o.floor, f.o.window)
+// (errTooLong), and a peer's that stalls (fetchers.IdleTimeout, MinRate:
+// the origin's pace is its caller's to bound, as the Origin it gave
+// does); a failure of dst comes back as a sinkError.
+func (f *Fetcher) transfer(body io.ReadCloser, b Blob, dst Partial, peer bool) (int64, error) {
+	if peer {
+		body = fetchers.MinRate(fetchers.IdleTimeout(body, f.o.http.IdleTimeout), f.o.floor, f.o.window)
+	}
 	defer body.Close()
 	src := &exactReader{r: body, left: b.Size - dst.Offset()}
 	n, err := dst.ReadFrom(src)

@@ -164,3 +164,50 @@ func TestConfigFileReadsValuesAsWritten(t *testing.T) {
 		t.Errorf("file-roots %q, want the elements as written", got)
 	}
 }
+
+// TestPeerSettingsFromConfigFile: the peer settings come from the config
+// file like any flag; the advertised address defaults to --peer-addr's
+// host, or POD_IP where it names none; the service account to
+// POD_NAMESPACE/SERVICE_ACCOUNT_NAME; a peer flag without --peer-addr is
+// refused.
+func TestPeerSettingsFromConfigFile(t *testing.T) {
+	t.Setenv("POD_IP", "10.1.2.3")
+	t.Setenv("POD_NAMESPACE", "modelcache-system")
+	t.Setenv("SERVICE_ACCOUNT_NAME", "modelcached")
+	c, err := withConfig(t, `
+peer-addr: ":7435"
+peer-max-uploads: 8
+peer-upload-rate: 200M
+origin-concurrency: 3
+peer-wait: 10m
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := peerConfig(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Advertise != "http://10.1.2.3:7435" || p.ServiceAccount != "modelcache-system/modelcached" || p.MaxUploads != 8 ||
+		p.UploadRate != 200_000_000 || p.OriginConcurrency != 3 || p.Wait != 10*time.Minute {
+		t.Fatalf("peer config %+v", p)
+	}
+	c, err = withConfig(t, `
+peer-addr: 192.168.0.7:7435
+peer-static-token-file: /etc/modelcached/peer-token
+peers: [192.168.0.7:7435, "192.168.0.8:7435,192.168.0.9:7435"]
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err = peerConfig(c); err != nil || p.Advertise != "http://192.168.0.7:7435" || len(p.Peers) != 3 {
+		t.Fatalf("static fleet: %+v, %v", p, err)
+	}
+	c, err = withConfig(t, "peers: [192.168.0.8:7435]\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := peerConfig(c); err == nil || !strings.Contains(err.Error(), "--peer-addr") {
+		t.Fatalf("--peers without --peer-addr: %v", err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -107,7 +108,7 @@ func manPage(app *cli.App) (string, error) {
 // newApp is modelcached's command line: its flags are also the keys of
 // the config file (config.go).
 func newApp() *cli.App {
-	def := daemon.DefaultConfig()
+	def, peerDef := daemon.DefaultConfig(), daemon.DefaultPeerConfig()
 	return &cli.App{
 		Name:                  "modelcached",
 		Usage:                 "node-local cache of model weights and GPU kernel caches",
@@ -163,6 +164,16 @@ func newApp() *cli.App {
 			&cli.DurationFlag{Name: "idle-timeout", Value: def.IdleTimeout, Usage: "a download that delivers nothing this long is resumed on a new request"},
 			&cli.GenericFlag{Name: "progress-floor", Value: &sizeFlag{n: 1 << 20, set: true}, DefaultText: "1Mi", Usage: "a download that delivers less than this in a --progress-window of reading fails the attempt as too slow (retried, its pull slot given up meanwhile); 0 = off"},
 			&cli.DurationFlag{Name: "progress-window", Value: def.ProgressWindow, Usage: "the window of --progress-floor"},
+			&cli.StringFlag{Name: "peer-addr", Usage: "serve this node's verified blobs to the other daemons of the cluster on this TCP address, e.g. :7435, and fetch blobs from them before the origin (default off; the DaemonSet bundle turns it on)"},
+			&cli.StringFlag{Name: "peer-advertise", DefaultText: "http://$POD_IP:<port of --peer-addr>, or --peer-addr when it names a host", Usage: "base URL the other daemons reach this one at, e.g. http://10.0.0.7:7435"},
+			&cli.StringFlag{Name: "peer-token-file", Value: peerDef.TokenFile, Usage: "the token this daemon sends to its peers: the projected service-account token of audience modelcache-peer (a serviceAccountToken volume), read again when rotated"},
+			&cli.StringFlag{Name: "peer-service-account", DefaultText: "$POD_NAMESPACE/$SERVICE_ACCOUNT_NAME", Usage: "namespace/name of the daemons' service account: the only one whose peer tokens a TokenReview accepts"},
+			&cli.StringFlag{Name: "peer-static-token-file", Usage: "outside Kubernetes: a token file every daemon of the fleet shares (mode 0600); the daemon sends it and accepts only it (replaces --peer-token-file and the TokenReview)"},
+			&cli.StringSliceFlag{Name: "peers", Usage: "outside Kubernetes: the other daemons' peer ports, host:port (repeatable or comma-separated); needs --peer-static-token-file"},
+			&cli.IntFlag{Name: "peer-max-uploads", Value: peerDef.MaxUploads, Usage: "blob transfers this daemon serves to peers at once; more are answered 503 with Retry-After"},
+			&cli.GenericFlag{Name: "peer-upload-rate", Value: &sizeFlag{}, Usage: "bytes per second sent to peers over all uploads: bytes or a size such as 500M; 0 = no bound"},
+			&cli.IntFlag{Name: "origin-concurrency", Value: peerDef.OriginConcurrency, Usage: "how many nodes fetch one artifact from the origin at once; the others wait for a peer to hold its files (at most --peer-wait)"},
+			&cli.DurationFlag{Name: "peer-wait", Value: peerDef.Wait, Usage: "the longest a pull that is not among --origin-concurrency waits for a peer to hold a file before it goes to the origin itself"},
 			&cli.StringFlag{Name: "csi-socket", Usage: "serve the CSI node plugin csi.modelcache.io on this unix socket, e.g. /var/lib/kubelet/plugins/csi.modelcache.io/csi.sock (default off)"},
 			&cli.StringFlag{Name: "csi-pods-dir", Value: csi.DefaultPodsDir, Usage: "kubelet's pods directory: every CSI target path must lie under it"},
 			&cli.StringFlag{Name: "csi-registration-dir", Value: "/var/lib/kubelet/plugins_registry", Usage: "kubelet's plugin registration directory, where the daemon registers the CSI driver itself (empty: leave it to a node-driver-registrar)"},
@@ -295,6 +306,9 @@ func run(c *cli.Context) error {
 	if cfg.Cluster, err = clusterConfig(c); err != nil {
 		return err
 	}
+	if cfg.Peer, err = peerConfig(c); err != nil {
+		return cli.Exit("modelcached: "+err.Error(), 2)
+	}
 	if p := c.String("csi-socket"); p != "" {
 		cfg.CSI = &csi.Config{Socket: p, PodsDir: c.String("csi-pods-dir"), RegistrationDir: c.String("csi-registration-dir"), NodeID: c.String("node-name")}
 	}
@@ -399,4 +413,51 @@ func self(c *cli.Context) string {
 		return ""
 	}
 	return ns + "/" + name
+}
+
+// peerConfig reads the --peer-* flags and --origin-concurrency; nil when
+// --peer-addr is off. The advertised address defaults to --peer-addr's
+// host where it names one, else POD_IP (downward API status.podIP); the
+// service account to POD_NAMESPACE/SERVICE_ACCOUNT_NAME.
+func peerConfig(c *cli.Context) (*daemon.PeerConfig, error) {
+	addr := c.String("peer-addr")
+	if addr == "" {
+		for _, f := range []string{"peer-advertise", "peer-static-token-file", "peers"} {
+			if c.IsSet(f) {
+				return nil, fmt.Errorf("--%s needs --peer-addr (fan-out between nodes is off without it)", f)
+			}
+		}
+		return nil, nil
+	}
+	p := daemon.DefaultPeerConfig()
+	p.Addr = addr
+	p.Advertise = c.String("peer-advertise")
+	if p.Advertise == "" {
+		host, port, err := net.SplitHostPort(addr)
+		if err == nil {
+			if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+				p.Advertise = "http://" + net.JoinHostPort(host, port)
+			} else if pod := os.Getenv("POD_IP"); pod != "" {
+				p.Advertise = "http://" + net.JoinHostPort(pod, port)
+			}
+		}
+	}
+	p.TokenFile = c.String("peer-token-file")
+	p.StaticTokenFile = c.String("peer-static-token-file")
+	for _, s := range c.StringSlice("peers") {
+		for _, x := range strings.Split(s, ",") {
+			if x = strings.TrimSpace(x); x != "" {
+				p.Peers = append(p.Peers, x)
+			}
+		}
+	}
+	p.ServiceAccount = c.String("peer-service-account")
+	if ns, sa := os.Getenv("POD_NAMESPACE"), os.Getenv("SERVICE_ACCOUNT_NAME"); p.ServiceAccount == "" && ns != "" && sa != "" {
+		p.ServiceAccount = ns + "/" + sa
+	}
+	p.MaxUploads = c.Int("peer-max-uploads")
+	p.UploadRate = size(c, "peer-upload-rate")
+	p.OriginConcurrency = c.Int("origin-concurrency")
+	p.Wait = c.Duration("peer-wait")
+	return &p, nil
 }

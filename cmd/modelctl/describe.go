@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -199,6 +201,13 @@ func describe(w io.Writer, a *api.Artifact, now time.Time) {
 		field("Last pull", "%s fetched in %s (%s/s), %s", api.FormatBytes(lp.BytesFetched), humanDuration(took), api.FormatBytes(int64(lp.BytesPerSecond)), ago(lp.At))
 		// As a ModelCacheNode reports it (downloadStarted, downloadCompleted).
 		field("Downloaded", "started %s, completed %s", lp.At.Add(-took).UTC().Format(time.RFC3339), lp.At.UTC().Format(time.RFC3339))
+		if lp.BytesFromPeers > 0 {
+			field("From peers", "%s of %s (the rest from the origin)", api.FormatBytes(lp.BytesFromPeers), api.FormatBytes(lp.BytesFetched))
+			paths := slices.Sorted(maps.Keys(lp.FilesFromPeers))
+			for _, p := range paths {
+				field("  "+p, "%s", strings.Join(lp.FilesFromPeers[p], ", "))
+			}
+		}
 	}
 	if len(a.InUse) > 0 {
 		var hs []string

@@ -1,0 +1,453 @@
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	authv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/k8ssync"
+	p2p "github.com/modelcache/modelcache/peer"
+)
+
+// fanout is the daemon's part in fan-out between nodes (docs/operator.md,
+// Fan-out between nodes): it serves this node's committed blobs on the
+// peer port (handler) and fetches the blobs of a file with a known digest
+// and size from the peers that hold them before the origin
+// (downloadFanout). Peers come from the ModelCacheNode statuses k8ssync
+// hands over (setNodes), or from a static list outside Kubernetes.
+//
+// In a cluster, of the nodes that want one artifact at once (their
+// statuses list it Pending or Downloading), only OriginConcurrency go to
+// the origin, each for its share of the blobs: each node ranks them the
+// same way, by rendezvous hashing of (artifact, node) and of (artifact,
+// blob), so they agree without talking to each other or writing to the
+// API server. The others ask their peers until
+// one holds the blob, and go to the origin themselves when Wait has
+// passed since their pull started (a pull never hangs on a peer). A
+// static fleet cannot tell who wants what: its nodes ask every peer
+// first, then the origin.
+//
+// A nil *fanout is off (viaPeers says no to every file).
+type fanout struct {
+	cfg     PeerConfig
+	cluster bool     // peers from the cluster's statuses; else static
+	self    string   // this node's name (cluster) or base URL (static)
+	static  []string // the static peers as base URLs, without self
+	fetcher *p2p.Fetcher
+	metrics *p2p.Metrics
+	log     *slog.Logger
+	srv     *http.Server // the peer port's, once serve started it
+	addr    atomic.Value // string: where the peer port listens, once served
+
+	mu      sync.Mutex
+	nodes   []k8ssync.ModelCacheNode // the cluster's, as last handed over
+	changed chan struct{}            // closed and replaced when nodes change
+	listed  map[string]time.Time     // artifact@revision → since when this node's status lists it
+}
+
+// peerStale: a node whose status is older than this is no peer (its
+// daemon may be gone). Statuses are written at least hourly.
+const peerStale = 3 * time.Hour
+
+// maxPeersAsked bounds the peers one blob is asked of.
+const maxPeersAsked = 8
+
+func newFanout(cfg Config, log *slog.Logger, m *p2p.Metrics) (*fanout, error) {
+	pc := *cfg.Peer
+	f := &fanout{cfg: pc, metrics: m, log: log.With("component", "peer"), changed: make(chan struct{}), listed: map[string]time.Time{}}
+	tokens := pc.TokenFile
+	if pc.StaticTokenFile != "" {
+		tokens = pc.StaticTokenFile
+		if pc.Advertise != "" {
+			f.self, _ = peerBase(pc.Advertise)
+		}
+		for _, s := range pc.Peers {
+			if b, err := peerBase(s); err == nil && b != f.self && !slices.Contains(f.static, b) {
+				f.static = append(f.static, b)
+			}
+		}
+	} else {
+		f.cluster, f.self = true, cfg.Cluster.NodeName
+	}
+	var err error
+	f.fetcher, err = p2p.NewFetcher(p2p.NewTokenFile(tokens), p2p.WithFetcherLogger(f.log), p2p.WithFetcherMetrics(m))
+	return f, err
+}
+
+// serve starts the peer port (nothing when f is nil): committed blobs
+// to the daemons its authenticator accepts, on an http.Server whose
+// connections are bounded (the time to send headers, the time idle; each
+// upload's writes by the peer server itself). Serve's end goes to errc.
+func (f *fanout) serve(d *Daemon, errc chan<- error) error {
+	if f == nil {
+		return nil
+	}
+	h, err := f.handler(d)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", f.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("--peer-addr %s: %w (is another modelcached running? pass --peer-addr to pick another port)", f.cfg.Addr, err)
+	}
+	f.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: slog.NewLogLogger(f.log.Handler(), slog.LevelWarn)}
+	go func() { errc <- f.srv.Serve(ln) }()
+	f.addr.Store(ln.Addr().String())
+	f.log.Info("serving blobs to peers", "addr", ln.Addr().String(), "advertise", f.cfg.Advertise)
+	return nil
+}
+
+// listening is where the peer port listens, "" before serve.
+func (f *fanout) listening() string {
+	s, _ := f.addr.Load().(string)
+	return s
+}
+
+// shutdown stops the peer port, letting uploads finish until ctx ends,
+// then cutting them; close cuts them at once. Both do nothing when f is
+// nil or the port is not served.
+func (f *fanout) shutdown(ctx context.Context) {
+	if f != nil && f.srv != nil && f.srv.Shutdown(ctx) != nil {
+		f.srv.Close()
+	}
+}
+
+func (f *fanout) close() {
+	if f != nil && f.srv != nil {
+		f.srv.Close()
+	}
+}
+
+// advertised is the base URL written to this node's status: "" when f
+// is nil or its peers are a static list.
+func (f *fanout) advertised() string {
+	if f == nil || !f.cluster {
+		return ""
+	}
+	b, _ := peerBase(f.cfg.Advertise)
+	return b
+}
+
+// handler is the peer port's: the store's committed blobs, to the
+// daemons the authenticator accepts (the shared token file, or a
+// TokenReview of the daemons' service account).
+func (f *fanout) handler(d *Daemon) (http.Handler, error) {
+	var auth p2p.Authenticator
+	if f.cfg.StaticTokenFile != "" {
+		auth = p2p.StaticTokenAuthenticator{File: p2p.NewTokenFile(f.cfg.StaticTokenFile)}
+	} else {
+		kc, err := authv1client.NewForConfig(d.cfg.Cluster.Kube)
+		if err != nil {
+			return nil, fmt.Errorf("peer port: %w", err)
+		}
+		ns, name, _ := strings.Cut(f.cfg.ServiceAccount, "/")
+		if auth, err = p2p.NewTokenReviewAuthenticator(kc.TokenReviews(), p2p.DefaultAudience, ns, name); err != nil {
+			return nil, fmt.Errorf("peer port: %w", err)
+		}
+	}
+	return p2p.NewServer(p2p.StoreBlobs{Store: d.store}, auth, p2p.WithMaxUploads(f.cfg.MaxUploads),
+		p2p.WithUploadRate(float64(f.cfg.UploadRate)), p2p.WithServerLogger(f.log), p2p.WithServerMetrics(f.metrics))
+}
+
+// viaPeers reports whether file fl of the pull is fetched through the
+// peers: a blob of known digest and size, of a desire the cluster
+// resolved (in a cluster; a socket pull's digests are its requester's,
+// and peers may hold blobs the requester may not read), or of any desire
+// in a static fleet.
+func (p *pull) viaPeers(fl fetchers.File) bool {
+	f := p.d.fanout
+	if f == nil || fl.Digest == "" || fl.Size < 0 {
+		return false
+	}
+	if !f.cluster {
+		return true
+	}
+	p.d.mu.Lock()
+	cd, ok := p.d.clusterDesires[p.ds.Name]
+	p.d.mu.Unlock()
+	return ok && cd.URI == p.ds.URI
+}
+
+// setNodes takes the cluster's ModelCacheNodes (k8ssync) and wakes the
+// pulls that wait for a peer.
+func (f *fanout) setNodes(nodes []k8ssync.ModelCacheNode) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nodes = nodes
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+// peerPlan is where one blob of a pull is fetched from now.
+type peerPlan struct {
+	peers  []string  // whom to ask, in order
+	origin bool      // the origin may be asked (after the peers)
+	first  []string  // the nodes that go to the origin first (a cluster's)
+	until  time.Time // when this node goes to the origin whatever happens
+}
+
+// plan says where the blobs of ds at revision (the pull's resolution:
+// the cluster's) come from for a pull that started at started. In a static fleet: every peer (one that lacks a blob answers
+// 404), then the origin. In a cluster: the peers that hold its revision
+// Ready, then those fetching it; the origin only when this node is among
+// the first OriginConcurrency of the nodes that want it (rendezvous
+// hashing of (artifact, node): every node ranks them alike) and its own
+// status has listed it for Settle (so that the statuses of the nodes that
+// wanted it at about the same moment have landed too), or once Wait has
+// passed.
+func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.Time) peerPlan {
+	pl := peerPlan{until: started.Add(f.cfg.Wait)}
+	if !f.cluster {
+		pl.peers, pl.origin = rendezvous(f.self, f.static), true
+		return pl
+	}
+	var members []string
+	var listed bool
+	pl.peers, members, listed = f.clusterPeers(ds, revision, now)
+	pl.first = rendezvous(ds.Name, members)
+	pl.first = pl.first[:min(len(pl.first), f.cfg.OriginConcurrency)]
+	key := ds.Name + "@" + revision
+	f.mu.Lock()
+	since, ok := f.listed[key]
+	switch {
+	case !listed:
+		delete(f.listed, key)
+	case !ok:
+		f.listed[key], since = now, now
+	}
+	f.mu.Unlock()
+	settled := listed && now.Sub(since) >= f.cfg.Settle
+	owner := rendezvous(ds.Name+"\x00"+digest, pl.first)
+	pl.origin = (settled && len(owner) > 0 && owner[0] == f.self) || !now.Before(pl.until)
+	return pl
+}
+
+// clusterPeers reads the statuses: the base URLs of the nodes that hold
+// revision of ds Ready (peer.Pick's order), then of those downloading it
+// (they serve the blobs they have committed); the names of the nodes
+// that want it and have not failed it, this one included; and whether
+// this node's own status lists it.
+func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, members []string, listed bool) {
+	f.mu.Lock()
+	nodes := f.nodes
+	f.mu.Unlock()
+	addr := map[string]string{}
+	for _, n := range nodes {
+		if b, err := peerBase(n.Status.PeerAddress); err == nil && now.Sub(n.Status.Heartbeat.Time) <= peerStale {
+			addr[n.Name] = b
+		}
+	}
+	peers = p2p.Pick(nodes, p2p.PickQuery{Self: f.self, Artifact: ds.Name, Revision: revision, Digest: ds.Digest,
+		Now: now, MaxAge: peerStale, Max: maxPeersAsked, Addr: func(n string) (string, bool) { b, ok := addr[n]; return b, ok }})
+	members = []string{f.self}
+	var fetching []string
+	for _, n := range nodes {
+		for _, a := range n.Status.Artifacts {
+			if a.Name != ds.Name {
+				continue
+			}
+			if n.Name == f.self {
+				listed = true
+				continue
+			}
+			if addr[n.Name] == "" {
+				continue
+			}
+			phase := a.Phase
+			if a.Next != nil && a.Next.Revision == revision {
+				phase = a.Next.Phase
+			}
+			switch api.Phase(phase) {
+			case api.PhasePending:
+				members = append(members, n.Name)
+			case api.PhaseDownloading:
+				members = append(members, n.Name)
+				fetching = append(fetching, n.Name)
+			}
+		}
+	}
+	for _, n := range rendezvous(f.self, fetching) {
+		if !slices.Contains(peers, addr[n]) && len(peers) < maxPeersAsked {
+			peers = append(peers, addr[n])
+		}
+	}
+	return peers, members, listed
+}
+
+// rendezvous orders items by the hash of (key, item): the same order for
+// one key on every node, a different one for each key.
+func rendezvous(key string, items []string) []string {
+	type scored struct {
+		item  string
+		score [32]byte
+	}
+	s := make([]scored, 0, len(items))
+	for _, it := range items {
+		s = append(s, scored{it, sha256.Sum256([]byte(key + "\x00" + it))})
+	}
+	slices.SortFunc(s, func(a, b scored) int { return strings.Compare(string(a.score[:]), string(b.score[:])) })
+	out := make([]string, len(s))
+	for i := range s {
+		out[i] = s[i].item
+	}
+	return out
+}
+
+// wait blocks until the statuses change, Poll passes, or until; the
+// pull's slot is free meanwhile.
+func (f *fanout) wait(ctx context.Context, p *pull, until time.Time) error {
+	f.mu.Lock()
+	changed := f.changed
+	f.mu.Unlock()
+	return p.slot.wait(ctx, func() error {
+		t := time.NewTimer(min(f.cfg.Poll, max(time.Until(until), 0)))
+		defer t.Stop()
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return nil
+	})
+}
+
+// pullPartial is a file's ingest as the peer fetcher writes it: what it
+// reads goes through the pull's sink (budget, bandwidth limit, layer
+// check, progress), the time spent reading the source is summed, and
+// each commit is recorded as download's is.
+type pullPartial struct {
+	*cachestore.Writer
+	ctx    context.Context
+	p      *pull
+	ref    string
+	fl     fetchers.File
+	check  *layerCheck
+	readNs *int64
+}
+
+func (w *pullPartial) ReadFrom(r io.Reader) (int64, error) {
+	n, err := w.Writer.ReadFrom(w.p.sinkReader(w.ctx, timedReader{r, w.readNs}, w.fl, w.check, w.Offset()))
+	return n, w.p.sinkError(err, w.fl)
+}
+
+func (w *pullPartial) Commit(ctx context.Context, size int64, expected string) (string, error) {
+	before, t0 := w.Stages(), time.Now()
+	d, err := w.Writer.Commit(ctx, size, expected)
+	return d, w.p.committed(w.ref, w.Writer, before, time.Since(t0), time.Duration(*w.readNs), err)
+}
+
+// meteredBody counts an origin's body in modelcache_fetch_bytes_total.
+type meteredBody struct {
+	*meteredReader
+	io.Closer
+}
+
+func (m meteredBody) Close() error {
+	m.flush()
+	return m.Closer.Close()
+}
+
+// downloadFanout is download for a blob of known digest and size: from
+// the peers that hold it, then the origin (p2p.Fetcher.Ingest), into
+// the same resumable ingest. A node that is not among the first to fetch
+// the artifact from the origin asks only its peers, again at each change
+// of the statuses or Poll, until plan lets it go to the origin.
+func (p *pull) downloadFanout(ctx context.Context, ref string, fl fetchers.File, lease *cachestore.Lease, check *layerCheck) (string, int64, error) {
+	d, fo := p.d, p.d.fanout
+	blob := p2p.Blob{Digest: fl.Digest, Size: fl.Size}
+	opts := cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check, Owner: p.ds.Name}
+	var readNs int64
+	var last *cachestore.Writer
+	open := func(ctx context.Context) (p2p.Partial, error) {
+		w, err := d.store.Writer(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		if last == nil && w.Resumed() > 0 {
+			p.prog.skipped.Add(w.Resumed())
+			d.log.Info("resuming download", "ref", ref, "offset", w.Resumed())
+		}
+		last = w
+		return &pullPartial{Writer: w, ctx: ctx, p: p, ref: ref, fl: fl, check: check, readNs: &readNs}, nil
+	}
+	origin := func(ctx context.Context, off int64) (io.ReadCloser, error) {
+		rc, err := p.f.Open(ctx, fl, off)
+		if err != nil {
+			return nil, err
+		}
+		rc = fetchers.MinRate(rc, d.cfg.ProgressFloor, d.cfg.ProgressWindow)
+		return meteredBody{&meteredReader{r: rc, c: d.metrics.fetchedBytes.WithLabelValues(p.src.scheme)}, rc}, nil
+	}
+	offset := func() int64 {
+		if last == nil {
+			return 0
+		}
+		return last.Offset()
+	}
+	start, told := time.Now(), false
+	for {
+		pl := fo.plan(p.ds, p.res.Revision, fl.Digest, p.prog.started, time.Now())
+		var from p2p.Origin
+		if pl.origin {
+			from = origin
+		}
+		var digest string
+		final := errNoPeerYet
+		if len(pl.peers) > 0 || pl.origin {
+			p.backoff.Do(ctx, func(int) error {
+				var res p2p.Result
+				digest, res, final = fo.fetcher.Ingest(ctx, blob, pl.peers, open, from)
+				p.fromPeers(fl.Path, res)
+				switch {
+				case final == nil:
+					return nil
+				case errors.Is(final, p2p.ErrNoSource), errors.Is(final, cachestore.ErrDigestMismatch),
+					errors.Is(final, cachestore.ErrSizeMismatch), errors.Is(final, syscall.ENOSPC):
+					return fetchers.Permanent(final) // no peer has it yet; the origin's own bytes are wrong; a full disk
+				}
+				return final
+			}, p.retrying(ref, fl, offset))
+		}
+		switch {
+		case final == nil:
+			d.metrics.fetchDuration.WithLabelValues(p.src.scheme).Observe(time.Since(start).Seconds())
+			if told { // the wait is over: say so where it was said
+				p.setPhase(api.PhaseDownloading, fl.Path+": fetched after waiting for a peer")
+			}
+			return digest, fl.Size, nil
+		case errors.Is(final, p2p.ErrNoSource), errors.Is(final, errNoPeerYet):
+			if !told {
+				told = true
+				p.setPhase(api.PhaseDownloading, fmt.Sprintf("%s: waiting for a peer to hold it: %s fetch it from the origin first (--origin-concurrency %d); this node goes to the origin itself at %s if no peer has it by then",
+					fl.Path, strings.Join(pl.first, ", "), fo.cfg.OriginConcurrency, pl.until.UTC().Format(time.RFC3339)))
+			}
+			if err := fo.wait(ctx, p, pl.until); err != nil {
+				return "", 0, err
+			}
+		default:
+			d.metrics.fetchErrors.WithLabelValues(p.src.scheme).Inc()
+			return "", 0, final
+		}
+	}
+}
+
+// errNoPeerYet: no peer to ask and the origin not yet this node's turn.
+var errNoPeerYet = errors.New("no peer holds the blob yet")

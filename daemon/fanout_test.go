@@ -1,0 +1,460 @@
+package daemon
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
+	"github.com/modelcache/modelcache/k8ssync"
+	p2p "github.com/modelcache/modelcache/peer"
+)
+
+// fanModel is a model of four LFS shards (served by the hub's CDN, each
+// with its sha256) and two small files (no digest: always the origin's).
+func fanModel(seed byte) (files map[string][]byte, lfs int64) {
+	files = map[string][]byte{
+		"config.json":    []byte(`{"architectures":["LlamaForCausalLM"],"model_type":"llama"}`),
+		"tokenizer.json": []byte(`{"version":"1.0"}`),
+	}
+	for i := range 4 {
+		b := safetensors(256<<10+i, seed+byte(i))
+		files["model-0000"+strconv.Itoa(i+1)+"-of-00004.safetensors"] = b
+		lfs += int64(len(b))
+	}
+	return files, lfs
+}
+
+// freeAddrs reserves n loopback ports for peer ports that must know each
+// other before any listens.
+func freeAddrs(t testing.TB, n int) []string {
+	var out []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, l.Addr().String())
+		l.Close()
+	}
+	return out
+}
+
+// fanFleet starts n daemons that are each other's static peers, sharing
+// one token file, against hub.
+func fanFleet(t testing.TB, n, originConcurrency int, tune func(*Config), extra ...string) ([]*harness, string) {
+	t.Setenv("HF_TOKEN", "")
+	t.Setenv("HF_HOME", t.TempDir())
+	tok := filepath.Join(t.TempDir(), "peer-token")
+	if err := os.WriteFile(tok, []byte("s3cret-fleet-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addrs := freeAddrs(t, n)
+	var hs []*harness
+	for i := range n {
+		cfg := testConfig(t)
+		cfg.MetricsAddr = ""
+		pc := DefaultPeerConfig()
+		pc.Addr, pc.Advertise, pc.StaticTokenFile = addrs[i], "http://"+addrs[i], tok
+		pc.Peers = append(slices.Clone(addrs), extra...)
+		pc.OriginConcurrency, pc.Poll, pc.Settle = originConcurrency, 20*time.Millisecond, 300*time.Millisecond
+		cfg.Peer = &pc
+		if tune != nil {
+			tune(&cfg)
+		}
+		hs = append(hs, start(t, cfg))
+	}
+	return hs, tok
+}
+
+func newFanHub(t testing.TB) *hubtest.Hub {
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	t.Setenv("HF_ENDPOINT", hub.URL())
+	return hub
+}
+
+func (h *harness) checkModel(name string, files map[string][]byte) {
+	h.t.Helper()
+	for p, b := range files {
+		if h.read(name, p) != string(b) {
+			h.t.Fatalf("%s of %s differs from the origin's", p, name)
+		}
+	}
+}
+
+// TestFanOutPeersBeforeOrigin: node A fetches a model from the origin;
+// B and C then fetch its shards from A (or each other), not the origin:
+// the origin sends the shards once, not three times. The pull's stats say
+// which files came from peers, and the metrics count bytes by source.
+func TestFanOutPeersBeforeOrigin(t *testing.T) {
+	hub := newFanHub(t)
+	hs, _ := fanFleet(t, 3, 1, nil)
+	files, lfs := fanModel(1)
+	hub.Commit("acme/fan", files, "main")
+	small := int64(len(files["config.json"]) + len(files["tokenizer.json"]))
+	req := api.PullRequest{Name: "fan", URI: "hf://acme/fan"}
+
+	if _, err := hs[0].pull(req); err != nil {
+		t.Fatal(err)
+	}
+	if got := hub.Sent.Load(); got != lfs+small {
+		t.Fatalf("node A: origin sent %d bytes, want the model's %d", got, lfs+small)
+	}
+	for _, h := range hs[1:] {
+		a, err := h.pull(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.checkModel("fan", files)
+		if lp := a.LastPull; lp == nil || lp.BytesFromPeers != lfs || len(lp.FilesFromPeers) != 4 {
+			t.Fatalf("last pull %+v: want all %d shard bytes, 4 files, from peers", lp, lfs)
+		}
+		if got := testutil.ToFloat64(h.d.metrics.peer.Fetched("peer")); got != float64(lfs) {
+			t.Fatalf("modelcache_peer_fetched_bytes_total{source=peer} = %v, want %d", got, lfs)
+		}
+	}
+	// The small files have no digest to check a peer's bytes against:
+	// they come from the origin, each time.
+	if got := hub.Sent.Load(); got != lfs+3*small {
+		t.Fatalf("origin sent %d bytes for 3 nodes, want %d (the shards once, the small files thrice)", got, lfs+3*small)
+	}
+	var served float64
+	for _, h := range hs {
+		served += testutil.ToFloat64(h.d.metrics.peer.Uploads())
+	}
+	if served != 8 {
+		t.Fatalf("peer uploads %v, want 8 (4 shards to each of B and C)", served)
+	}
+}
+
+// asCluster makes the fleet's daemons peers as in a cluster: each is a
+// node named node-<i> whose status (built from its artifacts as k8ssync
+// builds it, with its peer address) every daemon sees after each change,
+// as k8ssync's watch of ModelCacheNodes hands them over.
+func asCluster(t testing.TB, hs []*harness) {
+	var mu sync.Mutex
+	publish := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		var nodes []k8ssync.ModelCacheNode
+		for i, h := range hs {
+			var n k8ssync.ModelCacheNode
+			n.Name = "node-" + strconv.Itoa(i)
+			n.Status.PeerAddress = "http://" + h.d.fanout.listening()
+			n.Status.Heartbeat = metav1.Now()
+			arts, err := clusterNode{h.d}.Artifacts()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for _, a := range arts {
+				n.Status.Artifacts = append(n.Status.Artifacts, k8ssync.ArtifactStatus{Name: a.Name, Phase: string(a.Phase), Revision: a.Revision, Digest: a.ManifestDigest})
+			}
+			nodes = append(nodes, n)
+		}
+		for _, h := range hs {
+			clusterNode{h.d}.SetPeerNodes(nodes)
+		}
+	}
+	for i, h := range hs {
+		h.d.fanout.cluster, h.d.fanout.self = true, "node-"+strconv.Itoa(i)
+	}
+	for _, h := range hs {
+		go func() {
+			for {
+				changed := h.d.Changed()
+				publish()
+				select {
+				case <-t.Context().Done():
+					return
+				case <-changed:
+				}
+			}
+		}()
+	}
+}
+
+// TestFanOutOriginConcurrency: three nodes of a cluster get the cluster's
+// desire at once with --origin-concurrency 2: two of them fetch the
+// shards from the origin, each its share, the third waits for their
+// blobs and takes them from peers, and every node ends with the model.
+// The origin sends each shard once.
+func TestFanOutOriginConcurrency(t *testing.T) {
+	hub := newFanHub(t)
+	hs, _ := fanFleet(t, 3, 2, nil)
+	asCluster(t, hs)
+	files, lfs := fanModel(2)
+	rev := hub.Commit("acme/fan", files, "main")
+	small := int64(len(files["config.json"]) + len(files["tokenizer.json"]))
+	want := map[string]api.Desire{"fan": {Name: "fan", URI: "hf://acme/fan@" + rev, Revision: rev, Ref: "main"}}
+	for _, h := range hs {
+		if err := (clusterNode{h.d}).SetClusterDesires(want, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, h := range hs {
+		h.waitPhase("fan", api.PhaseReady)
+		h.checkModel("fan", files)
+	}
+	if got := hub.Sent.Load(); got != lfs+3*small {
+		t.Fatalf("origin sent %d bytes, want %d: the shards once (the first two nodes share them), the small files thrice", got, lfs+3*small)
+	}
+	var fromOrigin int
+	for _, h := range hs {
+		if testutil.ToFloat64(h.d.metrics.peer.Fetched("origin")) > 0 {
+			fromOrigin++
+		}
+	}
+	if fromOrigin < 1 || fromOrigin > 2 {
+		t.Fatalf("%d nodes fetched shards from the origin, want 1 or 2 (--origin-concurrency 2)", fromOrigin)
+	}
+	// A socket pull's digests are its requester's: in a cluster it never
+	// asks the peers (they may hold blobs the requester may not read).
+	other, _ := fanModel(5)
+	hub.Commit("acme/other", other, "main")
+	before := testutil.ToFloat64(hs[1].d.metrics.peer.Fetched("origin")) + testutil.ToFloat64(hs[1].d.metrics.peer.Fetched("peer"))
+	if _, err := hs[1].pull(api.PullRequest{Name: "other", URI: "hf://acme/other"}); err != nil {
+		t.Fatal(err)
+	}
+	if after := testutil.ToFloat64(hs[1].d.metrics.peer.Fetched("origin")) + testutil.ToFloat64(hs[1].d.metrics.peer.Fetched("peer")); after != before {
+		t.Fatalf("a socket pull in a cluster went through the peer fetcher (%v → %v bytes)", before, after)
+	}
+}
+
+// TestFanOutHostilePeer: a peer that answers every blob with flipped
+// bytes of the right length costs one retry from the origin and is set
+// aside; no wrong byte is committed and the pull succeeds.
+func TestFanOutHostilePeer(t *testing.T) {
+	hub := newFanHub(t)
+	files, lfs := fanModel(3)
+	hub.Commit("acme/fan", files, "main")
+	bySum := map[string][]byte{}
+	for _, b := range files {
+		bySum["sha256:"+sha(b)] = b
+	}
+	var asked sync.Map
+	liar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d := strings.TrimPrefix(r.URL.Path, p2p.BlobPath)
+		asked.Store(d, true)
+		b, ok := bySum[d]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		bad := slices.Clone(b)
+		bad[len(bad)/2] ^= 0xff
+		w.Header().Set("Content-Length", strconv.Itoa(len(bad)))
+		w.Write(bad)
+	}))
+	t.Cleanup(liar.Close)
+	// One file at a time: the liar is asked once, then set aside.
+	hs, _ := fanFleet(t, 1, 2, func(c *Config) { c.FilesPerPull = 1 }, liar.URL)
+	h := hs[0]
+	a, err := h.pull(api.PullRequest{Name: "fan", URI: "hf://acme/fan"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.checkModel("fan", files)
+	if got := testutil.ToFloat64(h.d.metrics.peer.Avoided(p2p.AvoidDigest)); got != 1 {
+		t.Fatalf("peers set aside for wrong bytes: %v, want 1", got)
+	}
+	if a.LastPull.BytesFromPeers == 0 {
+		t.Fatal("the liar's bytes are not counted as received from a peer")
+	}
+	n := 0
+	asked.Range(func(any, any) bool { n++; return true })
+	if n != 1 {
+		t.Fatalf("the liar was asked for %d blobs, want 1 (set aside after its first)", n)
+	}
+	if v := testutil.ToFloat64(h.d.metrics.verifications.WithLabelValues("mismatch")); v != 1 {
+		t.Fatalf("verifications{mismatch} = %v, want 1", v)
+	}
+	if got := hub.Sent.Load(); got < lfs {
+		t.Fatalf("origin sent %d bytes, want at least the shards' %d", got, lfs)
+	}
+}
+
+// TestFanOutPeerPortRefusesWithoutToken: the peer port answers 401 to a
+// request without the fleet's token or with another, and serves a
+// committed blob to one with it.
+func TestFanOutPeerPortRefusesWithoutToken(t *testing.T) {
+	hub := newFanHub(t)
+	files, _ := fanModel(4)
+	hub.Commit("acme/fan", files, "main")
+	hs, _ := fanFleet(t, 1, 1, nil)
+	h := hs[0]
+	if _, err := h.pull(api.PullRequest{Name: "fan", URI: "hf://acme/fan"}); err != nil {
+		t.Fatal(err)
+	}
+	shard := files["model-00001-of-00004.safetensors"]
+	u := "http://" + h.d.fanout.listening() + p2p.BlobPath + "sha256:" + sha(shard)
+	for _, c := range []struct {
+		auth string
+		want int
+	}{{"", http.StatusUnauthorized}, {"Bearer not-the-token", http.StatusUnauthorized}, {"Bearer s3cret-fleet-token", http.StatusOK}} {
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, u, nil)
+		if c.auth != "" {
+			req.Header.Set("Authorization", c.auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Fatalf("Authorization %q: %s, want %d", c.auth, resp.Status, c.want)
+		}
+		if c.want == http.StatusOK && resp.ContentLength != int64(len(shard)) {
+			t.Fatalf("served %d bytes of a %d-byte blob", resp.ContentLength, len(shard))
+		}
+	}
+	if got := testutil.ToFloat64(h.d.metrics.peer.Refusals(p2p.RefusedUnauthorized)); got != 2 {
+		t.Fatalf("refusals{unauthorized} = %v, want 2", got)
+	}
+}
+
+// TestFanOutPlanFromStatuses: in a cluster the peers of a revision are
+// the nodes whose status holds it Ready, then those downloading it; a
+// node that failed it, has a stale status or no usable peer address is
+// neither a peer nor counted among the nodes that go to the origin
+// first; after the wait every node may go to the origin.
+func TestFanOutPlanFromStatuses(t *testing.T) {
+	now := time.Now()
+	node := func(name, addr, phase, rev string, age time.Duration) k8ssync.ModelCacheNode {
+		var n k8ssync.ModelCacheNode
+		n.Name = name
+		n.Status.PeerAddress = addr
+		n.Status.Heartbeat = metav1.NewTime(now.Add(-age))
+		n.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: phase, Revision: rev}}
+		return n
+	}
+	nodes := []k8ssync.ModelCacheNode{
+		node("ready", "http://10.0.0.1:7435", "Ready", "r1", time.Minute),
+		node("old-rev", "http://10.0.0.2:7435", "Ready", "r0", time.Minute),
+		node("fetching", "http://10.0.0.3:7435", "Downloading", "", time.Minute),
+		node("pending", "http://10.0.0.4:7435", "Pending", "", time.Minute),
+		node("failed", "http://10.0.0.5:7435", "Failed", "", time.Minute),
+		node("stale", "http://10.0.0.6:7435", "Ready", "r1", 4*time.Hour),
+		node("bad-addr", "ftp://10.0.0.7/x", "Ready", "r1", time.Minute),
+		node("no-addr", "", "Downloading", "", time.Minute),
+	}
+	me := node("me", "http://10.0.0.9:7435", "Pending", "", time.Minute)
+	pc := DefaultPeerConfig()
+	pc.OriginConcurrency, pc.Wait = 2, time.Hour
+	pc.Settle = time.Minute
+	f := &fanout{cfg: pc, cluster: true, self: "me", changed: make(chan struct{}), listed: map[string]time.Time{}}
+	f.setNodes(nodes)
+	ds := api.Desire{Name: "llama"}
+	if pl := f.plan(ds, "r1", "sha256:b1", now, now); pl.origin {
+		t.Fatal("the origin before this node's own status lists the artifact")
+	}
+	f.setNodes(append(nodes, me))
+	if pl := f.plan(ds, "r1", "sha256:b1", now, now); pl.origin {
+		t.Fatal("the origin before this node's status has listed the artifact for the settle time")
+	}
+	pl := f.plan(ds, "r1", "sha256:b1", now, now.Add(time.Minute))
+	if want := []string{"http://10.0.0.1:7435", "http://10.0.0.3:7435"}; !slices.Equal(pl.peers, want) {
+		t.Fatalf("peers %v, want %v (the holder, then the node downloading)", pl.peers, want)
+	}
+	want := rendezvous("llama", []string{"me", "fetching", "pending"})[:2]
+	if !slices.Equal(pl.first, want) {
+		t.Fatalf("origin first %v, want %v", pl.first, want)
+	}
+	if owner := rendezvous("llama\x00sha256:b1", want)[0]; pl.origin != (owner == "me") {
+		t.Fatalf("origin %v, want %v: of the first nodes, %s fetches this blob", pl.origin, owner == "me", owner)
+	}
+	if !f.plan(ds, "r1", "sha256:b1", now.Add(-time.Hour), now).origin {
+		t.Fatal("after --peer-wait a node may go to the origin")
+	}
+}
+
+// TestPeerConfigValidate: each bad peer setting is refused with an error
+// that names its flag.
+func TestPeerConfigValidate(t *testing.T) {
+	good := func() PeerConfig {
+		p := DefaultPeerConfig()
+		p.Addr, p.Advertise, p.ServiceAccount = ":7435", "http://10.0.0.7:7435", "modelcache-system/modelcached"
+		return p
+	}
+	static := func() PeerConfig {
+		p := good()
+		p.StaticTokenFile, p.Peers = "/etc/modelcached/peer-token", []string{"10.0.0.7:7435", "http://10.0.0.8:7435"}
+		return p
+	}
+	for _, c := range []struct {
+		name    string
+		p       PeerConfig
+		cluster bool
+		want    string // "" = valid
+	}{
+		{"cluster", good(), true, ""},
+		{"static", static(), false, ""},
+		{"no addr", func() PeerConfig { p := good(); p.Addr = ""; return p }(), true, "--peer-addr"},
+		{"addr without port", func() PeerConfig { p := good(); p.Addr = "10.0.0.7"; return p }(), true, "--peer-addr"},
+		{"outside kubernetes without a token", good(), false, "--peer-static-token-file"},
+		{"peers without the shared token", func() PeerConfig { p := good(); p.Peers = []string{"10.0.0.8:7435"}; return p }(), true, "--peers needs --peer-static-token-file"},
+		{"peer with a path", func() PeerConfig { p := static(); p.Peers = []string{"http://10.0.0.8:7435/x"}; return p }(), false, "--peers"},
+		{"peer with credentials", func() PeerConfig { p := static(); p.Peers = []string{"http://u:p@10.0.0.8:7435"}; return p }(), false, "--peers"},
+		{"peer without a port", func() PeerConfig { p := static(); p.Peers = []string{"10.0.0.8"}; return p }(), false, "--peers"},
+		{"static without self", func() PeerConfig { p := static(); p.Advertise = ""; return p }(), false, "--peer-advertise"},
+		{"relative static token", func() PeerConfig { p := static(); p.StaticTokenFile = "token"; return p }(), false, "--peer-static-token-file"},
+		{"no service account", func() PeerConfig { p := good(); p.ServiceAccount = "modelcached"; return p }(), true, "--peer-service-account"},
+		{"no advertised address", func() PeerConfig { p := good(); p.Advertise = ""; return p }(), true, "POD_IP"},
+		{"bad advertise", func() PeerConfig { p := good(); p.Advertise = "ftp://x:1"; return p }(), true, "--peer-advertise"},
+		{"relative token", func() PeerConfig { p := good(); p.TokenFile = "token"; return p }(), true, "--peer-token-file"},
+		{"no uploads", func() PeerConfig { p := good(); p.MaxUploads = 0; return p }(), true, "--peer-max-uploads"},
+		{"negative rate", func() PeerConfig { p := good(); p.UploadRate = -1; return p }(), true, "--peer-upload-rate"},
+		{"no origin concurrency", func() PeerConfig { p := good(); p.OriginConcurrency = 0; return p }(), true, "--origin-concurrency"},
+		{"no wait", func() PeerConfig { p := good(); p.Wait = 0; return p }(), true, "--peer-wait"},
+	} {
+		err := c.p.validate(c.cluster)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: %v, want an error naming %s", c.name, err, c.want)
+		}
+	}
+}
+
+// TestFanOutSlowOriginKeepsItsOwnFloor: an origin slower than the peer
+// fetcher's floor for peers but above the daemon's --progress-floor is
+// not dropped as stalled: through the peer path, as without it, the
+// origin is held to the daemon's floor only.
+func TestFanOutSlowOriginKeepsItsOwnFloor(t *testing.T) {
+	hub := newFanHub(t)
+	files, _ := fanModel(6)
+	hub.Commit("acme/fan", files, "main")
+	var sent atomic.Int64
+	throttle(hub, files, 1<<20, &sent) // 1 MiB/s in all: under 8 MiB per 10 s
+	hs, tok := fanFleet(t, 1, 1, func(c *Config) { c.FilesPerPull = 1 })
+	// A peer floor of 10 MiB/s (the default, 8 MiB per 10 s, would take
+	// a transfer longer than 10 s to show).
+	f, err := p2p.NewFetcher(p2p.NewTokenFile(tok), p2p.WithProgressFloor(1<<20, 100*time.Millisecond), p2p.WithFetcherMetrics(hs[0].d.metrics.peer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs[0].d.fanout.fetcher = f
+	if _, err := hs[0].pull(api.PullRequest{Name: "fan", URI: "hf://acme/fan"}); err != nil {
+		t.Fatal(err)
+	}
+	hs[0].checkModel("fan", files)
+	if v := testutil.ToFloat64(hs[0].d.metrics.fetchErrors.WithLabelValues("hf")); v != 0 {
+		t.Fatalf("%v failed attempts against a slow origin the daemon's floor allows", v)
+	}
+}
