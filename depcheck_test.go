@@ -38,12 +38,10 @@ var banned = map[string][]string{
 	// The daemon's binary: the cluster loop builds its informers without
 	// client-go's informer factories (which link an informer and a lister
 	// for every built-in API group, as its leader election does through
-	// LeaseCandidate and resourcelock through the clientset), and the .sig
-	// tag check links no cosign (whose pkg/cosign links Rekor's and TUF's
-	// clients, which an offline check never calls). Figures in
+	// LeaseCandidate and resourcelock through the clientset). Figures in
 	// docs/benchmarks.md.
 	"cmd/modelcached": {"k8s.io/client-go/informers", "k8s.io/client-go/listers", "k8s.io/client-go/dynamic/dynamicinformer",
-		"k8s.io/client-go/tools/leaderelection", "=k8s.io/client-go/kubernetes", "github.com/sigstore/cosign/"},
+		"k8s.io/client-go/tools/leaderelection", "=k8s.io/client-go/kubernetes"},
 	"k8ssync/...": {"mod:daemon", "mod:cachestore", "mod:gpu", "github.com/aws/", "github.com/sigstore/", "github.com/NVIDIA/go-nvml", "go.etcd.io/bbolt"},
 }
 

@@ -34,7 +34,7 @@ type clusterNode struct{ d *Daemon }
 func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[string]map[string]string) error {
 	d := c.d
 	// desires.writeMu keeps other writers of desires out while the index is
-	// written (fsyncs) without the daemon lock; clusterDesires is replaced
+	// written (fsyncs) without the daemon lock; desires.cluster is replaced
 	// only under both, so reading it under desires.writeMu is safe.
 	d.desires.writeMu.Lock()
 	defer d.desires.writeMu.Unlock()

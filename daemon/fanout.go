@@ -180,7 +180,7 @@ func (p *pull) viaPeers(fl fetchers.File) bool {
 		return true
 	}
 	p.d.mu.Lock()
-	cd, ok := p.d.clusterDesires[p.ds.Name]
+	cd, ok := p.d.desires.cluster[p.ds.Name]
 	p.d.mu.Unlock()
 	return ok && cd.URI == p.ds.URI
 }

@@ -30,7 +30,7 @@ type modelsFile struct {
 
 // modelsDir is the desires of the models dir (--models-dir): its YAML
 // files read, validated and watched; the daemon's desire set takes them
-// whole (fileDesires) with the problems found (fileErrors).
+// whole (desireSet.file) with the problems found (desireSet.fileErrors).
 type modelsDir struct{ d *Daemon }
 
 // maxModelsFile bounds what one models.d file may hold; more is refused
