@@ -174,6 +174,9 @@ func newApp() *cli.App {
 			&cli.GenericFlag{Name: "peer-upload-rate", Value: &sizeFlag{}, Usage: "bytes per second sent to peers over all uploads: bytes or a size such as 500M; 0 = no bound"},
 			&cli.IntFlag{Name: "origin-concurrency", Value: peerDef.OriginConcurrency, Usage: "how many nodes fetch one artifact from the origin at once; the others wait for a peer to hold its files (at most --peer-wait)"},
 			&cli.DurationFlag{Name: "peer-wait", Value: peerDef.Wait, Usage: "the longest a pull that is not among --origin-concurrency waits for a peer to hold a file before it goes to the origin itself"},
+			&cli.BoolFlag{Name: "warm", Value: def.Warm, Usage: "read a model into the page cache ahead of the pod about to load it (on a CSI publish, modelctl wait returning Ready, modelctl lease, modelctl warm); --warm=false: never"},
+			&cli.Float64Flag{Name: "warm-share", Value: def.WarmShare, Usage: "the share of MemAvailable (read at each warm's start) all running warms together may read into the page cache: more than 0, at most 1"},
+			&cli.GenericFlag{Name: "warm-limit", Value: &sizeFlag{}, Usage: "a cap on what all running warms together may read into the page cache, whatever --warm-share allows: bytes or a size such as 16Gi (default none)"},
 			&cli.StringFlag{Name: "csi-socket", Usage: "serve the CSI node plugin csi.modelcache.io on this unix socket, e.g. /var/lib/kubelet/plugins/csi.modelcache.io/csi.sock (default off)"},
 			&cli.StringFlag{Name: "csi-pods-dir", Value: csi.DefaultPodsDir, Usage: "kubelet's pods directory: every CSI target path must lie under it"},
 			&cli.StringFlag{Name: "csi-registration-dir", Value: "/var/lib/kubelet/plugins_registry", Usage: "kubelet's plugin registration directory, where the daemon registers the CSI driver itself (empty: leave it to a node-driver-registrar)"},
@@ -266,6 +269,9 @@ func run(c *cli.Context) error {
 		}
 	}
 	cfg.FileIdentity = c.String("file-identity")
+	cfg.Warm = c.Bool("warm")
+	cfg.WarmShare = c.Float64("warm-share")
+	cfg.WarmLimit = size(c, "warm-limit")
 	if f := c.String("config"); f != "" {
 		if cfg.ConfigFile, err = filepath.Abs(f); err != nil {
 			return cli.Exit(fmt.Sprintf("modelcached: --config: %v", err), 2)
