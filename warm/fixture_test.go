@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 // tensorSpec is one tensor of a fixture shard: its name and size; the
@@ -138,21 +140,7 @@ func diskBase(prefer string) (string, error) {
 // and checks that nothing of it is resident.
 func drop(t testing.TB, dir string) {
 	t.Helper()
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil || !fi.Mode().IsRegular() {
-			return err
-		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := f.Sync(); err != nil { // dirty pages are not dropped
-			return err
-		}
-		return unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
-	})
-	if err != nil {
+	if err := testenv.DropPageCache(dir); err != nil {
 		t.Fatal(err)
 	}
 	if r, total, err := Resident(dir); err != nil || r > total/100 {
