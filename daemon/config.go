@@ -228,7 +228,7 @@ func (c *Config) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if !(c.WarmShare > 0 && c.WarmShare <= 1) {
+	if c.Warm && !(c.WarmShare > 0 && c.WarmShare <= 1) {
 		errs = append(errs, fmt.Errorf("--warm-share %v: want a share of MemAvailable in (0, 1], e.g. %v; turn warming off with --warm=false", c.WarmShare, warm.DefaultShare))
 	}
 	if c.WarmLimit < 0 {
