@@ -143,7 +143,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 			return nil, err
 		}
 	}
-	if d.warming, err = newWarming(cfg, st, log, d.metrics.reg); err != nil {
+	if d.warming, err = newWarming(cfg, st, log, d.metrics); err != nil {
 		st.Close()
 		return nil, err
 	}

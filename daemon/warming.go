@@ -10,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/csi"
@@ -48,11 +46,11 @@ type warmHold struct {
 }
 
 // newWarming makes the component; with cfg.Warm off it warms nothing and
-// says so. Its metrics go to reg.
-func newWarming(cfg Config, st *cachestore.Store, log *slog.Logger, reg prometheus.Registerer) (*warming, error) {
+// says so. Its metrics go to the daemon's (reg).
+func newWarming(cfg Config, st *cachestore.Store, log *slog.Logger, reg *metrics) (*warming, error) {
 	wm := &warming{store: st, log: log.With("component", "warm"), holds: map[*warmHold]bool{}, named: map[string]*warmHold{}}
 	m := warm.NewMetrics()
-	reg.MustRegister(m.Collectors()...) // the series exist (at zero) with warming off too
+	reg.register(m.Collectors()...) // the series exist (at zero) with warming off too
 	if !cfg.Warm {
 		return wm, nil
 	}
