@@ -254,11 +254,7 @@ func run(c *cli.Context) error {
 	cfg.Capacity.LowPercent = c.Int("low-watermark")
 	cfg.Capacity.MinAge = c.Duration("min-age")
 	cfg.Capacity.KeepRevisions = c.Int("keep-revisions")
-	cfg.MaxConcurrentPulls = c.Int("max-concurrent-pulls")
-	cfg.BandwidthLimit = size(c, "bandwidth-limit")
-	cfg.WriteBufferSize = size(c, "write-buffer-size")
-	cfg.ProgressFloor = size(c, "progress-floor")
-	cfg.ProgressWindow = c.Duration("progress-window")
+	setPullsAndWarming(c, &cfg)
 	cfg.KernelCacheSignaturePolicy = c.String("kernel-cache-signature-policy")
 	cfg.FileRoots = nil
 	for _, r := range c.StringSlice("file-roots") {
@@ -269,9 +265,6 @@ func run(c *cli.Context) error {
 		}
 	}
 	cfg.FileIdentity = c.String("file-identity")
-	cfg.Warm = c.Bool("warm")
-	cfg.WarmShare = c.Float64("warm-share")
-	cfg.WarmLimit = size(c, "warm-limit")
 	if f := c.String("config"); f != "" {
 		if cfg.ConfigFile, err = filepath.Abs(f); err != nil {
 			return cli.Exit(fmt.Sprintf("modelcached: --config: %v", err), 2)
@@ -300,12 +293,6 @@ func run(c *cli.Context) error {
 	cfg.SocketIdleTimeout = c.Duration("socket-idle-timeout")
 	cfg.SocketWriteTimeout = c.Duration("socket-write-timeout")
 	cfg.MetricsAddr = c.String("metrics-addr")
-	cfg.FilesPerPull = c.Int("files-per-pull")
-	cfg.DirectIO = c.Bool("direct-io")
-	cfg.RetryInitial = c.Duration("retry-initial")
-	cfg.RetryMax = c.Duration("retry-max")
-	cfg.IdleTimeout = c.Duration("idle-timeout")
-	cfg.RangeConnections = c.Int("range-connections")
 	cfg.InsecureRegistries = c.StringSlice("insecure-registry")
 	cfg.RegistryMirrors = c.StringSlice("registry-mirror")
 	cfg.GPUInventory = c.String("gpu-inventory")
@@ -335,6 +322,25 @@ func run(c *cli.Context) error {
 		return err
 	}
 	return nil
+}
+
+// setPullsAndWarming reads the flags of pulls (concurrency, bandwidth,
+// buffers, retries, timeouts) and of warming into cfg.
+func setPullsAndWarming(c *cli.Context, cfg *daemon.Config) {
+	cfg.MaxConcurrentPulls = c.Int("max-concurrent-pulls")
+	cfg.BandwidthLimit = size(c, "bandwidth-limit")
+	cfg.WriteBufferSize = size(c, "write-buffer-size")
+	cfg.ProgressFloor = size(c, "progress-floor")
+	cfg.ProgressWindow = c.Duration("progress-window")
+	cfg.Warm = c.Bool("warm")
+	cfg.WarmShare = c.Float64("warm-share")
+	cfg.WarmLimit = size(c, "warm-limit")
+	cfg.FilesPerPull = c.Int("files-per-pull")
+	cfg.DirectIO = c.Bool("direct-io")
+	cfg.RetryInitial = c.Duration("retry-initial")
+	cfg.RetryMax = c.Duration("retry-max")
+	cfg.IdleTimeout = c.Duration("idle-timeout")
+	cfg.RangeConnections = c.Int("range-connections")
 }
 
 func newLogger(format, level string) (*slog.Logger, error) {
