@@ -115,6 +115,7 @@ var (
 	credHiddenKey      = "the text before '=' is not a known key (not shown: it may be a secret); " + credWant
 	credUnknownKey     = "unknown key %q; " + credWant
 	credColonNotEquals = "%s followed by ':'; write %s=<value> (the value is not shown)"
+	credUnclosedQuote  = "%s: the value's opening quote is not closed (the value is not shown)"
 )
 
 // plausibleKey reports whether s looks like the name of a key rather
@@ -186,7 +187,7 @@ func parseCredentials(path string, b []byte) (map[string]string, error) {
 		v = strings.TrimSpace(v)
 		if v != "" && (v[0] == '"' || v[0] == '\'') {
 			if len(v) < 2 || v[len(v)-1] != v[0] {
-				return nil, fmt.Errorf("%s line %d: %s: the value's opening quote is not closed (the value is not shown)", path, i+1, k)
+				return nil, fmt.Errorf("%s line %d: "+credUnclosedQuote, path, i+1, k)
 			}
 			v = v[1 : len(v)-1]
 		}

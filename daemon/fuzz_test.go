@@ -125,6 +125,8 @@ func FuzzCredentialsFile(f *testing.F) {
 			skeleton = strings.Replace(body, `"`+key+`"`, "\x00", 1)
 		case body == fmt.Sprintf(credColonNotEquals, colonKey, colonKey) && credentialKeys[colonKey]:
 			skeleton = strings.ReplaceAll(body, colonKey, "\x00")
+		case body == fmt.Sprintf(credUnclosedQuote, key) && credentialKeys[key]:
+			skeleton = strings.Replace(body, key, "\x00", 1)
 		default:
 			t.Fatalf("error %q: not one of the fixed forms for line %d", msg, n)
 		}
