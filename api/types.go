@@ -169,6 +169,12 @@ type Desire struct {
 	// AWS_SESSION_TOKEN, HTTP_AUTHORIZATION, NGC_API_KEY. Read at every pull, kept in
 	// memory only; so no credential has to be written into a URI.
 	CredentialsFile string `json:"credentialsFile,omitempty"`
+	// AllowedNamespaces makes the artifact private: it was fetched with
+	// credentials, and only pods of these namespaces may mount it (CSI);
+	// its trees on the node are readable by root only. Empty: public.
+	// Set only by k8ssync (a ModelCache's or a ModelCacheCredentials'
+	// allow-list).
+	AllowedNamespaces []string `json:"allowedNamespaces,omitempty"`
 }
 
 // Requester is the identity of a socket peer (SO_PEERCRED and the

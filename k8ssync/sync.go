@@ -11,6 +11,8 @@
 //	sync.go       the Node it serves, Config, New, Run and one pass of the loop
 //	desires.go    ModelCache objects selected for this node → desires
 //	secrets.go    watches of the Secrets that hold their credentials
+//	credentials.go which Secrets a ModelCache may use (its own namespace's
+//	              or a ModelCacheCredentials grant) and who may mount the result
 //	pods.go       pods on this node that mount an artifact (hostPath or a
 //	              PV of ours) → the holders that keep it from eviction
 //	events.go     Events on a ModelCache when one of its artifacts changes phase
@@ -134,6 +136,7 @@ type Syncer struct {
 	pvRL flowcontrol.RateLimiter
 
 	mcInf   cache.SharedIndexInformer
+	credInf cache.SharedIndexInformer // ModelCacheCredentials (credentials.go)
 	nodeInf cache.SharedIndexInformer
 	podInf  cache.SharedIndexInformer
 
@@ -244,6 +247,10 @@ func (s *Syncer) Run(ctx context.Context) error {
 	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.dyn, resync, "", longWatch)
 	s.mcInf = df.ForResource(ModelCacheGVR).Informer()
 	s.mcInf.AddEventHandler(s.handler())
+	// Not waited for: a bundle without its CRD refuses the Secrets of other
+	// namespaces (credentialsOf says why) and serves the rest.
+	s.credInf = df.ForResource(ModelCacheCredentialsGVR).Informer()
+	s.credInf.AddEventHandler(s.handler())
 	nf := informers.NewSharedInformerFactoryWithOptions(s.kc, resync, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.cfg.NodeName).String()
 		longWatch(o)
