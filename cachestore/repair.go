@@ -180,7 +180,7 @@ func (s *Store) repair(ctx context.Context, ingestMaxAge time.Duration, full boo
 			_, serr := os.Lstat(tree)
 			switch {
 			case v.State == StateReady && serr != nil:
-				if err := s.materialize(base, a.Name, v.Revision, v.Manifest); err != nil {
+				if err := s.materialize(base, a.Name, v.Revision, v.Manifest, 0o755); err != nil {
 					return nil, fmt.Errorf("rebuild %s@%s: %w", a.Name, v.Revision, err)
 				}
 				rep.TreesRebuilt++

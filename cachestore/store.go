@@ -147,8 +147,10 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 		}
 	}
 	// holds/ names pods; a pod reaches a hold's tree through its bind
-	// mount, never through these directories.
-	for _, d := range []string{dirIngest, dirTmp, dirQuarantine, dirHolds} {
+	// mount, never through these directories. blobs/ is reached through
+	// the trees only: a private artifact's blobs by no path but its tree's
+	// (0700), so a local user cannot read them by digest.
+	for _, d := range []string{dirBlobs, dirIngest, dirTmp, dirQuarantine, dirHolds} {
 		os.Chmod(filepath.Join(abs, d), 0o700)
 	}
 	dbPath := filepath.Join(abs, indexFile)
@@ -461,6 +463,11 @@ type VersionSpec struct {
 	// Annotations is what the caller checked of the version (a kernel
 	// cache's signature and compatibility), kept with it as given.
 	Annotations json.RawMessage
+	// Private makes the version's tree directory 0700 from its creation:
+	// only root (the daemon) reaches its files by a path; a pod reads it
+	// through a tree of its own volume. Not recorded: the caller keeps
+	// the modes of its trees (a tree that repair rebuilds is 0755).
+	Private bool
 	// Stage commits the version (verified, Ready, its tree in place)
 	// without moving current: a rollout's prefetch. Activate moves
 	// current to it later. An artifact with no current yet gets none.
@@ -532,7 +539,11 @@ func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := s.materialize(base, spec.Name, rev, m); err != nil {
+	mode := os.FileMode(0o755)
+	if spec.Private {
+		mode = 0o700
+	}
+	if err := s.materialize(base, spec.Name, rev, m, mode); err != nil {
 		return nil, fmt.Errorf("artifact %s@%s: %w", spec.Name, rev, err)
 	}
 	now := s.now().UTC()
@@ -636,9 +647,10 @@ func (s *Store) Activate(name, rev string) error {
 
 // materialize builds the tree for (name, rev) under tmp/ and renames it
 // into place, replacing an existing tree atomically where the kernel
-// supports RENAME_EXCHANGE. Called with s.mu held, or (HoldTree) with
+// supports RENAME_EXCHANGE; its top directory has mode (0755, or 0700
+// for a private version) before it is in place. Called with s.mu held, or (HoldTree) with
 // the blobs of m leased and base owned by the caller.
-func (s *Store) materialize(base, name, rev string, m Manifest) error {
+func (s *Store) materialize(base, name, rev string, m Manifest, mode os.FileMode) error {
 	tmp, err := os.MkdirTemp(filepath.Join(s.root, dirTmp), "tree-")
 	if err != nil {
 		return err
@@ -664,7 +676,7 @@ func (s *Store) materialize(base, name, rev string, m Manifest) error {
 			return fmt.Errorf("link %s: %w", e.Path, err)
 		}
 	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
+	if err := os.Chmod(tmp, mode); err != nil {
 		return err
 	}
 	parent := filepath.Join(base, name)

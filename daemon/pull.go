@@ -311,6 +311,10 @@ func (p *pull) commit(ctx context.Context, entries cachestore.Manifest) error {
 	spec := cachestore.VersionSpec{
 		Name: ds.Name, Source: p.src.redacted, Revision: p.res.Revision, Manifest: entries,
 		ExpectedDigest: ds.Digest, Pin: ds.Pin, Spec: p.spec, HFRepo: p.res.Repo, HFRef: hfRef(ds, p.res), Stage: ds.Stage,
+		Private: private(ds),
+	}
+	if spec.Private {
+		spec.HFRepo, spec.HFRef = "", "" // no world-readable hf/ view of a private repo (tenancy.go)
 	}
 	if ds.Kind == api.KindKernelCache {
 		if err := p.kernelCacheAfter(entries); err != nil {

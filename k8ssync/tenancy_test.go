@@ -17,6 +17,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore/storetest"
+	"github.com/modelcache/modelcache/csi"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
 	"github.com/modelcache/modelcache/internal/kubetest"
 	"github.com/modelcache/modelcache/internal/testenv"
@@ -36,7 +37,9 @@ func grantObj(ns, name string, spec map[string]any) *unstructured.Unstructured {
 // migration as its reason and a CredentialsRefused Event says it. A
 // ModelCacheCredentials of that namespace that does not list the source
 // is refused too (the Secret would go where the namespace did not say);
-// one that does makes the Secret usable.
+// one that does makes the Secret usable, and the artifact it fetches is
+// private to that namespace: a pod of another namespace is refused its
+// volume (PermissionDenied), a pod of the namespace holds it.
 func TestCredentialsBelongToANamespace(t *testing.T) {
 	cl := kubetest.Start(t)
 	ctx := context.Background()
@@ -126,4 +129,14 @@ func TestCredentialsBelongToANamespace(t *testing.T) {
 		t.Fatal("Ready, but the hub never saw the granted token")
 	}
 
+	// Private to team-a: CSI refuses a pod of team-b and holds for team-a.
+	be := a.d.CSIBackend()
+	_, _, err = be.Hold(ctx, csi.Volume{ID: "v-b", Target: "/x/b", Model: "borrow", KernelCaches: "none", PodNamespace: "team-b", PodName: "p"})
+	if err == nil || !strings.Contains(err.Error(), "PermissionDenied") || !strings.Contains(err.Error(), "team-b") {
+		t.Fatalf("a pod of team-b mounted team-a's private model: %v", err)
+	}
+	if _, _, err := be.Hold(ctx, csi.Volume{ID: "v-a", Target: "/x/a", Model: "borrow", KernelCaches: "none", PodNamespace: "team-a", PodName: "p"}); err != nil {
+		t.Fatalf("a pod of team-a: %v", err)
+	}
+	be.Release(ctx, "v-a")
 }

@@ -1,0 +1,78 @@
+package daemon
+
+import (
+	"os"
+	"slices"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// Tenancy on the node. An artifact fetched with credentials is private
+// (api.Desire.AllowedNamespaces, from k8ssync): only pods of those
+// namespaces may mount it (csi.go), and on disk only root reaches its
+// files by a path:
+//
+//   - its version trees (models/<name>/<rev>) are 0700: the store makes a
+//     private version's tree so before it is in place
+//     (cachestore.VersionSpec.Private), and treeModes keeps every stored
+//     version's mode in step with its desire (a desire that becomes
+//     private or public, a tree that repair rebuilt at 0755);
+//   - it gets no hf/ view (those are world-readable by design);
+//   - blobs/ is 0700 (cachestore): no blob is read by its digest.
+//
+// A pod that may mount it reads it through a tree of its own volume
+// (holds/<hash>/tree, hardlinks to the same read-only inodes, 0755, under
+// holds/ which is 0700): its bind mount is the only path to it, and it is
+// in the pod's mount namespace only. The pod reads as whatever uid it
+// runs as; no fsGroup or idmapped mount is needed, because the files
+// themselves stay 0444 and only the directories on the way are closed.
+//
+// Dedup and privacy: a blob is one inode however many trees link it. A
+// file that a public artifact also holds is readable through the public
+// tree: those bytes are public (anyone may fetch them from the public
+// source). What privacy keeps is the private artifact's own files and
+// which files it has; a private artifact's blob that no public tree links
+// is reachable by root only.
+
+// private says whether ds's artifacts are private to some namespaces.
+func private(ds api.Desire) bool { return len(ds.AllowedNamespaces) > 0 }
+
+// mayMount says whether a pod of namespace ns may mount ds's artifact:
+// anyone a public one, the allowed namespaces a private one.
+func mayMount(ds api.Desire, ns string) bool {
+	return !private(ds) || (ns != "" && slices.Contains(ds.AllowedNamespaces, ns))
+}
+
+// treeModes sets the mode of every stored version's tree directory as its
+// desire wants it: 0700 for a private artifact, 0755 for a public one. An
+// artifact no present desire declares keeps the mode it has (no pod may
+// mount it either). Called after each reconcile pass, without locks.
+func (d *Daemon) treeModes() {
+	arts, err := d.store.ListSummaries()
+	if err != nil {
+		return
+	}
+	d.mu.Lock()
+	want := d.desired()
+	d.mu.Unlock()
+	for _, a := range arts {
+		ds, ok := want[a.Name]
+		if !ok || ds.State == api.StateAbsent {
+			continue
+		}
+		mode := os.FileMode(0o755)
+		if private(ds) {
+			mode = 0o700
+		}
+		for _, v := range a.Versions {
+			dir := d.store.TreePath(v.Kind, a.Name, v.Revision)
+			fi, err := os.Lstat(dir)
+			if err != nil || !fi.IsDir() || fi.Mode().Perm() == mode {
+				continue
+			}
+			if err := os.Chmod(dir, mode); err != nil {
+				d.log.Error("setting the mode of a version's tree (a private artifact's must be 0700)", "artifact", a.Name, "revision", v.Revision, "err", err)
+			}
+		}
+	}
+}

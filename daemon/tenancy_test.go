@@ -1,0 +1,225 @@
+package daemon
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/internal/testenv"
+)
+
+// privateRig is a CSI rig with two cluster desires of the same bytes: p,
+// fetched with credentials and private to team-a, and q, public.
+func privateRig(t *testing.T) (r *csiRig, shared []byte) {
+	shared = data(6000, 41)
+	srv := newFileServer(t, map[string][]byte{"p/w.bin": shared, "q/w.bin": shared})
+	r = startCSI(t, csiConfig(t))
+	t.Cleanup(r.stop)
+	p := clusterDesire("p", srv.URL+"/p/w.bin#sha256="+sha(shared))
+	p.AllowedNamespaces = []string{"team-a"}
+	q := clusterDesire("q", srv.URL+"/q/w.bin#sha256="+sha(shared))
+	if err := (clusterNode{r.d}).SetClusterDesires(map[string]api.Desire{"p": p, "q": q}, nil); err != nil {
+		t.Fatal(err)
+	}
+	r.waitPhase("p", api.PhaseReady)
+	r.waitPhase("q", api.PhaseReady)
+	return r, shared
+}
+
+// publishAs publishes volume id for a pod of namespace ns.
+func (r *csiRig) publishAs(ns, id, target string, attrs map[string]string) error {
+	attrs["csi.storage.k8s.io/pod.namespace"] = ns
+	return r.publish(id, target, attrs)
+}
+
+// TestCSIPrivateArtifactOnlyToAllowedNamespaces: a pod of a namespace the
+// private artifact's desire does not allow is refused (PermissionDenied
+// naming the model and the pod's namespace, nothing else), and holds
+// nothing; the NotFound answer a pod of that namespace gets for an
+// unknown model lists only what it may mount; a pod of team-a mounts it
+// and reads its bytes; the public artifact mounts in any namespace.
+func TestCSIPrivateArtifactOnlyToAllowedNamespaces(t *testing.T) {
+	r, shared := privateRig(t)
+
+	tb := r.target("uid-b", "model")
+	err := r.publishAs("team-b", "vol-b", tb, map[string]string{"modelCache": "p"})
+	msg := status.Convert(err).Message()
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(msg, "model p ") || !strings.Contains(msg, `"team-b"`) {
+		t.Fatalf("a pod of team-b asked for team-a's private model: %v, want PermissionDenied naming p and team-b", err)
+	}
+	if strings.Contains(msg, "team-a") {
+		t.Errorf("the refusal names the namespaces that may mount it: %s", msg)
+	}
+	if isMounted(t, tb) || len(holders(t, r.harness, "p")) != 0 {
+		t.Fatal("a refused publish mounted or holds the private model")
+	}
+	// Without the pod's namespace (a CSIDriver without podInfoOnMount):
+	// refused too.
+	err = r.publish("vol-none", tb, map[string]string{"modelCache": "p", "csi.storage.k8s.io/pod.namespace": ""})
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), "podInfoOnMount") {
+		t.Fatalf("a pod of no known namespace: %v, want PermissionDenied naming podInfoOnMount", err)
+	}
+
+	err = r.publishAs("team-b", "vol-x", tb, map[string]string{"modelCache": "nope"})
+	msg = status.Convert(err).Message()
+	if status.Code(err) != codes.NotFound || !strings.Contains(msg, "can mount: q") || strings.Contains(msg, "p,") || strings.Contains(msg, ", p") {
+		t.Fatalf("NotFound for team-b: %v, want it to list q and not p", err)
+	}
+	if err := r.publishAs("team-a", "vol-x", tb, map[string]string{"modelCache": "nope"}); !strings.Contains(status.Convert(err).Message(), "can mount: p, q") {
+		t.Fatalf("NotFound for team-a: %v, want it to list p and q", err)
+	}
+
+	ta := r.target("uid-a", "model")
+	if err := r.publishAs("team-a", "vol-a", ta, map[string]string{"modelCache": "p"}); err != nil {
+		t.Fatalf("a pod of team-a: %v", err)
+	}
+	if got := files(t, ta); got["w.bin"] != string(shared) {
+		t.Fatal("team-a's pod does not read the private model's bytes")
+	}
+	if got := holders(t, r.harness, "p"); len(got) != 1 || !strings.HasPrefix(got[0], "pod team-a/") {
+		t.Fatalf("holders of p: %v", got)
+	}
+	tq := r.target("uid-q", "model")
+	if err := r.publishAs("team-b", "vol-q", tq, map[string]string{"modelCache": "q"}); err != nil {
+		t.Fatalf("the public model in team-b: %v", err)
+	}
+	r.unpublishGone("vol-a", ta)
+	r.unpublishGone("vol-q", tq)
+	r.released("p", "q")
+}
+
+// TestPrivateTreesNotReadableByLocalUsers: on the node a local user (uid
+// 65534) reads the public artifact's file, but neither the private
+// artifact's tree nor any blob by its digest, though it is the same
+// inode; a pod of team-a reads the private model through its volume as
+// that same uid (its own tree, reachable only through the bind mount).
+// The directories above the store are opened to everyone first, so that
+// only the store's own modes stand in the way.
+func TestPrivateTreesNotReadableByLocalUsers(t *testing.T) {
+	setpriv := testenv.Require(t, "setpriv", "apt-get install util-linux")
+	r, shared := privateRig(t)
+	root := r.cfg.Root
+	for d := filepath.Dir(root); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	for d := r.pods; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	read := func(p string) error {
+		out, err := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "cat", p).CombinedOutput()
+		if err == nil && string(out) != string(shared) {
+			t.Fatalf("%s as uid 65534: other bytes", p)
+		}
+		if err != nil {
+			return &os.PathError{Op: "read as uid 65534", Path: p, Err: os.ErrPermission}
+		}
+		return nil
+	}
+	p, _ := r.c.Get(context.Background(), "p")
+	q, _ := r.c.Get(context.Background(), "q")
+	pTree := r.d.store.TreePath("model", "p", p.Revision)
+	qTree := r.d.store.TreePath("model", "q", q.Revision)
+	if fi, err := os.Stat(pTree); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("the private version's tree: %v %v, want mode 0700", fi.Mode(), err)
+	}
+	if err := read(filepath.Join(qTree, "w.bin")); err != nil {
+		t.Fatalf("the public model is not readable by a local user: %v", err)
+	}
+	if err := read(filepath.Join(pTree, "w.bin")); err == nil {
+		t.Fatal("a local user read the private model's tree")
+	}
+	if err := read(filepath.Join(root, "models", "p", "current", "w.bin")); err == nil {
+		t.Fatal("a local user read the private model through current")
+	}
+	blob, _ := r.d.store.BlobPath("sha256:" + sha(shared))
+	if err := read(blob); err == nil {
+		t.Fatal("a local user read a blob by its digest")
+	}
+
+	ta := r.target("uid-a", "model")
+	os.Chmod(filepath.Dir(ta), 0o755)
+	os.Chmod(filepath.Dir(filepath.Dir(ta)), 0o755)
+	os.Chmod(filepath.Dir(filepath.Dir(filepath.Dir(ta))), 0o755)
+	os.Chmod(filepath.Dir(filepath.Dir(filepath.Dir(filepath.Dir(ta)))), 0o755)
+	if err := r.publishAs("team-a", "vol-a", ta, map[string]string{"modelCache": "p"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := read(filepath.Join(ta, "w.bin")); err != nil {
+		t.Fatalf("team-a's pod (uid 65534) cannot read the private model through its volume: %v", err)
+	}
+	r.unpublishGone("vol-a", ta)
+}
+
+// TestTreeModesFollowTheDesire: a public artifact whose desire becomes
+// private (its ModelCache gained credentials) has its trees closed at the
+// next pass, and opened again when it is public once more.
+func TestTreeModesFollowTheDesire(t *testing.T) {
+	w := data(3000, 43)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	h := start(t, testConfig(t))
+	defer h.stop()
+	ds := clusterDesire("m", srv.URL+"/w.bin#sha256="+sha(w))
+	set := func(allowed ...string) {
+		ds.AllowedNamespaces = allowed
+		if err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"m": ds}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set()
+	a := h.waitPhase("m", api.PhaseReady)
+	tree := h.d.store.TreePath("model", "m", a.Revision)
+	mode := func() os.FileMode {
+		fi, err := os.Stat(tree)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Mode().Perm()
+	}
+	if m := mode(); m != 0o755 {
+		t.Fatalf("a public tree: %v", m)
+	}
+	set("team-a")
+	testenv.Eventually(t, "the tree closed", 10*time.Second, func() error {
+		if m := mode(); m != 0o700 {
+			return &os.PathError{Op: "mode " + m.String(), Path: tree, Err: os.ErrInvalid}
+		}
+		return nil
+	})
+	set()
+	testenv.Eventually(t, "the tree open again", 10*time.Second, func() error {
+		if m := mode(); m != 0o755 {
+			return &os.PathError{Op: "mode " + m.String(), Path: tree, Err: os.ErrInvalid}
+		}
+		return nil
+	})
+}
+
+// TestPrivateHFModelHasNoHFView: the hf/ view is world-readable by
+// design; a private hub model gets none (its pods read it through their
+// volume), a public one of the same hub does.
+func TestPrivateHFModelHasNoHFView(t *testing.T) {
+	h, hub := startWithHub(t)
+	hub.Commit("acme/private", hubModel(1, 5), "main")
+	hub.Commit("acme/public", hubModel(1, 6), "main")
+	p := clusterDesire("p", "hf://acme/private")
+	p.AllowedNamespaces = []string{"team-a"}
+	if err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"p": p, "q": clusterDesire("q", "hf://acme/public")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.waitPhase("p", api.PhaseReady)
+	h.waitPhase("q", api.PhaseReady)
+	if _, err := os.Stat(filepath.Join(h.cfg.Root, "hf", "models--acme--public")); err != nil {
+		t.Fatalf("the public model's hf/ view: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(h.cfg.Root, "hf", "models--acme--private")); !os.IsNotExist(err) {
+		t.Fatalf("a private model has an hf/ view: %v", err)
+	}
+}
