@@ -46,7 +46,11 @@ func mayMount(ds api.Desire, ns string) bool {
 // treeModes sets the mode of every stored version's tree directory as its
 // desire wants it: 0700 for a private artifact, 0755 for a public one. An
 // artifact no present desire declares keeps the mode it has (no pod may
-// mount it either). Called after each reconcile pass, without locks.
+// mount it either). A version that a pod's volume mounts directly (it was
+// public when the pod mounted it: its bytes were public then) stays open
+// until the volume goes: closing it would take the files from under a pod
+// that does not run as root. Called after each reconcile pass, without
+// locks.
 func (d *Daemon) treeModes() {
 	arts, err := d.store.ListSummaries()
 	if err != nil {
@@ -55,6 +59,14 @@ func (d *Daemon) treeModes() {
 	d.mu.Lock()
 	want := d.desired()
 	d.mu.Unlock()
+	mounted := map[string]bool{}
+	if vols, err := d.csi.Holds(); err == nil {
+		for _, v := range vols {
+			if !v.Private && len(v.Kernels) == 0 {
+				mounted[v.Model+"@"+v.Revision] = true
+			}
+		}
+	}
 	for _, a := range arts {
 		ds, ok := want[a.Name]
 		if !ok || ds.State == api.StateAbsent {
@@ -65,6 +77,9 @@ func (d *Daemon) treeModes() {
 			mode = 0o700
 		}
 		for _, v := range a.Versions {
+			if mode == 0o700 && mounted[a.Name+"@"+v.Revision] {
+				continue
+			}
 			dir := d.store.TreePath(v.Kind, a.Name, v.Revision)
 			fi, err := os.Lstat(dir)
 			if err != nil || !fi.IsDir() || fi.Mode().Perm() == mode {

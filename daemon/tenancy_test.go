@@ -223,3 +223,43 @@ func TestPrivateHFModelHasNoHFView(t *testing.T) {
 		t.Fatalf("a private model has an hf/ view: %v", err)
 	}
 }
+
+// TestTreeStaysOpenWhileAPodMountsIt: a public model that a pod mounts
+// directly, and whose desire then becomes private, keeps its tree open
+// while the volume is there (the pod, of any uid, keeps reading it), and
+// closes once the volume goes; a new pod of another namespace is refused.
+func TestTreeStaysOpenWhileAPodMountsIt(t *testing.T) {
+	w := data(2000, 44)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	r := startCSI(t, csiConfig(t))
+	defer r.stop()
+	ds := clusterDesire("m", srv.URL+"/w.bin#sha256="+sha(w))
+	set := func(allowed ...string) {
+		ds.AllowedNamespaces = allowed
+		if err := (clusterNode{r.d}).SetClusterDesires(map[string]api.Desire{"m": ds}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set()
+	a := r.waitPhase("m", api.PhaseReady)
+	tree := r.d.store.TreePath("model", "m", a.Revision)
+	target := r.target("uid-1", "model")
+	if err := r.publishAs("team-b", "vol-1", target, map[string]string{"modelCache": "m"}); err != nil {
+		t.Fatal(err)
+	}
+	set("team-a")
+	r.d.treeModes() // what the pass after the change does
+	if fi, err := os.Stat(tree); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("the tree a pod mounts was closed under it: %v %v", fi.Mode(), err)
+	}
+	if err := r.publishAs("team-b", "vol-2", r.target("uid-2", "model"), map[string]string{"modelCache": "m"}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a new pod of team-b: %v, want PermissionDenied", err)
+	}
+	r.unpublishGone("vol-1", target)
+	testenv.Eventually(t, "the tree closed once the volume went", 10*time.Second, func() error {
+		if fi, err := os.Stat(tree); err != nil || fi.Mode().Perm() != 0o700 {
+			return &os.PathError{Op: "mode", Path: tree, Err: os.ErrInvalid}
+		}
+		return nil
+	})
+}
