@@ -158,6 +158,17 @@ func TestPrivateTreesNotReadableByLocalUsers(t *testing.T) {
 	r.unpublishGone("vol-a", ta)
 }
 
+// allowing returns a func that sets ds, the daemon's one cluster desire,
+// with the namespaces given (none: public).
+func allowing(t *testing.T, d *Daemon, ds api.Desire) func(...string) {
+	return func(allowed ...string) {
+		ds.AllowedNamespaces = allowed
+		if err := (clusterNode{d}).SetClusterDesires(map[string]api.Desire{ds.Name: ds}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestTreeModesFollowTheDesire: a public artifact whose desire becomes
 // private (its ModelCache gained credentials) has its trees closed at the
 // next pass, and opened again when it is public once more.
@@ -166,13 +177,7 @@ func TestTreeModesFollowTheDesire(t *testing.T) {
 	srv := newFileServer(t, map[string][]byte{"w.bin": w})
 	h := start(t, testConfig(t))
 	defer h.stop()
-	ds := clusterDesire("m", srv.URL+"/w.bin#sha256="+sha(w))
-	set := func(allowed ...string) {
-		ds.AllowedNamespaces = allowed
-		if err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"m": ds}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	set := allowing(t, h.d, clusterDesire("m", srv.URL+"/w.bin#sha256="+sha(w)))
 	set()
 	a := h.waitPhase("m", api.PhaseReady)
 	tree := h.d.store.TreePath("model", "m", a.Revision)
@@ -233,13 +238,7 @@ func TestTreeStaysOpenWhileAPodMountsIt(t *testing.T) {
 	srv := newFileServer(t, map[string][]byte{"w.bin": w})
 	r := startCSI(t, csiConfig(t))
 	defer r.stop()
-	ds := clusterDesire("m", srv.URL+"/w.bin#sha256="+sha(w))
-	set := func(allowed ...string) {
-		ds.AllowedNamespaces = allowed
-		if err := (clusterNode{r.d}).SetClusterDesires(map[string]api.Desire{"m": ds}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	set := allowing(t, r.d, clusterDesire("m", srv.URL+"/w.bin#sha256="+sha(w)))
 	set()
 	a := r.waitPhase("m", api.PhaseReady)
 	tree := r.d.store.TreePath("model", "m", a.Revision)
