@@ -81,7 +81,9 @@ type Node interface {
 type Config struct {
 	NodeName string
 	Kube     *rest.Config
-	// Namespace holds the aggregator's Lease (and nothing else).
+	// Namespace is the daemon's own: it holds the aggregator's Lease, and
+	// its Secrets are the ones a ModelCache may name without a grant
+	// (credentials.go).
 	Namespace string
 	// StatusInterval is the least time between two writes of this node's
 	// status (changes in between are merged); Heartbeat is the most
