@@ -19,9 +19,14 @@ import (
 // privateRig is a CSI rig with two cluster desires of the same bytes: p,
 // fetched with credentials and private to team-a, and q, public.
 func privateRig(t *testing.T) (r *csiRig, shared []byte) {
+	r, shared, _ = privateRigWith(t, csiConfig(t))
+	return r, shared
+}
+
+func privateRigWith(t *testing.T, cfg Config) (r *csiRig, shared []byte, srv *fileServer) {
 	shared = data(6000, 41)
-	srv := newFileServer(t, map[string][]byte{"p/w.bin": shared, "q/w.bin": shared})
-	r = startCSI(t, csiConfig(t))
+	srv = newFileServer(t, map[string][]byte{"p/w.bin": shared, "q/w.bin": shared})
+	r = startCSI(t, cfg)
 	t.Cleanup(r.stop)
 	p := clusterDesire("p", srv.URL+"/p/w.bin#sha256="+sha(shared))
 	p.AllowedNamespaces = []string{"team-a"}
@@ -31,7 +36,7 @@ func privateRig(t *testing.T) (r *csiRig, shared []byte) {
 	}
 	r.waitPhase("p", api.PhaseReady)
 	r.waitPhase("q", api.PhaseReady)
-	return r, shared
+	return r, shared, srv
 }
 
 // publishAs publishes volume id for a pod of namespace ns.
@@ -261,4 +266,25 @@ func TestTreeStaysOpenWhileAPodMountsIt(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestPrivacyOutlivesARestart: the allow-list is kept with the desire: a
+// daemon restarted without the cluster (no new desires) still refuses a
+// pod of another namespace, and the origin is not needed for it.
+func TestPrivacyOutlivesARestart(t *testing.T) {
+	cfg := csiConfig(t)
+	r, _, srv := privateRigWith(t, cfg)
+	r.stop()
+	srv.Close()
+	r = startCSI(t, cfg)
+	defer r.stop()
+	tb := r.target("uid-b", "model")
+	if err := r.publishAs("team-b", "vol-b", tb, map[string]string{"modelCache": "p"}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("after a restart a pod of team-b: %v, want PermissionDenied", err)
+	}
+	ta := r.target("uid-a", "model")
+	if err := r.publishAs("team-a", "vol-a", ta, map[string]string{"modelCache": "p"}); err != nil {
+		t.Fatalf("after a restart a pod of team-a: %v", err)
+	}
+	r.unpublishGone("vol-a", ta)
 }
