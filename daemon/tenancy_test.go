@@ -288,3 +288,26 @@ func TestPrivacyOutlivesARestart(t *testing.T) {
 	}
 	r.unpublishGone("vol-a", ta)
 }
+
+// TestCSIUndeclaredArtifactNotMountable: an artifact whose owner let go
+// of it (the ModelCache is gone; its bytes stay as cache until space is
+// needed) mounts in no pod: a pod cannot hold what nobody declares, so
+// that it is never evicted.
+func TestCSIUndeclaredArtifactNotMountable(t *testing.T) {
+	w := data(2000, 45)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	r := startCSI(t, csiConfig(t))
+	defer r.stop()
+	allowing(t, r.d, clusterDesire("m", srv.URL+"/w.bin#sha256="+sha(w)))()
+	r.waitPhase("m", api.PhaseReady)
+	if err := (clusterNode{r.d}).SetClusterDesires(map[string]api.Desire{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := r.d.store.Summary("m"); err != nil || len(a.Versions) == 0 {
+		t.Fatalf("the test needs m still stored after its desire went: %+v %v", a, err)
+	}
+	err := r.publish("vol-1", r.target("uid-1", "model"), map[string]string{"modelCache": "m"})
+	if status.Code(err) != codes.NotFound || !strings.Contains(status.Convert(err).Message(), "not declared") {
+		t.Fatalf("a pod mounted an artifact nobody declares: %v, want NotFound", err)
+	}
+}
