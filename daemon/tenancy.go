@@ -43,6 +43,16 @@ func mayMount(ds api.Desire, ns string) bool {
 	return !private(ds) || (ns != "" && slices.Contains(ds.AllowedNamespaces, ns))
 }
 
+// hidePrivate strips from a private artifact's view what only its trees
+// would tell (its files, their digests, the metadata read from them), for
+// a socket peer that may not mutate: any local user may read the socket.
+func hidePrivate(a *api.Artifact) {
+	for i := range a.Versions {
+		a.Versions[i].Files = nil
+	}
+	a.Metadata = nil
+}
+
 // treeModes sets the mode of every stored version's tree directory as its
 // desire wants it: 0700 for a private artifact, 0755 for a public one. An
 // artifact no present desire declares keeps the mode it has (no pod may

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -309,5 +312,36 @@ func TestCSIUndeclaredArtifactNotMountable(t *testing.T) {
 	err := r.publish("vol-1", r.target("uid-1", "model"), map[string]string{"modelCache": "m"})
 	if status.Code(err) != codes.NotFound || !strings.Contains(status.Convert(err).Message(), "not declared") {
 		t.Fatalf("a pod mounted an artifact nobody declares: %v, want NotFound", err)
+	}
+}
+
+// TestInspectHidesAPrivateModelsFiles: over the socket, which any local
+// user may read, inspect of a private model shows its files and metadata
+// only to a peer that may mutate (root here); a local user (uid 65534)
+// gets none of them, and the public model's files in full.
+func TestInspectHidesAPrivateModelsFiles(t *testing.T) {
+	r, _ := privateRig(t)
+	get := func(name string, uid uint32) *api.Artifact {
+		req := httptest.NewRequest("GET", "/v1/artifacts/"+name, nil)
+		req.SetPathValue("name", name)
+		req = req.WithContext(context.WithValue(req.Context(), credKey{}, &peer{Ucred: unix.Ucred{Uid: uid, Gid: uid}}))
+		rec := httptest.NewRecorder()
+		if err := (views{r.d}).handleGet(rec, req); err != nil {
+			t.Fatal(err)
+		}
+		var a api.Artifact
+		if err := json.Unmarshal(rec.Body.Bytes(), &a); err != nil || len(a.Versions) == 0 {
+			t.Fatalf("%s: %v %s", name, err, rec.Body.String())
+		}
+		return &a
+	}
+	if a := get("p", 0); len(a.Versions[0].Files) == 0 {
+		t.Fatal("root does not see the private model's files")
+	}
+	if a := get("p", 65534); len(a.Versions[0].Files) != 0 || a.Metadata != nil {
+		t.Fatalf("a local user sees the private model's files: %+v", a.Versions[0].Files)
+	}
+	if a := get("q", 65534); len(a.Versions[0].Files) == 0 {
+		t.Fatal("a local user does not see the public model's files")
 	}
 }
