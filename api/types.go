@@ -175,6 +175,11 @@ type Desire struct {
 	// Set only by k8ssync (a ModelCache's or a ModelCacheCredentials'
 	// allow-list).
 	AllowedNamespaces []string `json:"allowedNamespaces,omitempty"`
+	// LocalGroup (models.d) is a local group whose members may read the
+	// artifact's trees on the node (mode 0750, that group): a node's own
+	// consumers. It makes the artifact private too (no pod of a namespace
+	// AllowedNamespaces does not list mounts it).
+	LocalGroup string `json:"localGroup,omitempty"`
 }
 
 // Requester is the identity of a socket peer (SO_PEERCRED and the

@@ -327,6 +327,9 @@ func (p *pull) commit(ctx context.Context, entries cachestore.Manifest) error {
 	_, err := p.d.store.CommitVersion(ctx, spec)
 	if err == nil {
 		p.stage("publish", time.Since(t0))
+		if ds.LocalGroup != "" {
+			p.d.treeModes() // its group may read it now, not at the next pass
+		}
 	}
 	return clusterDigestError(ds, entries, err)
 }

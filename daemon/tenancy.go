@@ -1,16 +1,21 @@
 package daemon
 
 import (
+	"fmt"
 	"os"
+	"os/user"
 	"slices"
+	"strconv"
+	"syscall"
 
 	"github.com/modelcache/modelcache/api"
 )
 
 // Tenancy on the node. An artifact fetched with credentials is private
-// (api.Desire.AllowedNamespaces, from k8ssync): only pods of those
-// namespaces may mount it (csi.go), and on disk only root reaches its
-// files by a path:
+// (api.Desire.AllowedNamespaces, from k8ssync; or a models.d desire's
+// LocalGroup): only pods of those namespaces may mount it (csi.go), and
+// on disk only root (and the local group: 0750) reaches its files by a
+// path:
 //
 //   - its version trees (models/<name>/<rev>) are 0700: the store makes a
 //     private version's tree so before it is in place
@@ -34,11 +39,24 @@ import (
 // which files it has; a private artifact's blob that no public tree links
 // is reachable by root only.
 
-// private says whether ds's artifacts are private to some namespaces.
-func private(ds api.Desire) bool { return len(ds.AllowedNamespaces) > 0 }
+// private says whether ds's artifacts are private: to some namespaces, or
+// to a local group.
+func private(ds api.Desire) bool { return len(ds.AllowedNamespaces) > 0 || ds.LocalGroup != "" }
+
+// localGroupID is the gid of a group named by name or number.
+func localGroupID(name string) (int, error) {
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		if g, err = user.LookupGroupId(name); err != nil {
+			return 0, fmt.Errorf("%q: no such group on this node (getent group %s)", name, name)
+		}
+	}
+	return strconv.Atoi(g.Gid)
+}
 
 // mayMount says whether a pod of namespace ns may mount ds's artifact:
-// anyone a public one, the allowed namespaces a private one.
+// anyone a public one, the allowed namespaces a private one (none when
+// only a local group may read it).
 func mayMount(ds api.Desire, ns string) bool {
 	return !private(ds) || (ns != "" && slices.Contains(ds.AllowedNamespaces, ns))
 }
@@ -82,17 +100,35 @@ func (d *Daemon) treeModes() {
 		if !ok || ds.State == api.StateAbsent {
 			continue
 		}
-		mode := os.FileMode(0o755)
+		mode, gid := os.FileMode(0o755), -1
 		if private(ds) {
 			mode = 0o700
 		}
+		if ds.LocalGroup != "" {
+			g, err := localGroupID(ds.LocalGroup)
+			if err != nil {
+				d.log.Warn("a private artifact's local group is gone; its trees stay root's only", "artifact", a.Name, "err", err)
+			} else {
+				mode, gid = 0o750, g
+			}
+		}
 		for _, v := range a.Versions {
-			if mode == 0o700 && mounted[a.Name+"@"+v.Revision] {
+			if mode != 0o755 && mounted[a.Name+"@"+v.Revision] {
 				continue
 			}
 			dir := d.store.TreePath(v.Kind, a.Name, v.Revision)
 			fi, err := os.Lstat(dir)
-			if err != nil || !fi.IsDir() || fi.Mode().Perm() == mode {
+			if err != nil || !fi.IsDir() {
+				continue
+			}
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && gid >= 0 && int(st.Gid) != gid {
+				// The group first: the mode that admits it comes after.
+				if err := os.Lchown(dir, -1, gid); err != nil {
+					d.log.Error("giving a private artifact's tree to its local group", "artifact", a.Name, "revision", v.Revision, "err", err)
+					continue
+				}
+			}
+			if fi.Mode().Perm() == mode {
 				continue
 			}
 			if err := os.Chmod(dir, mode); err != nil {

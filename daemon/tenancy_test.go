@@ -3,11 +3,14 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -112,25 +115,11 @@ func TestCSIPrivateArtifactOnlyToAllowedNamespaces(t *testing.T) {
 // The directories above the store are opened to everyone first, so that
 // only the store's own modes stand in the way.
 func TestPrivateTreesNotReadableByLocalUsers(t *testing.T) {
-	setpriv := testenv.Require(t, "setpriv", "apt-get install util-linux")
 	r, shared := privateRig(t)
 	root := r.cfg.Root
-	for d := filepath.Dir(root); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
-		os.Chmod(d, 0o755)
-	}
-	for d := r.pods; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
-		os.Chmod(d, 0o755)
-	}
-	read := func(p string) error {
-		out, err := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "cat", p).CombinedOutput()
-		if err == nil && string(out) != string(shared) {
-			t.Fatalf("%s as uid 65534: other bytes", p)
-		}
-		if err != nil {
-			return &os.PathError{Op: "read as uid 65534", Path: p, Err: os.ErrPermission}
-		}
-		return nil
-	}
+	openAbove(filepath.Dir(root))
+	openAbove(r.pods)
+	read := func(p string) error { return readAs(t, 65534, 65534, p, shared) }
 	p, _ := r.c.Get(context.Background(), "p")
 	q, _ := r.c.Get(context.Background(), "q")
 	pTree := r.d.store.TreePath("model", "p", p.Revision)
@@ -174,6 +163,83 @@ func allowing(t *testing.T, d *Daemon, ds api.Desire) func(...string) {
 		if err := (clusterNode{d}).SetClusterDesires(map[string]api.Desire{ds.Name: ds}, nil); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// openAbove makes dir and the directories above it (up to the temp dir)
+// traversable by everyone: the test's own directories, so that only the
+// store's modes stand between a local user and a file.
+func openAbove(dir string) {
+	for d := dir; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+}
+
+// readAs reads path as uid:gid with no supplementary groups (setpriv):
+// nil when it reads exactly want, ErrPermission when it cannot read it.
+func readAs(t *testing.T, uid, gid int, path string, want []byte) error {
+	t.Helper()
+	setpriv := testenv.Require(t, "setpriv", "apt-get install util-linux")
+	out, err := exec.Command(setpriv, fmt.Sprintf("--reuid=%d", uid), fmt.Sprintf("--regid=%d", gid), "--clear-groups", "cat", path).CombinedOutput()
+	if err != nil {
+		return &os.PathError{Op: fmt.Sprintf("read as %d:%d", uid, gid), Path: path, Err: os.ErrPermission}
+	}
+	if string(out) != string(want) {
+		t.Fatalf("%s as %d:%d: other bytes", path, uid, gid)
+	}
+	return nil
+}
+
+// TestLocalGroupReadsAPrivateTree: a models.d desire that names a local
+// group is private to it: its tree is 0750 of that group, a member reads
+// it and another local user does not, and no pod mounts it; a group the
+// node does not have is refused, naming it.
+func TestLocalGroupReadsAPrivateTree(t *testing.T) {
+	g, err := user.LookupGroupId("65534")
+	if err != nil {
+		testenv.Missing(t, "a group of gid 65534 (nogroup)", "Debian has it")
+	}
+	w := data(3000, 46)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	cfg := csiConfig(t)
+	if err := os.MkdirAll(cfg.ModelsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := func(name, group string) {
+		y := fmt.Sprintf("name: %s\nuri: %s/w.bin#sha256=%s\nlocalGroup: %q\n", name, srv.URL, sha(w), group)
+		if err := os.WriteFile(filepath.Join(cfg.ModelsDir, name+".yaml"), []byte(y), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	file("m", g.Name)
+	r := startCSI(t, cfg)
+	defer r.stop()
+	a := r.waitPhase("m", api.PhaseReady)
+	tree := r.d.store.TreePath("model", "m", a.Revision)
+	openAbove(filepath.Dir(r.cfg.Root))
+	testenv.Eventually(t, "the tree 0750 of the group", 10*time.Second, func() error {
+		fi, err := os.Stat(tree)
+		if err != nil {
+			return err
+		}
+		if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != 0o750 || st.Gid != 65534 {
+			return fmt.Errorf("mode %v gid %d", fi.Mode().Perm(), st.Gid)
+		}
+		return nil
+	})
+	if err := readAs(t, 65534, 65534, filepath.Join(tree, "w.bin"), w); err != nil {
+		t.Fatalf("a member of the group: %v", err)
+	}
+	if err := readAs(t, 65534, 1, filepath.Join(tree, "w.bin"), w); err == nil {
+		t.Fatal("a local user outside the group read the tree")
+	}
+	err = r.publishAs("ml", "vol-1", r.target("uid-1", "model"), map[string]string{"modelCache": "m"})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a pod mounted a model private to a local group: %v", err)
+	}
+	file("bad", "no-such-group-here")
+	if _, err := (modelsDir{r.d}).parse(filepath.Join(cfg.ModelsDir, "bad.yaml")); err == nil || !strings.Contains(err.Error(), `localGroup: "no-such-group-here": no such group`) {
+		t.Fatalf("a models.d desire naming a group the node lacks: %v", err)
 	}
 }
 
