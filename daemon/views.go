@@ -117,6 +117,9 @@ func (vw views) handleGet(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if a.Desire != nil && private(*a.Desire) && !vw.d.mayMutate(r) {
+		hidePrivate(a)
+	}
 	return writeJSON(w, a)
 }
 
