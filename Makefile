@@ -46,10 +46,11 @@ vet:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # Benchmarks against curl and cp on loopback; see README.md (Benchmarks). BENCH_SIZE_MIB sets the model size.
-# warm/ reads WARM_BENCH_MIB, WARM_BENCH_DELAY and WARM_BENCH_PULL_MIB (docs/benchmarks.md).
+# warm/ and daemon/'s BenchmarkWarmCSI read WARM_BENCH_MIB, WARM_BENCH_DELAY and WARM_BENCH_PULL_MIB (docs/benchmarks.md).
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./cachestore/ ./daemon/capacity/ ./warm/
 	$(GO) test -run '^$$' -bench FanOut -benchtime 1x ./daemon/
+	$(GO) test -run '^$$' -bench 'WarmCSI' -benchtime 3x ./daemon/
 	$(GO) run ./bench/pullbench -bin $(BIN)
 
 # The .deb (dpkg-deb; see packaging/deb/): binaries, units, sysusers and

@@ -358,6 +358,39 @@ func (c *Client) Release(ctx context.Context, name, holder string) error {
 	return c.call(ctx, "DELETE", "/v1/artifacts/"+url.PathEscape(name)+"/lease?holder="+url.QueryEscape(holder), nil, nil)
 }
 
+// Warm starts reading name's current revision into the page cache (or
+// joins the warm of it that runs). Without wait it returns at once; with
+// wait it calls fn with the progress (about once a second) and returns
+// the warm's end, whose Reason says why it ended.
+func (c *Client) Warm(ctx context.Context, name string, wait bool, fn func(WarmResult)) (*WarmResult, error) {
+	path := "/v1/artifacts/" + url.PathEscape(name) + "/warm"
+	if !wait {
+		var r WarmResult
+		return &r, c.call(ctx, "POST", path, nil, &r)
+	}
+	resp, err := c.do(ctx, "POST", path+"?wait=true", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var r WarmResult
+		if err := dec.Decode(&r); err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, &UnavailableError{Socket: c.socket(), Err: fmt.Errorf("the warm's stream ended before the warm did: %w", err)}
+		}
+		if fn != nil {
+			fn(r)
+		}
+		if r.Reason != "" {
+			return &r, nil
+		}
+	}
+}
+
 // Usage returns the store's disk use.
 func (c *Client) Usage(ctx context.Context) (*Usage, error) {
 	var u Usage

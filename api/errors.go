@@ -18,6 +18,7 @@ const (
 	CodeUnavailable    = "unavailable"
 	CodeFailed         = "failed" // a pull ended Failed
 	CodeTimeout        = "timeout"
+	CodeRateLimited    = "rate_limited" // too many requests of one caller lately; try again later
 	CodeInternal       = "internal"
 )
 
@@ -34,19 +35,20 @@ var (
 	ErrUnavailable    = errors.New("daemon unavailable")
 	ErrFailed         = errors.New("failed")
 	ErrTimeout        = errors.New("timeout")
+	ErrRateLimited    = errors.New("rate limited")
 )
 
 var codeSentinel = map[string]error{
 	CodeNotFound: ErrNotFound, CodeInvalid: ErrInvalid, CodeConflict: ErrConflict,
 	CodeForbidden: ErrForbidden, CodePinned: ErrPinned, CodeInUse: ErrInUse, CodeDigestMismatch: ErrDigestMismatch,
-	CodeUnavailable: ErrUnavailable, CodeFailed: ErrFailed, CodeTimeout: ErrTimeout,
+	CodeUnavailable: ErrUnavailable, CodeFailed: ErrFailed, CodeTimeout: ErrTimeout, CodeRateLimited: ErrRateLimited,
 }
 
 var codeStatus = map[string]int{
 	CodeNotFound: http.StatusNotFound, CodeInvalid: http.StatusBadRequest, CodeConflict: http.StatusConflict,
 	CodeForbidden: http.StatusForbidden, CodePinned: http.StatusConflict, CodeInUse: http.StatusConflict, CodeDigestMismatch: http.StatusUnprocessableEntity,
 	CodeUnavailable: http.StatusServiceUnavailable, CodeFailed: http.StatusUnprocessableEntity,
-	CodeTimeout: http.StatusGatewayTimeout, CodeInternal: http.StatusInternalServerError,
+	CodeTimeout: http.StatusGatewayTimeout, CodeInternal: http.StatusInternalServerError, CodeRateLimited: http.StatusTooManyRequests,
 }
 
 // Error is an error as it crosses the socket.

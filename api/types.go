@@ -196,7 +196,44 @@ type Artifact struct {
 	// held and waits for the cluster's flip, Failed with the reason when
 	// it could not be had (Revision still serves).
 	Next *NextRevision `json:"next,omitempty"`
+	// Resident is how much of the current revision's files is in the
+	// page cache (mincore); only from Get, Ready artifacts.
+	Resident *Residency `json:"resident,omitempty"`
 }
+
+// Residency is how much of a tree is in the page cache.
+type Residency struct {
+	Bytes int64 `json:"bytes"` // resident
+	Total int64 `json:"total"` // of the tree's files
+}
+
+// WarmResult is one warm of a revision: reading it into the page cache
+// ahead of the process about to load it (modelctl warm).
+type WarmResult struct {
+	Name     string `json:"name"`
+	Revision string `json:"revision"`
+	// Joined: a warm of this revision ran already; the request joined it.
+	Joined bool `json:"joined,omitempty"`
+	// Reason is why it ended (WarmDone, WarmBudget, WarmOvertaken,
+	// WarmCancelled, WarmFailed); empty while it runs.
+	Reason string `json:"reason,omitempty"`
+	// Message says the same for people.
+	Message       string  `json:"message,omitempty"`
+	WarmedBytes   int64   `json:"warmedBytes"`   // read into the page cache
+	ResidentBytes int64   `json:"residentBytes"` // found resident already
+	TotalBytes    int64   `json:"totalBytes"`    // of the revision's files (0 until planned)
+	BudgetBytes   int64   `json:"budgetBytes"`   // the most it may read (0 until planned)
+	Seconds       float64 `json:"seconds"`
+}
+
+// Why a warm ended (WarmResult.Reason).
+const (
+	WarmDone      = "done"      // every byte is resident
+	WarmBudget    = "budget"    // it read its memory budget's worth
+	WarmOvertaken = "overtaken" // the consumer's own reads got ahead of it
+	WarmCancelled = "cancelled" // every hold that asked for it ended (unpublished, lease ended, evicted)
+	WarmFailed    = "failed"    // the tree could not be read (Message says why)
+)
 
 // NextRevision is a rollout's revision on this node before it is current.
 type NextRevision struct {

@@ -14,6 +14,7 @@
 //	      modelCache: llama-3-8b      # a ModelCache name or a local artifact name
 //	      revision: 5f0b02c7…         # optional: one the node holds
 //	      kernelCaches: none          # none (the default) or auto
+//	      warm: "true"                # "false": the node does not read the model into the page cache ahead of the pod
 //
 // NodePublishVolume validates the request (target under kubelet's pods
 // directory, no ".."; attributes by name), asks the

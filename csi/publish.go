@@ -197,7 +197,7 @@ func (d *Driver) volumeFrom(req *csipb.NodePublishVolumeRequest) (Volume, error)
 		return v, err
 	}
 	attrs := req.GetVolumeContext()
-	fields := map[string]*string{AttrModelCache: &v.Model, AttrRevision: &v.Revision, AttrKernelCaches: &v.KernelCaches,
+	fields := map[string]*string{AttrModelCache: &v.Model, AttrRevision: &v.Revision, AttrKernelCaches: &v.KernelCaches, AttrWarm: &v.Warm,
 		attrPodName: &v.PodName, attrPodNamespace: &v.PodNamespace, attrPodUID: &v.PodUID}
 	var unknown []string
 	for k, val := range attrs {
@@ -218,7 +218,7 @@ func (d *Driver) volumeFrom(req *csipb.NodePublishVolumeRequest) (Volume, error)
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return v, status.Errorf(codes.InvalidArgument, "volumeAttributes: unknown %s; %s takes %s, %s and %s", strings.Join(unknown, ", "), DriverName, AttrModelCache, AttrRevision, AttrKernelCaches)
+		return v, status.Errorf(codes.InvalidArgument, "volumeAttributes: unknown %s; %s takes %s, %s, %s and %s", strings.Join(unknown, ", "), DriverName, AttrModelCache, AttrRevision, AttrKernelCaches, AttrWarm)
 	}
 	if v.Model == "" {
 		return v, status.Errorf(codes.InvalidArgument, "volumeAttributes.%s is missing: name the ModelCache (or local artifact) to mount", AttrModelCache)
@@ -235,6 +235,13 @@ func (d *Driver) volumeFrom(req *csipb.NodePublishVolumeRequest) (Volume, error)
 	case "auto":
 	default:
 		return v, status.Errorf(codes.InvalidArgument, "volumeAttributes.%s %q: use auto or none", AttrKernelCaches, v.KernelCaches)
+	}
+	switch v.Warm {
+	case "", "true":
+		v.Warm = "true"
+	case "false":
+	default:
+		return v, status.Errorf(codes.InvalidArgument, "volumeAttributes.%s %q: use \"true\" (the default: the node reads the model into memory ahead of the pod) or \"false\"", AttrWarm, v.Warm)
 	}
 	return v, nil
 }

@@ -27,6 +27,7 @@ const (
 	AttrModelCache   = "modelCache"
 	AttrRevision     = "revision"
 	AttrKernelCaches = "kernelCaches"
+	AttrWarm         = "warm"
 
 	attrPodName      = "csi.storage.k8s.io/pod.name"
 	attrPodNamespace = "csi.storage.k8s.io/pod.namespace"
@@ -44,6 +45,9 @@ type Volume struct {
 	Model        string `json:"modelCache"`
 	Revision     string `json:"revision,omitempty"`
 	KernelCaches string `json:"kernelCaches,omitempty"`
+	// Warm is "true" (the default) or "false": whether the node reads
+	// the revision into the page cache ahead of the pod.
+	Warm string `json:"warm,omitempty"`
 	// Kernels are the kernel cache versions the volume shows under
 	// kernels/<name>/ (kernelCaches: auto); the Backend fills them.
 	Kernels []KernelCache `json:"kernels,omitempty"`

@@ -90,7 +90,10 @@ func newSpace(d *Daemon) *space {
 			}
 			return evictions{d}.dropAdHoc(v, p.For)
 		},
-		Evicted: func(v capacity.Victim) { s.metrics.evictions.WithLabelValues(v.Reason).Inc() },
+		Evicted: func(v capacity.Victim) {
+			s.metrics.evictions.WithLabelValues(v.Reason).Inc()
+			d.warming.evicted(v.Name, v.Revision)
+		},
 		// The partials of a pull being admitted stay.
 		Reclaim: func(ctx context.Context, need int64, p capacity.Pass) (int64, error) {
 			return s.reclaimIngests(ctx, need, p.Protect...)

@@ -21,6 +21,7 @@ import (
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/k8ssync"
+	"github.com/modelcache/modelcache/warm"
 )
 
 // Config is everything modelcached is told at start. Zero fields take the
@@ -85,6 +86,13 @@ type Config struct {
 	// 0 turns the floor off.
 	ProgressFloor  int64
 	ProgressWindow time.Duration
+	// Warm reads what a pod is about to load into the page cache ahead of
+	// it (warming.go): on CSI publish, wait, lease and modelctl warm.
+	// WarmShare is the share of MemAvailable all running warms may fill,
+	// WarmLimit a cap in bytes over them (0: none beyond the share).
+	Warm      bool
+	WarmShare float64
+	WarmLimit int64
 	// Cluster, when set, syncs with Kubernetes (ModelCache objects become
 	// desires, this node's status is written); nil: standalone.
 	Cluster *k8ssync.Config
@@ -127,6 +135,8 @@ func DefaultConfig() Config {
 		Capacity:           capacity.DefaultPolicy(),
 		CapacityInterval:   10 * time.Second,
 		Version:            "dev",
+		Warm:               true,
+		WarmShare:          warm.DefaultShare,
 
 		KernelCacheSignaturePolicy: api.PolicyRequired,
 		MaxConnectionsPerUID:       64,
@@ -217,6 +227,12 @@ func (c *Config) Validate() error {
 		if err := c.Peer.validate(c.Cluster != nil); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if c.Warm && !(c.WarmShare > 0 && c.WarmShare <= 1) {
+		errs = append(errs, fmt.Errorf("--warm-share %v: want a share of MemAvailable in (0, 1], e.g. %v; turn warming off with --warm=false", c.WarmShare, warm.DefaultShare))
+	}
+	if c.WarmLimit < 0 {
+		errs = append(errs, fmt.Errorf("--warm-limit %d: want bytes >= 0, or a size such as 8Gi (0: no cap beyond --warm-share)", c.WarmLimit))
 	}
 	if c.BandwidthLimit < 0 {
 		errs = append(errs, fmt.Errorf("--bandwidth-limit %d: want >= 0", c.BandwidthLimit))

@@ -259,6 +259,7 @@ func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, er
 	for _, kc := range v.Kernels {
 		d.store.Touch(kc.Name, kc.Revision)
 	}
+	d.warming.volume(v)
 	return rev, tree, nil
 }
 
@@ -464,6 +465,7 @@ func listOr(xs []string, none string) string {
 // and every Hold takes desires.writeMu.
 func (c *csiVolumes) Release(_ context.Context, id string) error {
 	d := c.d
+	d.warming.let(csiHoldKey(id))
 	d.store.RemoveHoldTree(csiHoldKey(id))
 	d.desires.writeMu.Lock()
 	defer d.desires.writeMu.Unlock()

@@ -30,9 +30,9 @@ import (
 //
 //	space.capMu → space.evictMu → desires.writeMu → mu → leaf locks;  space.scanRun → space.scanMu
 //
-// The leaf locks (sources.mu, leaseSet.mu, csiVolumes.mu, space.scanMu,
-// fanout.mu) guard their component's own state and are never held
-// together or while another lock is taken.
+// The leaf locks (sources.mu, leaseSet.mu, csiVolumes.mu, warming.mu,
+// space.scanMu, fanout.mu) guard their component's own state and are
+// never held together or while another lock is taken.
 //
 // mu, the daemon lock, guards the in-memory state that API reads join
 // (desires, artifact states, pod holders, flights) and is held only for
@@ -54,6 +54,7 @@ type Daemon struct {
 	backoff fetchers.Backoff // of each request of a pull
 	leases  *leaseSet        // modelctl lease (inuse.go)
 	csi     *csiVolumes      // the volumes pods hold (csi.go)
+	warming *warming         // reads what pods are about to load into the page cache (warming.go)
 	kernels *kernels         // GPUs, kernel cache signatures and compatibility (kernelcache.go)
 	space   *space           // admission, eviction passes, the /proc scan (admission.go)
 	fanout  *fanout          // the peer port and fetches from peers; nil when off (fanout.go)
@@ -142,6 +143,11 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 			return nil, err
 		}
 	}
+	if d.warming, err = newWarming(cfg, st, log, d.metrics); err != nil {
+		st.Close()
+		return nil, err
+	}
+	d.leases.warm = d.warming
 	if cfg.Cluster != nil {
 		// client-go's global log is set here, before Run starts anything
 		// that uses client-go (and before the caller goes on).
@@ -199,6 +205,7 @@ func (d *Daemon) Store() *cachestore.Store { return d.store }
 // stopped (their partial data stays for a resume) and the index is closed.
 func (d *Daemon) Run(ctx context.Context) error {
 	defer d.store.Close()
+	defer d.warming.close() // before the store closes: warms read its trees
 	ln, err := d.listen()
 	if err != nil {
 		return err

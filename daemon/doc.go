@@ -17,6 +17,8 @@
 //	            partial downloads reclaimed, the /proc scan
 //	leaseSet    modelctl lease
 //	csiVolumes  the volumes pods hold (csi.Backend)
+//	warming     what pods are about to load, read into the page cache ahead
+//	            of them (package warm): on publish, lease, wait, modelctl warm
 //	views       the read side: list, inspect, status, usage, waits
 //	evictions   how artifacts leave: modelctl evict and gc, absent desires,
 //	            ad-hoc entries evicted for space
@@ -65,6 +67,8 @@
 //	               kernelCaches: auto its kernel caches, in a composed tree), recorded
 //	               in the index (holds/csi:<id>) and under <root>/holds/; volumes no
 //	               record names are found again in the mount table at start
+//	warming.go     warming: the warm.Warmer, its holds (a volume, a lease, the daemon's
+//	               life), the warm route, residency for inspect
 //	ingests.go     partial downloads: abandoned, resumable, reclaimed
 //	evict.go       evictions: modelctl evict, absent desires, gc
 //	views.go       views: list, inspect, status, usage; wait.go the streams of them

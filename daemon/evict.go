@@ -59,6 +59,7 @@ func (e evictions) evictAbsent(ctx context.Context, name string) {
 		say("", fmt.Sprintf("desired absent but not evicted: %v", err), true)
 		return
 	}
+	d.warming.evicted(name, revs...)
 	d.log.Info("evicted absent artifact", "artifact", name, "revisions", revs)
 	d.metrics.evictions.WithLabelValues(capacity.ReasonAbsent).Add(float64(len(revs)))
 	say(api.PhasePending, "absent", false)
@@ -106,6 +107,7 @@ func (e evictions) handleEvict(w http.ResponseWriter, r *http.Request) error {
 	default:
 		res.Revisions = revs
 		d.metrics.evictions.WithLabelValues(capacity.ReasonManual).Add(float64(len(revs)))
+		d.warming.evicted(q.name, revs...)
 	}
 	if q.rev == "" {
 		d.mu.Lock()
@@ -220,6 +222,7 @@ func (e evictions) evictKernels(ctx context.Context, q evictRequest) []string {
 		for _, rv := range revs {
 			out = append(out, k+"@"+rv)
 		}
+		d.warming.evicted(k, revs...)
 		d.metrics.evictions.WithLabelValues(capacity.ReasonManual).Add(float64(len(revs)))
 		d.mu.Lock()
 		delete(d.arts, k)

@@ -23,6 +23,9 @@ type leaseSet struct {
 	store *cachestore.Store
 	// changed wakes the daemon's waiters (it takes the daemon lock).
 	changed func()
+	// warm reads a leased revision into the page cache while the lease
+	// lasts (leaseWarm).
+	warm *warming
 
 	mu sync.Mutex // guards m; taken after the daemon lock, nothing under it
 	m  map[string]map[string]*lease
@@ -202,8 +205,13 @@ func (ls *leaseSet) handleLease(w http.ResponseWriter, r *http.Request) error {
 	ls.mu.Unlock()
 	ls.changed()
 	ls.store.Touch(name, out.Revision)
+	ls.warm.hold(leaseWarm(name, req.Holder), ttl, name, out.Revision, warmCaller(r))
 	return writeJSON(w, out)
 }
+
+// leaseWarm is the warm hold of holder's lease on name: it ends with the
+// lease (released, or its TTL passed without a renewal).
+func leaseWarm(name, holder string) string { return "lease:" + name + "/" + holder }
 
 func (ls *leaseSet) handleRelease(w http.ResponseWriter, r *http.Request) error {
 	name, holder := r.PathValue("name"), r.URL.Query().Get("holder")
@@ -214,6 +222,7 @@ func (ls *leaseSet) handleRelease(w http.ResponseWriter, r *http.Request) error 
 	if !ok {
 		return api.Errorf(api.CodeNotFound, "artifact %s: no lease held by %q", name, holder)
 	}
+	ls.warm.let(leaseWarm(name, holder))
 	ls.changed()
 	return writeJSON(w, map[string]string{"released": holder})
 }

@@ -244,6 +244,12 @@ func (c *stateCollector) answered(ch chan<- prometheus.Metric, name string, err 
 }
 
 // metricsHandler serves /metrics and /healthz on the metrics address.
+// register adds a component's modelcache_* series (warming's).
+func (m *metrics) register(cs ...prometheus.Collector) {
+	m.own = append(m.own, cs...)
+	m.reg.MustRegister(cs...)
+}
+
 func (d *Daemon) metricsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))

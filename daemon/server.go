@@ -39,6 +39,7 @@ func (d *Daemon) routeTable() []route {
 		{"DELETE /v1/artifacts/{name}", true, evictions{d}.handleEvict},
 		{"POST /v1/artifacts/{name}/lease", true, d.leases.handleLease},
 		{"DELETE /v1/artifacts/{name}/lease", true, d.leases.handleRelease},
+		{"POST /v1/artifacts/{name}/warm", true, d.warming.handleWarm},
 		{"POST /v1/verify", true, d.handleVerify},
 		{"POST /v1/gc", true, evictions{d}.handleGC},
 	}

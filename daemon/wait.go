@@ -20,7 +20,25 @@ func (vw views) handleWait(w http.ResponseWriter, r *http.Request) error {
 			return api.Errorf(api.CodeInvalid, "timeout %q: want a duration such as 10m", t)
 		}
 	}
-	return vw.streamUntil(w, r, r.PathValue("name"), timeout, func(st *artState) (bool, error) { return st == nil || st.cancel == nil, nil })
+	// A process waits for what it is about to load: warm it meanwhile.
+	ready := func(a *api.Artifact) {
+		if _, _, err := vw.d.warming.start(context.Background(), a.Name, a.Revision, warmCaller(r)); err != nil && err != errWarmOff {
+			vw.d.log.Debug("not warming after wait", "artifact", a.Name, "revision", a.Revision, "err", err)
+		}
+	}
+	return vw.streamUntil(w, r, r.PathValue("name"), timeout, ready, func(st *artState) (bool, error) { return st == nil || st.cancel == nil, nil })
+}
+
+// startStream answers r with a stream of JSON lines: it reads what is
+// left of the body (a decoded request leaves at most a newline; the read
+// timeout still bounds it), at whose end the server starts watching the
+// connection for the client going away, and returns the lines' encoder,
+// the flusher and a ticker of streamHeartbeat (the caller stops it).
+func startStream(w http.ResponseWriter, r *http.Request) (*json.Encoder, *http.ResponseController, *time.Ticker) {
+	io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	return json.NewEncoder(w), http.NewResponseController(w), time.NewTicker(streamHeartbeat)
 }
 
 // streamHeartbeat is the longest a stream goes without a line: a pending
@@ -34,25 +52,18 @@ const streamHeartbeat = time.Second
 // reads it; a peer that closes the connection cancels the request (the
 // server watches the read side once the body is read), and a peer that
 // stops reading fails a write SocketWriteTimeout after the socket's
-// buffers fill.
-func (vw views) streamUntil(w http.ResponseWriter, r *http.Request, name string, timeout time.Duration, done func(*artState) (bool, error)) error {
+// buffers fill. ready, when set, is called with the artifact when the
+// stream ends Ready.
+func (vw views) streamUntil(w http.ResponseWriter, r *http.Request, name string, timeout time.Duration, ready func(*api.Artifact), done func(*artState) (bool, error)) error {
 	d := vw.d
-	// Read what is left of the body (a decoded request leaves at most a
-	// newline; the read timeout still bounds it): at its end the server
-	// starts watching the connection for the client going away.
-	io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
+	enc, rc, tick := startStream(w, r)
+	defer tick.Stop()
 	ctx := r.Context()
 	if timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.WriteHeader(http.StatusOK)
-	enc := json.NewEncoder(w)
-	rc := http.NewResponseController(w)
-	tick := time.NewTicker(streamHeartbeat)
-	defer tick.Stop()
 	for {
 		d.mu.Lock()
 		changed := d.changed
@@ -81,6 +92,9 @@ func (vw views) streamUntil(w http.ResponseWriter, r *http.Request, name string,
 			if err := settledErr(a); err != nil {
 				enc.Encode(api.Event{Artifact: a, Error: toAPIError(err)})
 			} else {
+				if ready != nil && a.Phase == api.PhaseReady {
+					ready(a)
+				}
 				enc.Encode(api.Event{Artifact: a, Done: true})
 			}
 			rc.Flush()

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/modelcache/modelcache/warm/warmtest"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,30 +28,6 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(benchModel.dir)
 	}
 	os.Exit(code)
-}
-
-func envInt(b *testing.B, name string, def int64) int64 {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n <= 0 {
-		b.Fatalf("%s=%q: give a positive whole number", name, v)
-	}
-	return n
-}
-
-func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d < 0 {
-		b.Fatalf("%s=%q: give a duration such as 5s", name, v)
-	}
-	return d
 }
 
 // BenchmarkWarm measures what warming buys a pod and costs a pull, on
@@ -73,9 +49,9 @@ func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
 // WARM_BENCH_DIR picks a disk-backed directory (default TMPDIR, else
 // /var/tmp).
 func BenchmarkWarm(b *testing.B) {
-	size := envInt(b, "WARM_BENCH_MIB", 2048)
-	pullMiB := envInt(b, "WARM_BENCH_PULL_MIB", 1024)
-	delay := envDuration(b, "WARM_BENCH_DELAY", 2*time.Second)
+	size := warmtest.EnvInt(b, "WARM_BENCH_MIB", 2048)
+	pullMiB := warmtest.EnvInt(b, "WARM_BENCH_PULL_MIB", 1024)
+	delay := warmtest.EnvDuration(b, "WARM_BENCH_DELAY", 2*time.Second)
 	benchModel.Do(func() {
 		base, err := diskBase(os.Getenv("WARM_BENCH_DIR"))
 		if err != nil {
@@ -88,7 +64,7 @@ func BenchmarkWarm(b *testing.B) {
 			return
 		}
 		benchModel.dir = d
-		model(b, d, 4, size/4)
+		warmtest.Model(b, d, 4, size/4)
 		benchModel.items, benchModel.err = Plan(d)
 	})
 	if benchModel.err != nil {
@@ -140,23 +116,11 @@ func benchReader(b *testing.B, dir string, items []Item, delay time.Duration, on
 	stop := benchWarm(b, dir, on)
 	time.Sleep(delay)
 	start := time.Now()
-	buf := make([]byte, 16<<20)
-	files := map[string]*os.File{}
+	rd := &warmtest.Reader{Dir: dir}
+	defer rd.Close()
 	for _, it := range items {
-		f := files[it.File]
-		if f == nil {
-			var err error
-			if f, err = os.Open(filepath.Join(dir, it.File)); err != nil {
-				b.Fatal(err)
-			}
-			defer f.Close()
-			files[it.File] = f
-		}
-		for off := it.Offset; off < it.Offset+it.Length; off += int64(len(buf)) {
-			n := min(int64(len(buf)), it.Offset+it.Length-off)
-			if _, err := f.ReadAt(buf[:n], off); err != nil {
-				b.Fatal(err)
-			}
+		if err := rd.Read(it.File, it.Offset, it.Length); err != nil {
+			b.Fatal(err)
 		}
 	}
 	d := time.Since(start)

@@ -2,6 +2,7 @@ package warm
 
 import (
 	"errors"
+	"github.com/modelcache/modelcache/warm/warmtest"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -12,22 +13,22 @@ import (
 func TestPlanReadsInLoaderOrder(t *testing.T) {
 	dir := t.TempDir()
 	for _, f := range []string{"README.md", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "tokenizer.json"} {
-		writeFile(t, filepath.Join(dir, f), "{}\n")
+		warmtest.File(t, filepath.Join(dir, f), "{}\n")
 	}
-	writeFile(t, filepath.Join(dir, "config.json"), `{"model_type": "llama"}`)
-	writeFile(t, filepath.Join(dir, "pytorch_model.bin"), strings.Repeat("w", 300))
+	warmtest.File(t, filepath.Join(dir, "config.json"), `{"model_type": "llama"}`)
+	warmtest.File(t, filepath.Join(dir, "pytorch_model.bin"), strings.Repeat("w", 300))
 	// The index names shard 2 first; a shard's tensors are stored out of
 	// name order.
-	writeIndex(t, filepath.Join(dir, "model.safetensors.index.json"), [][2]string{
+	warmtest.Index(t, filepath.Join(dir, "model.safetensors.index.json"), [][2]string{
 		{"b.weight", "model-00002-of-00002.safetensors"},
 		{"a.weight", "model-00001-of-00002.safetensors"},
 		{"c.weight", "model-00002-of-00002.safetensors"},
 		{"escape", "../outside.safetensors"},
 	})
-	h1 := writeSafetensors(t, filepath.Join(dir, "model-00001-of-00002.safetensors"), []tensorSpec{{"z", 100}, {"a.weight", 200}})
-	h2 := writeSafetensors(t, filepath.Join(dir, "model-00002-of-00002.safetensors"), []tensorSpec{{"c.weight", 64}, {"b.weight", 32}})
+	h1 := warmtest.Safetensors(t, filepath.Join(dir, "model-00001-of-00002.safetensors"), []warmtest.Tensor{{Name: "z", Size: 100}, {Name: "a.weight", Size: 200}})
+	h2 := warmtest.Safetensors(t, filepath.Join(dir, "model-00002-of-00002.safetensors"), []warmtest.Tensor{{Name: "c.weight", Size: 64}, {Name: "b.weight", Size: 32}})
 	// A shard no index names, with 16 bytes no tensor covers.
-	h3 := writeSafetensors(t, filepath.Join(dir, "extra.safetensors"), []tensorSpec{{"e", 40}})
+	h3 := warmtest.Safetensors(t, filepath.Join(dir, "extra.safetensors"), []warmtest.Tensor{{Name: "e", Size: 40}})
 	f, err := os.OpenFile(filepath.Join(dir, "extra.safetensors"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -35,12 +36,12 @@ func TestPlanReadsInLoaderOrder(t *testing.T) {
 	f.Write(make([]byte, 16))
 	f.Close()
 	// A shard whose header length lies: read whole, in name order.
-	writeFile(t, filepath.Join(dir, "broken.safetensors"), "\xff\xff\xff\xff\xff\xff\xff\x7fnot json")
+	warmtest.File(t, filepath.Join(dir, "broken.safetensors"), "\xff\xff\xff\xff\xff\xff\xff\x7fnot json")
 	// An in-tree link to the config and an empty file: neither is read twice or at all.
 	if err := os.Symlink("config.json", filepath.Join(dir, "alias.json")); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(dir, "empty.json"), "")
+	warmtest.File(t, filepath.Join(dir, "empty.json"), "")
 
 	got, err := Plan(dir)
 	if err != nil {
@@ -91,7 +92,7 @@ func TestPlanReadsInLoaderOrder(t *testing.T) {
 
 func TestPlanRefusesSymlinksOutOfTheTree(t *testing.T) {
 	outside := t.TempDir()
-	writeFile(t, filepath.Join(outside, "secret.safetensors"), "secret")
+	warmtest.File(t, filepath.Join(outside, "secret.safetensors"), "secret")
 	for _, tc := range []struct{ name, target string }{
 		{"relative", "../" + filepath.Base(outside) + "/secret.safetensors"},
 		{"absolute", filepath.Join(outside, "secret.safetensors")},
@@ -104,7 +105,7 @@ func TestPlanRefusesSymlinksOutOfTheTree(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { os.RemoveAll(dir) })
-			writeFile(t, filepath.Join(dir, "config.json"), "{}")
+			warmtest.File(t, filepath.Join(dir, "config.json"), "{}")
 			if err := os.Symlink(tc.target, filepath.Join(dir, "model.safetensors")); err != nil {
 				t.Fatal(err)
 			}
@@ -125,7 +126,7 @@ func TestPlanRefusesSymlinksOutOfTheTree(t *testing.T) {
 func TestPlanFollowsThePathToTheTree(t *testing.T) {
 	base := t.TempDir()
 	rev := filepath.Join(base, "rev1")
-	writeFile(t, filepath.Join(rev, "config.json"), "{}")
+	warmtest.File(t, filepath.Join(rev, "config.json"), "{}")
 	if err := os.Symlink("rev1", filepath.Join(base, "current")); err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +152,7 @@ func TestReadHeaderRefusesHostileHeaders(t *testing.T) {
 		"offsets turned": "\x2b\x00\x00\x00\x00\x00\x00\x00" + `{"t":{"dtype":"U8","data_offsets":[2,1]}}  ` + "xx",
 	} {
 		p := filepath.Join(dir, "f")
-		writeFile(t, p, content)
+		warmtest.File(t, p, content)
 		f, err := os.Open(p)
 		if err != nil {
 			t.Fatal(err)

@@ -170,6 +170,18 @@ func WithMetrics(m *Metrics) Option {
 	return func(c *config) error { c.metrics = m; return nil }
 }
 
+// WithChunkHook calls fn with the warm's key before each chunk it reads,
+// on the warm's own thread: a test's way to hold a warm while it runs
+// (the warm sees its context end once fn returns). Default none.
+func WithChunkHook(fn func(key string)) Option {
+	return func(c *config) error {
+		if fn != nil {
+			c.onChunk = func(r *Run, _ int) { fn(r.key) }
+		}
+		return nil
+	}
+}
+
 // WithLogger logs each warm's end. Default nil: silent.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error { c.log = l; return nil }

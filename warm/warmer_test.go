@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/modelcache/modelcache/internal/testenv"
+	"github.com/modelcache/modelcache/warm/warmtest"
 )
 
 // withChunkHook calls f before each chunk of every warm.
@@ -49,7 +50,7 @@ func residentOf(t *testing.T, dir string) (int64, int64) {
 // for a reader.
 func TestWarmMakesTheTreeResident(t *testing.T) {
 	dir := diskDir(t)
-	model(t, dir, 3, 16)
+	warmtest.Model(t, dir, 3, 16)
 	drop(t, dir)
 	m := NewMetrics()
 	var prio struct {
@@ -93,7 +94,7 @@ func TestWarmMakesTheTreeResident(t *testing.T) {
 
 func TestWarmStopsAtTheBudget(t *testing.T) {
 	dir := diskDir(t)
-	model(t, dir, 2, 16)
+	warmtest.Model(t, dir, 2, 16)
 	drop(t, dir)
 	const budget = 5<<20 + 12345
 	w := newWarmer(t, WithChunk(1<<20), WithLimit(budget))
@@ -113,8 +114,8 @@ func TestWarmStopsAtTheBudget(t *testing.T) {
 // first holds all of it gets none.
 func TestWarmsShareTheBudget(t *testing.T) {
 	a, b := diskDir(t), diskDir(t)
-	model(t, a, 1, 8)
-	model(t, b, 1, 8)
+	warmtest.Model(t, a, 1, 8)
+	warmtest.Model(t, b, 1, 8)
 	drop(t, a)
 	drop(t, b)
 	items, err := Plan(a)
@@ -150,7 +151,7 @@ func TestWarmsShareTheBudget(t *testing.T) {
 
 func TestWarmStopsWhenItsHoldersLetGo(t *testing.T) {
 	dir := diskDir(t)
-	model(t, dir, 2, 8)
+	warmtest.Model(t, dir, 2, 8)
 	drop(t, dir)
 	ctx1, cancel1 := context.WithCancel(context.Background())
 	ctx2, cancel2 := context.WithCancel(context.Background())
@@ -212,7 +213,7 @@ func TestWarmStopsWhenItsHoldersLetGo(t *testing.T) {
 // what the warm saw cold far ahead is resident before it gets there.
 func TestWarmStopsWhenOvertaken(t *testing.T) {
 	dir := diskDir(t)
-	model(t, dir, 2, 16)
+	warmtest.Model(t, dir, 2, 16)
 	drop(t, dir)
 	items, err := Plan(dir)
 	if err != nil {
@@ -241,7 +242,7 @@ func TestWarmStopsWhenOvertaken(t *testing.T) {
 // the warm probed it, gets ahead of it too.
 func TestWarmStopsWhenOvertakenAtItsCursor(t *testing.T) {
 	dir := diskDir(t)
-	model(t, dir, 1, 8)
+	warmtest.Model(t, dir, 1, 8)
 	drop(t, dir)
 	items, err := Plan(dir)
 	if err != nil {
@@ -273,7 +274,7 @@ func TestWarmStopsWhenOvertakenAtItsCursor(t *testing.T) {
 
 func TestWarmStartsAreRateLimitedPerCaller(t *testing.T) {
 	dir := diskDir(t)
-	writeFile(t, filepath.Join(dir, "config.json"), "{}")
+	warmtest.File(t, filepath.Join(dir, "config.json"), "{}")
 	gate := make(chan struct{})
 	m := NewMetrics()
 	w := newWarmer(t, WithStartRate(time.Hour, 2), WithMetrics(m), withChunkHook(func(*Run, int) { <-gate }))
@@ -304,7 +305,7 @@ func TestWarmStartsAreRateLimitedPerCaller(t *testing.T) {
 
 func TestWarmOfABadTreeFails(t *testing.T) {
 	dir := diskDir(t)
-	writeFile(t, filepath.Join(dir, "config.json"), "{}")
+	warmtest.File(t, filepath.Join(dir, "config.json"), "{}")
 	if err := os.Symlink("/etc/hostname", filepath.Join(dir, "model.safetensors")); err != nil {
 		t.Fatal(err)
 	}
@@ -381,7 +382,7 @@ func withDevice(dev devCounter) Option {
 // A warm waits while others use the device, and goes on once they stop.
 func TestWarmYieldsToOtherIO(t *testing.T) {
 	dir := diskDir(t)
-	model(t, dir, 1, 8)
+	warmtest.Model(t, dir, 1, 8)
 	drop(t, dir)
 	var mu sync.Mutex
 	var counter uint64

@@ -45,6 +45,9 @@ file-roots: [/srv/models, /mnt/nfs]
 file-identity: 1000:10
 direct-io: false
 maxConnectionsPerUID: 8
+warm: false
+warm-share: 0.5
+warm-limit: 16Gi
 `, "--min-age", "5m")
 	if err != nil {
 		t.Fatal(err)
@@ -75,6 +78,9 @@ maxConnectionsPerUID: 8
 	}
 	if n := c.Int("max-connections-per-uid"); n != 8 {
 		t.Errorf("the old key maxConnectionsPerUID gave %d, want 8", n)
+	}
+	if c.Bool("warm") || c.Float64("warm-share") != 0.5 || size(c, "warm-limit") != 16<<30 {
+		t.Errorf("warm %v, warm-share %v, warm-limit %d; want false, 0.5, 16Gi", c.Bool("warm"), c.Float64("warm-share"), size(c, "warm-limit"))
 	}
 }
 

@@ -174,6 +174,9 @@ func newApp() *cli.App {
 			&cli.GenericFlag{Name: "peer-upload-rate", Value: &sizeFlag{}, Usage: "bytes per second sent to peers over all uploads: bytes or a size such as 500M; 0 = no bound"},
 			&cli.IntFlag{Name: "origin-concurrency", Value: peerDef.OriginConcurrency, Usage: "how many nodes fetch one artifact from the origin at once; the others wait for a peer to hold its files (at most --peer-wait)"},
 			&cli.DurationFlag{Name: "peer-wait", Value: peerDef.Wait, Usage: "the longest a pull that is not among --origin-concurrency waits for a peer to hold a file before it goes to the origin itself"},
+			&cli.BoolFlag{Name: "warm", Value: def.Warm, Usage: "read a model into the page cache ahead of the pod about to load it (on a CSI publish, modelctl wait returning Ready, modelctl lease, modelctl warm); --warm=false: never"},
+			&cli.Float64Flag{Name: "warm-share", Value: def.WarmShare, Usage: "the share of MemAvailable (read at each warm's start) all running warms together may read into the page cache: more than 0, at most 1"},
+			&cli.GenericFlag{Name: "warm-limit", Value: &sizeFlag{}, Usage: "a cap on what all running warms together may read into the page cache, whatever --warm-share allows: bytes or a size such as 16Gi (default none)"},
 			&cli.StringFlag{Name: "csi-socket", Usage: "serve the CSI node plugin csi.modelcache.io on this unix socket, e.g. /var/lib/kubelet/plugins/csi.modelcache.io/csi.sock (default off)"},
 			&cli.StringFlag{Name: "csi-pods-dir", Value: csi.DefaultPodsDir, Usage: "kubelet's pods directory: every CSI target path must lie under it"},
 			&cli.StringFlag{Name: "csi-registration-dir", Value: "/var/lib/kubelet/plugins_registry", Usage: "kubelet's plugin registration directory, where the daemon registers the CSI driver itself (empty: leave it to a node-driver-registrar)"},
@@ -251,11 +254,7 @@ func run(c *cli.Context) error {
 	cfg.Capacity.LowPercent = c.Int("low-watermark")
 	cfg.Capacity.MinAge = c.Duration("min-age")
 	cfg.Capacity.KeepRevisions = c.Int("keep-revisions")
-	cfg.MaxConcurrentPulls = c.Int("max-concurrent-pulls")
-	cfg.BandwidthLimit = size(c, "bandwidth-limit")
-	cfg.WriteBufferSize = size(c, "write-buffer-size")
-	cfg.ProgressFloor = size(c, "progress-floor")
-	cfg.ProgressWindow = c.Duration("progress-window")
+	setPullsAndWarming(c, &cfg)
 	cfg.KernelCacheSignaturePolicy = c.String("kernel-cache-signature-policy")
 	cfg.FileRoots = nil
 	for _, r := range c.StringSlice("file-roots") {
@@ -294,12 +293,6 @@ func run(c *cli.Context) error {
 	cfg.SocketIdleTimeout = c.Duration("socket-idle-timeout")
 	cfg.SocketWriteTimeout = c.Duration("socket-write-timeout")
 	cfg.MetricsAddr = c.String("metrics-addr")
-	cfg.FilesPerPull = c.Int("files-per-pull")
-	cfg.DirectIO = c.Bool("direct-io")
-	cfg.RetryInitial = c.Duration("retry-initial")
-	cfg.RetryMax = c.Duration("retry-max")
-	cfg.IdleTimeout = c.Duration("idle-timeout")
-	cfg.RangeConnections = c.Int("range-connections")
 	cfg.InsecureRegistries = c.StringSlice("insecure-registry")
 	cfg.RegistryMirrors = c.StringSlice("registry-mirror")
 	cfg.GPUInventory = c.String("gpu-inventory")
@@ -329,6 +322,25 @@ func run(c *cli.Context) error {
 		return err
 	}
 	return nil
+}
+
+// setPullsAndWarming reads the flags of pulls (concurrency, bandwidth,
+// buffers, retries, timeouts) and of warming into cfg.
+func setPullsAndWarming(c *cli.Context, cfg *daemon.Config) {
+	cfg.MaxConcurrentPulls = c.Int("max-concurrent-pulls")
+	cfg.BandwidthLimit = size(c, "bandwidth-limit")
+	cfg.WriteBufferSize = size(c, "write-buffer-size")
+	cfg.ProgressFloor = size(c, "progress-floor")
+	cfg.ProgressWindow = c.Duration("progress-window")
+	cfg.Warm = c.Bool("warm")
+	cfg.WarmShare = c.Float64("warm-share")
+	cfg.WarmLimit = size(c, "warm-limit")
+	cfg.FilesPerPull = c.Int("files-per-pull")
+	cfg.DirectIO = c.Bool("direct-io")
+	cfg.RetryInitial = c.Duration("retry-initial")
+	cfg.RetryMax = c.Duration("retry-max")
+	cfg.IdleTimeout = c.Duration("idle-timeout")
+	cfg.RangeConnections = c.Int("range-connections")
 }
 
 func newLogger(format, level string) (*slog.Logger, error) {

@@ -190,6 +190,9 @@ func describe(w io.Writer, a *api.Artifact, now time.Time) {
 	if a.Path != "" {
 		field("Path", "%s", a.Path)
 	}
+	if r := a.Resident; r != nil {
+		field("Resident", "%s", residentText(r))
+	}
 	if a.Created != nil {
 		field("Created", "%s", ago(*a.Created))
 	}
@@ -229,6 +232,16 @@ func describe(w io.Writer, a *api.Artifact, now time.Time) {
 	if len(a.Versions) > 0 {
 		describeVersions(w, a, now)
 	}
+}
+
+// residentText says how much of the current revision is in the page
+// cache.
+func residentText(r *api.Residency) string {
+	pct := 0
+	if r.Total > 0 {
+		pct = int(r.Bytes * 100 / r.Total)
+	}
+	return fmt.Sprintf("%s of %s in the page cache (%d%%; modelctl warm reads it in)", api.FormatBytes(r.Bytes), api.FormatBytes(r.Total), pct)
 }
 
 // fieldFunc writes one "Key: value" line of describe ("" as the key: a

@@ -8,6 +8,7 @@
 //	args.go        a command line taken apart and checked whole before anything runs
 //	commands.go    the commands: list, inspect, pull, wait, evict, verify, gc, du, pin, ...
 //	lease.go       modelctl lease: hold an artifact while modelctl or a command runs
+//	warm.go        modelctl warm: read an artifact into the page cache ahead of its consumer
 //	gpu.go         the gpu command's output and the signature policy flags
 //	describe.go    the human output: list's table, inspect's description
 //	progress.go    a pull's progress lines on a terminal
@@ -142,6 +143,8 @@ func explain(err error, socket any) string {
 		return err.Error()
 	case errors.Is(err, api.ErrNotFound):
 		return err.Error() + "\n  'modelctl list' shows what the cache holds."
+	case errors.Is(err, api.ErrRateLimited):
+		return err.Error() + "\n  The daemon limits how often one user starts such work; wait a little and run it again."
 	}
 	return err.Error()
 }
@@ -240,6 +243,7 @@ func commands() []*cli.Command {
 		gcCommand(),
 		versionCommand(),
 		leaseCommand(),
+		warmCommand(),
 		completionCommand(),
 		duCommand(),
 		statusCommand(),

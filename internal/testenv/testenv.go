@@ -3,7 +3,8 @@
 // `go install` puts them), failing under CI=true and skipping elsewhere
 // when one is missing, loopback ports for the servers they start, and
 // the one way a test waits for a condition: Eventually polls it, Await
-// checks it at each change a component signals.
+// checks it at each change a component signals. DropPageCache makes a
+// tree's reads cold again.
 package testenv
 
 import (
@@ -20,7 +21,30 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
+
+// DropPageCache writes back and drops from the page cache every regular
+// file under dir (fsync, then FADV_DONTNEED: dirty pages are not
+// dropped), so the next read of them comes from the disk. tmpfs and
+// ramfs keep their pages whatever it does: check with mincore.
+func DropPageCache(dir string) error {
+	return filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || !fi.Mode().IsRegular() {
+			return err
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := f.Sync(); err != nil {
+			return err
+		}
+		return unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+	})
+}
 
 // Tool finds name on PATH, then in $(go env GOPATH)/bin.
 func Tool(name string) (string, error) {
