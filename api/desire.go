@@ -68,6 +68,17 @@ type Desire struct {
 	// AWS_SESSION_TOKEN, HTTP_AUTHORIZATION, NGC_API_KEY. Read at every pull, kept in
 	// memory only; so no credential has to be written into a URI.
 	CredentialsFile string `json:"credentialsFile,omitempty"`
+	// AllowedNamespaces makes the artifact private: it was fetched with
+	// credentials, and only pods of these namespaces may mount it (CSI);
+	// its trees on the node are readable by root only. Empty: public.
+	// Set only by k8ssync (a ModelCache's or a ModelCacheCredentials'
+	// allow-list).
+	AllowedNamespaces []string `json:"allowedNamespaces,omitempty"`
+	// LocalGroup (models.d) is a local group whose members may read the
+	// artifact's trees on the node (mode 0750, that group): a node's own
+	// consumers. It makes the artifact private too (no pod of a namespace
+	// AllowedNamespaces does not list mounts it).
+	LocalGroup string `json:"localGroup,omitempty"`
 }
 
 // Requester is the identity of a socket peer (SO_PEERCRED and the

@@ -39,6 +39,11 @@ type VersionSpec struct {
 	// without moving current: a rollout's prefetch. Activate moves
 	// current to it later. An artifact with no current yet gets none.
 	Stage bool
+	// Private makes the version's tree directory 0700 from its creation:
+	// only root (the daemon) reaches its files by a path; a pod reads it
+	// through a tree of its own volume. Not recorded: the caller keeps
+	// the modes of its trees (a tree that repair rebuilds is 0755).
+	Private bool
 }
 
 // check validates the spec: its name, its manifest (a sorted copy is
@@ -106,7 +111,11 @@ func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := s.materialize(base, spec.Name, rev, m); err != nil {
+	mode := os.FileMode(0o755)
+	if spec.Private {
+		mode = 0o700
+	}
+	if err := s.materialize(base, spec.Name, rev, m, mode); err != nil {
 		return nil, fmt.Errorf("artifact %s@%s: %w", spec.Name, rev, err)
 	}
 	now := s.now().UTC()
@@ -210,9 +219,10 @@ func (s *Store) Activate(name, rev string) error {
 
 // materialize builds the tree for (name, rev) under tmp/ and renames it
 // into place, replacing an existing tree atomically where the kernel
-// supports RENAME_EXCHANGE. Called with s.mu held, or (HoldTree) with
-// the blobs of m leased and base owned by the caller.
-func (s *Store) materialize(base, name, rev string, m Manifest) error {
+// supports RENAME_EXCHANGE; its top directory has mode (0755, or 0700
+// for a private version) before it is in place. Called with s.mu held,
+// or (HoldTree) with the blobs of m leased and base owned by the caller.
+func (s *Store) materialize(base, name, rev string, m Manifest, mode os.FileMode) error {
 	tmp, err := os.MkdirTemp(filepath.Join(s.root, dirTmp), "tree-")
 	if err != nil {
 		return err
@@ -238,7 +248,7 @@ func (s *Store) materialize(base, name, rev string, m Manifest) error {
 			return fmt.Errorf("link %s: %w", e.Path, err)
 		}
 	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
+	if err := os.Chmod(tmp, mode); err != nil {
 		return err
 	}
 	parent := filepath.Join(base, name)

@@ -98,7 +98,7 @@ func (s *Store) HoldTree(ctx context.Context, key string, parts []TreePart) (str
 		return "", err
 	}
 	s.hit("holdtree.link")
-	if err := atIdlePriority(func() error { return s.materialize(dir, "", holdTreeDir, m) }); err != nil {
+	if err := atIdlePriority(func() error { return s.materialize(dir, "", holdTreeDir, m, 0o755) }); err != nil {
 		if errors.Is(err, fs.ErrNotExist) { // a blob GC took before the lease (its version evicted since Get)
 			return "", fmt.Errorf("composed tree of hold %q: %w: %v", key, ErrNotFound, err)
 		}

@@ -230,7 +230,7 @@ func (r repairer) version(name string, v *Version, onDisk map[string]int64) erro
 	_, serr := os.Lstat(tree)
 	switch {
 	case v.State == StateReady && serr != nil:
-		if err := r.s.materialize(base, name, v.Revision, v.Manifest); err != nil {
+		if err := r.s.materialize(base, name, v.Revision, v.Manifest, 0o755); err != nil {
 			return fmt.Errorf("rebuild %s@%s: %w", name, v.Revision, err)
 		}
 		r.rep.TreesRebuilt++

@@ -84,8 +84,10 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 		}
 	}
 	// holds/ names pods; a pod reaches a hold's tree through its bind
-	// mount, never through these directories.
-	for _, d := range []string{dirIngest, dirTmp, dirQuarantine, dirHolds} {
+	// mount, never through these directories. blobs/ is reached through
+	// the trees only: a private artifact's blobs by no path but its tree's
+	// (0700), so a local user cannot read them by digest.
+	for _, d := range []string{dirBlobs, dirIngest, dirTmp, dirQuarantine, dirHolds} {
 		os.Chmod(filepath.Join(abs, d), 0o700)
 	}
 	dbPath := filepath.Join(abs, indexFile)

@@ -50,10 +50,14 @@ type Volume struct {
 	Warm string `json:"warm,omitempty"`
 	// Kernels are the kernel cache versions the volume shows under
 	// kernels/<name>/ (kernelCaches: auto); the Backend fills them.
-	Kernels      []KernelCache `json:"kernels,omitempty"`
-	PodNamespace string        `json:"podNamespace,omitempty"`
-	PodName      string        `json:"podName,omitempty"`
-	PodUID       string        `json:"podUID,omitempty"`
+	Kernels []KernelCache `json:"kernels,omitempty"`
+	// Private: the artifact is private to some namespaces, and the volume
+	// mounts a tree of its own (the version's tree is root's only); the
+	// Backend fills it.
+	Private      bool   `json:"private,omitempty"`
+	PodNamespace string `json:"podNamespace,omitempty"`
+	PodName      string `json:"podName,omitempty"`
+	PodUID       string `json:"podUID,omitempty"`
 }
 
 // KernelCache is one kernel cache version a volume shows.
@@ -70,6 +74,7 @@ type Backend interface {
 	// directory of its tree. A second call for the same v.ID returns what
 	// the first held. Errors are gRPC status errors (Unavailable while
 	// the model downloads, FailedPrecondition when it failed, NotFound,
+	// PermissionDenied for a pod whose namespace may not mount it,
 	// InvalidArgument naming the attribute).
 	Hold(ctx context.Context, v Volume) (rev, tree string, err error)
 	// Release drops the hold of volume id; an unknown id is no error.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -209,11 +210,11 @@ func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, er
 	if h, ok := c.held(v.ID); ok { // kubelet retried a publish that held already
 		return h.Revision, c.tree(h), nil
 	}
-	rev, kind, err := c.revision(v)
+	rev, kind, priv, err := c.revision(v)
 	if err != nil {
 		return "", "", err
 	}
-	v.Revision = rev
+	v.Revision, v.Private = rev, priv
 	if v.KernelCaches == "auto" {
 		for _, kc := range d.kernels.modelKernelCaches(v.Model) {
 			v.Kernels = append(v.Kernels, csi.KernelCache{Name: kc.Name, Revision: kc.Revision})
@@ -245,7 +246,7 @@ func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, er
 		return "", "", status.Errorf(codes.Internal, "recording the hold of %s@%s: %v", v.Model, rev, err)
 	}
 	tree := d.store.TreePath(kind, v.Model, rev)
-	if len(v.Kernels) > 0 {
+	if len(v.Kernels) > 0 || v.Private { // a private version's own tree is 0700 (tenancy.go)
 		tree, err = c.compose(ctx, v)
 	} else if _, serr := os.Stat(tree); serr != nil {
 		err = status.Errorf(codes.Unavailable, "model %s@%s was evicted while being mounted; retrying", v.Model, rev)
@@ -263,10 +264,11 @@ func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, er
 }
 
 // csiTree is the directory a held volume mounts: its revision's tree, or
-// the composed tree when it shows kernel caches too.
+// the volume's own composed tree when it shows kernel caches too or the
+// artifact is private.
 func (c *csiVolumes) tree(v csi.Volume) string {
 	st := c.d.store
-	if len(v.Kernels) > 0 {
+	if len(v.Kernels) > 0 || v.Private {
 		return st.HoldTreePath(csiHoldKey(v.ID))
 	}
 	return st.TreePath(kindOf(st, v.Model), v.Model, v.Revision)
@@ -318,54 +320,74 @@ func kindOf(st cachestore.Inspector, name string) string {
 	return cachestore.KindModel
 }
 
-// csiRevision picks the revision a volume mounts: the one asked for, which
-// must be Ready on this node, else the current one once Ready. Only what
-// the node already has or declares can be mounted: a pod never makes it
-// download anything.
-func (c *csiVolumes) revision(v csi.Volume) (rev, kind string, err error) {
+// csiRevision picks the revision a volume mounts and says whether the
+// artifact is private. Only what a present desire declares can be
+// mounted (a pod never makes the node download anything, and holds
+// nothing its owner let go of), and a private artifact only by a pod of
+// a namespace its desire allows (PermissionDenied, naming the model and
+// the pod's namespace only). The revision asked for must be one the
+// desire still declares (the current one, the cluster's target, one it
+// retains) and Ready; without one, the current one once Ready.
+func (c *csiVolumes) revision(v csi.Volume) (rev, kind string, priv bool, err error) {
 	d := c.d
 	a, err := d.store.Summary(v.Model)
 	if err != nil && !errors.Is(err, cachestore.ErrNotFound) {
-		return "", "", status.Errorf(codes.Internal, "artifact %s: %v", v.Model, err)
+		return "", "", false, status.Errorf(codes.Internal, "artifact %s: %v", v.Model, err)
 	}
 	d.mu.Lock()
-	want := d.desires.merged()
-	ds, desired := want[v.Model]
+	ds, desired := d.desires.merged()[v.Model]
 	desired = desired && ds.State != api.StateAbsent
 	d.mu.Unlock()
-	if a == nil && !desired {
-		return "", "", status.Errorf(codes.NotFound, "model %s is not declared on this node (no ModelCache selects it, no models.d file or pull names it); this node can serve: %s", v.Model, c.servable())
+	if !desired {
+		return "", "", false, status.Errorf(codes.NotFound, "model %s is not declared on this node (no ModelCache selects it, no models.d file or pull names it); pods of namespace %q can mount: %s", v.Model, v.PodNamespace, c.servable(v.PodNamespace))
 	}
+	if !mayMount(ds, v.PodNamespace) {
+		if v.PodNamespace == "" {
+			return "", "", false, status.Errorf(codes.PermissionDenied, "model %s is private and the pod's namespace is unknown: the CSIDriver %s needs podInfoOnMount: true", v.Model, csi.DriverName)
+		}
+		return "", "", false, status.Errorf(codes.PermissionDenied, "model %s is private (fetched with credentials); pods of namespace %q may not mount it: its owner must allow %q (ModelCache spec.allowedNamespaces for a Secret of the daemon's namespace, else the ModelCacheCredentials' allowedNamespaces)", v.Model, v.PodNamespace, v.PodNamespace)
+	}
+	priv = private(ds)
 	if v.Revision != "" {
 		var have []string
 		if a != nil {
 			for _, x := range a.Versions {
+				if !declaredRevision(ds, a, x.Revision) {
+					continue
+				}
 				if x.Revision == v.Revision {
 					if x.State != cachestore.StateReady {
-						return "", "", status.Errorf(codes.Unavailable, "model %s@%s is %s on this node: %s", v.Model, x.Revision, x.State, x.Message)
+						return "", "", false, status.Errorf(codes.Unavailable, "model %s@%s is %s on this node: %s", v.Model, x.Revision, x.State, x.Message)
 					}
-					return x.Revision, x.Kind, nil
+					return x.Revision, x.Kind, priv, nil
 				}
 				if x.State == cachestore.StateReady {
 					have = append(have, x.Revision)
 				}
 			}
 		}
-		return "", "", status.Errorf(codes.NotFound, "model %s: revision %s is not on this node; it holds %s (leave revision out for the current one)", v.Model, v.Revision, listOr(have, "none Ready"))
+		return "", "", false, status.Errorf(codes.NotFound, "model %s: revision %s is not one its owner declares on this node; it declares %s (leave revision out for the current one)", v.Model, v.Revision, listOr(have, "none Ready"))
 	}
 	if a != nil {
 		for _, x := range a.Versions {
 			if x.Revision == a.Current && x.State == cachestore.StateReady {
-				return x.Revision, x.Kind, nil
+				return x.Revision, x.Kind, priv, nil
 			}
 		}
 	}
 	// Nothing Ready: say what the node is doing.
 	view, err := views{d}.view(v.Model, false)
 	if err != nil {
-		return "", "", status.Errorf(codes.NotFound, "model %s: %v; this node can serve: %s", v.Model, err, c.servable())
+		return "", "", false, status.Errorf(codes.NotFound, "model %s: %v; pods of namespace %q can mount: %s", v.Model, err, v.PodNamespace, c.servable(v.PodNamespace))
 	}
-	return "", "", notReadyStatus(view)
+	return "", "", false, notReadyStatus(view)
+}
+
+// declaredRevision says whether ds still declares rev of artifact a: its
+// current revision, the cluster's revision (a rollout's target) or one
+// it retains (spec.rollout.retainOld).
+func declaredRevision(ds api.Desire, a *cachestore.Artifact, rev string) bool {
+	return rev == a.Current || (ds.Revision != "" && rev == ds.Revision) || slices.Contains(ds.Retain, rev)
 }
 
 // notReadyStatus: Unavailable (kubelet retries) while there is hope, with
@@ -411,26 +433,19 @@ func notReadyStatus(a *api.Artifact) error {
 	}
 }
 
-// servable lists what a volume may name: declared and stored artifacts.
-func (c *csiVolumes) servable() string {
+// servable lists what a pod of namespace ns may name: the declared
+// artifacts it may mount (public ones, and private ones its namespace is
+// allowed), nothing of other namespaces' private models.
+func (c *csiVolumes) servable(ns string) string {
 	d := c.d
-	names := map[string]bool{}
-	if arts, err := d.store.ListSummaries(); err == nil {
-		for _, a := range arts {
-			names[a.Name] = true
-		}
-	}
+	var out []string
 	d.mu.Lock()
 	for n, ds := range d.desires.merged() {
-		if ds.State != api.StateAbsent {
-			names[n] = true
+		if ds.State != api.StateAbsent && mayMount(ds, ns) {
+			out = append(out, n)
 		}
 	}
 	d.mu.Unlock()
-	var out []string
-	for n := range names {
-		out = append(out, n)
-	}
 	sort.Strings(out)
 	if len(out) > 20 {
 		out = append(out[:20], fmt.Sprintf("and %d more (modelctl list)", len(out)-20))

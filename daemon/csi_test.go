@@ -234,12 +234,19 @@ func TestCSIPublishHoldsTheRevision(t *testing.T) {
 	if got := files(t, target2); got["a.bin"] != string(v2) {
 		t.Fatal("a new pod does not get the new current")
 	}
-	// Asking for the old revision by name works while the node holds it.
+	// The old revision is no longer declared (the desire moved on): a
+	// pod cannot name it and so keep it from eviction for ever; the
+	// current one by name is honoured.
 	target3 := r.target("uid-3", "model")
-	if err := r.publish("vol-3", target3, map[string]string{"modelCache": "m", "revision": rev1}); err != nil {
+	err := r.publish("vol-3", target3, map[string]string{"modelCache": "m", "revision": rev1})
+	if status.Code(err) != codes.NotFound || !strings.Contains(status.Convert(err).Message(), "not one its owner declares") {
+		t.Fatalf("a pod named a revision its owner let go of: %v, want NotFound", err)
+	}
+	a2, _ := r.c.Get(context.Background(), "m")
+	if err := r.publish("vol-3", target3, map[string]string{"modelCache": "m", "revision": a2.Revision}); err != nil {
 		t.Fatal(err)
 	}
-	if got := files(t, target3); got["a.bin"] != string(v1a) {
+	if got := files(t, target3); got["a.bin"] != string(v2) {
 		t.Fatal("revision attribute not honoured")
 	}
 
@@ -372,12 +379,12 @@ func TestCSIRefusals(t *testing.T) {
 		code         codes.Code
 		want         string
 	}{
-		{"unknown model", escape, map[string]string{"modelCache": "nope"}, codes.NotFound, "this node can serve: known"},
+		{"unknown model", escape, map[string]string{"modelCache": "nope"}, codes.NotFound, `pods of namespace "ml" can mount: known`},
 		{"no modelCache", escape, map[string]string{}, codes.InvalidArgument, "volumeAttributes.modelCache"},
 		{"bad kernelCaches", escape, map[string]string{"modelCache": "known", "kernelCaches": "all"}, codes.InvalidArgument, "volumeAttributes.kernelCaches"},
 		{"unknown attribute", escape, map[string]string{"modelCache": "known", "revison": "x"}, codes.InvalidArgument, "revison"},
 		{"bad revision", escape, map[string]string{"modelCache": "known", "revision": "../x"}, codes.InvalidArgument, "volumeAttributes.revision"},
-		{"revision not held", escape, map[string]string{"modelCache": "known", "revision": "abc"}, codes.NotFound, "not on this node"},
+		{"revision not held", escape, map[string]string{"modelCache": "known", "revision": "abc"}, codes.NotFound, "not one its owner declares"},
 		{"name with a slash", escape, map[string]string{"modelCache": "../etc"}, codes.InvalidArgument, "volumeAttributes.modelCache"},
 		{"target outside pods", outside, map[string]string{"modelCache": "known"}, codes.InvalidArgument, "not under kubelet's pods directory"},
 		{"target with ..", r.pods + "/a/../../x", map[string]string{"modelCache": "known"}, codes.InvalidArgument, "clean absolute path"},

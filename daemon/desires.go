@@ -364,6 +364,11 @@ func (d *Daemon) validateDesire(ds api.Desire) (api.Desire, error) {
 	default:
 		return ds, api.Errorf(api.CodeInvalid, "artifact %s: state %q; want present or absent", ds.Name, ds.State)
 	}
+	if ds.LocalGroup != "" {
+		if _, err := localGroupID(ds.LocalGroup); err != nil {
+			return ds, api.Errorf(api.CodeInvalid, "artifact %s: localGroup: %v", ds.Name, err)
+		}
+	}
 	for _, g := range append(append([]string(nil), ds.Include...), ds.Exclude...) {
 		if _, err := fetchers.CompileGlob(g); err != nil {
 			return ds, api.Errorf(api.CodeInvalid, "artifact %s: %v", ds.Name, err)

@@ -62,6 +62,7 @@
 //	admission.go   space: admission of a pull, reservations, eviction passes
 //	               (the victims are chosen by capacity.PlanSpace, in capacity/plan.go)
 //	inuse.go       what is in use: leaseSet, pod holders, CSI volumes, the /proc scan
+//	tenancy.go     private artifacts: who may mount them, their trees' modes
 //	csi.go         csiVolumes: a pod's volume holds one exact revision (and with
 //	               kernelCaches: auto its kernel caches, in a composed tree), recorded
 //	               in the index (holds/csi:<id>) and under <root>/holds/; volumes no

@@ -311,6 +311,10 @@ func (p *pull) commit(ctx context.Context, entries cachestore.Manifest) error {
 	spec := cachestore.VersionSpec{
 		Name: ds.Name, Source: p.src.redacted, Revision: p.res.Revision, Manifest: entries,
 		ExpectedDigest: ds.Digest, Pin: ds.Pin, Spec: p.spec, HFRepo: p.res.Repo, HFRef: hfRef(ds, p.res), Stage: ds.Stage,
+		Private: private(ds),
+	}
+	if spec.Private {
+		spec.HFRepo, spec.HFRef = "", "" // no world-readable hf/ view of a private repo (tenancy.go)
 	}
 	if ds.Kind == api.KindKernelCache {
 		if err := p.kernelCacheAfter(entries); err != nil {
@@ -323,6 +327,9 @@ func (p *pull) commit(ctx context.Context, entries cachestore.Manifest) error {
 	_, err := p.d.store.CommitVersion(ctx, spec)
 	if err == nil {
 		p.stage("publish", time.Since(t0))
+		if ds.LocalGroup != "" {
+			p.d.treeModes() // its group may read it now, not at the next pass
+		}
 	}
 	return clusterDigestError(ds, entries, err)
 }

@@ -117,6 +117,9 @@ func (vw views) handleGet(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if a.Desire != nil && private(*a.Desire) && !vw.d.mayMutate(r) {
+		hidePrivate(a)
+	}
 	if a.Phase == api.PhaseReady && a.Revision != "" { // a walk of the tree's pages: inspect's only
 		a.Resident = vw.d.warming.resident(kindOf(vw.d.store, a.Name), a.Name, a.Revision)
 	}

@@ -15,8 +15,9 @@ import (
 // way round, all the way down.
 func TestCRDSchemasMatchGoTypes(t *testing.T) {
 	for file, typ := range map[string]reflect.Type{
-		"../deploy/crds/modelcache.io_modelcaches.yaml":     reflect.TypeOf(ModelCache{}),
-		"../deploy/crds/modelcache.io_modelcachenodes.yaml": reflect.TypeOf(ModelCacheNode{}),
+		"../deploy/crds/modelcache.io_modelcaches.yaml":           reflect.TypeOf(ModelCache{}),
+		"../deploy/crds/modelcache.io_modelcachenodes.yaml":       reflect.TypeOf(ModelCacheNode{}),
+		"../deploy/crds/modelcache.io_modelcachecredentials.yaml": reflect.TypeOf(ModelCacheCredentials{}),
 	} {
 		b, err := os.ReadFile(file)
 		if err != nil {

@@ -99,8 +99,21 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 		} else if p > 0 {
 			policy = PolicyPoll + " " + p.String()
 		}
+		cu, withCreds := s.credentialsOf(mc)
+		if withCreds && cu.refused != "" && state == api.StatePresent {
+			// Not pulled without the credentials it names (nor kept from
+			// an earlier pass): the refusal says how to migrate.
+			s.refuseCredentials(mc, cu.refused, refused)
+			owners[mc.Name] = mc.Name
+			pending[mc.Name] = cu.refused
+			for _, v := range mc.Spec.Versions {
+				owners[mc.Name+"-"+v.Suffix] = mc.Name
+				pending[mc.Name+"-"+v.Suffix] = cu.refused
+			}
+			continue
+		}
 		base := api.Desire{Name: mc.Name, URI: mc.Spec.Source, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude, Digest: mc.Spec.Digest,
-			Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name, Policy: policy}
+			Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name, Policy: policy, AllowedNamespaces: cu.allowed}
 		// Every source is pulled as the cluster resolved it (resolve.go);
 		// until then the node keeps the desire it had, or waits.
 		var resolved bool
@@ -125,7 +138,7 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 		for _, v := range mc.Spec.Versions {
 			n := mc.Name + "-" + v.Suffix
 			vd := api.Desire{Name: n, URI: v.Source, Digest: v.Digest, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude,
-				Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name, Policy: policy}
+				Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name, Policy: policy, AllowedNamespaces: cu.allowed}
 			ok, why := true, ""
 			if state == api.StatePresent {
 				vd, ok, why = rolled(mc, vd, v.Source)
@@ -133,26 +146,24 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 			s.wantOrWait(want, pending, vd, ok, why)
 			owners[n] = mc.Name
 		}
-		s.credentials(ctx, mc, owners, creds, secrets)
+		if withCreds && cu.refused == "" {
+			s.credentials(ctx, mc, cu, owners, creds, secrets)
+		}
 	}
 	return want, creds, owners, pending
 }
 
-// credentials reads the Secret mc names (spec.secretRef), if any, adds
-// its name to secrets, and gives its data to every artifact owners says
-// mc owns; whether the Secret reads is logged when that changes.
-func (s *Syncer) credentials(ctx context.Context, mc *ModelCache, owners map[string]string, creds map[string]map[string]string, secrets map[string]bool) {
-	ref := mc.Spec.SecretRef
-	if ref == nil {
-		return
-	}
-	secrets[ref.Namespace+"/"+ref.Name] = true
-	data, err := s.secret(ctx, ref.Namespace, ref.Name)
-	if s.secrets.changed(ref.Namespace+"/"+ref.Name, err) {
+// credentials reads the Secret mc may use (cu, credentialsOf), adds its
+// name to secrets, and gives its data to every artifact owners says mc
+// owns; whether the Secret reads is logged when that changes.
+func (s *Syncer) credentials(ctx context.Context, mc *ModelCache, cu credentialsUse, owners map[string]string, creds map[string]map[string]string, secrets map[string]bool) {
+	secrets[cu.key()] = true
+	data, err := s.secret(ctx, cu.ns, cu.name)
+	if s.secrets.changed(cu.key(), err) {
 		if err != nil {
-			s.log.Warn("k8s sync: credentials", "modelcache", mc.Name, "secret", ref.Namespace+"/"+ref.Name, "err", err)
+			s.log.Warn("k8s sync: credentials", "modelcache", mc.Name, "secret", cu.key(), "err", err)
 		} else {
-			s.log.Info("k8s sync: credentials read", "modelcache", mc.Name, "secret", ref.Namespace+"/"+ref.Name)
+			s.log.Info("k8s sync: credentials read", "modelcache", mc.Name, "secret", cu.key())
 		}
 	}
 	if data != nil {

@@ -63,14 +63,14 @@ func TestForgedResolutionRefused(t *testing.T) {
 	var stolen atomic.Int64
 	attacker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { stolen.Add(1) }))
 	defer attacker.Close()
-	if _, err := kc.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds"},
+	if _, err := kc.CoreV1().Secrets("modelcache-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds"},
 		StringData: map[string]string{"HTTP_AUTHORIZATION": "Bearer team-secret"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	follower := func(c *daemon.Config) { c.Cluster.Aggregate = false }
 	a := startNodeIn(t, cl.Config, "node-a", noGPU, false, "modelcache-system", follower)
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("llama", map[string]any{"source": spec,
-		"secretRef": map[string]any{"namespace": "default", "name": "creds"}}), metav1.CreateOptions{}); err != nil {
+		"secretRef": map[string]any{"namespace": "modelcache-system", "name": "creds"}}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	forged := []string{"hf://attacker/backdoored-llama@" + evil, attacker.URL + "/steal.bin", "file:///var/lib/kubelet/pods"}

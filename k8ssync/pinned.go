@@ -139,17 +139,26 @@ func refusedWhy(field string, err error) string {
 // the previous pass (seen collects this pass's; desires keeps them).
 func (s *Syncer) refuse(mc *ModelCache, rs []refusal, seen map[string]bool) {
 	for _, r := range rs {
-		key := mc.Name + "/" + r.artifact + "/" + r.field + "/" + r.uri
-		seen[key] = true
-		s.mu.Lock()
-		told := s.refused[key]
-		s.mu.Unlock()
-		if told {
+		if s.told(mc.Name+"/"+r.artifact+"/"+r.field+"/"+r.uri, seen) {
 			continue
 		}
 		s.log.Warn("k8s sync: refused a resolution that is not the spec's source at a revision", "modelcache", mc.Name, "artifact", r.artifact,
 			"field", r.field, "uri", clip(fetchers.RedactURI(r.uri), MaxStatusURI), "source", fetchers.RedactURI(r.source), "why", r.err)
-		ref := &corev1.ObjectReference{APIVersion: Group + "/" + Version, Kind: "ModelCache", Name: mc.Name, UID: mc.UID}
-		s.rec.Event(ref, corev1.EventTypeWarning, EventResolutionRefused, "node "+s.cfg.NodeName+": "+r.message())
+		s.warnOn(mc, EventResolutionRefused, r.message())
 	}
+}
+
+// told marks key as seen this pass and says whether the previous pass
+// told it already (one Event per refusal, not one per pass).
+func (s *Syncer) told(key string, seen map[string]bool) bool {
+	seen[key] = true
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refused[key]
+}
+
+// warnOn raises a Warning Event on mc, from this node.
+func (s *Syncer) warnOn(mc *ModelCache, reason, msg string) {
+	ref := &corev1.ObjectReference{APIVersion: Group + "/" + Version, Kind: "ModelCache", Name: mc.Name, UID: mc.UID}
+	s.rec.Event(ref, corev1.EventTypeWarning, reason, "node "+s.cfg.NodeName+": "+msg)
 }

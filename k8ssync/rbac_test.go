@@ -247,6 +247,14 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 	if err == nil && len(l.Items) != 1 {
 		t.Errorf("listing the Secret the bundle names: %d items", len(l.Items))
 	}
+	// A namespace's grants: read, never written (a node cannot grant
+	// itself a namespace's Secret).
+	_, err = ndyn.Resource(k8ssync.ModelCacheCredentialsGVR).List(ctx, metav1.ListOptions{})
+	allowed("listing ModelCacheCredentials", err)
+	_, err = ndyn.Resource(k8ssync.ModelCacheCredentialsGVR).Namespace("team-b").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "modelcache.io/v1alpha1", "kind": "ModelCacheCredentials", "metadata": map[string]any{"name": "g"},
+		"spec": map[string]any{"modelCache": "m", "secretName": "hf", "sources": []any{"hf://team-b/m"}}}}, metav1.CreateOptions{})
+	refused("creating a ModelCacheCredentials (granting itself a namespace's Secret)", err)
 
 	// PersistentVolumes: its own local PVs under the store's models/ only
 	// (the API server itself refuses a local path with ".." in it).

@@ -2,6 +2,7 @@ package k8ssync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -91,16 +92,23 @@ func (s *Syncer) resolveAll(ctx context.Context, mc *ModelCache) (out []Resolved
 			}
 			polling = e.Error == ""
 		}
-		if ref := mc.Spec.SecretRef; ref != nil && !credsRead {
+		var refused error
+		if u, ok := s.credentialsOf(mc); ok && u.refused != "" {
+			refused = errors.New(u.refused) // resolved with no Secret at all
+		} else if ok && !credsRead {
 			credsRead = true
 			var err error
-			if creds, err = s.secret(ctx, ref.Namespace, ref.Name); err != nil {
-				s.log.Warn("k8s sync: credentials for resolution", "modelcache", mc.Name, "secret", ref.Namespace+"/"+ref.Name, "err", err)
+			if creds, err = s.secret(ctx, u.ns, u.name); err != nil {
+				s.log.Warn("k8s sync: credentials for resolution", "modelcache", mc.Name, "secret", u.key(), "err", err)
 			}
 		}
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		rev, uri, err := s.node.Resolve(rctx, src.ds, creds)
-		cancel()
+		var rev, uri string
+		err := refused
+		if err == nil {
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			rev, uri, err = s.node.Resolve(rctx, src.ds, creds)
+			cancel()
+		}
 		if err == nil {
 			if bad := atRevision(src.source, uri); bad != nil {
 				// The nodes would refuse it: an error, retried.

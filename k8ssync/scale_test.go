@@ -162,7 +162,7 @@ func TestTwentyNodes(t *testing.T) {
 	// The ModelCaches name a Secret, as private sources do: each node
 	// watches it (no periodic reads, so it costs nothing at steady state
 	// but the watch's renewal).
-	if _, err := kc.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds"},
+	if _, err := kc.CoreV1().Secrets("modelcache-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds"},
 		StringData: map[string]string{"HTTP_AUTHORIZATION": "Bearer x"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestTwentyNodes(t *testing.T) {
 	latency := func(name string) time.Duration {
 		t0 := time.Now()
 		if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc(name, map[string]any{"source": "https://example.com/" + name,
-			"secretRef":    map[string]any{"namespace": "default", "name": "creds"},
+			"secretRef":    map[string]any{"namespace": "modelcache-system", "name": "creds"},
 			"nodeSelector": map[string]any{"matchLabels": map[string]any{"pool": "gpu"}}}), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}

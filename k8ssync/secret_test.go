@@ -85,7 +85,7 @@ func TestSecretRotationReachesTheFetcher(t *testing.T) {
 	t.Setenv("HF_ENDPOINT", hub.URL())
 	t.Setenv("HF_TOKEN", "")
 
-	if _, err := kc.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "hf"}, StringData: map[string]string{"HF_TOKEN": "tok-1"}}, metav1.CreateOptions{}); err != nil {
+	if _, err := kc.CoreV1().Secrets("modelcache-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "hf"}, StringData: map[string]string{"HF_TOKEN": "tok-1"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -93,7 +93,7 @@ func TestSecretRotationReachesTheFetcher(t *testing.T) {
 	cfg := rest.CopyConfig(cl.Config)
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return secretRequests{rt, &mu, &reqs} }
 	a := startNode(t, cfg, "node-a", `{"devices":[]}`, false)
-	ref := map[string]any{"namespace": "default", "name": "hf"}
+	ref := map[string]any{"namespace": "modelcache-system", "name": "hf"}
 	ready := func(name string) {
 		testenv.Eventually(t, name+" Ready with the Secret's token", 30*time.Second, func() error {
 			if p := phaseOf(a, name); p != api.PhaseReady {
@@ -114,19 +114,19 @@ func TestSecretRotationReachesTheFetcher(t *testing.T) {
 		t.Fatal("no request for the Secret: the test does not see the node's traffic")
 	}
 	for _, r := range before {
-		if !strings.HasPrefix(r, "GET /api/v1/namespaces/default/secrets?") || !strings.Contains(r, "fieldSelector=metadata.name=hf") {
+		if !strings.HasPrefix(r, "GET /api/v1/namespaces/modelcache-system/secrets?") || !strings.Contains(r, "fieldSelector=metadata.name=hf") {
 			t.Errorf("a request for Secrets that is not the list or watch of the one named: %s", r)
 		}
 	}
 
 	// Rotate: the hub takes only the new token; the Secret has it.
 	rotate := func(tok string) {
-		sec, err := kc.CoreV1().Secrets("default").Get(ctx, "hf", metav1.GetOptions{})
+		sec, err := kc.CoreV1().Secrets("modelcache-system").Get(ctx, "hf", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		sec.Data = map[string][]byte{"HF_TOKEN": []byte(tok)}
-		if _, err := kc.CoreV1().Secrets("default").Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+		if _, err := kc.CoreV1().Secrets("modelcache-system").Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -164,25 +164,25 @@ func TestSecretRotationReachesTheFetcher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kc.RbacV1().Roles("default").Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "hf-only"},
+	kc.RbacV1().Roles("modelcache-system").Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "hf-only"},
 		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"list", "watch"}, ResourceNames: []string{"hf"}}}}, metav1.CreateOptions{})
-	kc.RbacV1().RoleBindings("default").Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "hf-only"},
+	kc.RbacV1().RoleBindings("modelcache-system").Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "hf-only"},
 		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "hf-only"},
 		Subjects: []rbacv1.Subject{{Kind: "User", Name: "narrow"}}}, metav1.CreateOptions{})
 	nc := kubernetes.NewForConfigOrDie(u.Config())
 	testenv.Eventually(t, "the narrowed user lists and watches the one Secret", 10*time.Second, func() error {
 		opts := metav1.ListOptions{FieldSelector: "metadata.name=hf"}
-		if l, err := nc.CoreV1().Secrets("default").List(ctx, opts); err != nil || len(l.Items) != 1 {
+		if l, err := nc.CoreV1().Secrets("modelcache-system").List(ctx, opts); err != nil || len(l.Items) != 1 {
 			return fmt.Errorf("list: %v", err)
 		}
-		w, err := nc.CoreV1().Secrets("default").Watch(ctx, opts)
+		w, err := nc.CoreV1().Secrets("modelcache-system").Watch(ctx, opts)
 		if err != nil {
 			return fmt.Errorf("watch: %v", err)
 		}
 		w.Stop()
 		return nil
 	})
-	if _, err := nc.CoreV1().Secrets("default").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+	if _, err := nc.CoreV1().Secrets("modelcache-system").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("the narrowed user lists every Secret of the namespace: %v", err)
 	}
 }

@@ -128,8 +128,8 @@ func (s *Syncer) keepSecrets(used map[string]bool, all []*ModelCache) {
 	s.mu.Unlock()
 	if leading {
 		for _, mc := range all {
-			if ref := mc.Spec.SecretRef; ref != nil {
-				used[ref.Namespace+"/"+ref.Name] = true
+			if u, ok := s.credentialsOf(mc); ok && u.refused == "" {
+				used[u.key()] = true
 			}
 		}
 	}

@@ -11,6 +11,8 @@
 //	sync.go       the Node it serves, Config, New, Run and one pass of the loop
 //	desires.go    ModelCache objects selected for this node → desires
 //	secrets.go    watches of the Secrets that hold their credentials
+//	credentials.go which Secrets a ModelCache may use (its own namespace's
+//	              or a ModelCacheCredentials grant) and who may mount the result
 //	pods.go       pods on this node that mount an artifact (hostPath or a
 //	              PV of ours) → the holders that keep it from eviction
 //	events.go     Events on a ModelCache when one of its artifacts changes phase
@@ -84,7 +86,9 @@ type Node interface {
 type Config struct {
 	NodeName string
 	Kube     *rest.Config
-	// Namespace holds the aggregator's Lease (and nothing else).
+	// Namespace is the daemon's own: it holds the aggregator's Lease, and
+	// its Secrets are the ones a ModelCache may name without a grant
+	// (credentials.go).
 	Namespace string
 	// StatusInterval is the least time between two writes of this node's
 	// status (changes in between are merged); Heartbeat is the most
@@ -147,6 +151,7 @@ type Syncer struct {
 	pvRL  flowcontrol.RateLimiter
 
 	mcInf   cache.SharedIndexInformer
+	credInf cache.SharedIndexInformer // ModelCacheCredentials (credentials.go)
 	nodeInf cache.SharedIndexInformer
 	podInf  cache.SharedIndexInformer
 
@@ -280,7 +285,10 @@ func (s *Syncer) Run(ctx context.Context) error {
 	s.mcInf = newInformer(s.dyn.Resource(ModelCacheGVR), &unstructured.Unstructured{}, resync, "")
 	s.nodeInf = newInformer(s.core.Nodes(), &corev1.Node{}, resync, fields.OneTermEqualSelector("metadata.name", s.cfg.NodeName).String())
 	s.podInf = newInformer(s.core.Pods(""), &corev1.Pod{}, resync, fields.OneTermEqualSelector("spec.nodeName", s.cfg.NodeName).String())
-	for _, inf := range []cache.SharedIndexInformer{s.mcInf, s.nodeInf, s.podInf} {
+	// Not waited for: a bundle without its CRD refuses the Secrets of other
+	// namespaces (credentialsOf says why) and serves the rest.
+	s.credInf = newInformer(s.dyn.Resource(ModelCacheCredentialsGVR), &unstructured.Unstructured{}, resync, "")
+	for _, inf := range []cache.SharedIndexInformer{s.mcInf, s.credInf, s.nodeInf, s.podInf} {
 		inf.AddEventHandler(s.handler())
 		go inf.Run(ctx.Done())
 	}

@@ -239,11 +239,11 @@ func TestClusterSync(t *testing.T) {
 	}
 
 	// A private source with credentials from a Secret.
-	if _, err := kc.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "hf"}, StringData: map[string]string{"HF_TOKEN": "hf_secret_token"}}, metav1.CreateOptions{}); err != nil {
+	if _, err := kc.CoreV1().Secrets("modelcache-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "hf"}, StringData: map[string]string{"HF_TOKEN": "hf_secret_token"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc("private", map[string]any{"source": "hf://org/private",
-		"secretRef": map[string]any{"namespace": "default", "name": "hf"}, "nodeSelector": map[string]any{"matchLabels": map[string]any{"gpu": "a100"}}}), metav1.CreateOptions{}); err != nil {
+		"secretRef": map[string]any{"namespace": "modelcache-system", "name": "hf"}, "nodeSelector": map[string]any{"matchLabels": map[string]any{"gpu": "a100"}}}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// Generous: the elected daemon resolves the branch with the Secret's
@@ -297,10 +297,15 @@ func TestClusterSync(t *testing.T) {
 				return fmt.Errorf("PV %s: %+v", pv.Name, pv.Spec)
 			}
 		}
-		for _, want := range []string{k8ssync.PVName("node-a", "both"), k8ssync.PVName("node-b", "both"), k8ssync.PVName("node-a", "h100only"), k8ssync.PVName("node-b", "private")} {
+		for _, want := range []string{k8ssync.PVName("node-a", "both"), k8ssync.PVName("node-b", "both"), k8ssync.PVName("node-a", "h100only")} {
 			if !names[want] {
 				return fmt.Errorf("missing %s in %v", want, names)
 			}
+		}
+		// A private model (fetched with credentials) gets none: a claim
+		// of any namespace could bind it.
+		if names[k8ssync.PVName("node-b", "private")] {
+			return fmt.Errorf("a PV for the private model: %v", names)
 		}
 		return nil
 	})

@@ -15,10 +15,12 @@ const (
 	Version = "v1alpha1"
 )
 
-// Resources of the CRDs, both cluster-scoped.
+// Resources of the CRDs: ModelCache and ModelCacheNode are
+// cluster-scoped, ModelCacheCredentials namespaced.
 var (
-	ModelCacheGVR     = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "modelcaches"}
-	ModelCacheNodeGVR = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "modelcachenodes"}
+	ModelCacheGVR            = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "modelcaches"}
+	ModelCacheNodeGVR        = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "modelcachenodes"}
+	ModelCacheCredentialsGVR = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "modelcachecredentials"}
 )
 
 // ModelCache declares an artifact that the selected nodes must hold (or
@@ -41,8 +43,17 @@ type ModelCacheSpec struct {
 	// SecretRef names a Secret with the source's credentials: HF_TOKEN,
 	// AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY(/AWS_SESSION_TOKEN),
 	// HTTP_AUTHORIZATION (an http(s) source's Authorization header),
-	// NGC_API_KEY (an ngc:// source) or .dockerconfigjson.
+	// NGC_API_KEY (an ngc:// source) or .dockerconfigjson. A Secret of
+	// the daemon's own namespace is used as named; a Secret of another
+	// namespace N only where a ModelCacheCredentials in N grants it to
+	// this ModelCache and its sources (credentials.go).
 	SecretRef *SecretRef `json:"secretRef,omitempty"`
+	// AllowedNamespaces are the namespaces whose pods may mount the
+	// artifacts when they are fetched with a Secret of the daemon's
+	// namespace (the daemon's namespace always may). Artifacts fetched
+	// without credentials mount in any namespace; with a
+	// ModelCacheCredentials, its own list governs.
+	AllowedNamespaces []string `json:"allowedNamespaces,omitempty"`
 	// NodeSelector selects nodes by their labels; empty selects every node.
 	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
 	// State is Present (default) or Absent (evicted from every node).
@@ -97,6 +108,32 @@ type RolloutSpec struct {
 type SecretRef struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
+}
+
+// ModelCacheCredentials (namespaced) is a namespace's consent that one
+// ModelCache use one Secret of that namespace for the sources it lists:
+// an object in namespace N names Secrets of N only, so whoever may
+// create a ModelCache cannot borrow N's credentials without N.
+type ModelCacheCredentials struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              ModelCacheCredentialsSpec `json:"spec"`
+}
+
+// ModelCacheCredentialsSpec is what the namespace grants.
+type ModelCacheCredentialsSpec struct {
+	// ModelCache is the name of the ModelCache the Secret is for; its
+	// spec.secretRef must name this namespace and SecretName.
+	ModelCache string `json:"modelCache"`
+	// SecretName is a Secret of this namespace.
+	SecretName string `json:"secretName"`
+	// Sources are where the credentials may be sent: each source of the
+	// ModelCache (spec.source, versions[].source, kernelCaches[].image)
+	// must be one of them, exactly or pinned at a revision.
+	Sources []string `json:"sources"`
+	// AllowedNamespaces are further namespaces whose pods may mount the
+	// artifacts (this namespace always may).
+	AllowedNamespaces []string `json:"allowedNamespaces,omitempty"`
 }
 
 // KernelCacheSpec is one kernel cache image and its signature policy.

@@ -31,8 +31,8 @@ func PVName(node, model string) string {
 	return strings.Trim(n, "-.")
 }
 
-// syncPVs makes a read-only local PV for each Ready model of a ModelCache
-// selected here and not Absent, and deletes the others (like the node's
+// syncPVs makes a read-only local PV for each Ready public model of a
+// ModelCache selected here and not Absent, and deletes the others (like the node's
 // labels: a new claim must not bind to a model the node is letting go; a
 // bound PV stays until its claim goes, by the pv-protection finalizer);
 // each create or delete takes a token from the bucket, so a fleet never
@@ -51,7 +51,10 @@ func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[st
 	}
 	wantPV := map[string]api.Artifact{}
 	for _, a := range arts {
-		if ds, ok := want[a.Name]; !ok || ds.State == api.StateAbsent {
+		if ds, ok := want[a.Name]; !ok || ds.State == api.StateAbsent || len(ds.AllowedNamespaces) > 0 {
+			// A private model gets no PV: a claim of any namespace could
+			// bind it; its pods mount it through the CSI driver, which
+			// checks their namespace (credentials.go).
 			continue
 		}
 		if a.Phase == api.PhaseReady && a.Kind == api.KindModel && owners[a.Name] != "" && a.Path != "" {

@@ -119,6 +119,7 @@ func TestRealNode(t *testing.T) {
 	t.Run("LocalPV", func(t *testing.T) { n.t = t; n.localPV(tiny) })
 	t.Run("Quota", func(t *testing.T) { n.t = t; n.quota() })
 	t.Run("CSI", func(t *testing.T) { n.t = t; n.csi(tiny) })
+	t.Run("Tenancy", func(t *testing.T) { n.t = t; n.tenancy() })
 	t.Run("Absent", func(t *testing.T) { n.t = t; n.absent() })
 	n.t = t
 	t.Logf("real-node stage: %v", time.Since(start).Round(time.Millisecond))
@@ -213,8 +214,13 @@ func (n *node) podFile(pod, path string) ([]byte, error) {
 	return os.ReadFile(root + path)
 }
 
+// podRoot: pod is a name in default, or namespace/name.
 func (n *node) podRoot(pod string) (string, error) {
-	id, err := n.kubectl("", "get", "pod", pod, "-o", "jsonpath={.status.containerStatuses[0].containerID}")
+	ns, name, ok := strings.Cut(pod, "/")
+	if !ok {
+		ns, name = "default", pod
+	}
+	id, err := n.kubectl("", "-n", ns, "get", "pod", name, "-o", "jsonpath={.status.containerStatuses[0].containerID}")
 	if err != nil || !strings.HasPrefix(id, "containerd://") {
 		return "", fmt.Errorf("pod %s: container %q %v", pod, id, err)
 	}
@@ -655,6 +661,87 @@ spec:
       %s`, name, csiVolume(model)), "\n      ", "\n  ")
 }
 
+// tenancy: team-a's model, fetched with team-a's Secret (granted by a
+// ModelCacheCredentials of team-a), mounts in a pod of team-a and is
+// refused to a pod of namespace other, whose FailedMount Event says why;
+// a public model mounts in other; on the host a local user reads the
+// public model's file and not the private one's.
+func (n *node) tenancy() {
+	t := n.t
+	priv := n.origin.add("/private/w.bin", 256<<10)
+	n.origin.require("/private/w.bin", "Bearer team-a-token")
+	pub := n.origin.add("/public/w.bin", 128<<10)
+	src := n.origin.url("/private/w.bin")
+	n.must(`apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: other}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: creds, namespace: team-a}
+stringData: {HTTP_AUTHORIZATION: Bearer team-a-token}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: modelcached-secrets, namespace: team-a}
+rules: [{apiGroups: [""], resources: [secrets], resourceNames: [creds], verbs: [get, list, watch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: modelcached-secrets, namespace: team-a}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: modelcached-secrets}
+subjects: [{kind: ServiceAccount, name: modelcached, namespace: modelcache-system}]
+---
+apiVersion: modelcache.io/v1alpha1
+kind: ModelCacheCredentials
+metadata: {name: private, namespace: team-a}
+spec: {modelCache: private, secretName: creds, sources: ["`+src+`"]}
+`, "apply", "-f", "-")
+	n.must(modelCache("private", src)+"  secretRef: {namespace: team-a, name: creds}\n", "apply", "-f", "-")
+	n.must(modelCache("public", n.origin.url("/public/w.bin")), "apply", "-f", "-")
+	n.getText("modelcaches", "private", `private\s+\S+\s+[0-9a-f]{64}\s+1/1\b`)
+	n.getText("modelcaches", "public", `public\s+\S+\s+[0-9a-f]{64}\s+1/1\b`)
+	in := func(ns, yaml string) string { return strings.Replace(yaml, "namespace: default", "namespace: "+ns, 1) }
+
+	n.must(in("other", csiPod("reader", "private")), "apply", "-f", "-")
+	testenv.Eventually(t, "the pod of other refused team-a's model, its Event says why", 60*time.Second, func() error {
+		out, err := n.kubectl("", "-n", "other", "get", "events", "--field-selector", "involvedObject.name=reader,reason=FailedMount", "-o", "jsonpath={.items[*].message}")
+		if err != nil || !strings.Contains(out, "PermissionDenied") || !strings.Contains(out, "model private is private") || !strings.Contains(out, `"other"`) {
+			return fmt.Errorf("%q %v", out, err)
+		}
+		return nil
+	})
+	if out, _ := n.kubectl("", "-n", "other", "get", "pod", "reader", "-o", "jsonpath={.status.phase}"); out == "Running" {
+		t.Fatal("the pod of other runs with team-a's private model")
+	}
+	n.must(in("team-a", csiPod("reader", "private")), "apply", "-f", "-")
+	n.must(in("other", csiPod("public-reader", "public")), "apply", "-f", "-")
+	n.waitReady("90s", "-n", "team-a", "pod/reader")
+	n.waitReady("90s", "-n", "other", "pod/public-reader")
+	n.samePodFile("team-a/reader", "/model/w.bin", priv)
+	n.samePodFile("other/public-reader", "/model/w.bin", pub)
+
+	// A local user on the host: the public model, not the private one.
+	cat := func(p string) error {
+		return exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat", p).Run()
+	}
+	if err := cat(store + "/models/public/current/w.bin"); err != nil {
+		t.Errorf("a local user cannot read the public model: %v", err)
+	}
+	if err := cat(store + "/models/private/current/w.bin"); err == nil {
+		t.Error("a local user read team-a's private model on the host")
+	}
+
+	n.must("", "delete", "pod", "-n", "team-a", "reader", "--wait")
+	n.must("", "delete", "pod", "-n", "other", "reader", "public-reader", "--wait")
+	n.must("", "delete", "modelcache", "private", "public")
+	n.must("", "delete", "namespace", "team-a", "other", "--wait")
+}
+
 // absent: Absent keeps the model while the pod runs and evicts it once
 // the pod is gone.
 func (n *node) absent() {
@@ -713,6 +800,7 @@ type origin struct {
 	mu    chan struct{} // a one-slot lock
 	files map[string][]byte
 	gates map[string]chan struct{}
+	auth  map[string]string // path → the Authorization it requires
 }
 
 func newOrigin(t *testing.T, hostIP string) *origin {
@@ -720,7 +808,7 @@ func newOrigin(t *testing.T, hostIP string) *origin {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := &origin{addr: ln.Addr().String(), mu: make(chan struct{}, 1), files: map[string][]byte{}, gates: map[string]chan struct{}{}}
+	o := &origin{addr: ln.Addr().String(), mu: make(chan struct{}, 1), files: map[string][]byte{}, gates: map[string]chan struct{}{}, auth: map[string]string{}}
 	srv := &http.Server{Handler: o}
 	go srv.Serve(ln)
 	t.Cleanup(func() {
@@ -769,13 +857,25 @@ func (o *origin) gate(path string) func() {
 	}
 }
 
+// require makes path answer 401 to a request without this Authorization.
+func (o *origin) require(path, authorization string) {
+	o.mu <- struct{}{}
+	o.auth[path] = authorization
+	<-o.mu
+}
+
 func (o *origin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	o.mu <- struct{}{}
 	data, ok := o.files[r.URL.Path]
 	g := o.gates[r.URL.Path]
+	auth, private := o.auth[r.URL.Path]
 	<-o.mu
 	if !ok {
 		http.NotFound(w, r)
+		return
+	}
+	if private && r.Header.Get("Authorization") != auth {
+		w.WriteHeader(http.StatusUnauthorized)
 		return
 	}
 	body := &gatedReader{Reader: bytes.NewReader(data), at: int64(len(data) / 2), gate: g, done: r.Context().Done()}

@@ -1,0 +1,139 @@
+package daemon
+
+import (
+	"fmt"
+	"os"
+	"os/user"
+	"slices"
+	"strconv"
+	"syscall"
+
+	"github.com/modelcache/modelcache/api"
+)
+
+// Tenancy on the node. An artifact fetched with credentials is private
+// (api.Desire.AllowedNamespaces, from k8ssync; or a models.d desire's
+// LocalGroup): only pods of those namespaces may mount it (csi.go), and
+// on disk only root (and the local group: 0750) reaches its files by a
+// path:
+//
+//   - its version trees (models/<name>/<rev>) are 0700: the store makes a
+//     private version's tree so before it is in place
+//     (cachestore.VersionSpec.Private), and treeModes keeps every stored
+//     version's mode in step with its desire (a desire that becomes
+//     private or public, a tree that repair rebuilt at 0755);
+//   - it gets no hf/ view (those are world-readable by design);
+//   - blobs/ is 0700 (cachestore): no blob is read by its digest.
+//
+// A pod that may mount it reads it through a tree of its own volume
+// (holds/<hash>/tree, hardlinks to the same read-only inodes, 0755, under
+// holds/ which is 0700): its bind mount is the only path to it, and it is
+// in the pod's mount namespace only. The pod reads as whatever uid it
+// runs as; no fsGroup or idmapped mount is needed, because the files
+// themselves stay 0444 and only the directories on the way are closed.
+//
+// Dedup and privacy: a blob is one inode however many trees link it. A
+// file that a public artifact also holds is readable through the public
+// tree: those bytes are public (anyone may fetch them from the public
+// source). What privacy keeps is the private artifact's own files and
+// which files it has; a private artifact's blob that no public tree links
+// is reachable by root only.
+
+// private says whether ds's artifacts are private: to some namespaces, or
+// to a local group.
+func private(ds api.Desire) bool { return len(ds.AllowedNamespaces) > 0 || ds.LocalGroup != "" }
+
+// localGroupID is the gid of a group named by name or number.
+func localGroupID(name string) (int, error) {
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		if g, err = user.LookupGroupId(name); err != nil {
+			return 0, fmt.Errorf("%q: no such group on this node (getent group %s)", name, name)
+		}
+	}
+	return strconv.Atoi(g.Gid)
+}
+
+// mayMount says whether a pod of namespace ns may mount ds's artifact:
+// anyone a public one, the allowed namespaces a private one (none when
+// only a local group may read it).
+func mayMount(ds api.Desire, ns string) bool {
+	return !private(ds) || (ns != "" && slices.Contains(ds.AllowedNamespaces, ns))
+}
+
+// hidePrivate strips from a private artifact's view what only its trees
+// would tell (its files, their digests, the metadata read from them), for
+// a socket peer that may not mutate: any local user may read the socket.
+func hidePrivate(a *api.Artifact) {
+	for i := range a.Versions {
+		a.Versions[i].Files = nil
+	}
+	a.Metadata = nil
+}
+
+// treeModes sets the mode of every stored version's tree directory as its
+// desire wants it: 0700 for a private artifact, 0755 for a public one. An
+// artifact no present desire declares keeps the mode it has (no pod may
+// mount it either). A version that a pod's volume mounts directly (it was
+// public when the pod mounted it: its bytes were public then) stays open
+// until the volume goes: closing it would take the files from under a pod
+// that does not run as root. Called after each reconcile pass, without
+// locks.
+func (d *Daemon) treeModes() {
+	arts, err := d.store.ListSummaries()
+	if err != nil {
+		return
+	}
+	d.mu.Lock()
+	want := d.desires.merged()
+	d.mu.Unlock()
+	mounted := map[string]bool{}
+	if vols, err := d.csi.Holds(); err == nil {
+		for _, v := range vols {
+			if !v.Private && len(v.Kernels) == 0 {
+				mounted[v.Model+"@"+v.Revision] = true
+			}
+		}
+	}
+	for _, a := range arts {
+		ds, ok := want[a.Name]
+		if !ok || ds.State == api.StateAbsent {
+			continue
+		}
+		mode, gid := os.FileMode(0o755), -1
+		if private(ds) {
+			mode = 0o700
+		}
+		if ds.LocalGroup != "" {
+			g, err := localGroupID(ds.LocalGroup)
+			if err != nil {
+				d.log.Warn("a private artifact's local group is gone; its trees stay root's only", "artifact", a.Name, "err", err)
+			} else {
+				mode, gid = 0o750, g
+			}
+		}
+		for _, v := range a.Versions {
+			if mode != 0o755 && mounted[a.Name+"@"+v.Revision] {
+				continue
+			}
+			dir := d.store.TreePath(v.Kind, a.Name, v.Revision)
+			fi, err := os.Lstat(dir)
+			if err != nil || !fi.IsDir() {
+				continue
+			}
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && gid >= 0 && int(st.Gid) != gid {
+				// The group first: the mode that admits it comes after.
+				if err := os.Lchown(dir, -1, gid); err != nil {
+					d.log.Error("giving a private artifact's tree to its local group", "artifact", a.Name, "revision", v.Revision, "err", err)
+					continue
+				}
+			}
+			if fi.Mode().Perm() == mode {
+				continue
+			}
+			if err := os.Chmod(dir, mode); err != nil {
+				d.log.Error("setting the mode of a version's tree (a private artifact's must be 0700)", "artifact", a.Name, "revision", v.Revision, "err", err)
+			}
+		}
+	}
+}
