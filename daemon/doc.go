@@ -69,6 +69,8 @@
 //	               record names are found again in the mount table at start
 //	warming.go     warming: the warm.Warmer, its holds (a volume, a lease, the daemon's
 //	               life), the warm route, residency for inspect
+//	csistatus.go   what a publish that waits or is refused says: progress, why, what the
+//	               pod's namespace may mount instead
 //	ingests.go     partial downloads: abandoned, resumable, reclaimed
 //	evict.go       evictions: modelctl evict, absent desires, gc
 //	views.go       views: list, inspect, status, usage; wait.go the streams of them

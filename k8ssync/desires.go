@@ -89,16 +89,7 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 		if !ok {
 			continue // deselected: no longer desired here; eviction may take it
 		}
-		state := api.StatePresent
-		if mc.Spec.State == StateAbsent {
-			state = api.StateAbsent
-		}
-		policy := PolicyOnChange
-		if p, err := pollInterval(mc); err != nil {
-			policy += " (" + err.Error() + ")"
-		} else if p > 0 {
-			policy = PolicyPoll + " " + p.String()
-		}
+		state, policy := stateAndPolicy(mc)
 		cu, withCreds := s.credentialsOf(mc)
 		if withCreds && cu.refused != "" && state == api.StatePresent {
 			// Not pulled without the credentials it names (nor kept from
@@ -151,6 +142,22 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 		}
 	}
 	return want, creds, owners, pending
+}
+
+// stateAndPolicy are what mc's desires ask: present or absent, and the
+// update policy (on change, or a poll interval; a bad interval is named).
+func stateAndPolicy(mc *ModelCache) (string, string) {
+	state := api.StatePresent
+	if mc.Spec.State == StateAbsent {
+		state = api.StateAbsent
+	}
+	policy := PolicyOnChange
+	if p, err := pollInterval(mc); err != nil {
+		policy += " (" + err.Error() + ")"
+	} else if p > 0 {
+		policy = PolicyPoll + " " + p.String()
+	}
+	return state, policy
 }
 
 // credentials reads the Secret mc may use (cu, credentialsOf), adds its
