@@ -34,8 +34,10 @@ fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t#*:}; \
 		echo "fuzz $$pkg $$name ($(FUZZTIME))"; \
-		$(GO) test ./$$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) >/dev/null || \
-			{ $(GO) test ./$$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime 1x; exit 1; }; \
+		log=$$(mktemp); \
+		$(GO) test ./$$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) >$$log 2>&1 || \
+			{ tail -40 $$log; $(GO) test ./$$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime 1x; exit 1; }; \
+		rm -f $$log; \
 	done
 
 test-short:
