@@ -36,7 +36,9 @@ fuzz:
 		echo "fuzz $$pkg $$name ($(FUZZTIME))"; \
 		log=$$(mktemp); \
 		$(GO) test ./$$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) >$$log 2>&1 || \
-			{ tail -40 $$log; $(GO) test ./$$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime 1x; exit 1; }; \
+		{ tail -40 $$log; echo "fuzz $$pkg $$name failed; once more (an input it found is replayed first and fails again)"; \
+		  $(GO) test ./$$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) >$$log 2>&1; } || \
+			{ tail -40 $$log; exit 1; }; \
 		rm -f $$log; \
 	done
 
