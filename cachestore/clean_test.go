@@ -71,3 +71,47 @@ func TestCleanShutdownSkipsTheWalk(t *testing.T) {
 		t.Fatalf("the committed model after both opens: %q, %v", got, err)
 	}
 }
+
+// TestRepairRebuildsATreeClosed: a version's tree that repair rebuilds
+// after a crash is 0700: the store does not know whether the version is
+// private, and its owner (the daemon, before it serves) opens a public one.
+func TestRepairRebuildsATreeClosed(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _, err := Open(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte("weights")
+	d, err := s.Ingest(ctx, "w", bytes.NewReader(body), int64(len(body)), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CommitVersion(ctx, VersionSpec{Name: "m", Source: "file:///m", Revision: "r1",
+		Manifest: Manifest{{Path: "w.bin", Digest: d, Size: int64(len(body))}}}); err != nil {
+		t.Fatal(err)
+	}
+	tree := s.TreePath(KindModel, "m", "r1")
+	if fi, err := os.Stat(tree); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("a committed public tree: %v %v, want 0755", fi.Mode(), err)
+	}
+	if err := os.RemoveAll(tree); err != nil {
+		t.Fatal(err)
+	}
+	// This run dies: the index closes without Close.
+	if err := s.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, rep, err := Open(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fi, err := os.Stat(tree)
+	if err != nil || rep.TreesRebuilt != 1 {
+		t.Fatalf("tree not rebuilt: %v, report %+v", err, rep)
+	}
+	if fi.Mode().Perm() != 0o700 {
+		t.Fatalf("a rebuilt tree is %v, want 0700 until its owner opens it", fi.Mode().Perm())
+	}
+}

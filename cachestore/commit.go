@@ -42,7 +42,8 @@ type VersionSpec struct {
 	// Private makes the version's tree directory 0700 from its creation:
 	// only root (the daemon) reaches its files by a path; a pod reads it
 	// through a tree of its own volume. Not recorded: the caller keeps
-	// the modes of its trees (a tree that repair rebuilds is 0755).
+	// the modes of its trees (a tree that repair rebuilds is 0700 until
+	// the caller opens it).
 	Private bool
 }
 

@@ -230,7 +230,10 @@ func (r repairer) version(name string, v *Version, onDisk map[string]int64) erro
 	_, serr := os.Lstat(tree)
 	switch {
 	case v.State == StateReady && serr != nil:
-		if err := r.s.materialize(base, name, v.Revision, v.Manifest, 0o755); err != nil {
+		// Rebuilt closed (0700): the store does not know whether the
+		// version is private; its owner opens it (the daemon's tree modes,
+		// before it serves anything).
+		if err := r.s.materialize(base, name, v.Revision, v.Manifest, 0o700); err != nil {
 			return fmt.Errorf("rebuild %s@%s: %w", name, v.Revision, err)
 		}
 		r.rep.TreesRebuilt++

@@ -164,6 +164,9 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	modelsDir{d}.load()
 	d.csi = &csiVolumes{d: d}
 	d.csi.load()
+	// Trees that startup repair rebuilt are closed (0700): public ones
+	// open before anything is served.
+	d.treeModes()
 	return d, nil
 }
 

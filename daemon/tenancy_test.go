@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
 
@@ -409,5 +410,32 @@ func TestInspectHidesAPrivateModelsFiles(t *testing.T) {
 	}
 	if a := get("q", 65534); len(a.Versions[0].Files) == 0 {
 		t.Fatal("a local user does not see the public model's files")
+	}
+}
+
+// TestNewOpensPublicTreesBeforeServing: startup repair rebuilds a lost
+// tree closed (0700, cachestore); New opens a public model's tree before
+// the daemon serves anything, and leaves a private one closed.
+func TestNewOpensPublicTreesBeforeServing(t *testing.T) {
+	cfg := testConfig(t)
+	w := data(2000, 46)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	h := start(t, cfg)
+	a, err := h.pull(api.PullRequest{Name: "pub", URI: srv.URL + "/w.bin#sha256=" + sha(w)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree := h.d.store.TreePath(cachestore.KindModel, "pub", a.Revision)
+	h.stop()
+	if err := os.Chmod(tree, 0o700); err != nil { // as repair leaves a tree it rebuilt
+		t.Fatal(err)
+	}
+	d, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.store.Close()
+	if fi, err := os.Stat(tree); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("a public model's tree after New: %v %v, want 0755 before anything is served", fi.Mode(), err)
 	}
 }
