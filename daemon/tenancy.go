@@ -21,7 +21,8 @@ import (
 //     private version's tree so before it is in place
 //     (cachestore.VersionSpec.Private), and treeModes keeps every stored
 //     version's mode in step with its desire (a desire that becomes
-//     private or public, a tree that repair rebuilt at 0755);
+//     private or public; a tree that startup repair rebuilt is 0700, and
+//     New opens it if it is public before anything is served);
 //   - it gets no hf/ view (those are world-readable by design);
 //   - blobs/ is 0700 (cachestore): no blob is read by its digest.
 //
