@@ -340,6 +340,12 @@ func versionStatus(owner, artifact, suffix string, nodes []ModelCacheNodeStatus)
 			// clipped like the rest of what is copied from it.
 			vs.LastUsed = max(vs.LastUsed, clip(a.LastUsed, MaxStatusField))
 			vs.LastDownloaded = max(vs.LastDownloaded, clip(a.DownloadCompleted, MaxStatusField))
+			o, p := max(a.OriginBytes, 0), max(a.PeerBytes, 0)
+			vs.OriginBytes += o
+			vs.PeerBytes += p
+			if o > 0 && float64(o) > OriginShare*float64(o+p) {
+				vs.FromOrigin++
+			}
 		}
 	}
 	vs.Nodes.ReadyText = strconv.Itoa(vs.Nodes.Ready) + "/" + strconv.Itoa(vs.Nodes.Total)

@@ -110,6 +110,29 @@ func TestPeerFanOutStatus(t *testing.T) {
 			return nil
 		})
 	}
+	// The statuses say where each node's bytes came from, and the
+	// ModelCache's version status counts one node that fetched from the
+	// origin (--origin-concurrency 1).
+	var statuses []k8ssync.ModelCacheNode
+	testenv.Eventually(t, "each node's status says where its bytes came from", 30*time.Second, func() error {
+		statuses = statuses[:0]
+		for _, name := range names {
+			st, err := nodeStatus(dyn, name)
+			if err != nil {
+				return err
+			}
+			a := artifactOn(st, "fan")
+			if a == nil || a.OriginBytes+a.PeerBytes == 0 {
+				return fmt.Errorf("%s: %+v", name, a)
+			}
+			statuses = append(statuses, *st)
+		}
+		return nil
+	})
+	fan := &k8ssync.ModelCache{ObjectMeta: metav1.ObjectMeta{Name: "fan"}, Spec: k8ssync.ModelCacheSpec{Source: "hf://org/fan"}}
+	if v := k8ssync.Aggregate(fan, statuses, time.Now()).Versions[0]; v.FromOrigin != 1 || v.PeerBytes < 2*lfs {
+		t.Fatalf("version status %+v: want fromOrigin 1 and the shards from peers on the other two nodes", v)
+	}
 	if got := hub.Sent.Load(); got != lfs+3*small {
 		t.Fatalf("origin sent %d bytes, want %d: the shards once (--origin-concurrency 1), the small file on each node", got, lfs+3*small)
 	}

@@ -118,6 +118,7 @@ func (s *Syncer) nodeStatus(arts []api.Artifact, owners map[string]string, want 
 		sort.Strings(as.Pods)
 		if lp := a.LastPull; lp != nil {
 			as.DownloadSeconds, as.BytesPerSecond = round(lp.Seconds), round(lp.BytesPerSecond)
+			as.OriginBytes, as.PeerBytes = max(lp.BytesFetched-lp.BytesFromPeers, 0), lp.BytesFromPeers
 			done := lp.At.UTC().Truncate(time.Second)
 			as.DownloadCompleted = done.Format(time.RFC3339)
 			as.DownloadStarted = done.Add(-time.Duration(lp.Seconds * float64(time.Second))).Truncate(time.Second).Format(time.RFC3339)

@@ -215,7 +215,18 @@ type VersionStatus struct {
 	// LastDownloaded is when the latest download of it finished on any
 	// node (RFC 3339).
 	LastDownloaded string `json:"lastDownloaded,omitempty"`
+	// FromOrigin counts the nodes whose last download of it took more
+	// than OriginShare of its bytes from the source rather than from
+	// other nodes (a hub's small files without a digest always come from
+	// the source); OriginBytes and PeerBytes add up those downloads.
+	FromOrigin  int   `json:"fromOrigin"`
+	OriginBytes int64 `json:"originBytes,omitempty"`
+	PeerBytes   int64 `json:"peerBytes,omitempty"`
 }
+
+// OriginShare is the share of a download's bytes above which the node
+// counts as having fetched it from the source (VersionStatus.FromOrigin).
+const OriginShare = 0.01
 
 // RevisionCount is one revision served by some nodes.
 type RevisionCount struct {
@@ -358,8 +369,12 @@ type ArtifactStatus struct {
 	DownloadCompleted string  `json:"downloadCompleted,omitempty"`
 	DownloadSeconds   float64 `json:"downloadSeconds,omitempty"`
 	BytesPerSecond    float64 `json:"bytesPerSecond,omitempty"`
-	Message           string  `json:"message,omitempty"`
-	Reason            string  `json:"reason,omitempty"`
+	// OriginBytes and PeerBytes are what that download took from the
+	// source and from other nodes' daemons (fan-out).
+	OriginBytes int64  `json:"originBytes,omitempty"`
+	PeerBytes   int64  `json:"peerBytes,omitempty"`
+	Message     string `json:"message,omitempty"`
+	Reason      string `json:"reason,omitempty"`
 	// Next is the revision this node prefetches for a rollout while
 	// Revision serves.
 	Next *NextStatus `json:"next,omitempty"`

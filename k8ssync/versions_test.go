@@ -54,8 +54,36 @@ func TestVersionStatusAddsUpTheNodes(t *testing.T) {
 	if st.Nodes != main.Nodes || st.Revision != "c1" {
 		t.Errorf("status.nodes %+v and revision %q must be the main artifact's (%+v)", st.Nodes, st.Revision, main.Nodes)
 	}
+	if main.FromOrigin != 0 || main.OriginBytes != 0 {
+		t.Errorf("no node said where its bytes came from: %+v", main)
+	}
 	if v2.Artifact != "llama-v2" || v2.Suffix != "v2" || v2.Nodes.Ready != 1 || v2.Nodes.Downloading != 1 || v2.Nodes.Failed != 1 || v2.Nodes.Total != 3 ||
 		len(v2.Revisions) != 1 || v2.PodCount != 30 || !slices.Equal(v2.Pods, many[:k8ssync.MaxStatusPods]) {
 		t.Errorf("v2 %+v", v2)
+	}
+}
+
+// TestVersionStatusCountsNodesThatFetchedFromTheOrigin: fan-out shows in
+// the ModelCache status as the nodes whose last download took more than
+// OriginShare of its bytes from the source (a node that took only a
+// hub's small files from it, the weights from peers, does not count), and
+// the bytes from each side.
+func TestVersionStatusCountsNodesThatFetchedFromTheOrigin(t *testing.T) {
+	mc := &k8ssync.ModelCache{ObjectMeta: metav1.ObjectMeta{Name: "llama"}, Spec: k8ssync.ModelCacheSpec{Source: "hf://org/llama"}}
+	node := func(name string, origin, peers int64) k8ssync.ModelCacheNode {
+		return k8ssync.ModelCacheNode{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: k8ssync.ModelCacheNodeStatus{Artifacts: []k8ssync.ArtifactStatus{
+			{Name: "llama", ModelCache: "llama", Phase: "Ready", Revision: "c1", OriginBytes: origin, PeerBytes: peers}}}}
+	}
+	const model = 1 << 30
+	nodes := []k8ssync.ModelCacheNode{
+		node("a", model/2, model/2), // one of two origin nodes: half its blobs from the other
+		node("b", model/2, model/2),
+		node("c", 40<<10, model), // the hub's JSON files only
+		node("d", 0, model),
+		node("e", 0, 0), // a node that never said
+	}
+	v := k8ssync.Aggregate(mc, nodes, time.Now()).Versions[0]
+	if v.FromOrigin != 2 || v.OriginBytes != model+40<<10 || v.PeerBytes != 3*model {
+		t.Fatalf("fromOrigin %d, origin bytes %d, peer bytes %d: want 2, %d, %d", v.FromOrigin, v.OriginBytes, v.PeerBytes, model+40<<10, 3*model)
 	}
 }
