@@ -82,7 +82,10 @@ func TestPeerFanOutStatus(t *testing.T) {
 		nodes = append(nodes, startNodeIn(t, cl.Config, name, `{"devices":[]}`, false, ns, func(c *daemon.Config) {
 			p := daemon.DefaultPeerConfig()
 			p.Addr, p.Advertise, p.TokenFile, p.ServiceAccount = addrs[name], "http://"+addrs[name], tok, ns+"/"+sa
-			p.OriginConcurrency, p.Poll, p.Settle = 1, 50*time.Millisecond, time.Second
+			// Settle is long enough for the other nodes' statuses to land
+			// on a loaded machine (each writes its own within a second or
+			// two): a node that has not seen them ranks itself first.
+			p.OriginConcurrency, p.Poll, p.Settle = 1, 50*time.Millisecond, 5*time.Second
 			c.Peer = &p
 		}))
 	}
