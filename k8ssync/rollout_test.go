@@ -332,14 +332,19 @@ func TestRolloutNodeThatCannotGetIt(t *testing.T) {
 	if x, _ := a.c.Get(ctx, "m"); !holdsRev(x, c2) {
 		t.Fatalf("node-a does not hold commit 2 prefetched: %+v", x.Next)
 	}
-	ns, err := nodeStatus(dyn, "node-b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if as := artifactOn(ns, "m"); as == nil || as.Phase != string(api.PhaseReady) || as.Revision != c1 || as.Next == nil ||
-		as.Next.Phase != string(api.PhaseFailed) || as.Next.Reason != api.ReasonInsufficientCapacity {
-		t.Fatalf("node-b's status: %+v", as)
-	}
+	// node-b's status is written after its failed prefetch (a retry may
+	// be under way when it is read): wait for the write that says so.
+	testenv.Eventually(t, "node-b's status: commit 1 Ready, commit 2 failed for capacity", 20*time.Second, func() error {
+		ns, err := nodeStatus(dyn, "node-b")
+		if err != nil {
+			return err
+		}
+		if as := artifactOn(ns, "m"); as == nil || as.Phase != string(api.PhaseReady) || as.Revision != c1 || as.Next == nil ||
+			as.Next.Phase != string(api.PhaseFailed) || as.Next.Reason != api.ReasonInsufficientCapacity {
+			return fmt.Errorf("%+v", as)
+		}
+		return nil
+	})
 	testenv.Eventually(t, "a PrefetchFailed event", 20*time.Second, func() error {
 		if evs := eventsFor(kc, "m", k8ssync.EventPrefetchFailed); len(evs) == 0 || !strings.Contains(evs[0], "keeps serving revision "+c1) {
 			return fmt.Errorf("%q", evs)
