@@ -19,6 +19,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/k8ssync"
 )
@@ -30,7 +31,7 @@ import (
 //
 //	space.capMu → space.evictMu → desires.writeMu → mu → leaf locks;  space.scanRun → space.scanMu
 //
-// The leaf locks (sources.mu, leaseSet.mu, csiVolumes.mu, warming.mu,
+// The leaf locks (sources.Set.mu, leaseSet.mu, csiVolumes.mu, warming.mu,
 // space.scanMu, fanout.mu) guard their component's own state and are
 // never held together or while another lock is taken.
 //
@@ -46,7 +47,7 @@ type Daemon struct {
 	log     *slog.Logger
 	store   *cachestore.Store
 	records *cachestore.Records
-	sources *sources // fetchers, credentials, who file:// reads as (sources.go)
+	sources *sources.Set // fetchers, credentials, who file:// reads as (package sources)
 	metrics *metrics
 	limiter *rate.Limiter // --bandwidth-limit, nil when unlimited
 	started time.Time
@@ -120,15 +121,16 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.notify()
 		d.mu.Unlock()
 	}}
-	if d.sources, err = newSources(cfg, log, func() map[string]api.Desire {
+	desired := func() map[string]api.Desire {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		return d.desires.merged()
-	}); err != nil {
+	}
+	if d.sources, err = sources.New(cfg.sourcesConfig(), log, desired); err != nil {
 		st.Close()
 		return nil, err
 	}
-	if d.kernels, err = newKernels(cfg, log, st, d.sources.desired); err != nil {
+	if d.kernels, err = newKernels(cfg, log, st, desired); err != nil {
 		st.Close()
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
 	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 	"github.com/modelcache/modelcache/gpu"
@@ -51,7 +52,7 @@ var kernelCacheDirs = []struct{ dir, env, manifest, sizeLabel, countLabel, summa
 func expandKernelCaches(out map[string]api.Desire, model api.Desire) {
 	for i, kc := range model.KernelCaches {
 		name := model.KernelCacheName(i)
-		if prev, taken := out[name]; taken && (model.Origin == originAPI || prev.Origin != originAPI) {
+		if prev, taken := out[name]; taken && (model.Origin == sources.OriginAPI || prev.Origin != sources.OriginAPI) {
 			continue // an explicit desire of that name wins, unless a socket pull took a declared model's name
 		}
 		out[name] = api.Desire{Name: name, URI: kc.URI, Kind: api.KindKernelCache, Signature: kc.Signature,
@@ -102,7 +103,7 @@ func (p *pull) kernelCacheBefore(ctx context.Context) (*api.KernelCacheInfo, err
 	digest := "sha256:" + res.Revision
 	of, ok := f.(*ocifetcher.Fetcher)
 	if !ok {
-		of = d.sources.oci
+		of = d.sources.OCI()
 	}
 	chk, err := d.kernels.verifySignature(ctx, ds, digest, of)
 	info.Signature = chk
@@ -185,7 +186,7 @@ func effectivePolicy(floor string, ds api.Desire, asked string) string {
 	switch {
 	case asked == "":
 		return floor
-	case asked == api.PolicyOff && ds.Origin == originAPI:
+	case asked == api.PolicyOff && ds.Origin == sources.OriginAPI:
 		return floor
 	}
 	return asked
