@@ -61,6 +61,7 @@ var only = map[string][]string{
 	// The daemon's components in packages of their own are given values
 	// and small interfaces by daemon.New; none links the daemon.
 	"daemon/sources/...": {"mod:daemon/sources", "mod:api", "mod:fetchers"},
+	"daemon/kernels/...": {"mod:daemon/kernels", "mod:daemon/sources", "mod:api", "mod:fetchers", "mod:cachestore", "mod:gpu"},
 }
 
 func TestDependencyDirection(t *testing.T) {

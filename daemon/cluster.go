@@ -11,6 +11,7 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/daemon/kernels"
 	"github.com/modelcache/modelcache/fetchers"
 	ngcfetcher "github.com/modelcache/modelcache/fetchers/ngc"
 	"github.com/modelcache/modelcache/k8ssync"
@@ -113,7 +114,7 @@ func (c clusterNode) Artifacts() ([]api.Artifact, error) { return views{c.d}.lis
 func (c clusterNode) StatusNow() (*api.Status, error) { return views{c.d}.status() }
 
 // GPUs is the node's inventory.
-func (c clusterNode) GPUs() api.GPUInventory { return gpuView(c.d.kernels.gpus) }
+func (c clusterNode) GPUs() api.GPUInventory { return kernels.GPUView(c.d.kernels.GPUs()) }
 
 // Root is the store root.
 func (c clusterNode) Root() string { return c.d.store.Root() }

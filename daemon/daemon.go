@@ -19,6 +19,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/kernels"
 	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/k8ssync"
@@ -56,7 +57,7 @@ type Daemon struct {
 	leases  *leaseSet        // modelctl lease (inuse.go)
 	csi     *csiVolumes      // the volumes pods hold (csi.go)
 	warming *warming         // reads what pods are about to load into the page cache (warming.go)
-	kernels *kernels         // GPUs, kernel cache signatures and compatibility (kernelcache.go)
+	kernels *kernels.Set     // GPUs, kernel cache signatures and compatibility (package kernels)
 	space   *space           // admission, eviction passes, the /proc scan (admission.go)
 	fanout  *fanout          // the peer port and fetches from peers; nil when off (fanout.go)
 	pullSem chan struct{}    // the node's pull slots (slot.go)
@@ -130,15 +131,17 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		st.Close()
 		return nil, err
 	}
-	if d.kernels, err = newKernels(cfg, log, st, desired); err != nil {
+	d.metrics = newMetrics(d)
+	kcfg := kernels.Config{GPUInventory: cfg.GPUInventory, SignaturePolicy: cfg.KernelCacheSignaturePolicy,
+		Signatures: d.metrics.signatures, Compat: d.metrics.compatChecks}
+	if d.kernels, err = kernels.New(kcfg, log, st, desired); err != nil {
 		st.Close()
 		return nil, err
 	}
 	if cfg.BandwidthLimit > 0 {
 		d.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthLimit), int(min(cfg.BandwidthLimit, 4<<20)))
 	}
-	d.metrics = newMetrics(d)
-	d.kernels.metrics, d.space.metrics = d.metrics, d.metrics
+	d.space.metrics = d.metrics
 	if cfg.Peer != nil {
 		if d.fanout, err = newFanout(cfg, log, d.metrics.peer); err != nil {
 			st.Close()

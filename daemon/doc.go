@@ -14,6 +14,7 @@
 //	sources     fetchers, fetchers made with credentials, the cluster's credentials,
 //	            who file:// reads as (package daemon/sources: sources.Set)
 //	kernels     the GPU inventory; kernel cache signatures and compatibility
+//	            (package daemon/kernels: kernels.Set)
 //	space       admission (reservations), eviction passes (capacity.Evictor),
 //	            partial downloads reclaimed, the /proc scan
 //	leaseSet    modelctl lease
@@ -60,7 +61,9 @@
 //	               statuses or a static list
 //	sources/       package sources: which fetcher a desire uses, with which
 //	               credentials; credentials files; who file:// reads as
-//	kernelcache.go kernels: expansion, signature, GPU compatibility, env
+//	kernelcache.go a pull's kernel cache checks before and after its layers (through
+//	               package kernels), a model's kernel cache desires, the env and gpu routes
+//	kernels/       package kernels: the GPU inventory, signature, compatibility, env
 //	admission.go   space: admission of a pull, reservations, eviction passes
 //	               (the victims are chosen by capacity.PlanSpace, in capacity/plan.go)
 //	inuse.go       what is in use: leaseSet, pod holders, CSI volumes, the /proc scan

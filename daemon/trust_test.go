@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/daemon/kernels"
 	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
@@ -256,18 +257,18 @@ func TestKernelCacheInjection(t *testing.T) {
 // desire's default.
 func TestNodeSignatureFloor(t *testing.T) {
 	floor := api.PolicyOff
-	if p := effectivePolicy(floor, api.Desire{Origin: sources.OriginAPI}, ""); p != api.PolicyOff {
+	if p := kernels.EffectivePolicy(floor, api.Desire{Origin: sources.OriginAPI}, ""); p != api.PolicyOff {
 		t.Fatalf("default on an off node: %s", p)
 	}
-	if p := effectivePolicy(floor, api.Desire{Origin: sources.OriginAPI}, api.PolicyRequired); p != api.PolicyRequired {
+	if p := kernels.EffectivePolicy(floor, api.Desire{Origin: sources.OriginAPI}, api.PolicyRequired); p != api.PolicyRequired {
 		t.Fatalf("a pull tightening an off node: %s", p)
 	}
 	floor = api.PolicyRequired
 	// A socket desire persisted before the floor existed is raised to it.
-	if p := effectivePolicy(floor, api.Desire{Origin: sources.OriginAPI}, api.PolicyOff); p != api.PolicyRequired {
+	if p := kernels.EffectivePolicy(floor, api.Desire{Origin: sources.OriginAPI}, api.PolicyOff); p != api.PolicyRequired {
 		t.Fatalf("a persisted socket desire with policy off on a required node: %s", p)
 	}
-	if p := effectivePolicy(floor, api.Desire{Origin: "file:/etc/modelcached/models.d/k.yaml"}, api.PolicyOff); p != api.PolicyOff {
+	if p := kernels.EffectivePolicy(floor, api.Desire{Origin: "file:/etc/modelcached/models.d/k.yaml"}, api.PolicyOff); p != api.PolicyOff {
 		t.Fatalf("the node's own configuration may turn it off: %s", p)
 	}
 }

@@ -30,7 +30,7 @@ func identity(r *api.Requester) *fetchers.Identity {
 }
 
 // listsKernelCache reports whether model's desire lists the kernel cache
-// name with uri (as expandKernelCaches names them).
+// name with uri (as api.Desire.KernelCacheName names them).
 func listsKernelCache(model api.Desire, name, uri string) bool {
 	for i, kc := range model.KernelCaches {
 		if model.KernelCacheName(i) == name && kc.URI == uri {
