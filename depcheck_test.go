@@ -58,6 +58,10 @@ var only = map[string][]string{
 	"peer/...": {"mod:peer", "mod:cachestore", "mod:fetchers", "mod:k8ssync", "mod:api"},
 	// warm is given a tree and reads it; the daemon wires it.
 	"warm/...": {"mod:warm"},
+	// The daemon's components in packages of their own are given values
+	// and small interfaces by daemon.New; none links the daemon.
+	"daemon/sources/...": {"mod:daemon/sources", "mod:api", "mod:fetchers"},
+	"daemon/kernels/...": {"mod:daemon/kernels", "mod:daemon/sources", "mod:api", "mod:fetchers", "mod:cachestore", "mod:gpu"},
 }
 
 func TestDependencyDirection(t *testing.T) {

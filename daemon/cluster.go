@@ -11,7 +11,9 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/daemon/kernels"
 	"github.com/modelcache/modelcache/fetchers"
+	ngcfetcher "github.com/modelcache/modelcache/fetchers/ngc"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -38,7 +40,7 @@ func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[str
 	// only under both, so reading it under desires.writeMu is safe.
 	d.desires.writeMu.Lock()
 	defer d.desires.writeMu.Unlock()
-	changed := d.sources.setCredentials(creds)
+	changed := d.sources.SetCredentials(creds)
 	d.mu.Lock()
 	retry := false
 	for name, st := range d.arts {
@@ -63,7 +65,7 @@ func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[str
 		}
 		_, err := d.validateDesire(ds)
 		if err == nil {
-			err = d.sources.checkClusterSource(ds)
+			err = d.sources.CheckClusterSource(ds)
 		}
 		if err != nil {
 			rejected[name] = fmt.Sprintf("refused the ModelCache's desire: %v", err)
@@ -112,7 +114,7 @@ func (c clusterNode) Artifacts() ([]api.Artifact, error) { return views{c.d}.lis
 func (c clusterNode) StatusNow() (*api.Status, error) { return views{c.d}.status() }
 
 // GPUs is the node's inventory.
-func (c clusterNode) GPUs() api.GPUInventory { return gpuView(c.d.kernels.gpus) }
+func (c clusterNode) GPUs() api.GPUInventory { return kernels.GPUView(c.d.kernels.GPUs()) }
 
 // Root is the store root.
 func (c clusterNode) Root() string { return c.d.store.Root() }
@@ -209,11 +211,11 @@ func (c clusterNode) Resolve(ctx context.Context, ds api.Desire, creds map[strin
 	if err != nil {
 		return "", "", err
 	}
-	f, err := d.sources.fetcherWith(ds, src, creds)
+	f, err := d.sources.FetcherWith(ds, src.scheme, creds)
 	if err != nil {
 		return "", "", err
 	}
-	res, err := f.Resolve(ctx, fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: ds.Kind == api.KindKernelCache, As: d.sources.readAs(ds)})
+	res, err := f.Resolve(ctx, fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: ds.Kind == api.KindKernelCache, As: d.sources.ReadAs(ds)})
 	if err != nil {
 		return "", "", redactedError{err}
 	}
@@ -245,4 +247,35 @@ func hfRef(ds api.Desire, res *fetchers.Resolved) string {
 		return ds.Ref
 	}
 	return res.Ref
+}
+
+// pinnedURI is the URI that names exactly the revision res resolved to,
+// where the scheme has such a form: hf://org/repo@<commit>,
+// oci://registry/repo@sha256:<hex>, ngc://org[/team]/model:<version>.
+// Other schemes (s3, http, file) have none: the URI stays as given and
+// the cluster's folder checksum (api.Desire.ClusterDigest) pins the bytes.
+func pinnedURI(src source, res *fetchers.Resolved) string {
+	if res.Revision == "" {
+		return src.uri
+	}
+	switch src.scheme {
+	case "hf":
+		if res.Repo != "" {
+			return "hf://" + res.Repo + "@" + res.Revision
+		}
+	case "oci":
+		ref := strings.TrimPrefix(src.uri, "oci://")
+		ref, _, _ = strings.Cut(ref, "@")
+		if i := strings.LastIndexByte(ref, ':'); i > strings.LastIndexByte(ref, '/') {
+			ref = ref[:i] // the tag
+		}
+		return "oci://" + ref + "@sha256:" + res.Revision
+	case "ngc":
+		r, err := ngcfetcher.ParseURI(src.uri)
+		if err == nil {
+			r.Version = res.Revision
+			return r.String()
+		}
+	}
+	return src.uri
 }

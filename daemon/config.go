@@ -19,6 +19,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/csi"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/k8ssync"
 	"github.com/modelcache/modelcache/warm"
@@ -249,6 +250,15 @@ func parseIdentity(s string) (*fetchers.Identity, error) {
 		return nil, fmt.Errorf("--file-identity %q: want UID:GID, numeric, e.g. 65534:65534 (nobody) or the uid and gid that own your models", s)
 	}
 	return &fetchers.Identity{UID: uint32(uid), GID: uint32(gid)}, nil
+}
+
+// sourcesConfig is what package sources needs of c; the socket API's
+// codes of errors are toAPIError's.
+func (c *Config) sourcesConfig() sources.Config {
+	return sources.Config{FileRoots: c.FileRoots, FileDenied: c.fileDenied(), FileAs: c.fileIdentity(),
+		InsecureRegistries: c.InsecureRegistries, RegistryMirrors: c.RegistryMirrors, InternalAddress: c.InternalAddress,
+		IdleTimeout: c.IdleTimeout, RangeConnections: c.RangeConnections, Version: c.Version,
+		Code: func(err error) string { return toAPIError(err).Code }}
 }
 
 // fileIdentity is who models.d and ModelCache file:// sources read as

@@ -215,12 +215,12 @@ func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, er
 	}
 	v.Revision, v.Private = rev, priv
 	if v.KernelCaches == "auto" {
-		for _, kc := range d.kernels.modelKernelCaches(v.Model) {
+		for _, kc := range d.kernels.ModelKernelCaches(v.Model) {
 			v.Kernels = append(v.Kernels, csi.KernelCache{Name: kc.Name, Revision: kc.Revision})
 		}
 		if len(v.Kernels) == 0 {
 			d.log.Info("csi: kernelCaches=auto: no Ready kernel cache compatible with this node's GPUs serves the model; the volume shows the model without kernels/",
-				"volume", v.ID, "artifact", v.Model, "gpus", len(d.kernels.gpus.Devices))
+				"volume", v.ID, "artifact", v.Model, "gpus", len(d.kernels.GPUs().Devices))
 		}
 	}
 	raw, err := json.Marshal(v)

@@ -19,6 +19,8 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/kernels"
+	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/k8ssync"
 )
@@ -30,7 +32,7 @@ import (
 //
 //	space.capMu → space.evictMu → desires.writeMu → mu → leaf locks;  space.scanRun → space.scanMu
 //
-// The leaf locks (sources.mu, leaseSet.mu, csiVolumes.mu, warming.mu,
+// The leaf locks (sources.Set.mu, leaseSet.mu, csiVolumes.mu, warming.mu,
 // space.scanMu, fanout.mu) guard their component's own state and are
 // never held together or while another lock is taken.
 //
@@ -46,7 +48,7 @@ type Daemon struct {
 	log     *slog.Logger
 	store   *cachestore.Store
 	records *cachestore.Records
-	sources *sources // fetchers, credentials, who file:// reads as (sources.go)
+	sources *sources.Set // fetchers, credentials, who file:// reads as (package sources)
 	metrics *metrics
 	limiter *rate.Limiter // --bandwidth-limit, nil when unlimited
 	started time.Time
@@ -55,7 +57,7 @@ type Daemon struct {
 	leases  *leaseSet        // modelctl lease (inuse.go)
 	csi     *csiVolumes      // the volumes pods hold (csi.go)
 	warming *warming         // reads what pods are about to load into the page cache (warming.go)
-	kernels *kernels         // GPUs, kernel cache signatures and compatibility (kernelcache.go)
+	kernels *kernels.Set     // GPUs, kernel cache signatures and compatibility (package kernels)
 	space   *space           // admission, eviction passes, the /proc scan (admission.go)
 	fanout  *fanout          // the peer port and fetches from peers; nil when off (fanout.go)
 	pullSem chan struct{}    // the node's pull slots (slot.go)
@@ -120,23 +122,26 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.notify()
 		d.mu.Unlock()
 	}}
-	if d.sources, err = newSources(cfg, log, func() map[string]api.Desire {
+	desired := func() map[string]api.Desire {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		return d.desires.merged()
-	}); err != nil {
+	}
+	if d.sources, err = sources.New(cfg.sourcesConfig(), log, desired); err != nil {
 		st.Close()
 		return nil, err
 	}
-	if d.kernels, err = newKernels(cfg, log, st, d.sources.desired); err != nil {
+	d.metrics = newMetrics(d)
+	kcfg := kernels.Config{GPUInventory: cfg.GPUInventory, SignaturePolicy: cfg.KernelCacheSignaturePolicy,
+		Signatures: d.metrics.signatures, Compat: d.metrics.compatChecks}
+	if d.kernels, err = kernels.New(kcfg, log, st, desired); err != nil {
 		st.Close()
 		return nil, err
 	}
 	if cfg.BandwidthLimit > 0 {
 		d.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthLimit), int(min(cfg.BandwidthLimit, 4<<20)))
 	}
-	d.metrics = newMetrics(d)
-	d.kernels.metrics, d.space.metrics = d.metrics, d.metrics
+	d.space.metrics = d.metrics
 	if cfg.Peer != nil {
 		if d.fanout, err = newFanout(cfg, log, d.metrics.peer); err != nil {
 			st.Close()

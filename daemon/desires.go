@@ -14,6 +14,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
 	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 )
@@ -23,7 +24,7 @@ import (
 // --pin, pull --keep); the rest are ad-hoc entries, which admission may
 // evict to make room (docs/operator.md: Who may evict what).
 func declared(ds api.Desire) bool {
-	return ds.Origin != originAPI || ds.Pin || ds.Keep || ds.Serves != ""
+	return ds.Origin != sources.OriginAPI || ds.Pin || ds.Keep || ds.Serves != ""
 }
 
 // fingerprint identifies what a desire asks the store for; a change of it
@@ -144,7 +145,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	ds := req.Desire()
-	ds.Origin, ds.Requester = originAPI, requester(r)
+	ds.Origin, ds.Requester = sources.OriginAPI, requester(r)
 	ds, err := d.validateDesire(ds)
 	if err != nil {
 		return err
@@ -158,7 +159,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := d.sources.checkSourceAccess(r.Context(), ds); err != nil {
+	if err := d.sources.CheckSourceAccess(r.Context(), ds); err != nil {
 		return err
 	}
 	// Again, under desires.writeMu: the check above ran unlocked. The index
@@ -273,9 +274,9 @@ func (d *Daemon) dropFailedPull(name, fp string, set func(error)) {
 // with d.mu held.
 func (d *Daemon) pullConflict(name string) error {
 	if fd, ok := d.desires.file[name]; ok {
-		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; edit that file instead of pulling it by hand", name, strings.TrimPrefix(fd.Origin, originFile))
+		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; edit that file instead of pulling it by hand", name, strings.TrimPrefix(fd.Origin, sources.OriginFile))
 	}
-	if w, ok := d.desires.merged()[name]; ok && w.Serves != "" && w.Origin != originAPI {
+	if w, ok := d.desires.merged()[name]; ok && w.Serves != "" && w.Origin != sources.OriginAPI {
 		return api.Errorf(api.CodeConflict, "artifact %s is the kernel cache of %s, declared in %s; pull under another name", name, w.Serves, w.Origin)
 	}
 	return nil
@@ -347,7 +348,7 @@ func (d *Daemon) validateDesire(ds api.Desire) (api.Desire, error) {
 	if err := checkURISizes(ds); err != nil {
 		return ds, err
 	}
-	if _, err := d.sources.shared.For(ds.URI); err != nil {
+	if err := d.sources.Known(ds.URI); err != nil {
 		return ds, api.Errorf(api.CodeInvalid, "artifact %s: %v", ds.Name, err)
 	}
 	if ds.Digest != "" {
@@ -387,7 +388,7 @@ func validateKernelCaches(ds api.Desire, floor string) error {
 	bad := func(f string, a ...any) error {
 		return api.Errorf(api.CodeInvalid, "artifact %s: %s", ds.Name, fmt.Sprintf(f, a...))
 	}
-	fromSocket := ds.Origin == originAPI
+	fromSocket := ds.Origin == sources.OriginAPI
 	checkPolicy := func(what string, p *api.SignaturePolicy) error {
 		if p == nil {
 			return nil

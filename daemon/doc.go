@@ -11,8 +11,10 @@
 //
 //	desireSet   the desires by origin (socket, models dir, cluster), merged;
 //	            their persistence and the writers' lock
-//	sources     fetchers, fetchers made with credentials, the cluster's credentials
+//	sources     fetchers, fetchers made with credentials, the cluster's credentials,
+//	            who file:// reads as (package daemon/sources: sources.Set)
 //	kernels     the GPU inventory; kernel cache signatures and compatibility
+//	            (package daemon/kernels: kernels.Set)
 //	space       admission (reservations), eviction passes (capacity.Evictor),
 //	            partial downloads reclaimed, the /proc scan
 //	leaseSet    modelctl lease
@@ -37,7 +39,7 @@
 //	               read by cmd/modelcached/config.go)
 //	server.go      the route table (which routes mutate), HTTP plumbing, the one error→code table
 //	auth.go        how a request is authorised: the peer's credentials, who may mutate,
-//	               what a desire from each origin may ask (socket, models.d, cluster)
+//	               what a socket desire read back from the index may ask
 //	peers.go       connections: per-uid limits, credentials read at accept
 //	desires.go     desireSet: the merged set and its persistence; fingerprints,
 //	               validation, modelctl pull/pin
@@ -57,8 +59,11 @@
 //	               (peer.Fetcher.Ingest through the pull's sink), the peers and
 //	               the nodes that go to the origin first, from the cluster's
 //	               statuses or a static list
-//	sources.go     sources: which fetcher a desire uses, with which credentials
-//	kernelcache.go kernels: expansion, signature, GPU compatibility, env
+//	sources/       package sources: which fetcher a desire uses, with which
+//	               credentials; credentials files; who file:// reads as
+//	kernelcache.go a pull's kernel cache checks before and after its layers (through
+//	               package kernels), a model's kernel cache desires, the env and gpu routes
+//	kernels/       package kernels: the GPU inventory, signature, compatibility, env
 //	admission.go   space: admission of a pull, reservations, eviction passes
 //	               (the victims are chosen by capacity.PlanSpace, in capacity/plan.go)
 //	inuse.go       what is in use: leaseSet, pod holders, CSI volumes, the /proc scan

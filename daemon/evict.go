@@ -12,6 +12,7 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/daemon/sources"
 )
 
 // evictions is how artifacts leave: modelctl evict and gc, desires set
@@ -134,7 +135,7 @@ func (e evictions) refusal(q *evictRequest) error {
 	d.mu.Lock()
 	if fd, ok := d.desires.file[name]; ok && fd.State != api.StateAbsent && rev == "" {
 		d.mu.Unlock()
-		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; set state: absent there or remove the file", name, strings.TrimPrefix(fd.Origin, originFile))
+		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; set state: absent there or remove the file", name, strings.TrimPrefix(fd.Origin, sources.OriginFile))
 	}
 	_, q.hadDesire = d.desires.api[name]
 	_, q.noted = d.evicted[name]

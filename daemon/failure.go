@@ -7,6 +7,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/kernels"
 	"github.com/modelcache/modelcache/fetchers"
 )
 
@@ -59,7 +60,7 @@ func (p *pull) finish(ctx, pctx context.Context, err error) {
 	if err != nil {
 		err = redactedError{err} // the message is shown (status, waiters, events) and stored
 	}
-	if err != nil && pctx.Err() == nil && !errors.As(err, new(*incompatibleError)) {
+	if err != nil && pctx.Err() == nil && !errors.As(err, new(*kernels.IncompatibleError)) {
 		// A version that lost its blobs and cannot be re-fetched says why
 		// (an index write: before the daemon lock, never under it).
 		if a, gerr := d.store.Summary(ds.Name); gerr == nil && len(a.Versions) > 0 && a.Versions[0].State != cachestore.StateReady {
@@ -96,7 +97,7 @@ func (p *pull) finish(ctx, pctx context.Context, err error) {
 		d.metrics.pulls.WithLabelValues(scheme, "failed").Inc()
 		d.log.Error("pull failed; not retried until the desire changes or 'modelctl pull' asks again ('modelctl evict NAME' drops the desire)",
 			"artifact", ds.Name, "uri", ds.URI, "reason", st.reason, "err", err)
-	case errors.As(err, new(*incompatibleError)):
+	case errors.As(err, new(*kernels.IncompatibleError)):
 		st.phase, st.message, st.reason, st.attempts = api.PhaseIncompatible, err.Error(), api.ReasonIncompatible, 0
 		d.metrics.pulls.WithLabelValues(scheme, "incompatible").Inc()
 		d.log.Info("kernel cache incompatible with this node's GPUs; not downloaded", "artifact", ds.Name, "uri", ds.URI, "why", err)
@@ -126,7 +127,7 @@ func retryReason(err error) string {
 	switch {
 	case errors.As(err, new(*capacityError)):
 		return api.ReasonInsufficientCapacity
-	case errors.As(err, new(*signatureError)):
+	case errors.As(err, new(*kernels.SignatureError)):
 		return api.ReasonSignatureFailed
 	}
 	return api.ReasonPullFailed

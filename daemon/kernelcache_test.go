@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/daemon/kernels"
 	"github.com/modelcache/modelcache/fetchers/oci/ocitest"
 	"github.com/modelcache/modelcache/gpu"
 	"github.com/modelcache/modelcache/internal/testenv"
@@ -268,7 +269,7 @@ func TestGPUViewsKeepEveryField(t *testing.T) {
 			Architecture: "Hopper", MemoryBytes: 80 << 30, Backend: "cuda", Arch: "90", WarpSize: 32}}}
 	rep := gpu.Report{Compatible: true, Simulated: true, Targets: 2, Reason: "r",
 		Devices: []gpu.DeviceResult{{Index: 1, UUID: "GPU-1", Name: "H100", Compatible: true, Entries: 3, Reason: "ok"}}}
-	for _, pair := range [][2]any{{inv, gpuView(inv)}, {rep, compatView(rep)}} {
+	for _, pair := range [][2]any{{inv, kernels.GPUView(inv)}, {rep, kernels.CompatView(rep)}} {
 		a, _ := json.Marshal(pair[0])
 		b, _ := json.Marshal(pair[1])
 		if string(a) != string(b) {

@@ -210,7 +210,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descKernelBytes, prometheus.GaugeValue, float64(kb))
 	}
 	c.answered(ch, "versions", err)
-	inv := c.d.kernels.gpus
+	inv := c.d.kernels.GPUs()
 	ch <- prometheus.MustNewConstMetric(descGPUs, prometheus.GaugeValue, float64(len(inv.Devices)), inv.Source)
 	for _, g := range inv.Devices {
 		ch <- prometheus.MustNewConstMetric(descGPU, prometheus.GaugeValue, 1, strconv.Itoa(g.Index), g.Name, g.UUID,

@@ -165,13 +165,13 @@ func (p *pull) resolve(ctx context.Context) error {
 	if err := lostCredentials(ds); err != nil {
 		return err
 	}
-	f, err := p.d.sources.fetcherFor(ds, p.src)
+	f, err := p.d.sources.FetcherFor(ds, p.src.scheme)
 	if err != nil {
 		return err
 	}
 	p.f = f
 	kernel := ds.Kind == api.KindKernelCache
-	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: kernel, As: p.d.sources.readAs(ds)}
+	src := fetchers.Source{URI: ds.URI, Include: ds.Include, Exclude: ds.Exclude, KernelCache: kernel, As: p.d.sources.ReadAs(ds)}
 	err = p.backoff.Do(ctx, func(int) error {
 		var err error
 		p.res, err = f.Resolve(ctx, src)

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/daemon/kernels"
+	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
 
@@ -255,18 +257,18 @@ func TestKernelCacheInjection(t *testing.T) {
 // desire's default.
 func TestNodeSignatureFloor(t *testing.T) {
 	floor := api.PolicyOff
-	if p := effectivePolicy(floor, api.Desire{Origin: originAPI}, ""); p != api.PolicyOff {
+	if p := kernels.EffectivePolicy(floor, api.Desire{Origin: sources.OriginAPI}, ""); p != api.PolicyOff {
 		t.Fatalf("default on an off node: %s", p)
 	}
-	if p := effectivePolicy(floor, api.Desire{Origin: originAPI}, api.PolicyRequired); p != api.PolicyRequired {
+	if p := kernels.EffectivePolicy(floor, api.Desire{Origin: sources.OriginAPI}, api.PolicyRequired); p != api.PolicyRequired {
 		t.Fatalf("a pull tightening an off node: %s", p)
 	}
 	floor = api.PolicyRequired
 	// A socket desire persisted before the floor existed is raised to it.
-	if p := effectivePolicy(floor, api.Desire{Origin: originAPI}, api.PolicyOff); p != api.PolicyRequired {
+	if p := kernels.EffectivePolicy(floor, api.Desire{Origin: sources.OriginAPI}, api.PolicyOff); p != api.PolicyRequired {
 		t.Fatalf("a persisted socket desire with policy off on a required node: %s", p)
 	}
-	if p := effectivePolicy(floor, api.Desire{Origin: "file:/etc/modelcached/models.d/k.yaml"}, api.PolicyOff); p != api.PolicyOff {
+	if p := kernels.EffectivePolicy(floor, api.Desire{Origin: "file:/etc/modelcached/models.d/k.yaml"}, api.PolicyOff); p != api.PolicyOff {
 		t.Fatalf("the node's own configuration may turn it off: %s", p)
 	}
 }
@@ -276,20 +278,24 @@ func TestNodeSignatureFloor(t *testing.T) {
 // from the model's own desire, for the URI the model names.
 func TestBorrowedCredentials(t *testing.T) {
 	d := &Daemon{desires: newDesireSet(nil)}
-	d.sources = &sources{creds: map[string]map[string]string{"llama": {"HF_TOKEN": "hf_secret"}},
-		desired: func() map[string]api.Desire { return d.desires.merged() }}
+	set, err := sources.New(sources.Config{}, nil, func() map[string]api.Desire { return d.desires.merged() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.sources = set
+	d.sources.SetCredentials(map[string]map[string]string{"llama": {"HF_TOKEN": "hf_secret"}})
 	d.desires.cluster["llama"] = api.Desire{Name: "llama", URI: "hf://org/llama", Origin: "cluster:llama",
 		KernelCaches: []api.KernelCacheRef{{URI: "oci://reg/kernels:sm90"}}}
 	// A socket desire persisted by an older daemon that still carries serves.
-	d.desires.api["thief"] = trustSocketDesire(api.Desire{Name: "thief", URI: "oci://attacker/x:v1", Origin: originAPI, Serves: "llama"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	d.desires.api["thief"] = trustSocketDesire(api.Desire{Name: "thief", URI: "oci://attacker/x:v1", Origin: sources.OriginAPI, Serves: "llama"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	d.desires.api["thief2"] = api.Desire{Name: "thief2", URI: "oci://attacker/x:v1", Origin: "cluster:llama", Serves: "llama", Kind: api.KindKernelCache}
-	if c := d.sources.credentialsFor("thief"); c != nil {
+	if c := d.sources.CredentialsFor("thief"); c != nil {
 		t.Fatalf("a socket desire borrowed the model's credentials: %v", c)
 	}
-	if c := d.sources.credentialsFor("thief2"); c != nil {
+	if c := d.sources.CredentialsFor("thief2"); c != nil {
 		t.Fatalf("a desire not listed by the model borrowed its credentials: %v", c)
 	}
-	if c := d.sources.credentialsFor("llama.kc0"); c["HF_TOKEN"] != "hf_secret" {
+	if c := d.sources.CredentialsFor("llama.kc0"); c["HF_TOKEN"] != "hf_secret" {
 		t.Fatalf("the model's own kernel cache lost its credentials: %v", c)
 	}
 }
@@ -337,12 +343,12 @@ func TestCredentialsFile(t *testing.T) {
 
 	bad := filepath.Join(t.TempDir(), "bad.env")
 	os.WriteFile(bad, []byte("HF_TOKEN=ok\nPASSWORD=hunter2\n"), 0o600)
-	if _, err := readCredentialsFile(bad); err == nil || !strings.Contains(err.Error(), "line 2") || !strings.Contains(err.Error(), `"PASSWORD"`) || strings.Contains(err.Error(), "hunter2") {
+	if _, err := sources.ReadCredentialsFile(bad); err == nil || !strings.Contains(err.Error(), "line 2") || !strings.Contains(err.Error(), `"PASSWORD"`) || strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("an unknown key: %v", err)
 	}
 	fifo := filepath.Join(t.TempDir(), "fifo.env")
 	syscall.Mkfifo(fifo, 0o600)
-	if _, err := readCredentialsFile(fifo); err == nil || !strings.Contains(err.Error(), "FIFO") {
+	if _, err := sources.ReadCredentialsFile(fifo); err == nil || !strings.Contains(err.Error(), "FIFO") {
 		t.Fatalf("a FIFO as credentials file: %v", err)
 	}
 }
@@ -479,7 +485,7 @@ func TestPeerGroupsNotFromProc(t *testing.T) {
 func TestSharedKernelCacheWinnerIsStable(t *testing.T) {
 	d := &Daemon{desires: newDesireSet(nil)}
 	for _, n := range []string{"m3", "m1", "m2", "m4", "m5"} {
-		d.desires.api[n] = api.Desire{Name: n, URI: "hf://o/" + n, Origin: originAPI,
+		d.desires.api[n] = api.Desire{Name: n, URI: "hf://o/" + n, Origin: sources.OriginAPI,
 			KernelCaches: []api.KernelCacheRef{{Name: "shared", URI: "oci://r/" + n + ":sm90"}}}
 	}
 	for i := 0; i < 200; i++ {
@@ -487,7 +493,7 @@ func TestSharedKernelCacheWinnerIsStable(t *testing.T) {
 			t.Fatalf("pass %d: the shared kernel cache serves %s (%s), want m1", i, got.Serves, got.URI)
 		}
 	}
-	d.desires.file["z9"] = api.Desire{Name: "z9", URI: "hf://o/z9", Origin: originFile + "/etc/modelcached/models.d/z9.yaml",
+	d.desires.file["z9"] = api.Desire{Name: "z9", URI: "hf://o/z9", Origin: sources.OriginFile + "/etc/modelcached/models.d/z9.yaml",
 		KernelCaches: []api.KernelCacheRef{{Name: "shared", URI: "oci://r/z9:sm90"}}}
 	for i := 0; i < 200; i++ {
 		if got := d.desires.merged()["shared"]; got.Serves != "z9" {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/kernels"
 )
 
 // views are the read side of the daemon (list, inspect, status, usage
@@ -72,7 +73,7 @@ func (vw views) handleUsage(w http.ResponseWriter, r *http.Request) error {
 	serves := map[string]string{}
 	if arts, err := d.store.ListSummaries(); err == nil {
 		for i := range arts {
-			if info := kernelCacheInfo(currentVersion(&arts[i])); info != nil && info.Serves != "" {
+			if info := kernels.Info(kernels.CurrentVersion(&arts[i])); info != nil && info.Serves != "" {
 				serves[arts[i].Name] = info.Serves
 			}
 		}
@@ -284,7 +285,7 @@ func versionsView(out *api.Artifact, a *cachestore.Artifact, detail viewDetail) 
 func currentView(out *api.Artifact, cur *cachestore.Version, path string) {
 	out.Kind, out.Revision, out.ManifestDigest, out.Bytes, out.Pinned = cur.Kind, cur.Revision, cur.ManifestDigest, cur.Bytes, cur.Pinned
 	out.Source = cur.Source
-	out.KernelCache = kernelCacheInfo(cur)
+	out.KernelCache = kernels.Info(cur)
 	if !cur.LastUsed.IsZero() {
 		lu := cur.LastUsed
 		out.LastUsed = &lu

@@ -1,4 +1,4 @@
-package daemon
+package sources
 
 import (
 	"crypto/sha256"
@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"reflect"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/fetchers"
@@ -20,20 +22,45 @@ import (
 	s3fetcher "github.com/modelcache/modelcache/fetchers/s3"
 )
 
-// sources is where a desire's bytes come from: the shared fetcher of
-// each scheme, fetchers made with a desire's credentials (kept while the
+// Config is what a Set needs of the daemon's configuration.
+type Config struct {
+	// FileRoots, when set, are the only directories file:// sources may
+	// read; FileDenied are the paths file:// never reads, whatever
+	// FileRoots say.
+	FileRoots, FileDenied []string
+	// FileAs is who models.d and ModelCache file:// sources read as.
+	FileAs *fetchers.Identity
+	// InsecureRegistries are OCI registries (host:port) reached over plain
+	// HTTP; RegistryMirrors are "registry=mirror" pairs.
+	InsecureRegistries, RegistryMirrors []string
+	// InternalAddress reports which addresses a redirect may not lead to.
+	InternalAddress func(netip.Addr) bool
+	// IdleTimeout: a stream that delivers nothing this long is retried.
+	IdleTimeout time.Duration
+	// RangeConnections is the most connections per large hub, NGC or S3
+	// file; at least 1 is used.
+	RangeConnections int
+	// Version is the daemon's, in the http(s) fetchers' User-Agent.
+	Version string
+	// Code is the socket API's code of an error (the daemon's one
+	// error→code table); a refused source keeps it.
+	Code func(error) string
+}
+
+// Set is where a desire's bytes come from: the shared fetcher of each
+// scheme, fetchers made with a desire's credentials (kept while the
 // credentials stay the same), the cluster's credentials themselves (from
 // Secrets, in memory only), and who a file:// source is read as.
-type sources struct {
-	// Set once in newSources, read without a lock.
+type Set struct {
+	// Set once in New, read without a lock.
 	cfg     Config
 	log     *slog.Logger
 	shared  fetchers.Registry // the fetcher of each scheme
 	oci     *ocifetcher.Fetcher
 	ociOpts []ocifetcher.Option
 	// clusterFile reads ModelCache file:// sources: only under
-	// --file-roots, nothing without them; fileAs is who models.d and
-	// cluster file:// sources read as (--file-identity).
+	// FileRoots, nothing without them; fileAs is who models.d and
+	// cluster file:// sources read as (Config.FileAs).
 	clusterFile *filefetcher.Fetcher
 	fileAs      *fetchers.Identity
 	// desired is the merged desire set (it takes the daemon lock: never
@@ -45,10 +72,15 @@ type sources struct {
 	byCreds map[string]fetchers.Fetcher
 }
 
-func newSources(cfg Config, log *slog.Logger, desired func() map[string]api.Desire) (*sources, error) {
-	files := filefetcher.New(filefetcher.WithRoots(cfg.FileRoots...), filefetcher.WithDenied(cfg.fileDenied()...))
-	s := &sources{cfg: cfg, log: log, shared: fetchers.Registry{"file": files}, clusterFile: files.Confined(),
-		fileAs: cfg.fileIdentity(), desired: desired, byCreds: map[string]fetchers.Fetcher{}}
+// New makes the shared fetchers of every scheme with cfg's settings.
+// desired returns the merged desire set; log may be nil (silent).
+func New(cfg Config, log *slog.Logger, desired func() map[string]api.Desire) (*Set, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	files := filefetcher.New(filefetcher.WithRoots(cfg.FileRoots...), filefetcher.WithDenied(cfg.FileDenied...))
+	s := &Set{cfg: cfg, log: log, shared: fetchers.Registry{"file": files}, clusterFile: files.Confined(),
+		fileAs: cfg.FileAs, desired: desired, byCreds: map[string]fetchers.Fetcher{}}
 	hub, err := s.newHub()
 	if err != nil {
 		return nil, err
@@ -78,8 +110,8 @@ func newSources(cfg Config, log *slog.Logger, desired func() map[string]api.Desi
 	return s, nil
 }
 
-// credentialsFor returns the in-memory credentials of a cluster desire.
-func (s *sources) credentialsFor(name string) map[string]string {
+// CredentialsFor returns the in-memory credentials of a cluster desire.
+func (s *Set) CredentialsFor(name string) map[string]string {
 	s.mu.Lock()
 	c, ok := s.creds[name]
 	s.mu.Unlock()
@@ -100,9 +132,9 @@ func (s *sources) credentialsFor(name string) map[string]string {
 	return nil
 }
 
-// setCredentials replaces the cluster's credentials (from Secrets) and
+// SetCredentials replaces the cluster's credentials (from Secrets) and
 // says which artifacts' credentials changed.
-func (s *sources) setCredentials(creds map[string]map[string]string) map[string]bool {
+func (s *Set) SetCredentials(creds map[string]map[string]string) map[string]bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	changed := map[string]bool{}
@@ -120,26 +152,35 @@ func (s *sources) setCredentials(creds map[string]map[string]string) map[string]
 	return changed
 }
 
-// fetcherFor returns the fetcher of a desire: the shared one, or one
+// Known returns nil when uri's scheme has a fetcher here, else an error
+// naming the schemes this daemon knows.
+func (s *Set) Known(uri string) error {
+	_, err := s.shared.For(uri)
+	return err
+}
+
+// OCI is the shared oci:// fetcher.
+func (s *Set) OCI() *ocifetcher.Fetcher { return s.oci }
+
+// FetcherFor returns the fetcher of a desire: the shared one, or one
 // made with the desire's credentials from a Secret (HF_TOKEN;
 // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN;
 // .dockerconfigjson; NGC_API_KEY), kept while the credentials stay the same.
-func (s *sources) fetcherFor(ds api.Desire, src source) (fetchers.Fetcher, error) {
-	return s.fetcherWith(ds, src, s.credentialsFor(ds.Name))
+func (s *Set) FetcherFor(ds api.Desire, scheme string) (fetchers.Fetcher, error) {
+	return s.FetcherWith(ds, scheme, s.CredentialsFor(ds.Name))
 }
 
-// fetcherWith is fetcherFor with the credentials given (a cluster
+// FetcherWith is FetcherFor with the credentials given (a cluster
 // resolution's, from the ModelCache's Secret).
-func (s *sources) fetcherWith(ds api.Desire, src source, creds map[string]string) (fetchers.Fetcher, error) {
-	if ds.CredentialsFile != "" && strings.HasPrefix(ds.Origin, originFile) {
+func (s *Set) FetcherWith(ds api.Desire, scheme string, creds map[string]string) (fetchers.Fetcher, error) {
+	if ds.CredentialsFile != "" && strings.HasPrefix(ds.Origin, OriginFile) {
 		var err error
-		if creds, err = readCredentialsFile(ds.CredentialsFile); err != nil {
+		if creds, err = ReadCredentialsFile(ds.CredentialsFile); err != nil {
 			return nil, fetchers.Permanent(fmt.Errorf("credentials of %s: %w", ds.Name, err))
 		}
 	}
-	scheme := src.scheme
 	if len(creds) == 0 {
-		return s.sharedFetcher(ds, src)
+		return s.sharedFetcher(ds, scheme)
 	}
 	b, _ := json.Marshal(creds)
 	sum := sha256.Sum256(append([]byte(scheme+"\x00"), b...))
@@ -154,7 +195,7 @@ func (s *sources) fetcherWith(ds api.Desire, src source, creds map[string]string
 	case "hf":
 		tok := creds["HF_TOKEN"]
 		if tok == "" {
-			return s.sharedFetcher(ds, src)
+			return s.sharedFetcher(ds, scheme)
 		}
 		hub, err := s.newHub(hffetcher.WithToken(tok))
 		if err != nil {
@@ -163,7 +204,7 @@ func (s *sources) fetcherWith(ds api.Desire, src source, creds map[string]string
 		f = hub
 	case "s3":
 		if creds["AWS_ACCESS_KEY_ID"] == "" {
-			return s.sharedFetcher(ds, src)
+			return s.sharedFetcher(ds, scheme)
 		}
 		sf, err := s.newS3(s3fetcher.WithStaticCredentials(creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], creds["AWS_SESSION_TOKEN"]))
 		if err != nil {
@@ -173,7 +214,7 @@ func (s *sources) fetcherWith(ds api.Desire, src source, creds map[string]string
 	case "oci":
 		cfg := creds[".dockerconfigjson"]
 		if cfg == "" {
-			return s.sharedFetcher(ds, src)
+			return s.sharedFetcher(ds, scheme)
 		}
 		kc, err := ocifetcher.DockerConfigKeychain([]byte(cfg))
 		if err != nil {
@@ -186,17 +227,17 @@ func (s *sources) fetcherWith(ds api.Desire, src source, creds map[string]string
 			return nil, err
 		}
 		if nf == nil {
-			return s.sharedFetcher(ds, src)
+			return s.sharedFetcher(ds, scheme)
 		}
 		f = nf
 	case "http", "https":
 		auth := creds["HTTP_AUTHORIZATION"]
 		if auth == "" {
-			return s.sharedFetcher(ds, src)
+			return s.sharedFetcher(ds, scheme)
 		}
 		f = s.newHTTP(httpfetcher.WithAuthorization(auth))
 	default:
-		return s.sharedFetcher(ds, src)
+		return s.sharedFetcher(ds, scheme)
 	}
 	s.mu.Lock()
 	s.byCreds[key] = f
@@ -204,67 +245,36 @@ func (s *sources) fetcherWith(ds api.Desire, src source, creds map[string]string
 	return f, nil
 }
 
-// pinnedURI is the URI that names exactly the revision res resolved to,
-// where the scheme has such a form: hf://org/repo@<commit>,
-// oci://registry/repo@sha256:<hex>, ngc://org[/team]/model:<version>.
-// Other schemes (s3, http, file) have none: the URI stays as given and
-// the cluster's folder checksum (api.Desire.ClusterDigest) pins the bytes.
-func pinnedURI(src source, res *fetchers.Resolved) string {
-	if res.Revision == "" {
-		return src.uri
-	}
-	switch src.scheme {
-	case "hf":
-		if res.Repo != "" {
-			return "hf://" + res.Repo + "@" + res.Revision
-		}
-	case "oci":
-		ref := strings.TrimPrefix(src.uri, "oci://")
-		ref, _, _ = strings.Cut(ref, "@")
-		if i := strings.LastIndexByte(ref, ':'); i > strings.LastIndexByte(ref, '/') {
-			ref = ref[:i] // the tag
-		}
-		return "oci://" + ref + "@sha256:" + res.Revision
-	case "ngc":
-		r, err := ngcfetcher.ParseURI(src.uri)
-		if err == nil {
-			r.Version = res.Revision
-			return r.String()
-		}
-	}
-	return src.uri
-}
-
 // fetcherOptions are the daemon's settings that the hub, NGC, S3 and
 // http(s) fetchers share: the idle timeout, the Range connections of one
 // large file, and which addresses are host-internal.
-func (s *sources) fetcherOptions() []fetchers.Option {
+func (s *Set) fetcherOptions() []fetchers.Option {
 	return []fetchers.Option{fetchers.WithIdleTimeout(s.cfg.IdleTimeout), fetchers.WithConnections(max(s.cfg.RangeConnections, 1)),
 		fetchers.WithInternal(s.cfg.InternalAddress)}
 }
 
 // newHub and newS3 make the hub and S3 fetchers with the daemon's
-// settings; extra options add credentials (fetcherFor).
-func (s *sources) newHub(extra ...hffetcher.Option) (*hffetcher.Fetcher, error) {
+// settings; extra options add credentials (FetcherFor).
+func (s *Set) newHub(extra ...hffetcher.Option) (*hffetcher.Fetcher, error) {
 	return hffetcher.New(append([]hffetcher.Option{hffetcher.WithHTTP(s.fetcherOptions()...)}, extra...)...)
 }
 
-func (s *sources) newS3(extra ...s3fetcher.Option) (*s3fetcher.Fetcher, error) {
+func (s *Set) newS3(extra ...s3fetcher.Option) (*s3fetcher.Fetcher, error) {
 	return s3fetcher.New(append([]s3fetcher.Option{s3fetcher.WithHTTP(s.fetcherOptions()...)}, extra...)...)
 }
 
 // newHTTP makes an http(s) fetcher with the daemon's settings (and extra).
-func (s *sources) newHTTP(extra ...httpfetcher.Option) *httpfetcher.Fetcher {
+func (s *Set) newHTTP(extra ...httpfetcher.Option) *httpfetcher.Fetcher {
 	shared := append(s.fetcherOptions(), fetchers.WithUserAgent("modelcached/"+s.cfg.Version))
 	return httpfetcher.New(append([]httpfetcher.Option{httpfetcher.WithHTTP(shared...)}, extra...)...)
 }
 
 // sharedFetcher is the daemon's fetcher of the source's scheme.
-func (s *sources) sharedFetcher(ds api.Desire, src source) (fetchers.Fetcher, error) {
-	if src.scheme == "file" && fromCluster(ds) && s.clusterFile != nil {
+func (s *Set) sharedFetcher(ds api.Desire, scheme string) (fetchers.Fetcher, error) {
+	if scheme == "file" && fromCluster(ds) && s.clusterFile != nil {
 		return s.clusterFile, nil
 	}
-	if f, ok := s.shared[src.scheme]; ok {
+	if f, ok := s.shared[scheme]; ok {
 		return f, nil
 	}
 	return s.shared.For(ds.URI) // its error names the schemes this daemon knows
@@ -273,7 +283,7 @@ func (s *sources) sharedFetcher(ds api.Desire, src source) (fetchers.Fetcher, er
 // newNGC makes an ngc:// fetcher with the daemon's settings (and extra):
 // endpoints and key from NGC_API_ENDPOINT, NGC_AUTH_ENDPOINT, NGC_API_KEY
 // (or NGC_CLI_API_KEY, or the file NGC_API_KEY_FILE names).
-func (s *sources) newNGC(extra ...ngcfetcher.Option) (*ngcfetcher.Fetcher, error) {
+func (s *Set) newNGC(extra ...ngcfetcher.Option) (*ngcfetcher.Fetcher, error) {
 	return ngcfetcher.New(append([]ngcfetcher.Option{ngcfetcher.WithHTTP(s.fetcherOptions()...),
 		ngcfetcher.WithLogger(s.log.With("fetcher", "ngc"))}, extra...)...)
 }
@@ -281,7 +291,7 @@ func (s *sources) newNGC(extra ...ngcfetcher.Option) (*ngcfetcher.Fetcher, error
 // ngcWithCredentials is the ngc:// fetcher of a desire whose credentials
 // (a ModelCache Secret, a models.d credentialsFile) hold NGC_API_KEY; nil
 // when they do not.
-func (s *sources) ngcWithCredentials(creds map[string]string) (fetchers.Fetcher, error) {
+func (s *Set) ngcWithCredentials(creds map[string]string) (fetchers.Fetcher, error) {
 	key := creds["NGC_API_KEY"]
 	if key == "" {
 		return nil, nil

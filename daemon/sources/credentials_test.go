@@ -1,4 +1,4 @@
-package daemon
+package sources
 
 import (
 	"os"
@@ -32,7 +32,7 @@ func TestCredentialsFileErrorsShowNoValue(t *testing.T) {
 		if err := os.WriteFile(p, []byte(tc.content), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, err := readCredentialsFile(p)
+		_, err := ReadCredentialsFile(p)
 		if err == nil {
 			t.Fatalf("%q: accepted", tc.content)
 		}

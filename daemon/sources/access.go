@@ -1,0 +1,106 @@
+package sources
+
+import (
+	"context"
+	"strings"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers"
+	filefetcher "github.com/modelcache/modelcache/fetchers/file"
+)
+
+// Origins of desires: the socket, or a models.d file (OriginFile + path).
+const (
+	OriginAPI  = "api"
+	OriginFile = "file:"
+)
+
+// Nobody is the identity of a desire whose requester is unknown (one
+// persisted before requesters were recorded): it reads only what every
+// local user may read.
+const Nobody = 65534
+
+// identity is the fetchers' form of a socket desire's requester; nil
+// reads as the daemon (ReadAs never passes nil).
+func identity(r *api.Requester) *fetchers.Identity {
+	if r == nil {
+		return nil
+	}
+	return &fetchers.Identity{UID: r.UID, GID: r.GID, Groups: r.Groups}
+}
+
+// listsKernelCache reports whether model's desire lists the kernel cache
+// name with uri (as api.Desire.KernelCacheName names them).
+func listsKernelCache(model api.Desire, name, uri string) bool {
+	for i, kc := range model.KernelCaches {
+		if model.KernelCacheName(i) == name && kc.URI == uri {
+			return true
+		}
+	}
+	return false
+}
+
+// fromCluster: the desire comes from a ModelCache (k8ssync), not from the
+// socket or a models.d file. Whatever origin is not one of those two
+// counts as the cluster's, the most confined.
+func fromCluster(ds api.Desire) bool {
+	return ds.Origin != OriginAPI && !strings.HasPrefix(ds.Origin, OriginFile)
+}
+
+// ReadAs is who a desire's file:// source is read as: a socket pull as
+// its requester (Nobody when unknown), a models.d file or a ModelCache as
+// --file-identity; never as the daemon by default.
+func (s *Set) ReadAs(ds api.Desire) *fetchers.Identity {
+	if ds.Origin == OriginAPI {
+		if ds.Requester == nil {
+			return &fetchers.Identity{UID: Nobody, GID: Nobody}
+		}
+		return identity(ds.Requester)
+	}
+	return s.fileAs
+}
+
+// CheckClusterSource refuses, before it is persisted, a ModelCache's
+// file:// source this node never reads for the cluster: any while
+// --file-roots is unset, one outside them, one under kubelet's or the
+// daemon's own directories.
+func (s *Set) CheckClusterSource(ds api.Desire) error {
+	if ds.State == api.StateAbsent || s.clusterFile == nil {
+		return nil
+	}
+	if s, _ := fetchers.Scheme(ds.URI); s != "file" {
+		return nil
+	}
+	if err := s.clusterFile.CheckRoots(ds.URI); err != nil {
+		return s.refused(ds.Name, err)
+	}
+	return nil
+}
+
+// CheckSourceAccess refuses, before anything is persisted, a socket pull
+// of a local source that its requester may not read (or that lies outside
+// --file-roots): the pull itself would fail the same way, later.
+func (s *Set) CheckSourceAccess(ctx context.Context, ds api.Desire) error {
+	if ds.State == api.StateAbsent {
+		return nil
+	}
+	ff, ok := s.shared["file"].(*filefetcher.Fetcher)
+	if s, _ := fetchers.Scheme(ds.URI); s != "file" || !ok {
+		return nil
+	}
+	_, err := ff.Resolve(ctx, fetchers.Source{URI: ds.URI, As: identity(ds.Requester)})
+	if err != nil {
+		return s.refused(ds.Name, err)
+	}
+	return nil
+}
+
+// refused is the socket API's error of a source refused before a desire
+// is persisted: the code Config.Code gives err, the artifact named.
+func (s *Set) refused(name string, err error) error {
+	code := api.CodeInternal
+	if s.cfg.Code != nil {
+		code = s.cfg.Code(err)
+	}
+	return api.Errorf(code, "artifact %s: %v", name, err)
+}
