@@ -28,7 +28,7 @@ test: vet
 
 # Fuzz targets (package:Target); seeds are in the tests and testdata/fuzz.
 FUZZ_TARGETS := cachestore:FuzzValidatePath cachestore:FuzzValidateName cachestore:FuzzIndexRecords fetchers:FuzzUntar fetchers:FuzzRedact \
-	fetchers/hf:FuzzParseURI fetchers/hf:FuzzTreeJSON gpu:FuzzParseManifest daemon:FuzzPullRequest daemon:FuzzCredentialsFile
+	fetchers/hf:FuzzParseURI fetchers/hf:FuzzTreeJSON gpu:FuzzParseManifest daemon:FuzzPullRequest daemon/sources:FuzzCredentialsFile
 FUZZTIME ?= 2m
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
