@@ -34,6 +34,7 @@ fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t#*:}; \
 		echo "fuzz $$pkg $$name ($(FUZZTIME))"; \
+		$(GO) test ./$$pkg -list "^$$name\$$" | grep -qx "$$name" || { echo "fuzz: no $$name in ./$$pkg (FUZZ_TARGETS)"; exit 1; }; \
 		log=$$(mktemp); \
 		$(GO) test ./$$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) >$$log 2>&1 || \
 		{ tail -40 $$log; echo "fuzz $$pkg $$name failed; once more (an input it found is replayed first and fails again)"; \
