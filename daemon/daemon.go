@@ -64,6 +64,13 @@ type Daemon struct {
 	wake    chan struct{}    // kicks the reconciler
 	pulls   sync.WaitGroup   // pulls in flight; Run waits for them
 
+	// modesMu serialises the walks that set tree modes (tenancy.go),
+	// taken with no other lock held; modesWalked is what the last full
+	// walk decided from.
+	modesMu     sync.Mutex
+	modesWalked string
+	modesDone   bool
+
 	mu sync.Mutex
 	// desires: the socket's, the models dir's and the cluster's
 	// (desires.go); its maps are read under mu.

@@ -327,9 +327,9 @@ func (p *pull) commit(ctx context.Context, entries cachestore.Manifest) error {
 	_, err := p.d.store.CommitVersion(ctx, spec)
 	if err == nil {
 		p.stage("publish", time.Since(t0))
-		if ds.LocalGroup != "" {
-			p.d.treeModes() // its group may read it now, not at the next pass
-		}
+		// Its mode as the desire wants it now (its group may read it; a
+		// desire that became private during the pull closes it).
+		p.d.treeModesOf(ds.Name)
 	}
 	return clusterDigestError(ds, entries, err)
 }

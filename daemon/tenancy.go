@@ -5,10 +5,13 @@ import (
 	"os"
 	"os/user"
 	"slices"
+	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
 )
 
 // Tenancy on the node. An artifact fetched with credentials is private
@@ -79,12 +82,43 @@ func hidePrivate(a *api.Artifact) {
 // public when the pod mounted it: its bytes were public then) stays open
 // until the volume goes: closing it would take the files from under a pod
 // that does not run as root. Called after each reconcile pass, without
-// locks.
+// locks; it walks the store only when what decides the modes changed since
+// its last walk (a desire's privacy or group, the volumes that mount a
+// version directly): a version committed meanwhile got its mode at its
+// commit (treeModesOf).
 func (d *Daemon) treeModes() {
+	want, mounted := d.modeInputs()
+	key := modesKey(want, mounted)
+	d.modesMu.Lock()
+	defer d.modesMu.Unlock()
+	if d.modesDone && key == d.modesWalked {
+		return
+	}
 	arts, err := d.store.ListSummaries()
 	if err != nil {
 		return
 	}
+	for i := range arts {
+		d.applyTreeModes(&arts[i], want, mounted)
+	}
+	d.modesWalked, d.modesDone = key, true
+}
+
+// treeModesOf sets the modes of name's trees alone (after a commit).
+func (d *Daemon) treeModesOf(name string) {
+	want, mounted := d.modeInputs()
+	a, err := d.store.Summary(name)
+	if err != nil {
+		return
+	}
+	d.modesMu.Lock()
+	defer d.modesMu.Unlock()
+	d.applyTreeModes(a, want, mounted)
+}
+
+// modeInputs are what decides tree modes: the present desires and the
+// versions a pod's volume mounts directly (model@revision).
+func (d *Daemon) modeInputs() (map[string]api.Desire, map[string]bool) {
 	d.mu.Lock()
 	want := d.desires.merged()
 	d.mu.Unlock()
@@ -96,45 +130,65 @@ func (d *Daemon) treeModes() {
 			}
 		}
 	}
-	for _, a := range arts {
-		ds, ok := want[a.Name]
-		if !ok || ds.State == api.StateAbsent {
+	return want, mounted
+}
+
+// modesKey sums up the mode inputs: each present desire that is not
+// plainly public, with its allow-list and group, and the mounted versions.
+func modesKey(want map[string]api.Desire, mounted map[string]bool) string {
+	var parts []string
+	for n, ds := range want {
+		if ds.State != api.StateAbsent && private(ds) {
+			parts = append(parts, n+"\x00"+strings.Join(ds.AllowedNamespaces, ",")+"\x00"+ds.LocalGroup)
+		}
+	}
+	for k := range mounted {
+		parts = append(parts, "mounted\x00"+k)
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, "\n")
+}
+
+// applyTreeModes sets the modes of a's version trees (treeModes' rules).
+// Called with modesMu held.
+func (d *Daemon) applyTreeModes(a *cachestore.Artifact, want map[string]api.Desire, mounted map[string]bool) {
+	ds, ok := want[a.Name]
+	if !ok || ds.State == api.StateAbsent {
+		return
+	}
+	mode, gid := os.FileMode(0o755), -1
+	if private(ds) {
+		mode = 0o700
+	}
+	if ds.LocalGroup != "" {
+		g, err := localGroupID(ds.LocalGroup)
+		if err != nil {
+			d.log.Warn("a private artifact's local group is gone; its trees stay root's only", "artifact", a.Name, "err", err)
+		} else {
+			mode, gid = 0o750, g
+		}
+	}
+	for _, v := range a.Versions {
+		if mode != 0o755 && mounted[a.Name+"@"+v.Revision] {
 			continue
 		}
-		mode, gid := os.FileMode(0o755), -1
-		if private(ds) {
-			mode = 0o700
+		dir := d.store.TreePath(v.Kind, a.Name, v.Revision)
+		fi, err := os.Lstat(dir)
+		if err != nil || !fi.IsDir() {
+			continue
 		}
-		if ds.LocalGroup != "" {
-			g, err := localGroupID(ds.LocalGroup)
-			if err != nil {
-				d.log.Warn("a private artifact's local group is gone; its trees stay root's only", "artifact", a.Name, "err", err)
-			} else {
-				mode, gid = 0o750, g
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && gid >= 0 && int(st.Gid) != gid {
+			// The group first: the mode that admits it comes after.
+			if err := os.Lchown(dir, -1, gid); err != nil {
+				d.log.Error("giving a private artifact's tree to its local group", "artifact", a.Name, "revision", v.Revision, "err", err)
+				continue
 			}
 		}
-		for _, v := range a.Versions {
-			if mode != 0o755 && mounted[a.Name+"@"+v.Revision] {
-				continue
-			}
-			dir := d.store.TreePath(v.Kind, a.Name, v.Revision)
-			fi, err := os.Lstat(dir)
-			if err != nil || !fi.IsDir() {
-				continue
-			}
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok && gid >= 0 && int(st.Gid) != gid {
-				// The group first: the mode that admits it comes after.
-				if err := os.Lchown(dir, -1, gid); err != nil {
-					d.log.Error("giving a private artifact's tree to its local group", "artifact", a.Name, "revision", v.Revision, "err", err)
-					continue
-				}
-			}
-			if fi.Mode().Perm() == mode {
-				continue
-			}
-			if err := os.Chmod(dir, mode); err != nil {
-				d.log.Error("setting the mode of a version's tree (a private artifact's must be 0700)", "artifact", a.Name, "revision", v.Revision, "err", err)
-			}
+		if fi.Mode().Perm() == mode {
+			continue
+		}
+		if err := os.Chmod(dir, mode); err != nil {
+			d.log.Error("setting the mode of a version's tree (a private artifact's must be 0700)", "artifact", a.Name, "revision", v.Revision, "err", err)
 		}
 	}
 }
