@@ -24,7 +24,12 @@ type Tensor struct {
 }
 
 // Safetensors writes a real safetensors file (U8 tensors, data in
-// the order given, random bytes) and returns its header length.
+// the order given, random bytes) and returns its header length. The
+// layout is the format's own (github.com/huggingface/safetensors,
+// README "Format"): an 8-byte little-endian header length N, N bytes of
+// JSON mapping each tensor to dtype, shape and data_offsets relative to
+// the byte buffer after the header, an optional "__metadata__" of
+// strings, then the buffer.
 func Safetensors(t testing.TB, path string, tensors []Tensor) int64 {
 	t.Helper()
 	header := map[string]any{"__metadata__": map[string]string{"format": "pt"}}
@@ -86,8 +91,11 @@ func File(t testing.TB, path, content string) {
 	}
 }
 
-// Index writes a safetensors index whose weight_map lists tensors
-// in the order given (encoding/json would sort a map's keys).
+// Index writes a safetensors index as transformers writes one beside
+// sharded checkpoints (model.safetensors.index.json: "metadata" with
+// "total_size", and "weight_map" from tensor name to shard file), whose
+// weight_map lists tensors in the order given (encoding/json would sort a
+// map's keys).
 func Index(t testing.TB, path string, weights [][2]string) {
 	t.Helper()
 	s := `{"metadata": {"total_size": 0}, "weight_map": {`
