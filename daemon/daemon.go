@@ -55,6 +55,7 @@ type Daemon struct {
 	gid     int              // the socket group's, -1 when none
 	backoff fetchers.Backoff // of each request of a pull
 	leases  *leaseSet        // modelctl lease (inuse.go)
+	modes   *treeModes       // the version trees' modes, as their desires want them (tenancy.go)
 	csi     *csiVolumes      // the volumes pods hold (csi.go)
 	warming *warming         // reads what pods are about to load into the page cache (warming.go)
 	kernels *kernels.Set     // GPUs, kernel cache signatures and compatibility (package kernels)
@@ -63,13 +64,6 @@ type Daemon struct {
 	pullSem chan struct{}    // the node's pull slots (slot.go)
 	wake    chan struct{}    // kicks the reconciler
 	pulls   sync.WaitGroup   // pulls in flight; Run waits for them
-
-	// modesMu serialises the walks that set tree modes (tenancy.go),
-	// taken with no other lock held; modesWalked is what the last full
-	// walk decided from.
-	modesMu     sync.Mutex
-	modesWalked string
-	modesDone   bool
 
 	mu sync.Mutex
 	// desires: the socket's, the models dir's and the cluster's
@@ -178,7 +172,8 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	d.csi.load()
 	// Trees that startup repair rebuilt are closed (0700): public ones
 	// open before anything is served.
-	d.treeModes()
+	d.modes = &treeModes{d: d}
+	d.modes.all()
 	return d, nil
 }
 

@@ -329,7 +329,7 @@ func (p *pull) commit(ctx context.Context, entries cachestore.Manifest) error {
 		p.stage("publish", time.Since(t0))
 		// Its mode as the desire wants it now (its group may read it; a
 		// desire that became private during the pull closes it).
-		p.d.treeModesOf(ds.Name)
+		p.d.modes.of(ds.Name)
 	}
 	return clusterDigestError(ds, entries, err)
 }

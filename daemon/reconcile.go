@@ -97,7 +97,7 @@ func (d *Daemon) reconcile(ctx context.Context) time.Duration {
 	for name, rev := range flips {
 		d.activate(name, rev)
 	}
-	d.treeModes()
+	d.modes.all()
 	return next
 }
 

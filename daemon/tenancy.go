@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/modelcache/modelcache/api"
@@ -75,7 +76,18 @@ func hidePrivate(a *api.Artifact) {
 	a.Metadata = nil
 }
 
-// treeModes sets the mode of every stored version's tree directory as its
+// treeModes keeps the modes of the version trees as their desires want
+// them. mu serialises its walks and is taken with no other lock held;
+// walked is what the last full walk decided from.
+type treeModes struct {
+	d *Daemon
+
+	mu     sync.Mutex
+	walked string
+	done   bool
+}
+
+// all sets the mode of every stored version's tree directory as its
 // desire wants it: 0700 for a private artifact, 0755 for a public one. An
 // artifact no present desire declares keeps the mode it has (no pod may
 // mount it either). A version that a pod's volume mounts directly (it was
@@ -85,40 +97,41 @@ func hidePrivate(a *api.Artifact) {
 // locks; it walks the store only when what decides the modes changed since
 // its last walk (a desire's privacy or group, the volumes that mount a
 // version directly): a version committed meanwhile got its mode at its
-// commit (treeModesOf).
-func (d *Daemon) treeModes() {
-	want, mounted := d.modeInputs()
+// commit (of).
+func (m *treeModes) all() {
+	want, mounted := m.inputs()
 	key := modesKey(want, mounted)
-	d.modesMu.Lock()
-	defer d.modesMu.Unlock()
-	if d.modesDone && key == d.modesWalked {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.done && key == m.walked {
 		return
 	}
-	arts, err := d.store.ListSummaries()
+	arts, err := m.d.store.ListSummaries()
 	if err != nil {
 		return
 	}
 	for i := range arts {
-		d.applyTreeModes(&arts[i], want, mounted)
+		m.apply(&arts[i], want, mounted)
 	}
-	d.modesWalked, d.modesDone = key, true
+	m.walked, m.done = key, true
 }
 
-// treeModesOf sets the modes of name's trees alone (after a commit).
-func (d *Daemon) treeModesOf(name string) {
-	want, mounted := d.modeInputs()
-	a, err := d.store.Summary(name)
+// of sets the modes of name's trees alone (after a commit).
+func (m *treeModes) of(name string) {
+	want, mounted := m.inputs()
+	a, err := m.d.store.Summary(name)
 	if err != nil {
 		return
 	}
-	d.modesMu.Lock()
-	defer d.modesMu.Unlock()
-	d.applyTreeModes(a, want, mounted)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.apply(a, want, mounted)
 }
 
 // modeInputs are what decides tree modes: the present desires and the
 // versions a pod's volume mounts directly (model@revision).
-func (d *Daemon) modeInputs() (map[string]api.Desire, map[string]bool) {
+func (m *treeModes) inputs() (map[string]api.Desire, map[string]bool) {
+	d := m.d
 	d.mu.Lock()
 	want := d.desires.merged()
 	d.mu.Unlock()
@@ -149,9 +162,10 @@ func modesKey(want map[string]api.Desire, mounted map[string]bool) string {
 	return strings.Join(parts, "\n")
 }
 
-// applyTreeModes sets the modes of a's version trees (treeModes' rules).
-// Called with modesMu held.
-func (d *Daemon) applyTreeModes(a *cachestore.Artifact, want map[string]api.Desire, mounted map[string]bool) {
+// apply sets the modes of a's version trees (all's rules). Called with
+// m.mu held.
+func (m *treeModes) apply(a *cachestore.Artifact, want map[string]api.Desire, mounted map[string]bool) {
+	d := m.d
 	ds, ok := want[a.Name]
 	if !ok || ds.State == api.StateAbsent {
 		return

@@ -322,7 +322,7 @@ func TestTreeStaysOpenWhileAPodMountsIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	set("team-a")
-	r.d.treeModes() // what the pass after the change does
+	r.d.modes.all() // what the pass after the change does
 	if fi, err := os.Stat(tree); err != nil || fi.Mode().Perm() != 0o755 {
 		t.Fatalf("the tree a pod mounts was closed under it: %v %v", fi.Mode(), err)
 	}
