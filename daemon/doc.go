@@ -19,6 +19,7 @@
 //	            partial downloads reclaimed, the /proc scan
 //	leaseSet    modelctl lease
 //	csiVolumes  the volumes pods hold (csi.Backend)
+//	treeModes   the version trees' modes as their desires want them (private: 0700)
 //	warming     what pods are about to load, read into the page cache ahead
 //	            of them (package warm): on publish, lease, wait, modelctl warm
 //	views       the read side: list, inspect, status, usage, waits
