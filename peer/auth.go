@@ -9,13 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sync/singleflight"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	authv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
+
+	"github.com/modelcache/modelcache/internal/expiring"
 )
 
 // ErrUnauthenticated is wrapped by an Authenticator's answer for a
@@ -126,15 +127,13 @@ type TokenReviewAuthenticator struct {
 	MaxEntries  int
 	Now         func() time.Time
 
-	mu     sync.Mutex
-	cache  map[[32]byte]verdict
+	cache  expiring.Map[[32]byte, verdict]
 	flight singleflight.Group
 }
 
 type verdict struct {
-	ok    bool
-	who   Identity
-	until time.Time
+	ok  bool
+	who Identity
 }
 
 // NewTokenReviewAuthenticator checks tokens with reviews (a clientset's
@@ -150,7 +149,7 @@ func NewTokenReviewAuthenticator(reviews authv1client.TokenReviewInterface, audi
 		audience = DefaultAudience
 	}
 	return &TokenReviewAuthenticator{reviews: reviews, audience: audience, user: "system:serviceaccount:" + namespace + ":" + name,
-		NegativeTTL: 10 * time.Second, MaxEntries: 1024, Now: time.Now, cache: map[[32]byte]verdict{}}, nil
+		NegativeTTL: 10 * time.Second, MaxEntries: 1024, Now: time.Now}, nil
 }
 
 // Authenticate answers from the cache or asks the API server.
@@ -159,10 +158,7 @@ func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token strin
 		return Identity{}, fmt.Errorf("%w: no token", ErrUnauthenticated)
 	}
 	key, now := sha256.Sum256([]byte(token)), a.Now()
-	a.mu.Lock()
-	v, hit := a.cache[key]
-	a.mu.Unlock()
-	if hit && now.Before(v.until) {
+	if v, hit := a.cache.Get(key, now); hit {
 		if v.ok {
 			return v.who, nil
 		}
@@ -172,7 +168,7 @@ func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token strin
 	// refused here, so garbage costs the API server nothing.
 	exp, ok := expiry(token)
 	if !ok || !now.Before(exp) {
-		a.remember(key, verdict{until: now.Add(a.NegativeTTL)}, now)
+		a.cache.Put(key, verdict{}, now.Add(a.NegativeTTL), now, a.MaxEntries)
 		return Identity{}, fmt.Errorf("%w: not a service-account token that is still valid", ErrUnauthenticated)
 	}
 	// One review per token at a time: the uploads a new peer starts at
@@ -201,11 +197,11 @@ func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token strin
 	case st.User.Username != a.user:
 		reject = "the token is " + st.User.Username + "'s, not " + a.user + "'s"
 	}
-	v = verdict{ok: reject == "", until: now.Add(a.NegativeTTL)}
+	v, until := verdict{ok: reject == ""}, now.Add(a.NegativeTTL)
 	if v.ok {
-		v.who, v.until = Identity{User: st.User.Username, Node: nodeOf(st.User.Extra)}, exp
+		v.who, until = Identity{User: st.User.Username, Node: nodeOf(st.User.Extra)}, exp
 	}
-	a.remember(key, v, now)
+	a.cache.Put(key, v, until, now, a.MaxEntries)
 	if !v.ok {
 		return Identity{}, fmt.Errorf("%w: %s", ErrUnauthenticated, reject)
 	}
@@ -221,33 +217,8 @@ func nodeOf(extra map[string]authenticationv1.ExtraValue) string {
 	return ""
 }
 
-// remember stores v, first dropping expired entries when the cache is
-// full and then, if still full, an arbitrary one.
-func (a *TokenReviewAuthenticator) remember(key [32]byte, v verdict, now time.Time) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.cache) >= a.MaxEntries {
-		for k, e := range a.cache {
-			if !now.Before(e.until) {
-				delete(a.cache, k)
-			}
-		}
-		for k := range a.cache {
-			if len(a.cache) < a.MaxEntries {
-				break
-			}
-			delete(a.cache, k)
-		}
-	}
-	a.cache[key] = v
-}
-
 // Cached is how many verdicts the cache holds.
-func (a *TokenReviewAuthenticator) Cached() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.cache)
-}
+func (a *TokenReviewAuthenticator) Cached() int { return a.cache.Len() }
 
 func hasAudience(auds []string, want string) bool {
 	for _, a := range auds {
