@@ -117,3 +117,37 @@ func TestPeerAuthzFollowsTheArtifactsThatHoldABlob(t *testing.T) {
 		t.Errorf("a selection that cannot be read: %v, want an error that is not a refusal", err)
 	}
 }
+
+// TestPeerAuthzKnowsWhatAPullFetched: a blob fetched through fanout is
+// its artifact's from the moment it is committed (a downloading node
+// serves it to the nodes that wait), and leaves that record once a version
+// of the artifact holds it.
+func TestPeerAuthzKnowsWhatAPullFetched(t *testing.T) {
+	w := data(4000, 64)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	hs, _ := fanFleet(t, 1, 1, nil)
+	h := hs[0]
+	a := newPeerAuthz(h.d, &selections{})
+	h.d.fanout.authz = a // before any pull: the pulls read it
+	ds := clusterDesire("pub", srv.URL+"/w.bin#sha256="+sha(w))
+	if err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"pub": ds}, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.waitPhase("pub", api.PhaseReady)
+	d := "sha256:" + sha(w)
+	a.mu.Lock()
+	recorded := a.fresh[d]["pub"]
+	a.mu.Unlock()
+	if !recorded {
+		t.Fatal("the blob the pull fetched through fanout is not recorded as pub's")
+	}
+	if err := a.Authorize(context.Background(), p2p.Identity{User: "sa"}, d); err != nil {
+		t.Fatalf("a public artifact's blob: %v", err)
+	}
+	a.mu.Lock()
+	left := len(a.fresh)
+	a.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d fresh blobs recorded once the version holds them, want 0", left)
+	}
+}
