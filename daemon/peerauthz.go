@@ -173,7 +173,21 @@ func (x *blobIndex) update(st *cachestore.Store) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	now := map[versionKey]bool{}
+	// The common case first, without allocating: every version indexed,
+	// and as many as indexed (so none went).
+	n, same := 0, true
+	for _, art := range arts {
+		for _, v := range art.Versions {
+			n++
+			if _, ok := x.versions[versionKey{art.Name, v.Revision, v.ManifestDigest}]; !ok {
+				same = false
+			}
+		}
+	}
+	if same && n == len(x.versions) {
+		return false, nil
+	}
+	now := make(map[versionKey]bool, n)
 	var added []string // artifacts with a version not indexed
 	for _, art := range arts {
 		for _, v := range art.Versions {
