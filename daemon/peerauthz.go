@@ -28,12 +28,16 @@ import (
 // Which artifacts hold a blob: the versions in the store (blobIndex, kept
 // current from the store's summaries), and the blobs this node's pulls
 // fetched through fanout before their version commits (a node that is
-// downloading serves what it has to the nodes that wait for it).
+// downloading serves what it has to the nodes that wait for it). A blob
+// two pulls want at once is fetched by one (download.go's flights) and
+// recorded as that one's artifact's until a version holds it: a caller
+// the other artifact would admit may be answered not found meanwhile,
+// and asks another peer or waits.
 type peerAuthz struct {
 	d   *Daemon
 	sel nodeSelector
 
-	mu    sync.Mutex // guards idx; taken with no other lock held
+	mu    sync.Mutex // guards idx and fresh; taken with no daemon lock held (the store's are below it)
 	idx   blobIndex
 	fresh map[string]map[string]bool // digest → artifacts whose pulls fetched it, while no indexed version of theirs holds it
 }
