@@ -55,7 +55,7 @@ var only = map[string][]string{
 	"fetchers/...": {"mod:fetchers", "mod:internal/testenv"},
 	// peer serves and fetches blobs: the store, the fetchers' HTTP
 	// policy, the node status types; never the daemon.
-	"peer/...": {"mod:peer", "mod:cachestore", "mod:fetchers", "mod:k8ssync", "mod:api"},
+	"peer/...": {"mod:peer", "mod:cachestore", "mod:fetchers", "mod:k8ssync", "mod:api", "mod:internal/expiring"},
 	// warm is given a tree and reads it; the daemon wires it.
 	"warm/...": {"mod:warm"},
 	// The daemon's components in packages of their own are given values

@@ -34,8 +34,9 @@ import (
 //
 // The leaf locks (sources.Set.mu, leaseSet.mu, csiVolumes.mu, warming.mu,
 // space.scanMu, fanout.mu) guard their component's own state and are
-// never held together or while another lock is taken. treeModes.mu is
-// taken with no other lock held; under it only the store's own locks are.
+// never held together or while another lock is taken. treeModes.mu and
+// peerAuthz.mu are taken with no other lock held; under them only the
+// store's own locks are.
 //
 // mu, the daemon lock, guards the in-memory state that API reads join
 // (desires, artifact states, pod holders, flights) and is held only for

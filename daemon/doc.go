@@ -60,6 +60,9 @@
 //	               (peer.Fetcher.Ingest through the pull's sink), the peers and
 //	               the nodes that go to the origin first, from the cluster's
 //	               statuses or a static list
+//	peerauthz.go   peerAuthz: which node may have which blob on the peer port
+//	               (public artifacts' to any daemon, a private one's to the nodes
+//	               its ModelCache selects); the blob → artifacts index it reads
 //	sources/       package sources: which fetcher a desire uses, with which
 //	               credentials; credentials files; who file:// reads as
 //	kernelcache.go a pull's kernel cache checks before and after its layers (through

@@ -53,6 +53,7 @@ type fanout struct {
 	metrics *p2p.Metrics
 	log     *slog.Logger
 	srv     *http.Server // the peer port's, once serve started it
+	authz   *peerAuthz   // which node may have which blob (a cluster's); set by serve
 	addr    atomic.Value // string: where the peer port listens, once served
 
 	mu      sync.Mutex
@@ -147,9 +148,14 @@ func (f *fanout) advertised() string {
 
 // handler is the peer port's: the store's committed blobs, to the
 // daemons the authenticator accepts (the shared token file, or a
-// TokenReview of the daemons' service account).
+// TokenReview of the daemons' service account). In a cluster each caller
+// gets the blobs peerAuthz gives the node its token is bound to; a
+// static fleet has no tenancy, and every holder of its shared token gets
+// every blob.
 func (f *fanout) handler(d *Daemon) (http.Handler, error) {
 	var auth p2p.Authenticator
+	opts := []p2p.ServerOption{p2p.WithMaxUploads(f.cfg.MaxUploads), p2p.WithUploadRate(float64(f.cfg.UploadRate)),
+		p2p.WithServerLogger(f.log), p2p.WithServerMetrics(f.metrics)}
 	if f.cfg.StaticTokenFile != "" {
 		auth = p2p.StaticTokenAuthenticator{File: p2p.NewTokenFile(f.cfg.StaticTokenFile)}
 	} else {
@@ -161,9 +167,14 @@ func (f *fanout) handler(d *Daemon) (http.Handler, error) {
 		if auth, err = p2p.NewTokenReviewAuthenticator(kc.TokenReviews(), p2p.DefaultAudience, ns, name); err != nil {
 			return nil, fmt.Errorf("peer port: %w", err)
 		}
+		sel, err := k8ssync.NewNodeSelection(d.cfg.Cluster.Kube)
+		if err != nil {
+			return nil, fmt.Errorf("peer port: %w", err)
+		}
+		f.authz = newPeerAuthz(d, sel)
+		opts = append(opts, p2p.WithAuthorizer(f.authz))
 	}
-	return p2p.NewServer(p2p.StoreBlobs{Store: d.store}, auth, p2p.WithMaxUploads(f.cfg.MaxUploads),
-		p2p.WithUploadRate(float64(f.cfg.UploadRate)), p2p.WithServerLogger(f.log), p2p.WithServerMetrics(f.metrics))
+	return p2p.NewServer(p2p.StoreBlobs{Store: d.store}, auth, opts...)
 }
 
 // viaPeers reports whether file fl of the pull is fetched through the
@@ -428,6 +439,7 @@ func (p *pull) downloadFanout(ctx context.Context, ref string, fl fetchers.File,
 		}
 		switch {
 		case final == nil:
+			fo.authz.fetched(digest, p.ds.Name) // servable to the nodes this artifact may go to before its version commits
 			d.metrics.fetchDuration.WithLabelValues(p.src.scheme).Observe(time.Since(start).Seconds())
 			if told { // the wait is over: say so where it was said
 				p.setPhase(api.PhaseDownloading, fl.Path+": fetched after waiting for a peer")

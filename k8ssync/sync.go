@@ -27,6 +27,9 @@
 //	              prefetch of the target, the flip at minReadyPercent, retainOld
 //	peers.go      every ModelCacheNode handed to the daemon, for fan-out
 //	              between nodes (with Config.PeerAddress)
+//	selection.go  whether a ModelCache selects a given node (NodeSelection,
+//	              for the peer port's authorizer), and which ModelCache a
+//	              desire comes from
 //	labels.go     scheduling labels on this node's Node (model ready, kernel
 //	              cache compatible)
 //	lease.go      a quiet API footprint: long watches, informers without a

@@ -9,13 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sync/singleflight"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	authv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
+
+	"github.com/modelcache/modelcache/internal/expiring"
 )
 
 // ErrUnauthenticated is wrapped by an Authenticator's answer for a
@@ -25,13 +26,52 @@ import (
 var ErrUnauthenticated = errors.New("unauthenticated")
 
 // Authenticator decides whether a bearer token belongs to a daemon of
-// this cluster. Implementations are safe for concurrent use.
+// this cluster, and whose. Implementations are safe for concurrent use.
 type Authenticator interface {
-	// Authenticate returns nil for a token it accepts, an error wrapping
-	// ErrUnauthenticated for one it rejects, any other error when it
-	// cannot decide.
-	Authenticate(ctx context.Context, token string) error
+	// Authenticate returns the caller of a token it accepts, an error
+	// wrapping ErrUnauthenticated for one it rejects, any other error
+	// when it cannot decide.
+	Authenticate(ctx context.Context, token string) (Identity, error)
 }
+
+// Identity is the caller an Authenticator accepted: what an Authorizer
+// decides on.
+type Identity struct {
+	// User is the account the token is of
+	// ("system:serviceaccount:<namespace>:<name>"); "" for the shared
+	// token of a static fleet, which names nobody.
+	User string
+	// Node is the node the token is bound to, as the API server vouches
+	// for it (the TokenReview's extra NodeNameExtra): a projected token
+	// of a pod scheduled on that node, or a token bound to the Node
+	// object itself. "" when the token names no node (a token bound to
+	// nothing, the shared token): such a caller is no node in
+	// particular, and an Authorizer gives it only what any daemon may
+	// have.
+	Node string
+}
+
+// ErrForbidden is wrapped by an Authorizer's answer for a blob the
+// caller may not have.
+var ErrForbidden = errors.New("forbidden")
+
+// Authorizer decides whether an authenticated caller may have one blob
+// (Server asks it before anything of the blob is opened or said).
+// Implementations are safe for concurrent use.
+type Authorizer interface {
+	// Authorize returns nil when caller may have blob digest (always
+	// "sha256:<64 lowercase hex>": the server validated it); an error
+	// wrapping ErrForbidden when it may not; one wrapping
+	// cachestore.ErrNotFound for a blob the authorizer knows of no
+	// holder of (counted as not found); any other error when it cannot
+	// decide now. The server answers every one of these alike (404), so
+	// a caller cannot tell a blob it may not have from one not held.
+	Authorize(ctx context.Context, caller Identity, digest string) error
+}
+
+// NodeNameExtra is the key of a TokenReview's user.extra that names the
+// node a token is bound to.
+const NodeNameExtra = "authentication.kubernetes.io/node-name"
 
 // DefaultAudience is the audience of the projected service-account token
 // that daemons present to each other: a token minted for the API server
@@ -47,29 +87,33 @@ type StaticTokenAuthenticator struct {
 	File *TokenFile
 }
 
-// Authenticate compares token with the file's in constant time. A file
-// that cannot be read rejects every token (ErrUnauthenticated): the
-// feature is misconfigured, and the error says why for the log.
-func (a StaticTokenAuthenticator) Authenticate(_ context.Context, token string) error {
+// Authenticate compares token with the file's in constant time; the
+// caller it accepts is the zero Identity (the shared token names no one).
+// A file that cannot be read rejects every token (ErrUnauthenticated):
+// the feature is misconfigured, and the error says why for the log.
+func (a StaticTokenAuthenticator) Authenticate(_ context.Context, token string) (Identity, error) {
 	want, err := a.File.Token()
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrUnauthenticated, err)
+		return Identity{}, fmt.Errorf("%w: %v", ErrUnauthenticated, err)
 	}
 	// Compare digests: equal lengths, so the time says nothing of the
 	// token's length either.
 	w, g := sha256.Sum256([]byte(want)), sha256.Sum256([]byte(token))
 	if subtle.ConstantTimeCompare(w[:], g[:]) != 1 {
-		return fmt.Errorf("%w: not the shared token of %s", ErrUnauthenticated, a.File.Path())
+		return Identity{}, fmt.Errorf("%w: not the shared token of %s", ErrUnauthenticated, a.File.Path())
 	}
-	return nil
+	return Identity{}, nil
 }
 
 // TokenReviewAuthenticator accepts a projected service-account token of
 // one service account (the daemon's own: only daemons of this cluster are
 // peers, never pods or users) for one audience, checked with a
-// TokenReview. A token that is not a JWT with an exp claim still ahead
-// is refused without asking the API server. A positive answer is cached until the token expires (its
-// exp claim, read without verification: the TokenReview verified it), a
+// TokenReview. The caller it accepts carries the node its token is bound
+// to (Identity.Node, from the review's user.extra NodeNameExtra). A token
+// that is not a JWT with an exp claim still ahead is refused without
+// asking the API server. A positive answer (with the caller) is cached
+// until the token expires (its exp claim, read without verification: the
+// TokenReview verified it), a
 // negative one for NegativeTTL; the cache holds at most MaxEntries tokens
 // (by their SHA-256, never the token itself). Use
 // NewTokenReviewAuthenticator.
@@ -83,14 +127,13 @@ type TokenReviewAuthenticator struct {
 	MaxEntries  int
 	Now         func() time.Time
 
-	mu     sync.Mutex
-	cache  map[[32]byte]verdict
+	cache  expiring.Map[[32]byte, verdict]
 	flight singleflight.Group
 }
 
 type verdict struct {
-	ok    bool
-	until time.Time
+	ok  bool
+	who Identity
 }
 
 // NewTokenReviewAuthenticator checks tokens with reviews (a clientset's
@@ -106,30 +149,27 @@ func NewTokenReviewAuthenticator(reviews authv1client.TokenReviewInterface, audi
 		audience = DefaultAudience
 	}
 	return &TokenReviewAuthenticator{reviews: reviews, audience: audience, user: "system:serviceaccount:" + namespace + ":" + name,
-		NegativeTTL: 10 * time.Second, MaxEntries: 1024, Now: time.Now, cache: map[[32]byte]verdict{}}, nil
+		NegativeTTL: 10 * time.Second, MaxEntries: 1024, Now: time.Now}, nil
 }
 
 // Authenticate answers from the cache or asks the API server.
-func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token string) error {
+func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token string) (Identity, error) {
 	if token == "" {
-		return fmt.Errorf("%w: no token", ErrUnauthenticated)
+		return Identity{}, fmt.Errorf("%w: no token", ErrUnauthenticated)
 	}
 	key, now := sha256.Sum256([]byte(token)), a.Now()
-	a.mu.Lock()
-	v, hit := a.cache[key]
-	a.mu.Unlock()
-	if hit && now.Before(v.until) {
+	if v, hit := a.cache.Get(key, now); hit {
 		if v.ok {
-			return nil
+			return v.who, nil
 		}
-		return fmt.Errorf("%w: rejected recently", ErrUnauthenticated)
+		return Identity{}, fmt.Errorf("%w: rejected recently", ErrUnauthenticated)
 	}
 	// Only a JWT whose exp is ahead can pass a review: anything else is
 	// refused here, so garbage costs the API server nothing.
 	exp, ok := expiry(token)
 	if !ok || !now.Before(exp) {
-		a.remember(key, verdict{until: now.Add(a.NegativeTTL)}, now)
-		return fmt.Errorf("%w: not a service-account token that is still valid", ErrUnauthenticated)
+		a.cache.Put(key, verdict{}, now.Add(a.NegativeTTL), now, a.MaxEntries)
+		return Identity{}, fmt.Errorf("%w: not a service-account token that is still valid", ErrUnauthenticated)
 	}
 	// One review per token at a time: the uploads a new peer starts at
 	// once share it.
@@ -142,7 +182,7 @@ func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token strin
 		return tr.Status, nil
 	})
 	if err != nil {
-		return fmt.Errorf("peer authentication: TokenReview: %w", err)
+		return Identity{}, fmt.Errorf("peer authentication: TokenReview: %w", err)
 	}
 	st := res.(authenticationv1.TokenReviewStatus)
 	reject := ""
@@ -157,44 +197,28 @@ func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token strin
 	case st.User.Username != a.user:
 		reject = "the token is " + st.User.Username + "'s, not " + a.user + "'s"
 	}
-	v = verdict{ok: reject == "", until: now.Add(a.NegativeTTL)}
+	v, until := verdict{ok: reject == ""}, now.Add(a.NegativeTTL)
 	if v.ok {
-		v.until = exp
+		v.who, until = Identity{User: st.User.Username, Node: nodeOf(st.User.Extra)}, exp
 	}
-	a.remember(key, v, now)
+	a.cache.Put(key, v, until, now, a.MaxEntries)
 	if !v.ok {
-		return fmt.Errorf("%w: %s", ErrUnauthenticated, reject)
+		return Identity{}, fmt.Errorf("%w: %s", ErrUnauthenticated, reject)
 	}
-	return nil
+	return v.who, nil
 }
 
-// remember stores v, first dropping expired entries when the cache is
-// full and then, if still full, an arbitrary one.
-func (a *TokenReviewAuthenticator) remember(key [32]byte, v verdict, now time.Time) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.cache) >= a.MaxEntries {
-		for k, e := range a.cache {
-			if !now.Before(e.until) {
-				delete(a.cache, k)
-			}
-		}
-		for k := range a.cache {
-			if len(a.cache) < a.MaxEntries {
-				break
-			}
-			delete(a.cache, k)
-		}
+// nodeOf is the node a reviewed token is bound to: the one value of
+// NodeNameExtra, else "" (none, or a list that names no single node).
+func nodeOf(extra map[string]authenticationv1.ExtraValue) string {
+	if v := extra[NodeNameExtra]; len(v) == 1 {
+		return v[0]
 	}
-	a.cache[key] = v
+	return ""
 }
 
 // Cached is how many verdicts the cache holds.
-func (a *TokenReviewAuthenticator) Cached() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.cache)
-}
+func (a *TokenReviewAuthenticator) Cached() int { return a.cache.Len() }
 
 func hasAudience(auds []string, want string) bool {
 	for _, a := range auds {

@@ -16,6 +16,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	authv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
 
@@ -44,7 +45,7 @@ func TestStaticTokenFollowsTheFile(t *testing.T) {
 	ctx := context.Background()
 	check := func(tok string, ok bool) {
 		t.Helper()
-		err := a.Authenticate(ctx, tok)
+		_, err := a.Authenticate(ctx, tok)
 		if (err == nil) != ok || (err != nil && !errors.Is(err, peer.ErrUnauthenticated)) {
 			t.Errorf("token %q: %v, want accepted=%v", tok, err, ok)
 		}
@@ -137,15 +138,54 @@ func TestTokenReviewAuthenticator(t *testing.T) {
 		{"garbage", "not.a.jwt", false},
 		{"a forged exp", forgedJWT(), false},
 	} {
-		err := a.Authenticate(ctx, tc.token)
+		_, err := a.Authenticate(ctx, tc.token)
 		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, peer.ErrUnauthenticated)) {
 			t.Errorf("%s: %v, want accepted=%v", tc.name, err, tc.ok)
 		}
 	}
+	// The caller is the account and the node its token is bound to: a
+	// token bound to the Node object, or the projected token of a pod
+	// scheduled there (the DaemonSet's); a token bound to nothing names
+	// no node.
+	node, err := kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	no := false
+	pod, err := kc.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "modelcached-x"}, Spec: corev1.PodSpec{
+		NodeName: "node-a", ServiceAccountName: "modelcached", AutomountServiceAccountToken: &no,
+		Containers: []corev1.Container{{Name: "modelcached", Image: "modelcached"}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	boundTo := func(kind, name string, uid types.UID) string {
+		tr, err := kc.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "modelcached", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+			Audiences: []string{peer.DefaultAudience}, BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: kind, APIVersion: "v1", Name: name, UID: uid}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr.Status.Token
+	}
+	const user = "system:serviceaccount:" + ns + ":modelcached"
+	for _, tc := range []struct {
+		name, token string
+		want        peer.Identity
+	}{
+		{"bound to nothing", good, peer.Identity{User: user}},
+		{"bound to the Node", boundTo("Node", "node-a", node.UID), peer.Identity{User: user, Node: "node-a"}},
+		{"bound to a pod scheduled on the node", boundTo("Pod", pod.Name, pod.UID), peer.Identity{User: user, Node: "node-a"}},
+	} {
+		for range 2 { // the second from the cache
+			if who, err := a.Authenticate(ctx, tc.token); err != nil || who != tc.want {
+				t.Errorf("%s: %+v %v, want %+v", tc.name, who, err, tc.want)
+			}
+		}
+	}
+	accepts := func(tok string) bool { _, err := a.Authenticate(ctx, tok); return err == nil }
 	// Garbage never reaches the API server.
 	n := reviews.n.Load()
 	for _, g := range []string{"garbage", "a.b.c", "not.a.jwt", expiredJWT()} {
-		if a.Authenticate(ctx, g+"x") == nil {
+		if accepts(g + "x") {
 			t.Errorf("%q accepted", g)
 		}
 	}
@@ -153,15 +193,15 @@ func TestTokenReviewAuthenticator(t *testing.T) {
 		t.Errorf("malformed or expired tokens sent %d reviews", reviews.n.Load()-n)
 	}
 	// Cached: asking again sends no review, until the verdict expires.
-	if a.Authenticate(ctx, good) != nil || a.Authenticate(ctx, forgedJWT()) == nil || reviews.n.Load() != n {
+	if !accepts(good) || accepts(forgedJWT()) || reviews.n.Load() != n {
 		t.Errorf("cached answers sent %d more reviews", reviews.n.Load()-n)
 	}
 	now = now.Add(a.NegativeTTL + time.Second)
-	if a.Authenticate(ctx, good) != nil || a.Authenticate(ctx, forgedJWT()) == nil || reviews.n.Load() != n+1 {
+	if !accepts(good) || accepts(forgedJWT()) || reviews.n.Load() != n+1 {
 		t.Errorf("after the negative TTL: %d more reviews, want 1 (the rejected token's)", reviews.n.Load()-n)
 	}
 	now = now.Add(2 * time.Hour) // past the token's exp (1h by default): the acceptance ends
-	if err := a.Authenticate(ctx, good); !errors.Is(err, peer.ErrUnauthenticated) {
+	if _, err := a.Authenticate(ctx, good); !errors.Is(err, peer.ErrUnauthenticated) {
 		t.Errorf("after the token's exp: %v, want ErrUnauthenticated", err)
 	}
 	// A new token presented by many uploads at once is reviewed once.
@@ -172,7 +212,7 @@ func TestTokenReviewAuthenticator(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := a.Authenticate(ctx, fresh); err != nil {
+			if _, err := a.Authenticate(ctx, fresh); err != nil {
 				t.Error(err)
 			}
 		}()

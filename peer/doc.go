@@ -10,7 +10,7 @@
 // The wire: GET or HEAD /v1/blobs/sha256:<hex>, one Range (bytes=a-b,
 // a-, -n; 206 with Content-Range, 416 for anything else), header
 // "Authorization: Bearer <token>"; 401 without an accepted token, 404
-// for a blob not held, 503 with Retry-After when the uploads are all
+// for a blob not held or not given to the caller (the two alike), 503 with Retry-After when the uploads are all
 // busy or the token cannot be checked now. No redirects either way.
 //
 // Who may fetch: in Kubernetes, a daemon presents a projected
@@ -19,9 +19,14 @@
 // file on each request; the serving daemon checks it with a TokenReview
 // (its account needs create on tokenreviews: bind system:auth-delegator)
 // and accepts only its own account, so pods and users, whatever their
-// tokens, are never served. Outside Kubernetes every daemon reads one
+// tokens, are never served. The projected token is bound to the daemon's
+// pod, and the review names the node that pod runs on (Identity.Node):
+// the serving daemon's Authorizer (WithAuthorizer) then decides which
+// blobs that node may have, so a token stolen from one node fetches only
+// what that node could fetch anyway. Outside Kubernetes every daemon reads one
 // shared token file (StaticTokenAuthenticator on the serving side, the
-// same file as the Fetcher's TokenSource). A network policy that admits
+// same file as the Fetcher's TokenSource); it names no node, and a
+// static fleet serves every committed blob to it. A network policy that admits
 // the peer port only from the DaemonSet's pods is a second fence, not a
 // substitute.
 //
@@ -30,9 +35,10 @@
 //	server.go     Server (the http.Handler), Blobs (what it serves from),
 //	              the upload bounds, the Range parser
 //	blobs.go      StoreBlobs: Blobs over a cachestore.Store, with a lease per transfer
-//	auth.go       Authenticator; TokenReviewAuthenticator (a projected
-//	              service-account token of the daemon's own account and
-//	              audience, checked with a TokenReview, cached);
+//	auth.go       Authenticator and the Identity it returns (the node a
+//	              token is bound to); Authorizer; TokenReviewAuthenticator (a
+//	              projected service-account token of the daemon's own account
+//	              and audience, checked with a TokenReview, cached);
 //	              StaticTokenAuthenticator (a shared token file, systemd)
 //	tokenfile.go  TokenFile: a token read from a file again when it changes
 //	fetch.go      Fetcher: a blob from peers, then the origin, into a

@@ -19,6 +19,8 @@ const (
 	RefusedAuthError    = "auth_error"   // the Authenticator could not decide (API server unreachable)
 	RefusedBusy         = "busy"         // MaxUploads transfers already running
 	RefusedNotFound     = "not_found"    // no committed blob of that digest
+	RefusedForbidden    = "forbidden"    // a blob the Authorizer does not give the caller (answered as not_found)
+	RefusedAuthzError   = "authz_error"  // the Authorizer could not decide (answered as not_found)
 	RefusedBadRequest   = "bad_request"  // a method or path the server does not serve
 	RefusedBadRange     = "bad_range"    // a Range the blob cannot satisfy
 )

@@ -38,7 +38,8 @@ const BlobPath = "/v1/blobs/"
 
 // Server is the http.Handler of a daemon's peer port: GET and HEAD of
 // BlobPath<digest>, with a single Range, for callers the Authenticator
-// accepts. Uploads are bounded: at most MaxUploads at once (503 with
+// accepts, of the blobs the Authorizer (WithAuthorizer) gives them.
+// Uploads are bounded: at most MaxUploads at once (503 with
 // Retry-After beyond) and UploadRate bytes per second across them. Use
 // NewServer; safe for concurrent use.
 type Server struct {
@@ -56,6 +57,7 @@ type serverOptions struct {
 	sendIdle   time.Duration
 	log        *slog.Logger
 	metrics    *Metrics
+	authz      Authorizer
 }
 
 // ServerOption sets one setting of NewServer.
@@ -84,6 +86,11 @@ func WithServerLogger(l *slog.Logger) ServerOption { return func(o *serverOption
 
 // WithServerMetrics counts uploads and refusals in m; default none.
 func WithServerMetrics(m *Metrics) ServerOption { return func(o *serverOptions) { o.metrics = m } }
+
+// WithAuthorizer lets a decide which blob each caller may have; default
+// none: every caller the Authenticator accepts may have every committed
+// blob (a static fleet, whose shared token names no one).
+func WithAuthorizer(a Authorizer) ServerOption { return func(o *serverOptions) { o.authz = a } }
 
 // NewServer serves blobs to the callers auth accepts.
 func NewServer(blobs Blobs, auth Authenticator, opts ...ServerOption) (*Server, error) {
@@ -126,7 +133,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, RefusedUnauthorized, http.StatusUnauthorized, "no bearer token", r)
 		return
 	}
-	if err := s.auth.Authenticate(r.Context(), tok); err != nil {
+	caller, err := s.auth.Authenticate(r.Context(), tok)
+	if err != nil {
 		if errors.Is(err, ErrUnauthenticated) {
 			s.refuse(w, RefusedUnauthorized, http.StatusUnauthorized, err.Error(), r)
 		} else {
@@ -150,6 +158,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if _, err := cachestore.ParseDigest(d); err != nil {
 		s.refuse(w, RefusedBadRequest, http.StatusBadRequest, err.Error(), r)
 		return
+	}
+	// Whether the caller may have it, before the store is asked: a blob
+	// it may not have is answered as one not held, so the answer tells
+	// nothing of what this node holds for others.
+	if s.o.authz != nil {
+		if err := s.o.authz.Authorize(r.Context(), caller, d); err != nil {
+			reason := RefusedAuthzError
+			switch {
+			case errors.Is(err, ErrForbidden):
+				reason = RefusedForbidden
+			case errors.Is(err, cachestore.ErrNotFound):
+				reason = RefusedNotFound
+			}
+			s.refuse(w, reason, http.StatusNotFound, fmt.Sprintf("blob %s for %s (node %q): %v", d, caller.User, caller.Node, err), r)
+			return
+		}
 	}
 	select {
 	case s.slots <- struct{}{}:
@@ -200,10 +224,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // refuse answers status with a body that says only the status: why is
-// in the log, not on the wire.
+// in the log, not on the wire. A blob refused to an authenticated daemon
+// is logged as a warning: a daemon asks only for blobs of its own
+// desires, so it is a misconfiguration or a caller that is not what its
+// token says.
 func (s *Server) refuse(w http.ResponseWriter, reason string, status int, why string, r *http.Request) {
 	s.o.metrics.refused(reason)
-	s.o.log.Debug("peer: request refused", "reason", reason, "status", status, "why", why, "remote", r.RemoteAddr)
+	level := slog.LevelDebug
+	if reason == RefusedForbidden {
+		level = slog.LevelWarn
+	}
+	s.o.log.Log(r.Context(), level, "peer: request refused", "reason", reason, "status", status, "why", why, "remote", r.RemoteAddr)
 	if status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="modelcache-peer"`)
 	}

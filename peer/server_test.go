@@ -199,8 +199,8 @@ func TestServerAuthenticatorDown(t *testing.T) {
 
 type downAuth struct{}
 
-func (downAuth) Authenticate(context.Context, string) error {
-	return errors.New("connection refused")
+func (downAuth) Authenticate(context.Context, string) (peer.Identity, error) {
+	return peer.Identity{}, errors.New("connection refused")
 }
 
 // Beyond MaxUploads transfers the server answers 503 with Retry-After;
@@ -301,5 +301,124 @@ func TestNewServerValidates(t *testing.T) {
 		if _, err := peer.NewServer(&countingBlobs{}, a, opt); err == nil {
 			t.Error("a bad setting was accepted")
 		}
+	}
+}
+
+// tokenIDs accepts the tokens it maps, as the callers they name.
+type tokenIDs map[string]peer.Identity
+
+func (m tokenIDs) Authenticate(_ context.Context, tok string) (peer.Identity, error) {
+	if id, ok := m[tok]; ok {
+		return id, nil
+	}
+	return peer.Identity{}, peer.ErrUnauthenticated
+}
+
+// nodeGrants gives each blob to the nodes it lists ("*": every caller);
+// a blob it does not list is not found; down answers that it cannot
+// decide.
+type nodeGrants struct {
+	grants map[string][]string
+	down   atomic.Bool
+	asked  atomic.Int32
+}
+
+func (g *nodeGrants) Authorize(_ context.Context, caller peer.Identity, d string) error {
+	g.asked.Add(1)
+	if g.down.Load() {
+		return errors.New("the API server is unreachable")
+	}
+	nodes, ok := g.grants[d]
+	if !ok {
+		return fmt.Errorf("blob %s: %w", d, cachestore.ErrNotFound)
+	}
+	for _, n := range nodes {
+		if n == "*" || (n == caller.Node && n != "") {
+			return nil
+		}
+	}
+	return fmt.Errorf("blob %s to node %q: %w", d, caller.Node, peer.ErrForbidden)
+}
+
+// With an Authorizer, a caller gets only the blobs it gives it: a blob
+// refused (or undecided) is answered exactly as a blob not held, before
+// the store is asked, and counted by reason.
+func TestServerAuthorizer(t *testing.T) {
+	s := openStore(t)
+	pub, pb := blobOf(3000, 21)
+	priv, vb := blobOf(5000, 22)
+	commit(t, s, pub)
+	commit(t, s, priv)
+	missing := "sha256:" + strings.Repeat("e", 64) // given to all, not in the store
+	unknown := "sha256:" + strings.Repeat("d", 64) // the authorizer knows no holder
+	grants := &nodeGrants{grants: map[string][]string{pb.Digest: {"*"}, vb.Digest: {"node-a"}, missing: {"*"}}}
+	blobs := &countingBlobs{Blobs: peer.StoreBlobs{Store: s}}
+	m := peer.NewMetrics()
+	srv, err := peer.NewServer(blobs, tokenIDs{"a": {User: "sa", Node: "node-a"}, "b": {User: "sa", Node: "node-b"}, "none": {User: "sa"}},
+		peer.WithAuthorizer(grants), peer.WithServerMetrics(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := testenv.ServeOn(t, "127.0.0.1", srv)
+	url := func(d string) string { return hs.URL + peer.BlobPath + d }
+	// What a caller sees of a 404, whatever its cause.
+	seen := func(resp *http.Response, body []byte) string {
+		h := resp.Header.Clone()
+		h.Del("Date")
+		return fmt.Sprintf("%d %v %q", resp.StatusCode, h, body)
+	}
+	notHeld := map[string]string{}
+	for _, method := range []string{"GET", "HEAD"} {
+		notHeld[method] = seen(get(t, method, url(missing), "a", ""))
+		if !strings.HasPrefix(notHeld[method], "404 ") {
+			t.Fatalf("%s of a blob not held: %s", method, notHeld[method])
+		}
+	}
+	for _, tc := range []struct {
+		tok, digest string
+		want        []byte // nil: refused
+	}{
+		{"a", vb.Digest, priv},
+		{"b", vb.Digest, nil},
+		{"none", vb.Digest, nil}, // a token bound to no node
+		{"a", pb.Digest, pub},
+		{"b", pb.Digest, pub},
+		{"none", pb.Digest, pub},
+		{"a", unknown, nil},
+	} {
+		for _, method := range []string{"GET", "HEAD"} {
+			resp, body := get(t, method, url(tc.digest), tc.tok, "")
+			switch {
+			case tc.want == nil && seen(resp, body) != notHeld[method]:
+				t.Errorf("%s %s with token %q: %s, want what a blob not held gets: %s", method, tc.digest, tc.tok, seen(resp, body), notHeld[method])
+			case tc.want != nil && (resp.StatusCode != 200 || (method == "GET" && !bytes.Equal(body, tc.want))):
+				t.Errorf("%s %s with token %q: %d, %d bytes of body", method, tc.digest, tc.tok, resp.StatusCode, len(body))
+			}
+		}
+	}
+	// Refused blobs never reach the store: GET and HEAD of the 4 served
+	// and of the one given but not held.
+	if n := blobs.opens.Load(); n != 10 {
+		t.Errorf("the store was asked %d times, want 10", n)
+	}
+	// An authorizer that cannot decide: not found too, never the blob.
+	grants.down.Store(true)
+	for _, tok := range []string{"a", "b"} {
+		if got := seen(get(t, "GET", url(vb.Digest), tok, "")); got != notHeld["GET"] {
+			t.Errorf("undecided, token %q: %s, want %s", tok, got, notHeld["GET"])
+		}
+	}
+	for reason, want := range map[string]float64{peer.RefusedForbidden: 4, peer.RefusedNotFound: 4, peer.RefusedAuthzError: 2} {
+		if got := testutil.ToFloat64(m.Refusals(reason)); got != want {
+			t.Errorf("refusals{reason=%s} = %v, want %v", reason, got, want)
+		}
+	}
+	// The authorizer is asked only for a caller the authenticator
+	// accepted and a well-formed digest.
+	before := grants.asked.Load()
+	get(t, "GET", url(vb.Digest), "stolen", "")
+	get(t, "GET", url("sha256:xyz"), "a", "")
+	if n := grants.asked.Load() - before; n != 0 {
+		t.Errorf("the authorizer was asked %d times for an unauthenticated or malformed request", n)
 	}
 }

@@ -1,0 +1,250 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/k8ssync"
+	p2p "github.com/modelcache/modelcache/peer"
+)
+
+// peerAuthz is the peer port's authorizer in a cluster (p2p.Authorizer):
+// which node may have which blob, so that a daemon token stolen from one
+// node fetches from its peers only what that node is selected for. A blob
+// goes to a caller when an artifact that holds it here is public (its
+// bytes are anyone's: the public source serves them), or is private to
+// namespaces (cluster credentials) and its ModelCache selects the node
+// the caller's token is bound to (k8ssync.NodeSelection: the Node's
+// labels against spec.nodeSelector). A caller whose token names no node
+// gets public blobs only; an artifact private to a local group (models.d)
+// is this node's alone. Public blobs cost no API call; the private ones
+// cost what NodeSelection reads (a GET of the Node and of the ModelCache,
+// each per TTL).
+//
+// Which artifacts hold a blob: the versions in the store (blobIndex, kept
+// current from the store's summaries), and the blobs this node's pulls
+// fetched through fanout before their version commits (a node that is
+// downloading serves what it has to the nodes that wait for it). A blob
+// two pulls want at once is fetched by one (download.go's flights) and
+// recorded as that one's artifact's until a version holds it: a caller
+// the other artifact would admit may be answered not found meanwhile,
+// and asks another peer or waits.
+type peerAuthz struct {
+	d   *Daemon
+	sel nodeSelector
+
+	mu    sync.Mutex // guards idx and fresh; taken with no daemon lock held (the store's are below it)
+	idx   blobIndex
+	fresh map[string]map[string]bool // digest → artifacts whose pulls fetched it, while no indexed version of theirs holds it
+}
+
+// nodeSelector says whether a ModelCache selects a node (k8ssync.NodeSelection).
+type nodeSelector interface {
+	Selects(ctx context.Context, modelCache, node string) (bool, error)
+}
+
+func newPeerAuthz(d *Daemon, sel nodeSelector) *peerAuthz {
+	return &peerAuthz{d: d, sel: sel, idx: newBlobIndex(), fresh: map[string]map[string]bool{}}
+}
+
+// Authorize gives caller blob digest when an artifact holding it allows
+// it (the type's rules). The artifacts are tried public first; an error
+// reading the cluster is returned only when no artifact allowed the blob.
+func (a *peerAuthz) Authorize(ctx context.Context, caller p2p.Identity, digest string) error {
+	names, err := a.holders(digest)
+	if err != nil {
+		return err
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("blob %s: no artifact here holds it: %w", digest, cachestore.ErrNotFound)
+	}
+	a.d.mu.Lock()
+	want := a.d.desires.merged()
+	a.d.mu.Unlock()
+	var owners []string // the ModelCaches of the private artifacts that hold it
+	for _, n := range names {
+		ds, ok := want[n]
+		switch {
+		case !ok:
+			// No desire says whether it is private: it is not given.
+		case !private(ds):
+			return nil
+		case len(ds.AllowedNamespaces) > 0:
+			if mc, ok := k8ssync.ModelCacheOf(ds); ok && !slices.Contains(owners, mc) {
+				owners = append(owners, mc)
+			}
+		}
+	}
+	if caller.Node == "" {
+		return fmt.Errorf("blob %s: private here, and the caller's token is bound to no node: %w", digest, p2p.ErrForbidden)
+	}
+	var undecided error
+	for _, mc := range owners {
+		ok, err := a.sel.Selects(ctx, mc, caller.Node)
+		if err != nil {
+			undecided = fmt.Errorf("blob %s: does ModelCache %s select node %s: %w", digest, mc, caller.Node, err)
+			continue
+		}
+		if ok {
+			return nil
+		}
+	}
+	if undecided != nil {
+		return undecided
+	}
+	return fmt.Errorf("blob %s: of artifacts %v, none public, and no ModelCache of theirs selects node %s: %w", digest, names, caller.Node, p2p.ErrForbidden)
+}
+
+// fetched records that the pull of artifact fetched blob digest (fanout):
+// until a version of artifact holds it, it is that artifact's. Nothing
+// when a is nil (a static fleet).
+func (a *peerAuthz) fetched(digest, artifact string) {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.fresh[digest] == nil {
+		a.fresh[digest] = map[string]bool{}
+	}
+	a.fresh[digest][artifact] = true
+}
+
+// holders are the artifacts that hold digest here, sorted: the versions'
+// (the index brought up to date first) and the fresh blobs' of pulls.
+func (a *peerAuthz) holders(digest string) ([]string, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	changed, err := a.idx.update(a.d.store)
+	if err != nil {
+		return nil, err
+	}
+	if changed {
+		a.prune()
+	}
+	out := map[string]bool{}
+	for n := range a.idx.holders[digest] {
+		out[n] = true
+	}
+	for n := range a.fresh[digest] {
+		out[n] = true
+	}
+	return slices.Sorted(maps.Keys(out)), nil
+}
+
+// prune drops the fresh blobs that a version of their artifact now holds,
+// and those gone from the store (a failed pull's, collected); called with
+// a.mu held when the versions changed.
+func (a *peerAuthz) prune() {
+	for d, arts := range a.fresh {
+		for n := range arts {
+			if a.idx.holders[d][n] > 0 {
+				delete(arts, n)
+			}
+		}
+		if len(arts) == 0 || !a.d.store.HasBlob(d) {
+			delete(a.fresh, d)
+		}
+	}
+}
+
+// blobIndex maps each blob to the artifacts whose versions hold it. It is
+// brought up to date by comparing the store's versions (its summaries,
+// which the store decodes once per state of its index) with those it
+// indexed: a version that appeared has its manifest read once, one that
+// went has its blobs dropped. No request reads every manifest.
+type blobIndex struct {
+	versions map[versionKey][]string   // the blobs of each indexed version
+	holders  map[string]map[string]int // digest → artifact → its indexed versions that hold it
+}
+
+// versionKey names one committed version: a version rebuilt under the
+// same revision has another manifest digest.
+type versionKey struct{ name, revision, manifest string }
+
+func newBlobIndex() blobIndex {
+	return blobIndex{versions: map[versionKey][]string{}, holders: map[string]map[string]int{}}
+}
+
+// update brings the index up to date with the store's versions and says
+// whether it changed anything.
+func (x *blobIndex) update(st *cachestore.Store) (bool, error) {
+	arts, err := st.ListSummaries()
+	if err != nil {
+		return false, err
+	}
+	// The common case first, without allocating: every version indexed,
+	// and as many as indexed (so none went).
+	n, same := 0, true
+	for _, art := range arts {
+		for _, v := range art.Versions {
+			n++
+			if _, ok := x.versions[versionKey{art.Name, v.Revision, v.ManifestDigest}]; !ok {
+				same = false
+			}
+		}
+	}
+	if same && n == len(x.versions) {
+		return false, nil
+	}
+	now := make(map[versionKey]bool, n)
+	var added []string // artifacts with a version not indexed
+	for _, art := range arts {
+		for _, v := range art.Versions {
+			k := versionKey{art.Name, v.Revision, v.ManifestDigest}
+			now[k] = true
+			if _, ok := x.versions[k]; !ok && !slices.Contains(added, art.Name) {
+				added = append(added, art.Name)
+			}
+		}
+	}
+	changed := len(added) > 0
+	for k, blobs := range x.versions {
+		if !now[k] {
+			x.drop(k, blobs)
+			changed = true
+		}
+	}
+	for _, name := range added {
+		art, err := st.Get(name)
+		if err != nil {
+			continue // gone since the summaries: the next update drops it
+		}
+		for _, v := range art.Versions {
+			k := versionKey{art.Name, v.Revision, v.ManifestDigest}
+			if _, ok := x.versions[k]; ok || !now[k] {
+				continue // indexed, or newer than the summaries: the next update adds it
+			}
+			set := make(map[string]bool, len(v.Manifest))
+			for _, e := range v.Manifest {
+				set[e.Digest] = true
+			}
+			blobs := slices.Collect(maps.Keys(set))
+			x.versions[k] = blobs
+			for _, d := range blobs {
+				if x.holders[d] == nil {
+					x.holders[d] = map[string]int{}
+				}
+				x.holders[d][art.Name]++
+			}
+		}
+	}
+	return changed, nil
+}
+
+// drop takes version k and its blobs out of the index.
+func (x *blobIndex) drop(k versionKey, blobs []string) {
+	delete(x.versions, k)
+	for _, d := range blobs {
+		if x.holders[d][k.name]--; x.holders[d][k.name] <= 0 {
+			delete(x.holders[d], k.name)
+		}
+		if len(x.holders[d]) == 0 {
+			delete(x.holders, d)
+		}
+	}
+}

@@ -1,0 +1,199 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
+	p2p "github.com/modelcache/modelcache/peer"
+)
+
+// selections says which nodes each ModelCache selects; err, when set,
+// is every answer.
+type selections struct {
+	mu    sync.Mutex
+	nodes map[string][]string
+	err   error
+}
+
+func (s *selections) Selects(_ context.Context, mc, node string) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return false, s.err
+	}
+	for _, n := range s.nodes[mc] {
+		if n == node {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// TestPeerAuthzFollowsTheArtifactsThatHoldABlob: a private artifact's
+// blob goes only to the nodes its ModelCache selects, never to a token
+// bound to no node; a blob a public artifact holds too goes to any
+// caller, until that artifact is evicted (the index follows the store);
+// a blob a pull fetched is its artifact's before its version commits; a
+// blob no artifact holds is not found; a selection that cannot be read is
+// undecided, not refused.
+func TestPeerAuthzFollowsTheArtifactsThatHoldABlob(t *testing.T) {
+	secret, shared := data(5000, 61), data(6000, 62)
+	srv := newFileServer(t, map[string][]byte{"p/w.bin": secret, "p2/w.bin": shared, "q/w.bin": shared})
+	h := start(t, testConfig(t))
+	defer h.stop()
+	p := clusterDesire("p", srv.URL+"/p/w.bin#sha256="+sha(secret))
+	p.AllowedNamespaces = []string{"team-a"}
+	p2 := clusterDesire("p2", srv.URL+"/p2/w.bin#sha256="+sha(shared))
+	p2.AllowedNamespaces = []string{"team-b"}
+	q := clusterDesire("q", srv.URL+"/q/w.bin#sha256="+sha(shared))
+	if err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"p": p, "p2": p2, "q": q}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"p", "p2", "q"} {
+		h.waitPhase(n, api.PhaseReady)
+	}
+	sel := &selections{nodes: map[string][]string{"p": {"node-a"}, "p2": {"node-c"}}}
+	a := newPeerAuthz(h.d, sel)
+	nodeA, nodeB, nodeC, nobody := p2p.Identity{User: "sa", Node: "node-a"}, p2p.Identity{User: "sa", Node: "node-b"}, p2p.Identity{User: "sa", Node: "node-c"}, p2p.Identity{User: "sa"}
+	dSecret, dShared := "sha256:"+sha(secret), "sha256:"+sha(shared)
+	check := func(what string, caller p2p.Identity, d string, want error) {
+		t.Helper()
+		err := a.Authorize(context.Background(), caller, d)
+		if (want == nil) != (err == nil) || (want != nil && !errors.Is(err, want)) {
+			t.Errorf("%s: %v, want %v", what, err, want)
+		}
+	}
+	check("the private blob to the node its ModelCache selects", nodeA, dSecret, nil)
+	check("the private blob to another node", nodeB, dSecret, p2p.ErrForbidden)
+	check("the private blob to a token bound to no node", nobody, dSecret, p2p.ErrForbidden)
+	check("a blob a public artifact holds too, to another node", nodeB, dShared, nil)
+	check("a blob a public artifact holds too, to no node", nobody, dShared, nil)
+	check("a blob no artifact holds", nodeA, "sha256:"+sha([]byte("nothing")), cachestore.ErrNotFound)
+
+	// The public artifact evicted: the blob is the private p2's alone.
+	sum, err := h.d.store.Summary("q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"p": p, "p2": p2}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.d.store.Evict(context.Background(), "q", sum.Versions[0].Revision, true); err != nil && !errors.Is(err, cachestore.ErrNotFound) {
+		t.Fatal(err)
+	}
+	check("the shared blob once only a private artifact holds it, to another node", nodeB, dShared, p2p.ErrForbidden)
+	check("the shared blob to the node p2's ModelCache selects", nodeC, dShared, nil)
+
+	// A blob a pull fetched, before its version commits.
+	fresh := data(3000, 63)
+	if _, err := h.d.store.Ingest(context.Background(), "test:fresh", bytes.NewReader(fresh), int64(len(fresh)), ""); err != nil {
+		t.Fatal(err)
+	}
+	dFresh := "sha256:" + sha(fresh)
+	check("an unclaimed blob", nodeA, dFresh, cachestore.ErrNotFound)
+	a.fetched(dFresh, "p")
+	check("a fresh blob of p, to the node p selects", nodeA, dFresh, nil)
+	check("a fresh blob of p, to another node", nodeB, dFresh, p2p.ErrForbidden)
+
+	// No desire says what an artifact is: its blobs go to no one.
+	if err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"p2": p2}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// (It may be evicted meanwhile: then no artifact holds it.)
+	if err := a.Authorize(context.Background(), nodeA, dSecret); !errors.Is(err, p2p.ErrForbidden) && !errors.Is(err, cachestore.ErrNotFound) {
+		t.Errorf("the blob of an artifact no desire declares: %v, want it refused", err)
+	}
+
+	sel.mu.Lock()
+	sel.err = errors.New("the API server is unreachable")
+	sel.mu.Unlock()
+	err = a.Authorize(context.Background(), nodeC, dShared)
+	if err == nil || errors.Is(err, p2p.ErrForbidden) {
+		t.Errorf("a selection that cannot be read: %v, want an error that is not a refusal", err)
+	}
+}
+
+// TestPeerAuthzKnowsWhatAPullFetched: a blob fetched through fanout is
+// its artifact's from the moment it is committed (a downloading node
+// serves it to the nodes that wait), and leaves that record once a version
+// of the artifact holds it.
+func TestPeerAuthzKnowsWhatAPullFetched(t *testing.T) {
+	w := data(4000, 64)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	hs, _ := fanFleet(t, 1, 1, nil)
+	h := hs[0]
+	a := newPeerAuthz(h.d, &selections{})
+	h.d.fanout.authz = a // before any pull: the pulls read it
+	ds := clusterDesire("pub", srv.URL+"/w.bin#sha256="+sha(w))
+	if err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"pub": ds}, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.waitPhase("pub", api.PhaseReady)
+	d := "sha256:" + sha(w)
+	a.mu.Lock()
+	recorded := a.fresh[d]["pub"]
+	a.mu.Unlock()
+	if !recorded {
+		t.Fatal("the blob the pull fetched through fanout is not recorded as pub's")
+	}
+	if err := a.Authorize(context.Background(), p2p.Identity{User: "sa"}, d); err != nil {
+		t.Fatalf("a public artifact's blob: %v", err)
+	}
+	a.mu.Lock()
+	left := len(a.fresh)
+	a.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d fresh blobs recorded once the version holds them, want 0", left)
+	}
+}
+
+// BenchmarkPeerAuthzIndex is the store side of one peer request: the
+// blob index brought up to date against 1,000 artifacts of 6 files each
+// (up to date: the summaries compared, no manifest read), and the first
+// build, which reads every manifest once.
+func BenchmarkPeerAuthzIndex(b *testing.B) {
+	st, _, err := cachestore.Open(context.Background(), b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	for i := range 1000 {
+		var m cachestore.Manifest
+		for j := range 6 {
+			body := fmt.Appendf(nil, "artifact %d file %d", i, j)
+			d, err := st.Ingest(context.Background(), "x", bytes.NewReader(body), int64(len(body)), "")
+			if err != nil {
+				b.Fatal(err)
+			}
+			m = append(m, cachestore.Entry{Path: fmt.Sprintf("f%d", j), Digest: d, Size: int64(len(body))})
+		}
+		if _, err := st.CommitVersion(context.Background(), cachestore.VersionSpec{Name: fmt.Sprintf("model-%04d", i), Manifest: m}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("first", func(b *testing.B) {
+		for b.Loop() {
+			x := newBlobIndex()
+			if _, err := x.update(st); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("up-to-date", func(b *testing.B) {
+		x := newBlobIndex()
+		if _, err := x.update(st); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if changed, err := x.update(st); err != nil || changed {
+				b.Fatal(changed, err)
+			}
+		}
+	})
+}
