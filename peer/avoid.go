@@ -8,7 +8,7 @@ import (
 // Reasons a peer is set aside (label reason of modelcache_peer_avoided_total).
 const (
 	AvoidUnauthorized = "unauthorized" // 401 or 403: the peer does not take our token
-	AvoidBusy         = "busy"         // 429 or 503 (for its Retry-After at least)
+	AvoidBusy         = "busy"         // 429 or 503 (for its Retry-After, no backoff)
 	AvoidStatus       = "status"       // any other answer than 200/206/404
 	AvoidRedirect     = "redirect"     // it redirected: a peer answers itself
 	AvoidWrongLength  = "wrong_length" // Content-Length or Content-Range not what was asked
@@ -90,12 +90,21 @@ func (f *Fetcher) setAside(p string, err error) {
 		st = &peerState{}
 		f.peers[p] = st
 	}
-	st.failures++
-	d := f.o.avoidMin << min(st.failures-1, 20)
-	if d > f.o.avoidMax || d <= 0 {
-		d = f.o.avoidMax
+	var d time.Duration
+	if reason == AvoidBusy {
+		// A full peer is no failing one: it said when to come back
+		// (its Retry-After, at least a second), and its uploads end
+		// while ours wait; backing off further would set aside, for
+		// minutes, the one peer that holds a fresh blob.
+		d = max(wait, time.Second)
+	} else {
+		st.failures++
+		d = f.o.avoidMin << min(st.failures-1, 20)
+		if d > f.o.avoidMax || d <= 0 {
+			d = f.o.avoidMax
+		}
+		d = max(d, wait)
 	}
-	d = max(d, wait)
 	st.until, st.reason = now.Add(d), reason
 	failures := st.failures
 	f.mu.Unlock()

@@ -118,8 +118,8 @@ func (r *Result) add(source string, off, n int64) {
 // peer is untrusted: bytes from it go into the same partial ingest as the
 // origin's, nothing commits without the store's size and digest check,
 // and a peer that fails a transfer in any way (see the Avoid reasons) is
-// set aside for a while (exponential per peer, AvoidFor) while the
-// transfer goes on, from the same offset, at the next peer or the origin.
+// set aside for a while (exponential per peer, AvoidFor; a busy one for
+// its Retry-After only) while the transfer goes on, from the same offset, at the next peer or the origin.
 // Use NewFetcher; safe for concurrent use.
 type Fetcher struct {
 	tokens TokenSource
@@ -159,7 +159,8 @@ func WithProgressFloor(floor int64, window time.Duration) FetcherOption {
 
 // AvoidFor sets how long a failing peer is set aside: min after its
 // first failure, doubling with each failure in a row up to max; a
-// success forgets its failures. Default 30s and 10m.
+// success forgets its failures. A busy peer (429, 503) is no failure: it
+// is set aside for its Retry-After only. Default 30s and 10m.
 func AvoidFor(min, max time.Duration) FetcherOption {
 	return func(o *fetcherOptions) { o.avoidMin, o.avoidMax = min, max }
 }

@@ -460,6 +460,33 @@ func TestAvoidanceBacksOff(t *testing.T) {
 	}
 }
 
+// A busy peer (its upload slots full) is set aside for its Retry-After
+// only, however often it answers 503: it is asked again as soon as it
+// said, not after a backoff of minutes, since it may be the one peer that
+// holds a fresh blob.
+func TestBusyPeerIsAskedAgainAfterItsRetryAfter(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	busy := hostile(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "2")
+		w.WriteHeader(503)
+	})
+	data, b := blobOf(100, 21)
+	f := newFetcher(t, tokenFile(t, "secret"), nil, peer.AvoidFor(30*time.Second, 10*time.Minute), peer.WithClock(func() time.Time { return now }))
+	o := &origin{data: data}
+	for i := range 5 {
+		if _, err := f.Fetch(context.Background(), b, []string{busy}, &bufPartial{Buffer: &bytes.Buffer{}}, o.open); err != nil {
+			t.Fatal(err)
+		}
+		if a, why := f.Avoided(busy); !a || why != peer.AvoidBusy {
+			t.Fatalf("after 503 #%d: avoided %v (%s); want set aside as busy", i+1, a, why)
+		}
+		now = now.Add(2 * time.Second)
+		if a, _ := f.Avoided(busy); a {
+			t.Fatalf("after 503 #%d: still set aside 2s later, past its Retry-After", i+1)
+		}
+	}
+}
+
 // An origin that cannot continue the partial blob (its file changed)
 // gets it from byte 0: the partial is dropped, not resumed for ever.
 func TestOriginThatCannotResumeStartsOver(t *testing.T) {
