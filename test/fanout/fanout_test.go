@@ -1,0 +1,76 @@
+package fanout
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestFanOutNetns: three daemons in namespaces of their own, given one
+// ModelCache at once, all end Ready; the origin sends the model's bytes
+// about once (the shards once, the small config.json to each node); each
+// node's status names the peer address it serves on, and the nodes that
+// did not go to the origin took their shards from peers.
+func TestFanOutNetns(t *testing.T) {
+	h := Start(t, Options{ModelBytes: 16 << 20, OriginRate: 32 << 20, StatusInterval: 200 * time.Millisecond,
+		Binary: os.Getenv("FANOUT_MODELCACHED")})
+	res := h.FanOut(t, 3)
+	t.Logf("all Ready in %.2fs; the origin sent %d bytes (model %d) and its last at %.2fs; nodes %+v",
+		res.AllReady.Seconds(), res.OriginBytes, res.ModelBytes, res.OriginDone.Seconds(), res.Nodes)
+	if limit := h.ModelBytes() * 11 / 10; res.OriginBytes > limit {
+		t.Errorf("the origin sent %d bytes for a %d-byte model (more than 1.1x): fan-out did not spare it", res.OriginBytes, h.ModelBytes())
+	}
+	var fromPeers int64
+	for _, n := range res.Nodes {
+		want := "http://" + net.JoinHostPort(n.Addr.String(), strconv.Itoa(PeerPort))
+		if n.PeerAddress != want {
+			t.Errorf("%s: status.peerAddress %q, want %q", n.Name, n.PeerAddress, want)
+		}
+		fromPeers += n.FromPeers
+	}
+	if fromPeers == 0 {
+		t.Errorf("no node took a byte from a peer: %+v", res.Nodes)
+	}
+}
+
+// BenchmarkFanOutNetns: N daemons (4, 8) as real processes, each in a
+// network namespace of its own, and one hub origin throttled to a fixed
+// rate, the model in 4 shards given to all N by one ModelCache at once,
+// in the daemons' default settings. It reports the origin's bytes over
+// the model's size (origin/model), the time until all N are Ready over
+// one daemon's time alone from the same origin, measured first in the
+// same harness (all-ready/alone), both times, and when the origin sent
+// its last byte. FANOUT_BENCH_MIB (default 1024) sizes the model,
+// FANOUT_BENCH_MIBPS (default 16) the origin's rate, FANOUT_MODELCACHED
+// names a built modelcached (default: built here).
+func BenchmarkFanOutNetns(b *testing.B) {
+	mib, mibps := benchEnv("FANOUT_BENCH_MIB", 1024), benchEnv("FANOUT_BENCH_MIBPS", 16)
+	h := Start(b, Options{ModelBytes: int64(mib) << 20, OriginRate: int64(mibps) << 20, Binary: os.Getenv("FANOUT_MODELCACHED")})
+	alone := h.Alone(b)
+	b.Logf("alone: Ready in %.2fs, origin sent %d bytes (model %d)", alone.AllReady.Seconds(), alone.OriginBytes, alone.ModelBytes)
+	for _, n := range []int{4, 8} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
+			for range b.N {
+				res := h.FanOut(b, n)
+				for _, nd := range res.Nodes {
+					b.Logf("%s: Ready at %.2fs, %d bytes from peers", nd.Name, nd.Ready.Seconds(), nd.FromPeers)
+				}
+				b.ReportMetric(float64(res.OriginBytes)/float64(res.ModelBytes), "origin/model")
+				b.ReportMetric(res.AllReady.Seconds()/alone.AllReady.Seconds(), "all-ready/alone")
+				b.ReportMetric(alone.AllReady.Seconds(), "alone-s")
+				b.ReportMetric(res.AllReady.Seconds(), "all-ready-s")
+				b.ReportMetric(res.OriginDone.Seconds(), "origin-done-s")
+			}
+		})
+	}
+}
+
+func benchEnv(k string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
