@@ -1,7 +1,6 @@
 package fanout
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -63,6 +62,9 @@ type Options struct {
 	Binary string
 	// Flags are more flags for every daemon.
 	Flags []string
+	// LogDir keeps the daemons' logs, <node>.log; "": a temp dir removed
+	// at cleanup (a failure shows a log's tail either way).
+	LogDir string
 }
 
 // Harness is one cluster's world: a real kube-apiserver reached through
@@ -90,6 +92,11 @@ func Start(t testing.TB, opt Options) *Harness {
 		opt.ModelBytes = 16 << 20
 	}
 	h := &Harness{opt: opt, dir: t.TempDir()}
+	if h.opt.LogDir == "" {
+		h.opt.LogDir = h.dir
+	} else if err := os.MkdirAll(h.opt.LogDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	h.net = NewNet(t)
 	built := make(chan error, 1)
 	h.bin = opt.Binary
@@ -176,7 +183,9 @@ func writeKubeconfig(cfg *rest.Config, path string) error {
 type Node struct {
 	Name        string
 	Addr        netip.Addr    // its namespace's address
-	Ready       time.Duration // from the ModelCache's creation
+	Started     time.Duration // from the ModelCache's creation until its pull began (as the daemon reports it)
+	Flowing     time.Duration // … until it held 1 MiB of the model (sampled as Ready is)
+	Ready       time.Duration // … until it was Ready
 	PeerAddress string        // its ModelCacheNode status's, "" without a peer port
 	FromPeers   int64         // bytes its pull took from peers
 }
@@ -301,12 +310,24 @@ func (h *Harness) run(t testing.TB, tag string, n int, peers bool) Result {
 				if err != nil {
 					return err
 				}
+				nd := &res.Nodes[i]
+				if p := a.Progress; p != nil {
+					if nd.Started == 0 && !p.Started.IsZero() {
+						nd.Started = p.Started.Sub(t0)
+					}
+					if nd.Flowing == 0 && p.BytesDone >= 1<<20 {
+						nd.Flowing = time.Since(t0)
+					}
+				}
 				if a.Phase != api.PhaseReady {
 					return fmt.Errorf("phase %s %s", a.Phase, a.Message)
 				}
-				res.Nodes[i] = Node{Name: d.name, Addr: d.addr, Ready: time.Since(t0)}
+				nd.Name, nd.Addr, nd.Ready = d.name, d.addr, time.Since(t0)
+				if nd.Flowing == 0 {
+					nd.Flowing = nd.Ready
+				}
 				if a.LastPull != nil {
-					res.Nodes[i].FromPeers = a.LastPull.BytesFromPeers
+					nd.FromPeers = a.LastPull.BytesFromPeers
 				}
 				return nil
 			})
@@ -350,8 +371,7 @@ type daemonProc struct {
 	dir    string
 	client *api.Client
 	cmd    *exec.Cmd
-	log    *bytes.Buffer
-	logMu  *sync.Mutex
+	log    string // its log file
 	exited chan struct{}
 	err    error // Wait's, once exited is closed
 }
@@ -365,7 +385,12 @@ func (h *Harness) start(name, ns string, addr netip.Addr, peers bool) (*daemonPr
 		return nil, err
 	}
 	d := &daemonProc{name: name, addr: addr, dir: dir, client: &api.Client{Socket: filepath.Join(dir, "mc.sock")},
-		log: &bytes.Buffer{}, logMu: &sync.Mutex{}, exited: make(chan struct{})}
+		log: filepath.Join(h.opt.LogDir, name+".log"), exited: make(chan struct{})}
+	logf, err := os.Create(d.log)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close() // the daemon holds its own descriptor
 	args := []string{"netns", "exec", ns, h.bin,
 		"--root", filepath.Join(dir, "root"), "--socket", d.client.Socket, "--socket-group", "",
 		"--metrics-addr", "", "--models-dir", filepath.Join(dir, "models.d"),
@@ -382,7 +407,7 @@ func (h *Harness) start(name, ns string, addr netip.Addr, peers bool) (*daemonPr
 	args = append(args, h.opt.Flags...)
 	d.cmd = exec.Command("ip", args...)
 	d.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "HF_ENDPOINT=" + h.hub.URL()}
-	d.cmd.Stdout, d.cmd.Stderr = lockedWriter{d.log, d.logMu}, lockedWriter{d.log, d.logMu}
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	// ip netns exec execs the daemon in its own process: the signal
 	// reaches it, and it dies with the test process.
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -432,22 +457,12 @@ func (d *daemonProc) stop() {
 
 // tail is the end of the daemon's log.
 func (d *daemonProc) tail() string {
-	d.logMu.Lock()
-	defer d.logMu.Unlock()
-	b := d.log.Bytes()
+	b, err := os.ReadFile(d.log)
+	if err != nil {
+		return err.Error()
+	}
 	if len(b) > 4000 {
 		b = b[len(b)-4000:]
 	}
 	return string(b)
-}
-
-type lockedWriter struct {
-	b  *bytes.Buffer
-	mu *sync.Mutex
-}
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
 }
