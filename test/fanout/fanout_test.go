@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -46,13 +47,14 @@ func TestFanOutNetns(t *testing.T) {
 // its last byte. FANOUT_BENCH_MIB (default 1024) sizes the model,
 // FANOUT_BENCH_MIBPS (default 16) the origin's rate, FANOUT_MODELCACHED
 // names a built modelcached (default: built here), FANOUT_LOG_DIR keeps
-// the daemons' logs.
+// the daemons' logs, FANOUT_DAEMON_ARGS adds flags to every daemon
+// (space-separated, e.g. --peer-max-uploads 32).
 func BenchmarkFanOutNetns(b *testing.B) {
 	mib, mibps := benchEnv("FANOUT_BENCH_MIB", 1024), benchEnv("FANOUT_BENCH_MIBPS", 16)
-	h := Start(b, Options{ModelBytes: int64(mib) << 20, OriginRate: int64(mibps) << 20, Binary: os.Getenv("FANOUT_MODELCACHED"), LogDir: os.Getenv("FANOUT_LOG_DIR")})
+	h := Start(b, Options{ModelBytes: int64(mib) << 20, OriginRate: int64(mibps) << 20, Binary: os.Getenv("FANOUT_MODELCACHED"), LogDir: os.Getenv("FANOUT_LOG_DIR"), Flags: strings.Fields(os.Getenv("FANOUT_DAEMON_ARGS"))})
 	alone := h.Alone(b)
-	b.Logf("alone: pull began at %.2fs, Ready at %.2fs; the origin sent %d bytes (model %d), its last at %.2fs",
-		alone.Nodes[0].Started.Seconds(), alone.AllReady.Seconds(), alone.OriginBytes, alone.ModelBytes, alone.OriginDone.Seconds())
+	b.Logf("alone: pull began at %.2fs, 1 MiB held at %.2fs, Ready at %.2fs; the origin sent %d bytes (model %d), its last at %.2fs",
+		alone.Nodes[0].Started.Seconds(), alone.Nodes[0].Flowing.Seconds(), alone.AllReady.Seconds(), alone.OriginBytes, alone.ModelBytes, alone.OriginDone.Seconds())
 	for _, n := range []int{4, 8} {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
 			for range b.N {
@@ -60,6 +62,9 @@ func BenchmarkFanOutNetns(b *testing.B) {
 				for _, nd := range res.Nodes {
 					b.Logf("%s: pull began at %.2fs, 1 MiB held at %.2fs, Ready at %.2fs, %d bytes from peers",
 						nd.Name, nd.Started.Seconds(), nd.Flowing.Seconds(), nd.Ready.Seconds(), nd.FromPeers)
+				}
+				for _, g := range res.OriginGets {
+					b.Logf("origin: GET %s %s from %s at %.2fs", g.Path, g.Range, g.From, g.At.Seconds())
 				}
 				b.ReportMetric(float64(res.OriginBytes)/float64(res.ModelBytes), "origin/model")
 				b.ReportMetric(res.AllReady.Seconds()/alone.AllReady.Seconds(), "all-ready/alone")

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -82,6 +84,18 @@ type Harness struct {
 	hub     *hubtest.Hub
 	rev     string
 	size    int64 // the model's bytes, config.json included
+
+	mu   sync.Mutex
+	t0   time.Time   // the current run's ModelCache creation
+	gets []OriginGet // the current run's
+}
+
+// OriginGet is one GET of a shard (an LFS file) the origin answered.
+type OriginGet struct {
+	At    time.Duration // from the ModelCache's creation
+	From  string        // the client: its node's name, or its address
+	Path  string
+	Range string // the Range header, if any
 }
 
 // Start builds (or takes) modelcached, starts the API server, the bridge,
@@ -140,6 +154,14 @@ func Start(t testing.TB, opt Options) *Harness {
 		h.size += int64(len(f))
 	}
 	h.rev = hub.Commit(repo, files, "main")
+	hub.Hook = func(_ http.ResponseWriter, r *http.Request) bool { // records, answers nothing
+		if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/lfs/") {
+			h.mu.Lock()
+			h.gets = append(h.gets, OriginGet{At: time.Since(h.t0), From: r.RemoteAddr, Path: r.URL.Path, Range: r.Header.Get("Range")})
+			h.mu.Unlock()
+		}
+		return false
+	}
 	h.hub = hub
 	if err := <-built; err != nil {
 		t.Fatal(err)
@@ -195,6 +217,7 @@ type Result struct {
 	AllReady    time.Duration // from the ModelCache's creation until every node is Ready
 	OriginDone  time.Duration // from the creation until the origin's last byte (sampled every 50ms)
 	OriginBytes int64         // file bytes the origin sent
+	OriginGets  []OriginGet
 	ModelBytes  int64
 	Nodes       []Node
 }
@@ -266,13 +289,16 @@ func (h *Harness) run(t testing.TB, tag string, n int, peers bool) Result {
 	}
 
 	h.hub.Sent.Store(0)
+	h.mu.Lock()
+	h.gets, h.t0 = nil, time.Now()
+	t0 := h.t0
+	h.mu.Unlock()
 	mc := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "modelcache.io/v1alpha1", "kind": "ModelCache",
 		"metadata": map[string]any{"name": tag},
 		"spec": map[string]any{"source": "hf://" + repo + "@" + h.rev,
 			"nodeSelector": map[string]any{"matchLabels": map[string]any{runLabel: tag}}},
 	}}
-	t0 := time.Now()
 	if _, err := h.dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +345,11 @@ func (h *Harness) run(t testing.TB, tag string, n int, peers bool) Result {
 						nd.Flowing = time.Since(t0)
 					}
 				}
-				if a.Phase != api.PhaseReady {
+				switch a.Phase {
+				case api.PhaseReady:
+				case api.PhaseFailed: // its retry would be timed too: the run is void
+					return failed{fmt.Errorf("phase %s: %s", a.Phase, a.Message)}
+				default:
 					return fmt.Errorf("phase %s %s", a.Phase, a.Message)
 				}
 				nd.Name, nd.Addr, nd.Ready = d.name, d.addr, time.Since(t0)
@@ -342,6 +372,16 @@ func (h *Harness) run(t testing.TB, tag string, n int, peers bool) Result {
 	<-sampled
 	res.OriginDone = time.Duration(originDone.Load())
 	res.OriginBytes = h.hub.Sent.Load()
+	h.mu.Lock()
+	res.OriginGets = append([]OriginGet(nil), h.gets...)
+	h.mu.Unlock()
+	for i, g := range res.OriginGets {
+		for _, d := range ds {
+			if host, _, _ := net.SplitHostPort(g.From); host == d.addr.String() {
+				res.OriginGets[i].From = d.name
+			}
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +435,10 @@ func (h *Harness) start(name, ns string, addr netip.Addr, peers bool) (*daemonPr
 		"--root", filepath.Join(dir, "root"), "--socket", d.client.Socket, "--socket-group", "",
 		"--metrics-addr", "", "--models-dir", filepath.Join(dir, "models.d"),
 		"--cluster", "on", "--kubeconfig", h.kubecfg, "--node-name", name, "--lease-namespace", Namespace,
-		"--retry-initial", "1s"}
+		"--retry-initial", "1s",
+		// Watermarks off: the store is bounded by its filesystem alone,
+		// which other tests share; this measures fan-out, not eviction.
+		"--high-watermark", "0", "--low-watermark", "0"}
 	if h.opt.StatusInterval > 0 {
 		args = append(args, "--status-interval", h.opt.StatusInterval.String())
 	}
@@ -418,9 +461,14 @@ func (h *Harness) start(name, ns string, addr netip.Addr, peers bool) (*daemonPr
 	return d, nil
 }
 
+// failed is cond's error that ends an await at once.
+type failed struct{ err error }
+
+func (f failed) Error() string { return f.err.Error() }
+
 // await polls cond (testenv.Poll) until it holds, the timeout passes,
-// ctx ends or the daemon exits; the error then carries the daemon's
-// log's tail.
+// ctx ends, the daemon exits or cond returns a failed error; the error
+// then carries the daemon's log's tail.
 func (d *daemonProc) await(ctx context.Context, what string, timeout time.Duration, cond func() error) error {
 	var ended error
 	err := testenv.Poll(timeout, func() error {
@@ -433,7 +481,13 @@ func (d *daemonProc) await(ctx context.Context, what string, timeout time.Durati
 			return nil
 		default:
 		}
-		return cond()
+		err := cond()
+		var f failed
+		if errors.As(err, &f) {
+			ended = fmt.Errorf("%s: %v\n%s", what, f.err, d.tail())
+			return nil
+		}
+		return err
 	})
 	if ended != nil {
 		return ended
