@@ -62,14 +62,18 @@ func BenchmarkFanOutNetns(b *testing.B) {
 				b.Logf("alone: pull began at %.2fs, 1 MiB held at %.2fs, Ready at %.2fs; the origin sent %d bytes (model %d)",
 					a.Started.Seconds(), a.Flowing.Seconds(), a.Ready.Seconds(), alone.OriginBytes, alone.ModelBytes)
 				for _, nd := range res.Nodes {
-					var gets []string
+					var gets []time.Duration
 					for _, g := range res.OriginGets {
 						if g.From == nd.Name {
-							gets = append(gets, fmt.Sprintf("%.2fs", g.At.Seconds()))
+							gets = append(gets, g.At)
 						}
 					}
-					b.Logf("%s: pull began at %.2fs, 1 MiB held at %.2fs, Ready at %.2fs, %d bytes from peers, shard GETs to the origin at %v",
-						nd.Name, nd.Started.Seconds(), nd.Flowing.Seconds(), nd.Ready.Seconds(), nd.FromPeers, gets)
+					from := "none"
+					if len(gets) > 0 {
+						from = fmt.Sprintf("%d, %.2fs to %.2fs", len(gets), gets[0].Seconds(), gets[len(gets)-1].Seconds())
+					}
+					b.Logf("%s: pull began at %.2fs, 1 MiB held at %.2fs, Ready at %.2fs, %d bytes from peers; shard GETs to the origin: %s",
+						nd.Name, nd.Started.Seconds(), nd.Flowing.Seconds(), nd.Ready.Seconds(), nd.FromPeers, from)
 				}
 				b.ReportMetric(float64(res.OriginBytes)/float64(res.ModelBytes), "origin/model")
 				b.ReportMetric(res.AllReady.Seconds()/alone.AllReady.Seconds(), "all-ready/alone")
