@@ -50,7 +50,7 @@ func TestFanOutNetns(t *testing.T) {
 // the daemons' logs, FANOUT_DAEMON_ARGS adds flags to every daemon
 // (space-separated, e.g. --peer-max-uploads 32).
 func BenchmarkFanOutNetns(b *testing.B) {
-	mib, mibps := benchEnv("FANOUT_BENCH_MIB", 1024), benchEnv("FANOUT_BENCH_MIBPS", 16)
+	mib, mibps := benchEnv(b, "FANOUT_BENCH_MIB", 1024), benchEnv(b, "FANOUT_BENCH_MIBPS", 16)
 	h := Start(b, Options{ModelBytes: int64(mib) << 20, OriginRate: int64(mibps) << 20, Binary: os.Getenv("FANOUT_MODELCACHED"), LogDir: os.Getenv("FANOUT_LOG_DIR"), Flags: strings.Fields(os.Getenv("FANOUT_DAEMON_ARGS"))})
 	alone := h.Alone(b)
 	a := alone.Nodes[0]
@@ -85,9 +85,15 @@ func BenchmarkFanOutNetns(b *testing.B) {
 	}
 }
 
-func benchEnv(k string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
-		return v
+// benchEnv is the positive whole number in k, def when k is unset.
+func benchEnv(b *testing.B, k string, def int) int {
+	v := os.Getenv(k)
+	if v == "" {
+		return def
 	}
-	return def
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s=%q: want a positive whole number (MiB, or MiB per second for the rate)", k, v)
+	}
+	return n
 }

@@ -123,6 +123,8 @@ func Start(t testing.TB, opt Options) *Harness {
 			}
 			built <- err
 		}()
+	} else if fi, err := os.Stat(h.bin); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		t.Fatalf("modelcached %q (FANOUT_MODELCACHED): not an executable file (make build writes bin/modelcached; unset it to build one here)", h.bin)
 	} else {
 		built <- nil
 	}
