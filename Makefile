@@ -52,9 +52,10 @@ vet:
 
 # Benchmarks against curl and cp on loopback; see README.md (Benchmarks). BENCH_SIZE_MIB sets the model size.
 # warm/ and daemon/'s BenchmarkWarmCSI read WARM_BENCH_MIB, WARM_BENCH_DELAY and WARM_BENCH_PULL_MIB (docs/benchmarks.md).
+# test/fanout's BenchmarkFanOutNetns (root: network namespaces) reads FANOUT_BENCH_MIB, FANOUT_BENCH_MIBPS and FANOUT_LOG_DIR.
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./cachestore/ ./daemon/capacity/ ./warm/
-	$(GO) test -run '^$$' -bench FanOut -benchtime 1x ./daemon/
+	FANOUT_MODELCACHED=$(CURDIR)/$(BIN)/modelcached $(GO) test -run '^$$' -bench FanOutNetns -benchtime 1x -timeout 30m ./test/fanout/
 	$(GO) test -run '^$$' -bench 'WarmCSI' -benchtime 3x ./daemon/
 	$(GO) run ./bench/pullbench -bin $(BIN)
 

@@ -85,14 +85,24 @@ type Proxy struct {
 	conns  map[net.Conn]bool
 }
 
-// Proxy starts a forwarder and returns a rest.Config that uses it.
+// Proxy starts a forwarder on loopback and returns a rest.Config that
+// uses it.
 func (c *Cluster) Proxy(t testing.TB) (*Proxy, *rest.Config) {
+	t.Helper()
+	return c.ProxyOn(t, "127.0.0.1")
+}
+
+// ProxyOn is Proxy listening on ip: an address of a bridge lets clients
+// in other network namespaces reach the API server, which listens on
+// loopback only. The rest.Config still checks the server's certificate
+// for its own host name.
+func (c *Cluster) ProxyOn(t testing.TB, ip string) (*Proxy, *rest.Config) {
 	t.Helper()
 	u, err := url.Parse(c.Config.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{target: u.Host, conns: map[net.Conn]bool{}}
+	p := &Proxy{target: u.Host, addr: net.JoinHostPort(ip, "0"), conns: map[net.Conn]bool{}}
 	if err := p.Up(); err != nil {
 		t.Fatal(err)
 	}
@@ -106,9 +116,6 @@ func (c *Cluster) Proxy(t testing.TB) (*Proxy, *rest.Config) {
 // Up listens (again) on the proxy's address.
 func (p *Proxy) Up() error {
 	addr := p.addr
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
 	var ln net.Listener
 	err := testenv.Poll(5*time.Second, func() (err error) { // the old socket may linger a moment
 		ln, err = net.Listen("tcp", addr)

@@ -3,17 +3,21 @@
 // recursive tree, paths-info, resolve with HEAD and Range) and a second
 // "CDN" origin that LFS files redirect to, as the real hub does. Knobs
 // make it hostile: a token requirement, a hook that answers first, and
-// byte counters.
+// byte counters; Limit makes it slow, one uplink shared by every
+// response. NewOn serves on another address than loopback (a bridge's,
+// for daemons in other network namespaces).
 package hubtest
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha1"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -23,6 +27,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Entry is one file as the tree API lists it.
@@ -60,6 +66,10 @@ type Hub struct {
 	// Hook, when set, sees every request to either origin first and
 	// answers it by returning true.
 	Hook func(w http.ResponseWriter, r *http.Request) bool
+	// Limit, when set, paces every file body (resolve and CDN) through
+	// one token bucket: an origin behind one uplink, whatever the number
+	// of connections. Set it before the first request.
+	Limit *rate.Limiter
 
 	Sent        atomic.Int64 // file bytes sent by resolve and the CDN
 	CDNSawAuth  atomic.Bool  // an Authorization header reached the CDN
@@ -71,12 +81,42 @@ type Hub struct {
 	blobs   map[string][]byte             // sha256 hex → content (CDN)
 }
 
-// New starts both origins.
+// New starts both origins on loopback.
 func New() *Hub {
-	h := &Hub{PageSize: 3, LFSThreshold: 1024, commits: map[string]map[string]*commit{}, refs: map[string]map[string]string{}, blobs: map[string][]byte{}}
+	h := newHub()
 	h.CDN = httptest.NewServer(http.HandlerFunc(h.serveCDN))
 	h.API = httptest.NewServer(http.HandlerFunc(h.serveAPI))
 	return h
+}
+
+// NewOn starts both origins on ip, each on a port the kernel picks.
+func NewOn(ip string) (*Hub, error) {
+	h := newHub()
+	var err error
+	if h.CDN, err = serveOn(ip, h.serveCDN); err != nil {
+		return nil, err
+	}
+	if h.API, err = serveOn(ip, h.serveAPI); err != nil {
+		h.CDN.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+func newHub() *Hub {
+	return &Hub{PageSize: 3, LFSThreshold: 1024, commits: map[string]map[string]*commit{}, refs: map[string]map[string]string{}, blobs: map[string][]byte{}}
+}
+
+func serveOn(ip string, h http.HandlerFunc) (*httptest.Server, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("hubtest: listen on %s: %w", ip, err)
+	}
+	s := httptest.NewUnstartedServer(h)
+	s.Listener.Close()
+	s.Listener = ln
+	s.Start()
+	return s, nil
 }
 
 // Close stops both origins.
@@ -342,7 +382,40 @@ func (h *Hub) serveContent(w http.ResponseWriter, r *http.Request, b []byte) {
 	if r.Method == http.MethodGet {
 		h.ResolveGets.Add(1)
 	}
-	http.ServeContent(&CountingWriter{w, &h.Sent}, r, "", time.Time{}, bytes.NewReader(b))
+	w = &CountingWriter{w, &h.Sent}
+	if h.Limit != nil {
+		w = pacedWriter{w, r.Context(), h.Limit}
+	}
+	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(b))
+}
+
+// pacedWriter writes at its limiter's pace, a burst at most at a time
+// (a limiter without a burst fails the write).
+// It has no ReadFrom: every byte goes through Write.
+type pacedWriter struct {
+	http.ResponseWriter
+	ctx context.Context
+	lim *rate.Limiter
+}
+
+func (p pacedWriter) Write(b []byte) (int, error) {
+	var n int
+	for len(b) > 0 {
+		k := len(b)
+		if burst := p.lim.Burst(); burst > 0 && k > burst {
+			k = burst
+		}
+		if err := p.lim.WaitN(p.ctx, k); err != nil {
+			return n, err
+		}
+		m, err := p.ResponseWriter.Write(b[:k])
+		n += m
+		if err != nil {
+			return n, err
+		}
+		b = b[k:]
+	}
+	return n, nil
 }
 
 // CountingWriter adds the bytes a handler writes to N: test servers use
