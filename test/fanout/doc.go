@@ -16,6 +16,10 @@
 //     shards), and runs: Alone (one daemon, no peer port) and FanOut (N
 //     daemons with peer ports), each timed from the ModelCache's creation
 //     until every node is Ready, with the bytes the origin sent.
+//   - daemon.go: one modelcached process in its namespace: its flags
+//     (its own root, socket and models dir; the peer port on its
+//     namespace's address), its waits (ended early when it exits or a
+//     pull fails) and its stop.
 //
 // fanout_test.go holds TestFanOutNetns (3 daemons, a small model: all
 // Ready, the origin sends the model about once, each status names its

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -34,7 +33,6 @@ import (
 	"github.com/modelcache/modelcache/cachestore/storetest"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
 	"github.com/modelcache/modelcache/internal/kubetest"
-	"github.com/modelcache/modelcache/internal/testenv"
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
@@ -263,32 +261,7 @@ func (h *Harness) run(t testing.TB, tag string, n int, peers bool) Result {
 	})
 	t.Cleanup(stop)
 	defer stop()
-	for i := range n {
-		name := fmt.Sprintf("%s-%d", tag, i)
-		if _, err := h.kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{runLabel: tag}}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		ns, addr := h.net.Add(t)
-		d, err := h.start(name, ns, addr, peers)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ds = append(ds, d)
-	}
-	for _, d := range ds {
-		if err := d.await(ctx, d.name+"'s status", time.Minute, func() error {
-			st, err := h.nodeStatus(d.name)
-			if err != nil {
-				return err
-			}
-			if peers && st.Status.PeerAddress == "" {
-				return errors.New("no peerAddress yet")
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	h.startNodes(t, tag, n, peers, &ds)
 
 	h.hub.Sent.Store(0)
 	h.mu.Lock()
@@ -304,75 +277,11 @@ func (h *Harness) run(t testing.TB, tag string, n int, peers bool) Result {
 	if _, err := h.dyn.Resource(k8ssync.ModelCacheGVR).Create(ctx, mc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var originDone atomic.Int64
-	sampled := make(chan struct{})
-	quit := make(chan struct{})
-	go func() { // the time of the origin's last byte
-		defer close(sampled)
-		last := int64(0)
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-tick.C:
-				if s := h.hub.Sent.Load(); s != last {
-					last = s
-					originDone.Store(int64(time.Since(t0)))
-				}
-			}
-		}
-	}()
+	originDone := h.watchOrigin(t0)
 	res := Result{ModelBytes: h.size, Nodes: make([]Node, n)}
-	waitCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for i, d := range ds {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = d.await(waitCtx, d.name+": "+tag+" Ready", 30*time.Minute, func() error {
-				a, err := d.client.Get(ctx, tag)
-				if err != nil {
-					return err
-				}
-				nd := &res.Nodes[i]
-				if p := a.Progress; p != nil {
-					if nd.Started == 0 && !p.Started.IsZero() {
-						nd.Started = p.Started.Sub(t0)
-					}
-					if nd.Flowing == 0 && p.BytesDone >= 1<<20 {
-						nd.Flowing = time.Since(t0)
-					}
-				}
-				switch a.Phase {
-				case api.PhaseReady:
-				case api.PhaseFailed: // its retry would be timed too: the run is void
-					return failed{fmt.Errorf("phase %s: %s", a.Phase, a.Message)}
-				default:
-					return fmt.Errorf("phase %s %s", a.Phase, a.Message)
-				}
-				nd.Name, nd.Addr, nd.Ready = d.name, d.addr, time.Since(t0)
-				if nd.Flowing == 0 {
-					nd.Flowing = nd.Ready
-				}
-				if a.LastPull != nil {
-					nd.FromPeers = a.LastPull.BytesFromPeers
-				}
-				return nil
-			})
-			if errs[i] != nil {
-				cancel() // one daemon failed: the run has
-			}
-		}()
-	}
-	wg.Wait()
+	errs := h.awaitReady(ctx, ds, tag, t0, res.Nodes)
 	res.AllReady = time.Since(t0)
-	close(quit)
-	<-sampled
-	res.OriginDone = time.Duration(originDone.Load())
+	res.OriginDone = originDone()
 	res.OriginBytes = h.hub.Sent.Load()
 	h.mu.Lock()
 	res.OriginGets = append([]OriginGet(nil), h.gets...)
@@ -406,119 +315,121 @@ func (h *Harness) nodeStatus(name string) (*k8ssync.ModelCacheNode, error) {
 	return &m, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &m)
 }
 
-// daemonProc is one modelcached process in its namespace.
-type daemonProc struct {
-	name   string
-	addr   netip.Addr
-	dir    string
-	client *api.Client
-	cmd    *exec.Cmd
-	log    string // its log file
-	exited chan struct{}
-	err    error // Wait's, once exited is closed
-}
-
-// start runs modelcached as node name in namespace ns: its own root,
-// socket and models dir, the cluster through the forwarder, the origin
-// on the bridge, and with peers its peer port on addr.
-func (h *Harness) start(name, ns string, addr netip.Addr, peers bool) (*daemonProc, error) {
-	dir := filepath.Join(h.dir, name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	d := &daemonProc{name: name, addr: addr, dir: dir, client: &api.Client{Socket: filepath.Join(dir, "mc.sock")},
-		log: filepath.Join(h.opt.LogDir, name+".log"), exited: make(chan struct{})}
-	logf, err := os.Create(d.log)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close() // the daemon holds its own descriptor
-	args := []string{"netns", "exec", ns, h.bin,
-		"--root", filepath.Join(dir, "root"), "--socket", d.client.Socket, "--socket-group", "",
-		"--metrics-addr", "", "--models-dir", filepath.Join(dir, "models.d"),
-		"--cluster", "on", "--kubeconfig", h.kubecfg, "--node-name", name, "--lease-namespace", Namespace,
-		"--retry-initial", "1s",
-		// Watermarks off: the store is bounded by its filesystem alone,
-		// which other tests share; this measures fan-out, not eviction.
-		"--high-watermark", "0", "--low-watermark", "0"}
-	if h.opt.StatusInterval > 0 {
-		args = append(args, "--status-interval", h.opt.StatusInterval.String())
-	}
-	if peers {
-		hp := net.JoinHostPort(addr.String(), strconv.Itoa(PeerPort))
-		args = append(args, "--peer-addr", hp, "--peer-advertise", "http://"+hp,
-			"--peer-token-file", h.token, "--peer-service-account", Namespace+"/"+ServiceAccount)
-	}
-	args = append(args, h.opt.Flags...)
-	d.cmd = exec.Command("ip", args...)
-	d.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "HF_ENDPOINT=" + h.hub.URL()}
-	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	// ip netns exec execs the daemon in its own process: the signal
-	// reaches it, and it dies with the test process.
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := d.cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() { d.err = d.cmd.Wait(); close(d.exited) }()
-	return d, nil
-}
-
-// failed is cond's error that ends an await at once.
-type failed struct{ err error }
-
-func (f failed) Error() string { return f.err.Error() }
-
-// await polls cond (testenv.Poll) until it holds, the timeout passes,
-// ctx ends, the daemon exits or cond returns a failed error; the error
-// then carries the daemon's log's tail.
-func (d *daemonProc) await(ctx context.Context, what string, timeout time.Duration, cond func() error) error {
-	var ended error
-	err := testenv.Poll(timeout, func() error {
-		select {
-		case <-d.exited:
-			ended = fmt.Errorf("%s: modelcached exited (%v):\n%s", what, d.err, d.tail())
-			return nil
-		case <-ctx.Done():
-			ended = fmt.Errorf("%s: given up (another daemon failed)", what)
-			return nil
-		default:
+// startNodes creates n Nodes tag-<i>, starts a daemon for each in a
+// namespace of its own (appended to *ds as it starts, for the caller's
+// clean-up) and waits until each has written its status (with its peer
+// address when peers).
+func (h *Harness) startNodes(t testing.TB, tag string, n int, peers bool, ds *[]*daemonProc) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range n {
+		name := fmt.Sprintf("%s-%d", tag, i)
+		if _, err := h.kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{runLabel: tag}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
 		}
-		err := cond()
-		var f failed
-		if errors.As(err, &f) {
-			ended = fmt.Errorf("%s: %v\n%s", what, f.err, d.tail())
-			return nil
+		ns, addr := h.net.Add(t)
+		d, err := h.start(name, ns, addr, peers)
+		if err != nil {
+			t.Fatal(err)
 		}
-		return err
-	})
-	if ended != nil {
-		return ended
+		*ds = append(*ds, d)
 	}
-	if err != nil {
-		return fmt.Errorf("%s: not within %v: %v\n%s", what, timeout, err, d.tail())
+	for _, d := range *ds {
+		if err := d.await(ctx, d.name+"'s status", time.Minute, func() error {
+			st, err := h.nodeStatus(d.name)
+			if err != nil {
+				return err
+			}
+			if peers && st.Status.PeerAddress == "" {
+				return errors.New("no peerAddress yet")
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	return nil
+
 }
 
-// stop sends SIGTERM, then SIGKILL after 20 s.
-func (d *daemonProc) stop() {
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.exited:
-	case <-time.After(20 * time.Second):
-		d.cmd.Process.Kill()
-		<-d.exited
+// watchOrigin samples the bytes the origin sent from t0 on; the function
+// it returns stops the sampling and says when the origin sent its last
+// byte (since t0).
+func (h *Harness) watchOrigin(t0 time.Time) func() time.Duration {
+	var originDone atomic.Int64
+	sampled := make(chan struct{})
+	quit := make(chan struct{})
+	go func() { // the time of the origin's last byte
+		defer close(sampled)
+		last := int64(0)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+				if s := h.hub.Sent.Load(); s != last {
+					last = s
+					originDone.Store(int64(time.Since(t0)))
+				}
+			}
+		}
+	}()
+	return func() time.Duration {
+		close(quit)
+		<-sampled
+		return time.Duration(originDone.Load())
 	}
 }
 
-// tail is the end of the daemon's log.
-func (d *daemonProc) tail() string {
-	b, err := os.ReadFile(d.log)
-	if err != nil {
-		return err.Error()
+// awaitReady waits until every daemon of ds holds tag Ready, recording
+// each one's timeline in nodes (since t0); one daemon's failure ends the
+// others' waits. It returns each daemon's error.
+func (h *Harness) awaitReady(ctx context.Context, ds []*daemonProc, tag string, t0 time.Time, nodes []Node) []error {
+	n := len(ds)
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i, d := range ds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = d.await(waitCtx, d.name+": "+tag+" Ready", 30*time.Minute, func() error {
+				a, err := d.client.Get(ctx, tag)
+				if err != nil {
+					return err
+				}
+				nd := &nodes[i]
+				if p := a.Progress; p != nil {
+					if nd.Started == 0 && !p.Started.IsZero() {
+						nd.Started = p.Started.Sub(t0)
+					}
+					if nd.Flowing == 0 && p.BytesDone >= 1<<20 {
+						nd.Flowing = time.Since(t0)
+					}
+				}
+				switch a.Phase {
+				case api.PhaseReady:
+				case api.PhaseFailed: // its retry would be timed too: the run is void
+					return failed{fmt.Errorf("phase %s: %s", a.Phase, a.Message)}
+				default:
+					return fmt.Errorf("phase %s %s", a.Phase, a.Message)
+				}
+				nd.Name, nd.Addr, nd.Ready = d.name, d.addr, time.Since(t0)
+				if nd.Flowing == 0 {
+					nd.Flowing = nd.Ready
+				}
+				if a.LastPull != nil {
+					nd.FromPeers = a.LastPull.BytesFromPeers
+				}
+				return nil
+			})
+			if errs[i] != nil {
+				cancel() // one daemon failed: the run has
+			}
+		}()
 	}
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
+	wg.Wait()
+	return errs
 }
