@@ -38,7 +38,9 @@
 //	daemon.go      the Daemon value (its fields and lock order), New, Run, the socket
 //	config.go      Config, its defaults and its validation (the --config YAML is
 //	               read by cmd/modelcached/config.go)
-//	server.go      the route table (which routes mutate), HTTP plumbing, the one error→code table
+//	server.go      the route table (which routes mutate), health and verify
+//	httpio.go      HTTP plumbing: handler, the status writer, JSON in and out, the
+//	               one error→code table (toAPIError)
 //	auth.go        how a request is authorised: the peer's credentials, who may mutate,
 //	               what a socket desire read back from the index may ask
 //	peers.go       connections: per-uid limits, credentials read at accept
