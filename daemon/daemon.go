@@ -119,7 +119,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		pullSem: make(chan struct{}, cfg.MaxConcurrentPulls),
 	}
 	d.space = newSpace(d)
-	d.leases = &leaseSet{store: st, m: map[string]map[string]*lease{}, changed: func() {
+	d.leases = &leaseSet{store: st, m: map[string]map[string]*apiLease{}, changed: func() {
 		d.mu.Lock()
 		d.notify()
 		d.mu.Unlock()

@@ -11,8 +11,8 @@ import (
 	"github.com/modelcache/modelcache/daemon/capacity"
 )
 
-// lease is an explicit in-use hold taken through the API.
-type lease struct {
+// apiLease is an explicit in-use hold taken through the API.
+type apiLease struct {
 	rev     string
 	expires time.Time
 }
@@ -28,7 +28,7 @@ type leaseSet struct {
 	warm *warming
 
 	mu sync.Mutex // guards m; taken after the daemon lock, nothing under it
-	m  map[string]map[string]*lease
+	m  map[string]map[string]*apiLease
 }
 
 // uses adds the live leases to an in-use map and forgets expired ones.
@@ -192,12 +192,12 @@ func (ls *leaseSet) handleLease(w http.ResponseWriter, r *http.Request) error {
 	ls.mu.Lock()
 	byHolder := ls.m[name]
 	if byHolder == nil {
-		byHolder = map[string]*lease{}
+		byHolder = map[string]*apiLease{}
 		ls.m[name] = byHolder
 	}
 	l, ok := byHolder[req.Holder]
 	if !ok || time.Now().After(l.expires) {
-		l = &lease{rev: a.Current} // a renewal keeps the revision first leased
+		l = &apiLease{rev: a.Current} // a renewal keeps the revision first leased
 		byHolder[req.Holder] = l
 	}
 	l.expires = time.Now().Add(ttl)
