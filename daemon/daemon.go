@@ -75,7 +75,7 @@ type Daemon struct {
 	podHolders map[string][]api.Holder
 	podNames   map[string]string
 	fileErrors []string
-	arts       map[string]*artState
+	arts       pullStates                  // what is known of each artifact beyond the index (pullstates.go)
 	flights    map[string]*flight          // one download per blob (pull.go)
 	changed    chan struct{}               // closed and replaced on every state change
 	evicted    map[string]api.EvictionNote // ad-hoc entries evicted to make room (evict.go)
@@ -111,7 +111,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		cfg: cfg, log: log, store: st, records: st.Records(), started: time.Now(), gid: gid,
 		backoff: fetchers.DefaultBackoff,
 		desires: newDesireSet(st.Records()),
-		arts:    map[string]*artState{},
+		arts:    pullStates{},
 		flights: map[string]*flight{},
 		evicted: map[string]api.EvictionNote{},
 		changed: make(chan struct{}),

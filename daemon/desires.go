@@ -186,11 +186,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	d.mu.Lock()
 	d.desires.api[ds.Name] = ds
 	delete(d.evicted, ds.Name)
-	st := d.arts[ds.Name]
-	if st == nil {
-		st = &artState{phase: api.PhasePending}
-		d.arts[ds.Name] = st
-	}
+	st := d.arts.of(ds.Name)
 	if st.cancel == nil || st.spec != fingerprint(ds) {
 		st.force = true // an explicit pull re-resolves the source
 	}

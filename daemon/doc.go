@@ -29,9 +29,9 @@
 //	clusterNode the daemon as k8ssync sees it (k8ssync.Node)
 //	fanout      the peer port, and blobs fetched from peers before the origin
 //
-// The Daemon itself keeps the artifacts' pull states and the pods that
-// hold artifacts (under mu, which the desire set's readers take too),
-// runs the reconciler and the pulls, and serves the socket.
+// The Daemon itself keeps the artifacts' pull states (pullStates) and the
+// pods that hold artifacts (under mu, which the desire set's readers take
+// too), runs the reconciler and the pulls, and serves the socket.
 //
 // Where to find what, by file:
 //
@@ -49,7 +49,8 @@
 //	limits.go      the cap on a desire's source URIs (api.MaxURIBytes), for every origin
 //	modelsdir.go   modelsDir: desires from models.d files (and the watcher)
 //	cluster.go     clusterNode: cluster desires, pod holders, views, resolutions
-//	reconcile.go   the reconcile loop: which desire needs a pull, per-artifact state
+//	reconcile.go   the reconcile loop: which desire needs a pull
+//	pullstates.go  pullStates: each artifact's state beyond the index (artState)
 //	pull.go        one pull as one value (pull): resolve, admit, fetch, commit
 //	download.go    one file's download: single flight per blob, metering, the
 //	               budget of files of unknown size, progress
