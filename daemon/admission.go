@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,47 +58,6 @@ type space struct {
 	scanUses     map[string][]api.Holder
 
 	lastEviction atomic.Pointer[evictionRecord]
-}
-
-// newSpace wires the evictor to the daemon's view of desires and uses.
-func newSpace(d *Daemon) *space {
-	s := &space{cfg: d.cfg, log: d.log, store: d.store, kick: make(chan struct{}, 1), evicted: evictions{d}.noteEvicted,
-		reservations: map[*reservation]struct{}{}, touched: map[string]time.Time{}, scanUses: map[string][]api.Holder{},
-		scanner: &capacity.Scanner{Root: d.store.Root(), Self: os.Getpid()}}
-	wanted := func(keep func(api.Desire) bool) func() map[string]bool {
-		return func() map[string]bool {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			out := map[string]bool{}
-			for n, ds := range d.desires.merged() {
-				out[n] = ds.State != api.StateAbsent && keep(ds)
-			}
-			return out
-		}
-	}
-	s.evictor = &capacity.Evictor{
-		Policy: d.cfg.Capacity, Store: d.store, FS: d.store, Now: time.Now, InUse: d.inUse, Log: d.log.With("component", "evict"),
-		Desired:  wanted(func(api.Desire) bool { return true }),
-		Declared: wanted(declared),
-		Kept:     d.kept,
-		// An ad-hoc entry's desire goes before its version does, so
-		// nothing pulls it back.
-		Evicting: func(v capacity.Victim, p capacity.Pass) error {
-			if !v.AdHoc {
-				return nil
-			}
-			return evictions{d}.dropAdHoc(v, p.For)
-		},
-		Evicted: func(v capacity.Victim) {
-			s.metrics.evictions.WithLabelValues(v.Reason).Inc()
-			d.warming.evicted(v.Name, v.Revision)
-		},
-		// The partials of a pull being admitted stay.
-		Reclaim: func(ctx context.Context, need int64, p capacity.Pass) (int64, error) {
-			return s.reclaimIngests(ctx, need, p.Protect...)
-		},
-	}
-	return s
 }
 
 // betweenPasses runs fn while no eviction pass runs.

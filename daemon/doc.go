@@ -35,7 +35,9 @@
 //
 // Where to find what, by file:
 //
-//	daemon.go      the Daemon value (its fields and lock order), New, Run, the socket
+//	daemon.go      the Daemon value (its fields and lock order), its wake-ups
+//	               (notify, Changed, kick), health
+//	run.go         New (the components made and wired), Run, the socket
 //	config.go      Config, its defaults and its validation (the --config YAML is
 //	               read by cmd/modelcached/config.go)
 //	server.go      the route table (which routes mutate), health and verify
@@ -84,5 +86,6 @@
 //	evict.go       evictions: modelctl evict, absent desires, gc
 //	views.go       views: list, inspect, status, usage; wait.go the streams of them
 //	redact.go      no credential in a view, the index or the log
-//	metrics.go     Prometheus metrics
+//	metrics.go     Prometheus metrics: the daemon's series
+//	scrape.go      what a scrape reads of the daemon (stateCollector), the metrics port
 package daemon

@@ -9,27 +9,6 @@ import (
 	"github.com/modelcache/modelcache/cachestore"
 )
 
-// Changed returns a channel closed at the next change of any artifact.
-func (d *Daemon) Changed() <-chan struct{} {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.changed
-}
-
-// notify wakes every waiter; called with d.mu held.
-func (d *Daemon) notify() {
-	close(d.changed)
-	d.changed = make(chan struct{})
-}
-
-// kick asks the reconciler for a pass now.
-func (d *Daemon) kick() {
-	select {
-	case d.wake <- struct{}{}:
-	default:
-	}
-}
-
 func (d *Daemon) reconcileLoop(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
