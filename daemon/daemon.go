@@ -10,6 +10,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/daemon/kernels"
 	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
@@ -105,5 +106,38 @@ func (d *Daemon) kick() {
 	select {
 	case d.wake <- struct{}{}:
 	default:
+	}
+}
+
+// inUse merges live leases and the last /proc scan, by version key.
+func (d *Daemon) inUse() map[string][]api.Holder {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.inUseLocked()
+}
+
+// inUseLocked is inUse with d.mu held (d.mu before scanMu, never after).
+func (d *Daemon) inUseLocked() map[string][]api.Holder {
+	out := map[string][]api.Holder{}
+	d.leases.uses(out)
+	d.podUses(out)
+	d.csi.uses(out, d.podNames)
+	d.space.scanned(out)
+	return out
+}
+
+// podUses adds pod holders to an in-use map (name@rev keys); a pod holds
+// the version that is current (what its mount resolves to). Called with
+// d.mu held.
+func (d *Daemon) podUses(out map[string][]api.Holder) {
+	for name, hs := range d.podHolders {
+		a, err := d.store.Summary(name)
+		if err != nil || a.Current == "" {
+			continue
+		}
+		for _, h := range hs {
+			k := capacity.Key(name, a.Current)
+			out[k] = appendHolder(out[k], api.Holder{Kind: h.Kind, ID: h.ID, Revision: a.Current})
+		}
 	}
 }

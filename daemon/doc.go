@@ -36,7 +36,7 @@
 // Where to find what, by file:
 //
 //	daemon.go      the Daemon value (its fields and lock order), its wake-ups
-//	               (notify, Changed, kick), health
+//	               (notify, Changed, kick), what is in use (inUse), health
 //	run.go         New (the components made and wired), Run, the socket
 //	config.go      Config, its defaults and its validation (the --config YAML is
 //	               read by cmd/modelcached/config.go)
@@ -55,7 +55,8 @@
 //	pullstates.go  pullStates: each artifact's state beyond the index (artState)
 //	pull.go        one pull as one value (pull): resolve, admit, fetch, commit
 //	download.go    one file's download: single flight per blob, metering, the
-//	               budget of files of unknown size, progress
+//	               budget of files of unknown size
+//	progress.go    how far a pull got (progress), a blob's download in flight (flight)
 //	slot.go        a pull's share of the node's pull slots: held while transferring,
 //	               given back while waiting (a retry's backoff, another pull's blob)
 //	unpack.go      archive layers (OCI tar layers) checked and unpacked into blobs (unpacker)

@@ -49,23 +49,6 @@ func (l *leaseSet) uses(out map[string][]api.Holder) {
 	}
 }
 
-// inUse merges live leases and the last /proc scan, by version key.
-func (d *Daemon) inUse() map[string][]api.Holder {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.inUseLocked()
-}
-
-// inUseLocked is inUse with d.mu held (d.mu before scanMu, never after).
-func (d *Daemon) inUseLocked() map[string][]api.Holder {
-	out := map[string][]api.Holder{}
-	d.leases.uses(out)
-	d.podUses(out)
-	d.csi.uses(out, d.podNames)
-	d.space.scanned(out)
-	return out
-}
-
 // scan reads /proc for processes that hold files of the store, maps them
 // to artifact versions, and records their use.
 func (s *space) scan() error {
@@ -147,22 +130,6 @@ func holdersOf(all map[string][]api.Holder, name string) []api.Holder {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Kind+out[i].ID < out[j].Kind+out[j].ID })
 	return out
-}
-
-// podUses adds pod holders to an in-use map (name@rev keys); a pod holds
-// the version that is current (what its mount resolves to). Called with
-// d.mu held.
-func (d *Daemon) podUses(out map[string][]api.Holder) {
-	for name, hs := range d.podHolders {
-		a, err := d.store.Summary(name)
-		if err != nil || a.Current == "" {
-			continue
-		}
-		for _, h := range hs {
-			k := capacity.Key(name, a.Current)
-			out[k] = appendHolder(out[k], api.Holder{Kind: h.Kind, ID: h.ID, Revision: a.Current})
-		}
-	}
 }
 
 // maxLeaseTTL bounds a lease: a holder that dies stops protecting the
