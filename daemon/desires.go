@@ -472,3 +472,22 @@ func (d *Daemon) handlePin(pin bool) handler {
 		return writeJSON(w, a)
 	}
 }
+
+func isClusterKey(k string) (string, bool) { return strings.CutPrefix(k, clusterKey) }
+
+// expandKernelCaches adds the kernel cache desires a model desire lists;
+// they follow the model's state and pin. Called with d.mu held.
+func expandKernelCaches(out map[string]api.Desire, model api.Desire) {
+	for i, kc := range model.KernelCaches {
+		name := model.KernelCacheName(i)
+		if prev, taken := out[name]; taken && (model.Origin == sources.OriginAPI || prev.Origin != sources.OriginAPI) {
+			continue // an explicit desire of that name wins, unless a socket pull took a declared model's name
+		}
+		out[name] = api.Desire{Name: name, URI: kc.URI, Kind: api.KindKernelCache, Signature: kc.Signature,
+			Serves: model.Name, State: model.State, Pin: model.Pin, Origin: model.Origin, AllowedNamespaces: model.AllowedNamespaces}
+	}
+}
+
+// clusterKey prefixes the index keys of desires from the cluster; a colon
+// is never part of an artifact name, so they cannot meet API desires.
+const clusterKey = "cluster:"

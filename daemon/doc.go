@@ -40,14 +40,16 @@
 //	run.go         New (the components made and wired), Run, the socket
 //	config.go      Config, its defaults and its validation (the --config YAML is
 //	               read by cmd/modelcached/config.go)
-//	server.go      the route table (which routes mutate), health and verify
+//	server.go      the route table (which routes mutate); the health, verify, env
+//	               and gpu routes
 //	httpio.go      HTTP plumbing: handler, the status writer, JSON in and out, the
 //	               one error→code table (toAPIError)
 //	auth.go        how a request is authorised: the peer's credentials, who may mutate,
 //	               what a socket desire read back from the index may ask
 //	peers.go       connections: per-uid limits, credentials read at accept
-//	desires.go     desireSet: the merged set and its persistence; fingerprints,
-//	               validation, modelctl pull/pin
+//	desires.go     desireSet: the merged set (a model's kernel cache desires
+//	               expanded) and its persistence; fingerprints, validation,
+//	               modelctl pull/pin
 //	limits.go      the cap on a desire's source URIs (api.MaxURIBytes), for every origin
 //	modelsdir.go   modelsDir: desires from models.d files (and the watcher)
 //	cluster.go     clusterNode: cluster desires, pod holders, views, resolutions
@@ -60,7 +62,8 @@
 //	slot.go        a pull's share of the node's pull slots: held while transferring,
 //	               given back while waiting (a retry's backoff, another pull's blob)
 //	unpack.go      archive layers (OCI tar layers) checked and unpacked into blobs (unpacker)
-//	failure.go     how a pull fails and retries: reasons, permanence, backoff
+//	failure.go     how a pull fails and retries: reasons, permanence, backoff; a
+//	               cluster source that changed
 //	fanout.go      fanout: fan-out between nodes; the peer port (peer.Server over
 //	               the store), a file's blob from peers then the origin
 //	               (peer.Fetcher.Ingest through the pull's sink), the peers and
@@ -69,7 +72,7 @@
 //	sources/       package sources: which fetcher a desire uses, with which
 //	               credentials; credentials files; who file:// reads as
 //	kernelcache.go a pull's kernel cache checks before and after its layers (through
-//	               package kernels), a model's kernel cache desires, the env and gpu routes
+//	               package kernels)
 //	kernels/       package kernels: the GPU inventory, signature, compatibility, env
 //	admission.go   space: admission of a pull, reservations, eviction passes
 //	               (the victims are chosen by capacity.PlanSpace, in capacity/plan.go)

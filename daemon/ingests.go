@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"strings"
 
-	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 )
 
@@ -24,20 +22,6 @@ import (
 //     any artifact version.
 // A pull that fails permanently (a full disk, a source that broke its
 // word, its budget spent) removes its own partial data at once.
-
-// abandoned is the store's predicate (cachestore.WithAbandoned).
-func (d *Daemon) abandoned(in cachestore.IngestInfo) bool {
-	if strings.HasPrefix(in.Ref, layerRefPrefix) {
-		return true
-	}
-	if in.Owner == "" {
-		return false // written before owners were recorded: reclaimable, not abandoned
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	ds, ok := d.desires.merged()[in.Owner]
-	return !ok || ds.State == api.StateAbsent
-}
 
 // reclaimIngests frees up to need bytes (need < 0: all) of partial
 // downloads that no writer holds open, oldest first, sparing those of the

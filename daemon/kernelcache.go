@@ -3,31 +3,16 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"time"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/kernels"
-	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
 	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 	"github.com/modelcache/modelcache/gpu"
 )
-
-// expandKernelCaches adds the kernel cache desires a model desire lists;
-// they follow the model's state and pin. Called with d.mu held.
-func expandKernelCaches(out map[string]api.Desire, model api.Desire) {
-	for i, kc := range model.KernelCaches {
-		name := model.KernelCacheName(i)
-		if prev, taken := out[name]; taken && (model.Origin == sources.OriginAPI || prev.Origin != sources.OriginAPI) {
-			continue // an explicit desire of that name wins, unless a socket pull took a declared model's name
-		}
-		out[name] = api.Desire{Name: name, URI: kc.URI, Kind: api.KindKernelCache, Signature: kc.Signature,
-			Serves: model.Name, State: model.State, Pin: model.Pin, Origin: model.Origin, AllowedNamespaces: model.AllowedNamespaces}
-	}
-}
 
 // kernelCacheBefore runs after the image is resolved and before any layer
 // is fetched: the signature first (nothing of an untrusted image is
@@ -116,16 +101,4 @@ func (p *pull) kernelCacheAfter(m cachestore.Manifest) error {
 		return fetchers.Permanent(fmt.Errorf("the image has no %s/%s and no summary label: compatibility cannot be decided", gpu.TritonManifestDir, gpu.ManifestFile))
 	}
 	return nil
-}
-
-func (d *Daemon) handleGPU(w http.ResponseWriter, r *http.Request) error {
-	return writeJSON(w, kernels.GPUView(d.kernels.GPUs()))
-}
-
-func (d *Daemon) handleEnv(w http.ResponseWriter, r *http.Request) error {
-	env, err := d.kernels.Env(r.PathValue("name"))
-	if err != nil {
-		return err
-	}
-	return writeJSON(w, env)
 }

@@ -347,3 +347,13 @@ func (p *pull) setPhase(ph api.Phase, msg string) {
 	p.d.notify()
 	p.d.mu.Unlock()
 }
+
+// hfRef is the ref the HF view names a hub revision by: the one asked
+// for, or, for a commit the cluster pinned, the branch or tag it was
+// resolved from (api.Desire.Ref).
+func hfRef(ds api.Desire, res *fetchers.Resolved) string {
+	if ds.Ref != "" && res.Ref == res.Revision {
+		return ds.Ref
+	}
+	return res.Ref
+}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -361,4 +362,19 @@ func (d *Daemon) listen() (net.Listener, error) {
 		}
 	}
 	return ln, nil
+}
+
+// abandoned is the store's predicate (cachestore.WithAbandoned): which
+// partial downloads are abandoned (ingests.go says which are kept).
+func (d *Daemon) abandoned(in cachestore.IngestInfo) bool {
+	if strings.HasPrefix(in.Ref, layerRefPrefix) {
+		return true
+	}
+	if in.Owner == "" {
+		return false // written before owners were recorded: reclaimable, not abandoned
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ds, ok := d.desires.merged()[in.Owner]
+	return !ok || ds.State == api.StateAbsent
 }

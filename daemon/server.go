@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/daemon/kernels"
 )
 
 type route struct {
@@ -104,4 +105,16 @@ func (d *Daemon) handleVerify(w http.ResponseWriter, r *http.Request) error {
 		d.kick()
 	}
 	return writeJSON(w, out)
+}
+
+func (d *Daemon) handleGPU(w http.ResponseWriter, r *http.Request) error {
+	return writeJSON(w, kernels.GPUView(d.kernels.GPUs()))
+}
+
+func (d *Daemon) handleEnv(w http.ResponseWriter, r *http.Request) error {
+	env, err := d.kernels.Env(r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, env)
 }
