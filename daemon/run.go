@@ -115,7 +115,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	d.csi.load()
 	// Trees that startup repair rebuilt are closed (0700): public ones
 	// open before anything is served.
-	d.modes = &treeModes{d: d}
+	d.modes = &treeModes{store: st, log: log, desired: desired, volumes: d.csi}
 	d.modes.all()
 	return d, nil
 }
