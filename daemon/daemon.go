@@ -10,6 +10,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/csi"
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/daemon/kernels"
 	"github.com/modelcache/modelcache/daemon/sources"
@@ -141,3 +142,6 @@ func (d *Daemon) podUses(out map[string][]api.Holder) {
 		}
 	}
 }
+
+// CSIBackend is what csi.New needs of the daemon (Run uses it; tests too).
+func (d *Daemon) CSIBackend() csi.Backend { return d.csi }

@@ -18,7 +18,8 @@
 //	space       admission (reservations), eviction passes (capacity.Evictor),
 //	            partial downloads reclaimed, the /proc scan
 //	leaseSet    modelctl lease
-//	csiVolumes  the volumes pods hold (csi.Backend)
+//	csiVolumes  the volumes pods hold (csi.Backend); the desires, views and
+//	            wake-ups through volumeHost
 //	treeModes   the version trees' modes as their desires want them (private: 0700)
 //	warming     what pods are about to load, read into the page cache ahead
 //	            of them (package warm): on publish, lease, wait, modelctl warm

@@ -111,7 +111,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	modelsDir{d}.load()
-	d.csi = &csiVolumes{d: d}
+	d.csi = newCSIVolumes(d, desired)
 	d.csi.load()
 	// Trees that startup repair rebuilt are closed (0700): public ones
 	// open before anything is served.
@@ -159,6 +159,20 @@ func newSpace(d *Daemon) *space {
 		},
 	}
 	return s
+}
+
+// newCSIVolumes wires the volumes to the daemon's desires, views and
+// wake-ups.
+func newCSIVolumes(d *Daemon, desired func() map[string]api.Desire) *csiVolumes {
+	return &csiVolumes{cfg: d.cfg, log: d.log, store: d.store, records: d.records, kernels: d.kernels, warming: d.warming,
+		writeMu: &d.desires.writeMu,
+		host: volumeHost{desired: desired, kick: d.kick,
+			changed: func() {
+				d.mu.Lock()
+				d.notify()
+				d.mu.Unlock()
+			},
+			view: func(name string) (*api.Artifact, error) { return views{d}.view(name, false) }}}
 }
 
 // openStore opens the store, running startup repair, and logs what the
