@@ -49,9 +49,11 @@
 //	               what a socket desire read back from the index may ask
 //	peers.go       connections: per-uid limits, credentials read at accept
 //	desires.go     desireSet: the merged set (a model's kernel cache desires
-//	               expanded) and its persistence; fingerprints, validation,
-//	               modelctl pull/pin
-//	limits.go      the cap on a desire's source URIs (api.MaxURIBytes), for every origin
+//	               expanded) and its persistence; fingerprints
+//	validate.go    a desire's validation, for every origin: its name, sources,
+//	               kernel caches, the cap on its URIs (api.MaxURIBytes)
+//	pullpin.go     modelctl pull and pin: a socket desire, its conflicts, the wait
+//	               for its pull
 //	modelsdir.go   modelsDir: desires from models.d files (and the watcher)
 //	cluster.go     clusterNode: cluster desires, pod holders, views, resolutions
 //	reconcile.go   the reconcile loop: which desire needs a pull
