@@ -34,6 +34,15 @@
 // pods that hold artifacts (under mu, which the desire set's readers take
 // too), runs the reconciler and the pulls, and serves the socket.
 //
+// Dependencies run one way: the components (desireSet, pullStates, space,
+// leaseSet, csiVolumes, treeModes, warming, metrics) name no Daemon; what
+// they need of the rest they get in New (run.go) as fields: values, the
+// functions that take the daemon lock for them (the merged desires, a
+// wake-up; csiVolumes gets its set as a volumeHost), or a one-method
+// interface (treeModes reads the volumes as volumeHolds). The
+// Daemon's own methods, the adapters that hold it (views, evictions,
+// modelsDir, clusterNode, the state collector) and run.go sit above them.
+//
 // Where to find what, by file:
 //
 //	daemon.go      the Daemon value (its fields and lock order), its wake-ups
@@ -41,8 +50,9 @@
 //	run.go         New (the components made and wired), Run, the socket
 //	config.go      Config, its defaults and its validation (the --config YAML is
 //	               read by cmd/modelcached/config.go)
-//	server.go      the route table (which routes mutate); the health, verify, env
-//	               and gpu routes
+//	server.go      the route table (which routes mutate); the Daemon's own routes:
+//	               health, verify, env, gpu, modelctl pull (and the wait for its
+//	               pull) and pin, a socket desire's conflicts
 //	httpio.go      HTTP plumbing: handler, the status writer, JSON in and out, the
 //	               one error→code table (toAPIError)
 //	auth.go        how a request is authorised: the peer's credentials, who may mutate,
@@ -52,16 +62,14 @@
 //	               expanded) and its persistence; fingerprints
 //	validate.go    a desire's validation, for every origin: its name, sources,
 //	               kernel caches, the cap on its URIs (api.MaxURIBytes)
-//	pullpin.go     modelctl pull and pin: a socket desire, its conflicts, the wait
-//	               for its pull
 //	modelsdir.go   modelsDir: desires from models.d files (and the watcher)
 //	cluster.go     clusterNode: cluster desires, pod holders, views, resolutions
 //	reconcile.go   the reconcile loop: which desire needs a pull
-//	pullstates.go  pullStates: each artifact's state beyond the index (artState)
+//	pullstates.go  pullStates: each artifact's state beyond the index (artState);
+//	               how far a pull got (progress); a blob's download in flight (flight)
 //	pull.go        one pull as one value (pull): resolve, admit, fetch, commit
 //	download.go    one file's download: single flight per blob, metering, the
 //	               budget of files of unknown size
-//	progress.go    how far a pull got (progress), a blob's download in flight (flight)
 //	slot.go        a pull's share of the node's pull slots: held while transferring,
 //	               given back while waiting (a retry's backoff, another pull's blob)
 //	unpack.go      archive layers (OCI tar layers) checked and unpacked into blobs (unpacker)
@@ -78,8 +86,9 @@
 //	               package kernels)
 //	kernels/       package kernels: the GPU inventory, signature, compatibility, env
 //	admission.go   space: admission of a pull, reservations, eviction passes
-//	               (the victims are chosen by capacity.PlanSpace, in capacity/plan.go)
-//	inuse.go       what is in use: leaseSet, pod holders, CSI volumes, the /proc scan
+//	               (the victims are chosen by capacity.PlanSpace, in capacity/plan.go),
+//	               the /proc scan; partial downloads: abandoned, resumable, reclaimed
+//	inuse.go       what is in use: leaseSet (modelctl lease), holders by version key
 //	tenancy.go     private artifacts: who may mount them, their trees' modes
 //	csi.go         csiVolumes: a pod's volume holds one exact revision (and with
 //	               kernelCaches: auto its kernel caches, in a composed tree), recorded
@@ -89,7 +98,6 @@
 //	               life), the warm route, residency for inspect
 //	csistatus.go   what a publish that waits or is refused says: progress, why, what the
 //	               pod's namespace may mount instead
-//	ingests.go     partial downloads: abandoned, resumable, reclaimed
 //	evict.go       evictions: modelctl evict, absent desires, gc
 //	views.go       views: list, inspect, status, usage; wait.go the streams of them
 //	redact.go      no credential in a view, the index or the log

@@ -49,58 +49,6 @@ func (l *leaseSet) uses(out map[string][]api.Holder) {
 	}
 }
 
-// scan reads /proc for processes that hold files of the store, maps them
-// to artifact versions, and records their use.
-func (s *space) scan() error {
-	s.scanRun.Lock() // the loop and an evict may both scan; touched is theirs
-	defer s.scanRun.Unlock()
-	uses, _, err := s.scanner.Scan()
-	if err != nil {
-		return err
-	}
-	found := map[string][]api.Holder{}
-	blobs := map[string][]api.Holder{}
-	for _, u := range uses {
-		if name, rev, ok := capacity.VersionOf(u.Rel); ok {
-			h := u.Holder
-			h.Revision = rev
-			found[capacity.Key(name, rev)] = appendHolder(found[capacity.Key(name, rev)], h)
-		} else if dg, ok := capacity.BlobOf(u.Rel); ok {
-			blobs[dg] = appendHolder(blobs[dg], u.Holder)
-		}
-	}
-	if len(blobs) > 0 { // opened through blobs/: every version that uses the blob
-		arts, err := s.store.List()
-		if err != nil {
-			return err
-		}
-		for _, a := range arts {
-			for _, v := range a.Versions {
-				for _, e := range v.Manifest {
-					for _, h := range blobs[e.Digest] {
-						h.Revision = v.Revision
-						k := capacity.Key(a.Name, v.Revision)
-						found[k] = appendHolder(found[k], h)
-					}
-				}
-			}
-		}
-	}
-	now := time.Now()
-	for k := range found {
-		if now.Sub(s.touched[k]) > time.Minute { // record last use, at most once a minute
-			name, rev := splitKey(k)
-			if err := s.store.Touch(name, rev); err == nil {
-				s.touched[k] = now
-			}
-		}
-	}
-	s.scanMu.Lock()
-	s.scanUses = found
-	s.scanMu.Unlock()
-	return nil
-}
-
 func appendHolder(hs []api.Holder, h api.Holder) []api.Holder {
 	for _, x := range hs {
 		if x.ID == h.ID && x.Revision == h.Revision {

@@ -379,7 +379,7 @@ func (d *Daemon) listen() (net.Listener, error) {
 }
 
 // abandoned is the store's predicate (cachestore.WithAbandoned): which
-// partial downloads are abandoned (ingests.go says which are kept).
+// partial downloads are abandoned (admission.go says which are kept).
 func (d *Daemon) abandoned(in cachestore.IngestInfo) bool {
 	if strings.HasPrefix(in.Ref, layerRefPrefix) {
 		return true
