@@ -103,10 +103,10 @@ func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[str
 
 // Artifacts is the list view (phases, revisions, bytes, holders, the last
 // pull's speed).
-func (c clusterNode) Artifacts() ([]api.Artifact, error) { return views{c.d}.list() }
+func (c clusterNode) Artifacts() ([]api.Artifact, error) { return viewsOf(c.d).list() }
 
 // StatusNow is the daemon's status.
-func (c clusterNode) StatusNow() (*api.Status, error) { return views{c.d}.status() }
+func (c clusterNode) StatusNow() (*api.Status, error) { return viewsOf(c.d).status() }
 
 // GPUs is the node's inventory.
 func (c clusterNode) GPUs() api.GPUInventory { return kernels.GPUView(c.d.kernels.GPUs()) }

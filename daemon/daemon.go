@@ -58,22 +58,29 @@ type Daemon struct {
 	wake    chan struct{}    // kicks the reconciler
 	pulls   sync.WaitGroup   // pulls in flight; Run waits for them
 
-	mu sync.Mutex
 	// desires: the socket's, the models dir's and the cluster's
 	// (desires.go); its maps are read under mu.
 	desires *desireSet
+	shared  // mu, the daemon lock, and the state under it
+
+	metricsAddr atomic.Value                 // string: where /metrics listens once Run serves
+	peers       atomic.Pointer[peerListener] // the API socket's, once Run serves
+}
+
+// shared is the state that API reads join, under mu, the daemon lock:
+// the Daemon embeds it, and the views and the evictions share it by
+// pointer.
+type shared struct {
+	mu sync.Mutex
 	// podHolders are running pods that mount artifacts; podNames maps the
 	// UIDs of the pods on this node to "namespace/name".
 	podHolders map[string][]api.Holder
 	podNames   map[string]string
 	fileErrors []string
 	arts       pullStates                  // what is known of each artifact beyond the index (pullstates.go)
-	flights    map[string]*flight          // one download per blob (pull.go)
+	flights    map[string]*flight          // one download per blob (download.go)
 	changed    chan struct{}               // closed and replaced on every state change
 	evicted    map[string]api.EvictionNote // ad-hoc entries evicted to make room (evict.go)
-
-	metricsAddr atomic.Value                 // string: where /metrics listens once Run serves
-	peers       atomic.Pointer[peerListener] // the API socket's, once Run serves
 }
 
 // MetricsAddr is the address /metrics listens on, "" before Run serves it.
@@ -96,10 +103,10 @@ func (d *Daemon) Changed() <-chan struct{} {
 	return d.changed
 }
 
-// notify wakes every waiter; called with d.mu held.
-func (d *Daemon) notify() {
-	close(d.changed)
-	d.changed = make(chan struct{})
+// notify wakes every waiter; called with mu held.
+func (s *shared) notify() {
+	close(s.changed)
+	s.changed = make(chan struct{})
 }
 
 // kick asks the reconciler for a pass now.

@@ -23,16 +23,17 @@
 //	treeModes   the version trees' modes as their desires want them (private: 0700)
 //	warming     what pods are about to load, read into the page cache ahead
 //	            of them (package warm): on publish, lease, wait, modelctl warm
-//	views       the read side: list, inspect, status, usage, waits
+//	views       the read side: list, inspect, status, usage, waits (viewsOf)
 //	evictions   how artifacts leave: modelctl evict and gc, absent desires,
-//	            ad-hoc entries evicted for space
+//	            ad-hoc entries evicted for space (evictionsOf)
 //	modelsDir   the models dir's desires, read and watched
 //	clusterNode the daemon as k8ssync sees it (k8ssync.Node)
 //	fanout      the peer port, and blobs fetched from peers before the origin
 //
 // The Daemon itself keeps the artifacts' pull states (pullStates) and the
-// pods that hold artifacts (under mu, which the desire set's readers take
-// too), runs the reconciler and the pulls, and serves the socket.
+// pods that hold artifacts (shared: under mu, which the desire set's
+// readers take too), runs the reconciler and the pulls, and serves the
+// socket.
 //
 // Dependencies run one way: the components (desireSet, pullStates, space,
 // leaseSet, csiVolumes, treeModes, warming, metrics) name no Daemon; what
@@ -40,8 +41,10 @@
 // functions that take the daemon lock for them (the merged desires, a
 // wake-up; csiVolumes gets its set as a volumeHost), or a one-method
 // interface (treeModes reads the volumes as volumeHolds). The
-// Daemon's own methods, the adapters that hold it (views, evictions,
-// modelsDir, clusterNode, the state collector) and run.go sit above them.
+// Daemon's own methods, the adapters that hold it (modelsDir, clusterNode,
+// the state collector) and run.go sit above them. The views and the
+// evictions hold no Daemon either: they share its locked state (shared)
+// by pointer and take the rest as fields (viewsOf, evictionsOf).
 //
 // Where to find what, by file:
 //

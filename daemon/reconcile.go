@@ -48,7 +48,7 @@ func (d *Daemon) reconcile(ctx context.Context) time.Duration {
 		}
 	}
 	for _, name := range absent {
-		evictions{d}.evictAbsent(ctx, name)
+		evictionsOf(d).evictAbsent(ctx, name)
 	}
 	for name, rev := range flips {
 		d.activate(name, rev)

@@ -53,10 +53,8 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		cfg: cfg, log: log, store: st, records: st.Records(), started: time.Now(), gid: gid,
 		backoff: fetchers.DefaultBackoff,
 		desires: newDesireSet(st.Records()),
-		arts:    pullStates{},
-		flights: map[string]*flight{},
-		evicted: map[string]api.EvictionNote{},
-		changed: make(chan struct{}),
+		shared: shared{arts: pullStates{}, flights: map[string]*flight{}, evicted: map[string]api.EvictionNote{},
+			changed: make(chan struct{})},
 		wake:    make(chan struct{}, 1),
 		pullSem: make(chan struct{}, cfg.MaxConcurrentPulls),
 	}
@@ -122,7 +120,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 
 // newSpace wires the evictor to the daemon's view of desires and uses.
 func newSpace(d *Daemon) *space {
-	s := &space{cfg: d.cfg, log: d.log, store: d.store, kick: make(chan struct{}, 1), evicted: evictions{d}.noteEvicted,
+	s := &space{cfg: d.cfg, log: d.log, store: d.store, kick: make(chan struct{}, 1), evicted: func(vs []capacity.Victim) { evictionsOf(d).noteEvicted(vs) },
 		reservations: map[*reservation]struct{}{}, touched: map[string]time.Time{}, scanUses: map[string][]api.Holder{},
 		scanner: &capacity.Scanner{Root: d.store.Root(), Self: os.Getpid()}}
 	wanted := func(keep func(api.Desire) bool) func() map[string]bool {
@@ -147,7 +145,7 @@ func newSpace(d *Daemon) *space {
 			if !v.AdHoc {
 				return nil
 			}
-			return evictions{d}.dropAdHoc(v, p.For)
+			return evictionsOf(d).dropAdHoc(v, p.For)
 		},
 		Evicted: func(v capacity.Victim) {
 			s.metrics.evictions.WithLabelValues(v.Reason).Inc()
@@ -172,7 +170,7 @@ func newCSIVolumes(d *Daemon, desired func() map[string]api.Desire) *csiVolumes 
 				d.notify()
 				d.mu.Unlock()
 			},
-			view: func(name string) (*api.Artifact, error) { return views{d}.view(name, false) }}}
+			view: func(name string) (*api.Artifact, error) { return viewsOf(d).view(name, false) }}}
 }
 
 // openStore opens the store, running startup repair, and logs what the

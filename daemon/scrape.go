@@ -44,7 +44,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descInfo, prometheus.GaugeValue, 1, c.d.cfg.Version)
-	list, err := views{c.d}.list()
+	list, err := viewsOf(c.d).list()
 	if err == nil {
 		counts := map[api.Phase]int{api.PhasePending: 0, api.PhaseDownloading: 0, api.PhaseReady: 0, api.PhaseFailed: 0, api.PhaseIncompatible: 0, api.PhaseEvicted: 0}
 		for _, a := range list {

@@ -23,22 +23,22 @@ type route struct {
 func (d *Daemon) routeTable() []route {
 	return []route{
 		{"GET /v1/health", false, d.handleHealth},
-		{"GET /v1/status", false, views{d}.handleStatus},
-		{"GET /v1/usage", false, views{d}.handleUsage},
-		{"GET /v1/artifacts", false, views{d}.handleList},
-		{"GET /v1/artifacts/{name}", false, views{d}.handleGet},
-		{"GET /v1/artifacts/{name}/wait", false, views{d}.handleWait},
+		{"GET /v1/status", false, viewsOf(d).handleStatus},
+		{"GET /v1/usage", false, viewsOf(d).handleUsage},
+		{"GET /v1/artifacts", false, viewsOf(d).handleList},
+		{"GET /v1/artifacts/{name}", false, viewsOf(d).handleGet},
+		{"GET /v1/artifacts/{name}/wait", false, viewsOf(d).handleWait},
 		{"GET /v1/artifacts/{name}/env", false, d.handleEnv},
 		{"GET /v1/gpu", false, d.handleGPU},
 		{"POST /v1/pull", true, d.handlePull},
 		{"POST /v1/artifacts/{name}/pin", true, d.handlePin(true)},
 		{"POST /v1/artifacts/{name}/unpin", true, d.handlePin(false)},
-		{"DELETE /v1/artifacts/{name}", true, evictions{d}.handleEvict},
+		{"DELETE /v1/artifacts/{name}", true, evictionsOf(d).handleEvict},
 		{"POST /v1/artifacts/{name}/lease", true, d.leases.handleLease},
 		{"DELETE /v1/artifacts/{name}/lease", true, d.leases.handleRelease},
 		{"POST /v1/artifacts/{name}/warm", true, d.warming.handleWarm},
 		{"POST /v1/verify", true, d.handleVerify},
-		{"POST /v1/gc", true, evictions{d}.handleGC},
+		{"POST /v1/gc", true, evictionsOf(d).handleGC},
 	}
 }
 
@@ -186,7 +186,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	d.desires.writeMu.Unlock()
 	d.kick()
 	if r.URL.Query().Get("wait") != "true" {
-		a, err := views{d}.view(ds.Name, false)
+		a, err := viewsOf(d).view(ds.Name, false)
 		if err != nil {
 			return err
 		}
@@ -197,7 +197,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	// still satisfies the desire (a refresh that failed is not Ready).
 	fp, dropping := fingerprint(ds), false
 	var outcome error // set under d.mu by dropFailedPull
-	return views{d}.streamUntil(w, r, ds.Name, 0, nil, func(st *artState) (bool, error) {
+	return viewsOf(d).streamUntil(w, r, ds.Name, 0, nil, func(st *artState) (bool, error) {
 		if outcome != nil {
 			return true, outcome
 		}
@@ -343,7 +343,7 @@ func (d *Daemon) handlePin(pin bool) handler {
 		if err != nil && !(isAPI && errors.Is(err, cachestore.ErrNotFound)) {
 			return err
 		}
-		a, err := views{d}.view(name, false)
+		a, err := viewsOf(d).view(name, false)
 		if err != nil {
 			return err
 		}
