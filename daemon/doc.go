@@ -70,7 +70,8 @@
 //	reconcile.go   the reconcile loop: which desire needs a pull
 //	pullstates.go  pullStates: each artifact's state beyond the index (artState);
 //	               how far a pull got (progress); a blob's download in flight (flight)
-//	pull.go        one pull as one value (pull): resolve, admit, fetch, commit
+//	pull.go        one pull as one value (pull): resolve, admit, fetch, commit; a
+//	               kernel cache's checks before and after its layers (package kernels)
 //	download.go    one file's download: single flight per blob, metering, the
 //	               budget of files of unknown size
 //	slot.go        a pull's share of the node's pull slots: held while transferring,
@@ -85,8 +86,6 @@
 //	               statuses or a static list
 //	sources/       package sources: which fetcher a desire uses, with which
 //	               credentials; credentials files; who file:// reads as
-//	kernelcache.go a pull's kernel cache checks before and after its layers (through
-//	               package kernels)
 //	kernels/       package kernels: the GPU inventory, signature, compatibility, env
 //	admission.go   space: admission of a pull, reservations, eviction passes
 //	               (the victims are chosen by capacity.PlanSpace, in capacity/plan.go),
