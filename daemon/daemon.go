@@ -29,12 +29,15 @@ import (
 // never held together or while another lock is taken. treeModes.mu is
 // taken with no other lock held; under it only the store's own locks are.
 //
-// mu, the daemon lock, guards the in-memory state that API reads join
-// (desires, artifact states, pod holders, flights) and is held only for
-// memory: no index write (an fsync), tree removal or eviction runs under
-// it. Writers of desires take desires.writeMu first, write the index, then take
-// mu to change memory. The store and the capacity package take their own
-// locks below all of these.
+// mu, the daemon lock (shared.mu: the views and the evictions share it
+// by pointer; the components take it only inside the functions New gives
+// them, such as the merged desires or a wake-up), guards the in-memory
+// state that API reads join (desires, artifact states, pod holders,
+// flights) and is held only for memory: no index write (an fsync), tree
+// removal or eviction runs under it. Writers of desires take
+// desires.writeMu first, write the index, then take mu to change memory.
+// The store and the capacity package take their own locks below all of
+// these.
 type Daemon struct {
 	// Set once in New, read without a lock.
 	cfg     Config
