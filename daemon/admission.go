@@ -2,9 +2,10 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,47 +60,6 @@ type space struct {
 	scanUses     map[string][]api.Holder
 
 	lastEviction atomic.Pointer[evictionRecord]
-}
-
-// newSpace wires the evictor to the daemon's view of desires and uses.
-func newSpace(d *Daemon) *space {
-	s := &space{cfg: d.cfg, log: d.log, store: d.store, kick: make(chan struct{}, 1), evicted: evictions{d}.noteEvicted,
-		reservations: map[*reservation]struct{}{}, touched: map[string]time.Time{}, scanUses: map[string][]api.Holder{},
-		scanner: &capacity.Scanner{Root: d.store.Root(), Self: os.Getpid()}}
-	wanted := func(keep func(api.Desire) bool) func() map[string]bool {
-		return func() map[string]bool {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			out := map[string]bool{}
-			for n, ds := range d.desires.merged() {
-				out[n] = ds.State != api.StateAbsent && keep(ds)
-			}
-			return out
-		}
-	}
-	s.evictor = &capacity.Evictor{
-		Policy: d.cfg.Capacity, Store: d.store, FS: d.store, Now: time.Now, InUse: d.inUse, Log: d.log.With("component", "evict"),
-		Desired:  wanted(func(api.Desire) bool { return true }),
-		Declared: wanted(declared),
-		Kept:     d.kept,
-		// An ad-hoc entry's desire goes before its version does, so
-		// nothing pulls it back.
-		Evicting: func(v capacity.Victim, p capacity.Pass) error {
-			if !v.AdHoc {
-				return nil
-			}
-			return evictions{d}.dropAdHoc(v, p.For)
-		},
-		Evicted: func(v capacity.Victim) {
-			s.metrics.evictions.WithLabelValues(v.Reason).Inc()
-			d.warming.evicted(v.Name, v.Revision)
-		},
-		// The partials of a pull being admitted stay.
-		Reclaim: func(ctx context.Context, need int64, p capacity.Pass) (int64, error) {
-			return s.reclaimIngests(ctx, need, p.Protect...)
-		},
-	}
-	return s
 }
 
 // betweenPasses runs fn while no eviction pass runs.
@@ -303,4 +263,115 @@ func takersText(in capacity.Inputs) string {
 		parts = append(parts, fmt.Sprintf("%s (%s, %s)", t.Name, t.Why, api.FormatBytes(t.Bytes)))
 	}
 	return "; the space is held by " + strings.Join(parts, ", ")
+}
+
+// Partial downloads (the store's ingests) are kept only while a pull may
+// resume them. Each download records the artifact it was for as the
+// ingest's owner. An ingest is:
+//   - open while a writer holds it: never touched;
+//   - abandoned when its owner has no present desire (evicted, removed
+//     from models.d, set absent), or when it is an archive member (those
+//     restart with their layer): the store's GC removes it, and the
+//     capacity loop runs that sweep every pass and after every pull;
+//   - resumable otherwise (a pull that failed for a reason worth retrying,
+//     or one that has not restarted since the daemon did): kept, but
+//     counted as reclaimable space that eviction and admission free before
+//     any artifact version.
+// A pull that fails permanently (a full disk, a source that broke its
+// word, its budget spent) removes its own partial data at once.
+
+// reclaimIngests frees up to need bytes (need < 0: all) of partial
+// downloads that no writer holds open, oldest first, sparing those of the
+// artifacts named keep (a pull being admitted resumes its own). It returns
+// the bytes freed.
+func (s *space) reclaimIngests(ctx context.Context, need int64, keep ...string) (int64, error) {
+	list, err := s.store.ListIngests()
+	if err != nil {
+		return 0, err
+	}
+	var freed int64
+	for _, in := range list {
+		if ctx.Err() != nil || (need >= 0 && freed >= need) {
+			break
+		}
+		if in.Open || (in.Owner != "" && slices.Contains(keep, in.Owner)) {
+			continue
+		}
+		if err := s.store.RemoveIngest(in.Ref); err != nil {
+			if !errors.Is(err, cachestore.ErrLocked) {
+				s.log.Warn("reclaim partial download", "owner", in.Owner, "err", err)
+			}
+			continue
+		}
+		s.log.Info("reclaimed a partial download for space", "owner", in.Owner, "bytes", in.Size)
+		freed += in.Size
+	}
+	return freed, ctx.Err()
+}
+
+// reclaimable is what reclaimIngests(ctx, -1, keep) would free now.
+func (s *space) reclaimable(keep string) int64 {
+	list, err := s.store.ListIngests()
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, in := range list {
+		if !in.Open && (keep == "" || in.Owner != keep) {
+			n += in.Size
+		}
+	}
+	return n
+}
+
+// scan reads /proc for processes that hold files of the store, maps them
+// to artifact versions, and records their use.
+func (s *space) scan() error {
+	s.scanRun.Lock() // the loop and an evict may both scan; touched is theirs
+	defer s.scanRun.Unlock()
+	uses, _, err := s.scanner.Scan()
+	if err != nil {
+		return err
+	}
+	found := map[string][]api.Holder{}
+	blobs := map[string][]api.Holder{}
+	for _, u := range uses {
+		if name, rev, ok := capacity.VersionOf(u.Rel); ok {
+			h := u.Holder
+			h.Revision = rev
+			found[capacity.Key(name, rev)] = appendHolder(found[capacity.Key(name, rev)], h)
+		} else if dg, ok := capacity.BlobOf(u.Rel); ok {
+			blobs[dg] = appendHolder(blobs[dg], u.Holder)
+		}
+	}
+	if len(blobs) > 0 { // opened through blobs/: every version that uses the blob
+		arts, err := s.store.List()
+		if err != nil {
+			return err
+		}
+		for _, a := range arts {
+			for _, v := range a.Versions {
+				for _, e := range v.Manifest {
+					for _, h := range blobs[e.Digest] {
+						h.Revision = v.Revision
+						k := capacity.Key(a.Name, v.Revision)
+						found[k] = appendHolder(found[k], h)
+					}
+				}
+			}
+		}
+	}
+	now := time.Now()
+	for k := range found {
+		if now.Sub(s.touched[k]) > time.Minute { // record last use, at most once a minute
+			name, rev := splitKey(k)
+			if err := s.store.Touch(name, rev); err == nil {
+				s.touched[k] = now
+			}
+		}
+	}
+	s.scanMu.Lock()
+	s.scanUses = found
+	s.scanMu.Unlock()
+	return nil
 }

@@ -9,17 +9,12 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/api"
-	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/daemon/kernels"
 	"github.com/modelcache/modelcache/fetchers"
 	ngcfetcher "github.com/modelcache/modelcache/fetchers/ngc"
 	"github.com/modelcache/modelcache/k8ssync"
 )
-
-// clusterKey prefixes the index keys of desires from the cluster; a colon
-// is never part of an artifact name, so they cannot meet API desires.
-const clusterKey = "cluster:"
 
 // clusterNode is the daemon as k8ssync sees it (k8ssync.Node): the
 // cluster's desires and pod holders go in, views and resolutions come out.
@@ -108,10 +103,10 @@ func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[str
 
 // Artifacts is the list view (phases, revisions, bytes, holders, the last
 // pull's speed).
-func (c clusterNode) Artifacts() ([]api.Artifact, error) { return views{c.d}.list() }
+func (c clusterNode) Artifacts() ([]api.Artifact, error) { return viewsOf(c.d).list() }
 
 // StatusNow is the daemon's status.
-func (c clusterNode) StatusNow() (*api.Status, error) { return views{c.d}.status() }
+func (c clusterNode) StatusNow() (*api.Status, error) { return viewsOf(c.d).status() }
 
 // GPUs is the node's inventory.
 func (c clusterNode) GPUs() api.GPUInventory { return kernels.GPUView(c.d.kernels.GPUs()) }
@@ -199,8 +194,6 @@ func (d *Daemon) kept() map[string]string {
 	return out
 }
 
-func isClusterKey(k string) (string, bool) { return strings.CutPrefix(k, clusterKey) }
-
 // Resolve pins a desire's source once for the whole cluster (k8ssync's
 // elected daemon calls it, with the ModelCache Secret's credentials): the
 // immutable revision, and the URI that names exactly it where the scheme
@@ -220,33 +213,6 @@ func (c clusterNode) Resolve(ctx context.Context, ds api.Desire, creds map[strin
 		return "", "", redactedError{err}
 	}
 	return res.Revision, pinnedURI(src, res), nil
-}
-
-// errSourceChanged: the files of a cluster desire do not hash to the
-// folder checksum the cluster recorded (failure.go: ReasonSourceChanged).
-var errSourceChanged = errors.New("source changed since the cluster resolved it")
-
-// clusterDigestError says why a commit of a cluster desire failed its
-// folder checksum in the cluster's words; other errors pass unchanged.
-func clusterDigestError(ds api.Desire, m cachestore.Manifest, err error) error {
-	if err == nil || !ds.ClusterDigest || !errors.Is(err, cachestore.ErrDigestMismatch) {
-		return err
-	}
-	m = append(cachestore.Manifest(nil), m...)
-	if m.Validate() != nil { // it sorts and normalizes as the commit did
-		return err
-	}
-	return fmt.Errorf("%w: digest %s, cluster has %s", errSourceChanged, m.Digest(), ds.Digest)
-}
-
-// hfRef is the ref the HF view names a hub revision by: the one asked
-// for, or, for a commit the cluster pinned, the branch or tag it was
-// resolved from (api.Desire.Ref).
-func hfRef(ds api.Desire, res *fetchers.Resolved) string {
-	if ds.Ref != "" && res.Ref == res.Revision {
-		return ds.Ref
-	}
-	return res.Ref
 }
 
 // pinnedURI is the URI that names exactly the revision res resolved to,

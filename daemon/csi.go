@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/csi"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/daemon/kernels"
 )
 
 // The daemon as the CSI driver sees it (csi.Backend): a pod's volume
@@ -32,10 +34,18 @@ func csiHoldKey(id string) string { return csiHoldPrefix + id }
 
 // csiVolumes is the daemon seen through csi.Backend: the volumes pods
 // hold, each one exact revision (and its kernel caches' with
-// kernelCaches: auto). It asks the daemon (d) for desires, views and the
-// store; the holds are its own.
+// kernelCaches: auto). It reads the store and the GPUs, asks the rest of
+// the daemon (host) for desires and views; the holds are its own.
 type csiVolumes struct {
-	d *Daemon
+	// Set once in New, read without a lock.
+	cfg     Config
+	log     *slog.Logger
+	store   *cachestore.Store
+	records *cachestore.Records
+	kernels *kernels.Set
+	warming *warming
+	writeMu *sync.Mutex // the desires' writers' (desires.writeMu): hold records are written under it
+	host    volumeHost
 	// flight: one Hold per volume id at a time, outside every other lock.
 	flight singleflight.Group
 
@@ -43,8 +53,15 @@ type csiVolumes struct {
 	holds map[string]csi.Volume
 }
 
-// CSIBackend is what csi.New needs of the daemon (Run uses it; tests too).
-func (d *Daemon) CSIBackend() csi.Backend { return d.csi }
+// volumeHost is what the volumes ask of the rest of the daemon. Each
+// takes the daemon lock itself: none is called with a lock of the
+// volumes held.
+type volumeHost struct {
+	desired func() map[string]api.Desire             // the merged desires
+	changed func()                                   // wakes the daemon's waiters
+	kick    func()                                   // asks the reconciler for a pass
+	view    func(name string) (*api.Artifact, error) // the artifact as a socket reader sees it
+}
 
 // held is the hold of a volume id, if any.
 func (c *csiVolumes) held(id string) (csi.Volume, bool) {
@@ -56,11 +73,10 @@ func (c *csiVolumes) held(id string) (csi.Volume, bool) {
 
 // load reads the recorded CSI holds into memory (New).
 func (c *csiVolumes) load() {
-	d := c.d
 	c.holds = map[string]csi.Volume{}
-	raw, err := d.records.Holds()
+	raw, err := c.records.Holds()
 	if err != nil {
-		d.log.Error("reading CSI holds from the index", "err", err)
+		c.log.Error("reading CSI holds from the index", "err", err)
 		return
 	}
 	for k, b := range raw {
@@ -70,15 +86,15 @@ func (c *csiVolumes) load() {
 		}
 		var v csi.Volume
 		if err := json.Unmarshal(b, &v); err != nil || v.ID != id {
-			d.log.Error("dropping an unreadable CSI hold from the index", "key", k, "err", err)
-			d.records.DeleteHold(k)
+			c.log.Error("dropping an unreadable CSI hold from the index", "key", k, "err", err)
+			c.records.DeleteHold(k)
 			continue
 		}
 		c.holds[id] = v
 	}
 	c.rediscover()
-	if len(c.holds) > 0 && d.cfg.CSI == nil {
-		d.log.Warn("the index records CSI volumes but --csi-socket is off; their revisions stay held until the driver runs and kubelet unpublishes them", "volumes", len(c.holds))
+	if len(c.holds) > 0 && c.cfg.CSI == nil {
+		c.log.Warn("the index records CSI volumes but --csi-socket is off; their revisions stay held until the driver runs and kubelet unpublishes them", "volumes", len(c.holds))
 	}
 }
 
@@ -94,17 +110,16 @@ func (c *csiVolumes) load() {
 // is lost cannot say which versions it shows; it is logged and left.
 // Called from New, before anything can evict.
 func (c *csiVolumes) rediscover() {
-	d := c.d
-	if d.cfg.CSI == nil {
+	if c.cfg.CSI == nil {
 		return
 	}
-	pods := d.cfg.CSI.PodsDir
+	pods := c.cfg.CSI.PodsDir
 	if pods == "" {
 		pods = csi.DefaultPodsDir
 	}
-	binds, err := csi.FindBinds(pods, d.store.Root())
+	binds, err := csi.FindBinds(pods, c.store.Root())
 	if err != nil {
-		d.log.Error("csi: reading the mount table for volumes the records lost", "err", err)
+		c.log.Error("csi: reading the mount table for volumes the records lost", "err", err)
 		return
 	}
 	held := map[string]bool{}
@@ -118,25 +133,25 @@ func (c *csiVolumes) rediscover() {
 		}
 		parts := strings.Split(b.Rel, "/")
 		if len(parts) != 3 || (parts[0] != "models" && parts[0] != "kernels") {
-			d.log.Warn("csi: a pod mounts a directory of the store that no hold record names; left as it is", "target", v.Target, "dir", b.Rel)
+			c.log.Warn("csi: a pod mounts a directory of the store that no hold record names; left as it is", "target", v.Target, "dir", b.Rel)
 			continue
 		}
 		v.Model, v.Revision, v.KernelCaches = parts[1], parts[2], "none"
-		if _, ok := readyVersion(d.store, v.Model, v.Revision); !ok {
-			d.log.Warn("csi: a pod mounts a tree the index has no Ready version of; not held", "target", v.Target, "artifact", v.Model, "revision", v.Revision)
+		if _, ok := readyVersion(c.store, v.Model, v.Revision); !ok {
+			c.log.Warn("csi: a pod mounts a tree the index has no Ready version of; not held", "target", v.Target, "artifact", v.Model, "revision", v.Revision)
 			continue
 		}
 		raw, err := json.Marshal(v)
 		if err == nil {
-			err = d.records.PutHold(csiHoldKey(v.ID), raw)
+			err = c.records.PutHold(csiHoldKey(v.ID), raw)
 		}
 		if err != nil {
-			d.log.Error("csi: recording the hold of a rediscovered volume", "volume", v.ID, "err", err)
+			c.log.Error("csi: recording the hold of a rediscovered volume", "volume", v.ID, "err", err)
 			continue
 		}
 		c.holds[v.ID] = v
 		held[filepath.Clean(v.Target)] = true
-		d.log.Warn("csi: a pod's volume had no hold record; found in the mount table and held again", "volume", v.ID, "target", v.Target, "pod_uid", v.PodUID, "artifact", v.Model, "revision", v.Revision)
+		c.log.Warn("csi: a pod's volume had no hold record; found in the mount table and held again", "volume", v.ID, "target", v.Target, "pod_uid", v.PodUID, "artifact", v.Model, "revision", v.Revision)
 	}
 }
 
@@ -205,7 +220,6 @@ func (c *csiVolumes) Hold(ctx context.Context, v csi.Volume) (string, string, er
 }
 
 func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, error) {
-	d := c.d
 	if h, ok := c.held(v.ID); ok { // kubelet retried a publish that held already
 		return h.Revision, c.tree(h), nil
 	}
@@ -215,12 +229,12 @@ func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, er
 	}
 	v.Revision, v.Private = rev, priv
 	if v.KernelCaches == "auto" {
-		for _, kc := range d.kernels.ModelKernelCaches(v.Model) {
+		for _, kc := range c.kernels.ModelKernelCaches(v.Model) {
 			v.Kernels = append(v.Kernels, csi.KernelCache{Name: kc.Name, Revision: kc.Revision})
 		}
 		if len(v.Kernels) == 0 {
-			d.log.Info("csi: kernelCaches=auto: no Ready kernel cache compatible with this node's GPUs serves the model; the volume shows the model without kernels/",
-				"volume", v.ID, "artifact", v.Model, "gpus", len(d.kernels.GPUs().Devices))
+			c.log.Info("csi: kernelCaches=auto: no Ready kernel cache compatible with this node's GPUs serves the model; the volume shows the model without kernels/",
+				"volume", v.ID, "artifact", v.Model, "gpus", len(c.kernels.GPUs().Devices))
 		}
 	}
 	raw, err := json.Marshal(v)
@@ -230,21 +244,19 @@ func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, er
 	// Record first, then check the trees: an eviction that chose one of
 	// these versions before the hold counted has removed it by now, or
 	// will see the hold.
-	d.desires.writeMu.Lock() // index writes of holds are serialised like desires'
-	err = d.records.PutHold(csiHoldKey(v.ID), raw)
+	c.writeMu.Lock() // index writes of holds are serialised like desires'
+	err = c.records.PutHold(csiHoldKey(v.ID), raw)
 	if err == nil {
 		c.mu.Lock()
 		c.holds[v.ID] = v
 		c.mu.Unlock()
-		d.mu.Lock()
-		d.notify()
-		d.mu.Unlock()
+		c.host.changed()
 	}
-	d.desires.writeMu.Unlock()
+	c.writeMu.Unlock()
 	if err != nil {
 		return "", "", status.Errorf(codes.Internal, "recording the hold of %s@%s: %v", v.Model, rev, err)
 	}
-	tree := d.store.TreePath(kind, v.Model, rev)
+	tree := c.store.TreePath(kind, v.Model, rev)
 	if len(v.Kernels) > 0 || v.Private { // a private version's own tree is 0700 (tenancy.go)
 		tree, err = c.compose(ctx, v)
 	} else if _, serr := os.Stat(tree); serr != nil {
@@ -254,11 +266,11 @@ func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, er
 		c.Release(ctx, v.ID)
 		return "", "", err
 	}
-	d.store.Touch(v.Model, rev)
+	c.store.Touch(v.Model, rev)
 	for _, kc := range v.Kernels {
-		d.store.Touch(kc.Name, kc.Revision)
+		c.store.Touch(kc.Name, kc.Revision)
 	}
-	d.warming.volume(v)
+	c.warming.volume(v)
 	return rev, tree, nil
 }
 
@@ -266,7 +278,7 @@ func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, er
 // the volume's own composed tree when it shows kernel caches too or the
 // artifact is private.
 func (c *csiVolumes) tree(v csi.Volume) string {
-	st := c.d.store
+	st := c.store
 	if len(v.Kernels) > 0 || v.Private {
 		return st.HoldTreePath(csiHoldKey(v.ID))
 	}
@@ -297,7 +309,7 @@ func (c *csiVolumes) compose(ctx context.Context, v csi.Volume) (string, error) 
 	for _, kc := range v.Kernels {
 		parts = append(parts, cachestore.TreePart{Dir: "kernels/" + kc.Name, Name: kc.Name, Revision: kc.Revision})
 	}
-	tree, err := c.d.store.HoldTree(ctx, csiHoldKey(v.ID), parts)
+	tree, err := c.store.HoldTree(ctx, csiHoldKey(v.ID), parts)
 	switch {
 	case err == nil:
 		return tree, nil
@@ -328,15 +340,12 @@ func kindOf(st cachestore.Inspector, name string) string {
 // desire still declares (the current one, the cluster's target, one it
 // retains) and Ready; without one, the current one once Ready.
 func (c *csiVolumes) revision(v csi.Volume) (rev, kind string, priv bool, err error) {
-	d := c.d
-	a, err := d.store.Summary(v.Model)
+	a, err := c.store.Summary(v.Model)
 	if err != nil && !errors.Is(err, cachestore.ErrNotFound) {
 		return "", "", false, status.Errorf(codes.Internal, "artifact %s: %v", v.Model, err)
 	}
-	d.mu.Lock()
-	ds, desired := d.desires.merged()[v.Model]
+	ds, desired := c.host.desired()[v.Model]
 	desired = desired && ds.State != api.StateAbsent
-	d.mu.Unlock()
 	if !desired {
 		return "", "", false, status.Errorf(codes.NotFound, "model %s is not declared on this node (no ModelCache selects it, no models.d file or pull names it); pods of namespace %q can mount: %s", v.Model, v.PodNamespace, c.servable(v.PodNamespace))
 	}
@@ -375,7 +384,7 @@ func (c *csiVolumes) revision(v csi.Volume) (rev, kind string, priv bool, err er
 		}
 	}
 	// Nothing Ready: say what the node is doing.
-	view, err := views{d}.view(v.Model, false)
+	view, err := c.host.view(v.Model)
 	if err != nil {
 		return "", "", false, status.Errorf(codes.NotFound, "model %s: %v; pods of namespace %q can mount: %s", v.Model, err, v.PodNamespace, c.servable(v.PodNamespace))
 	}
@@ -393,12 +402,11 @@ func declaredRevision(ds api.Desire, a *cachestore.Artifact, rev string) bool {
 // desires.writeMu: removing a tree of many files takes as long as making it,
 // and every Hold takes desires.writeMu.
 func (c *csiVolumes) Release(_ context.Context, id string) error {
-	d := c.d
-	d.warming.let(csiHoldKey(id))
-	d.store.RemoveHoldTree(csiHoldKey(id))
-	d.desires.writeMu.Lock()
-	defer d.desires.writeMu.Unlock()
-	if err := d.records.DeleteHold(csiHoldKey(id)); err != nil {
+	c.warming.let(csiHoldKey(id))
+	c.store.RemoveHoldTree(csiHoldKey(id))
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	if err := c.records.DeleteHold(csiHoldKey(id)); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -406,10 +414,8 @@ func (c *csiVolumes) Release(_ context.Context, id string) error {
 	delete(c.holds, id)
 	c.mu.Unlock()
 	if ok {
-		d.mu.Lock()
-		d.notify()
-		d.mu.Unlock()
-		d.kick() // an absent artifact the pod let go of may go now
+		c.host.changed()
+		c.host.kick() // an absent artifact the pod let go of may go now
 	}
 	return nil
 }
@@ -428,13 +434,12 @@ func (c *csiVolumes) Holds() ([]csi.Volume, error) {
 
 // serveCSI runs the CSI driver until ctx ends (Run, when --csi-socket is set).
 func (c *csiVolumes) serve(ctx context.Context) error {
-	d := c.d
-	cfg := *d.cfg.CSI
+	cfg := *c.cfg.CSI
 	if cfg.Logger == nil {
-		cfg.Logger = d.log.With("component", "csi")
+		cfg.Logger = c.log.With("component", "csi")
 	}
 	if cfg.Version == "" {
-		cfg.Version = d.cfg.Version
+		cfg.Version = c.cfg.Version
 	}
 	drv, err := csi.New(cfg, c)
 	if err != nil {

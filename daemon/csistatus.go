@@ -58,15 +58,12 @@ func notReadyStatus(a *api.Artifact) error {
 // artifacts it may mount (public ones, and private ones its namespace is
 // allowed), nothing of other namespaces' private models.
 func (c *csiVolumes) servable(ns string) string {
-	d := c.d
 	var out []string
-	d.mu.Lock()
-	for n, ds := range d.desires.merged() {
+	for n, ds := range c.host.desired() {
 		if ds.State != api.StateAbsent && mayMount(ds, ns) {
 			out = append(out, n)
 		}
 	}
-	d.mu.Unlock()
 	sort.Strings(out)
 	if len(out) > 20 {
 		out = append(out[:20], fmt.Sprintf("and %d more (modelctl list)", len(out)-20))

@@ -1,28 +1,20 @@
 package daemon
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/coreos/go-systemd/v22/activation"
-	"github.com/coreos/go-systemd/v22/daemon"
 	"golang.org/x/time/rate"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/csi"
+	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/daemon/kernels"
 	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
-	"github.com/modelcache/modelcache/k8ssync"
 )
 
 // Daemon is one modelcached. Create it with New, run it with Run.
@@ -38,12 +30,15 @@ import (
 // peerAuthz.mu are taken with no other lock held; under them only the
 // store's own locks are.
 //
-// mu, the daemon lock, guards the in-memory state that API reads join
-// (desires, artifact states, pod holders, flights) and is held only for
-// memory: no index write (an fsync), tree removal or eviction runs under
-// it. Writers of desires take desires.writeMu first, write the index, then take
-// mu to change memory. The store and the capacity package take their own
-// locks below all of these.
+// mu, the daemon lock (shared.mu: the views and the evictions share it
+// by pointer; the components take it only inside the functions New gives
+// them, such as the merged desires or a wake-up), guards the in-memory
+// state that API reads join (desires, artifact states, pod holders,
+// flights) and is held only for memory: no index write (an fsync), tree
+// removal or eviction runs under it. Writers of desires take
+// desires.writeMu first, write the index, then take mu to change memory.
+// The store and the capacity package take their own locks below all of
+// these.
 type Daemon struct {
 	// Set once in New, read without a lock.
 	cfg     Config
@@ -67,139 +62,29 @@ type Daemon struct {
 	wake    chan struct{}    // kicks the reconciler
 	pulls   sync.WaitGroup   // pulls in flight; Run waits for them
 
-	mu sync.Mutex
 	// desires: the socket's, the models dir's and the cluster's
 	// (desires.go); its maps are read under mu.
 	desires *desireSet
-	// podHolders are running pods that mount artifacts; podNames maps the
-	// UIDs of the pods on this node to "namespace/name".
-	podHolders map[string][]api.Holder
-	podNames   map[string]string
-	fileErrors []string
-	arts       map[string]*artState
-	flights    map[string]*flight          // one download per blob (pull.go)
-	changed    chan struct{}               // closed and replaced on every state change
-	evicted    map[string]api.EvictionNote // ad-hoc entries evicted to make room (evict.go)
+	shared  // mu, the daemon lock, and the state under it
 
 	metricsAddr atomic.Value                 // string: where /metrics listens once Run serves
 	peers       atomic.Pointer[peerListener] // the API socket's, once Run serves
 }
 
-// New opens the store (running startup repair) and prepares the daemon.
-func New(ctx context.Context, cfg Config) (*Daemon, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	log = slog.New(fetchers.RedactHandler(log.Handler())) // no credential of a URI reaches the log
-	if cfg.SystemdSocket && os.Getenv("LISTEN_FDS") == "" {
-		return nil, errors.New("--systemd-socket: no socket from systemd (LISTEN_FDS unset); start modelcached.socket, or drop the flag to listen on --socket")
-	}
-	var d *Daemon // the store asks it which partial downloads are abandoned (never before New returns)
-	st, err := openStore(ctx, cfg, log, func(in cachestore.IngestInfo) bool { return d.abandoned(in) })
-	if err != nil {
-		return nil, err
-	}
-	gid, err := groupID(cfg.SocketGroup)
-	if err != nil {
-		log.Warn("socket group not found; only root and the daemon's user may change the cache", "group", cfg.SocketGroup, "err", err)
-		gid = -1
-	}
-	d = &Daemon{
-		cfg: cfg, log: log, store: st, records: st.Records(), started: time.Now(), gid: gid,
-		backoff: fetchers.DefaultBackoff,
-		desires: newDesireSet(st.Records()),
-		arts:    map[string]*artState{},
-		flights: map[string]*flight{},
-		evicted: map[string]api.EvictionNote{},
-		changed: make(chan struct{}),
-		wake:    make(chan struct{}, 1),
-		pullSem: make(chan struct{}, cfg.MaxConcurrentPulls),
-	}
-	d.space = newSpace(d)
-	d.leases = &leaseSet{store: st, m: map[string]map[string]*lease{}, changed: func() {
-		d.mu.Lock()
-		d.notify()
-		d.mu.Unlock()
-	}}
-	desired := func() map[string]api.Desire {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		return d.desires.merged()
-	}
-	if d.sources, err = sources.New(cfg.sourcesConfig(), log, desired); err != nil {
-		st.Close()
-		return nil, err
-	}
-	d.metrics = newMetrics(d)
-	kcfg := kernels.Config{GPUInventory: cfg.GPUInventory, SignaturePolicy: cfg.KernelCacheSignaturePolicy,
-		Signatures: d.metrics.signatures, Compat: d.metrics.compatChecks}
-	if d.kernels, err = kernels.New(kcfg, log, st, desired); err != nil {
-		st.Close()
-		return nil, err
-	}
-	if cfg.BandwidthLimit > 0 {
-		d.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthLimit), int(min(cfg.BandwidthLimit, 4<<20)))
-	}
-	d.space.metrics = d.metrics
-	if cfg.Peer != nil {
-		if d.fanout, err = newFanout(cfg, log, d.metrics.peer); err != nil {
-			st.Close()
-			return nil, err
-		}
-	}
-	if d.warming, err = newWarming(cfg, st, log, d.metrics); err != nil {
-		st.Close()
-		return nil, err
-	}
-	d.leases.warm = d.warming
-	if cfg.Cluster != nil {
-		// client-go's global log is set here, before Run starts anything
-		// that uses client-go (and before the caller goes on).
-		cl := cfg.Cluster.Log
-		if cl == nil {
-			cl = log.With("component", "k8ssync")
-		}
-		k8ssync.SetClientLog(cl)
-	}
-	if err := d.desires.load(log); err != nil {
-		st.Close()
-		return nil, err
-	}
-	modelsDir{d}.load()
-	d.csi = &csiVolumes{d: d}
-	d.csi.load()
-	// Trees that startup repair rebuilt are closed (0700): public ones
-	// open before anything is served.
-	d.modes = &treeModes{d: d}
-	d.modes.all()
-	return d, nil
-}
-
-// openStore opens the store, running startup repair, and logs what the
-// repair did.
-func openStore(ctx context.Context, cfg Config, log *slog.Logger, abandoned func(cachestore.IngestInfo) bool) (*cachestore.Store, error) {
-	opts := []cachestore.Option{cachestore.WithLogger(log.With("component", "store")), cachestore.WithDirectIO(cfg.DirectIO), cachestore.WithWriteBuffer(int(cfg.WriteBufferSize)),
-		cachestore.WithAbandoned(abandoned)}
-	if cfg.Hook != nil {
-		opts = append(opts, cachestore.WithHook(cfg.Hook))
-	}
-	st, rep, err := cachestore.Open(ctx, cfg.Root, opts...)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case rep.IndexRebuilt != nil:
-		log.Warn("startup repair rebuilt a lost index from the trees on disk; sources, pins and modelctl pull desires are gone (docs/operator.md: A damaged or lost index)", "report", rep)
-	case !rep.Clean():
-		log.Info("startup repair", "report", rep)
-	case rep.AfterCleanShutdown:
-		log.Debug("the store was closed cleanly: startup repair looked at tmp/ and ingest/ only (modelctl verify checks every blob)")
-	}
-	return st, nil
+// shared is the state that API reads join, under mu, the daemon lock:
+// the Daemon embeds it, and the views and the evictions share it by
+// pointer.
+type shared struct {
+	mu sync.Mutex
+	// podHolders are running pods that mount artifacts; podNames maps the
+	// UIDs of the pods on this node to "namespace/name".
+	podHolders map[string][]api.Holder
+	podNames   map[string]string
+	fileErrors []string
+	arts       pullStates                  // what is known of each artifact beyond the index (pullstates.go)
+	flights    map[string]*flight          // one download per blob (download.go)
+	changed    chan struct{}               // closed and replaced on every state change
+	evicted    map[string]api.EvictionNote // ad-hoc entries evicted to make room (evict.go)
 }
 
 // MetricsAddr is the address /metrics listens on, "" before Run serves it.
@@ -211,186 +96,63 @@ func (d *Daemon) MetricsAddr() string {
 // Store is the daemon's store (for tests and tools in this module).
 func (d *Daemon) Store() *cachestore.Store { return d.store }
 
-// Run serves until ctx ends: the socket API, metrics, the models-dir
-// watcher and the reconciler. It tells systemd READY=1 once the socket
-// serves and STOPPING=1 on the way out; on return pulls in flight have
-// stopped (their partial data stays for a resume) and the index is closed.
-func (d *Daemon) Run(ctx context.Context) error {
-	defer d.store.Close()
-	defer d.warming.close() // before the store closes: warms read its trees
-	ln, err := d.listen()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	// Every connection is bounded: its uid's count (peerListener), the
-	// time to send a request (headers and body), the time idle between
-	// requests, and each write (statusWriter). A handler's context ends
-	// when its peer goes. Accept errors such as EMFILE are temporary to
-	// http.Server: it logs them and retries after a growing pause (5ms to
-	// 1s), without spinning or stopping.
-	self := uint32(os.Geteuid())
-	pl := newPeerListener(ln, d.cfg.MaxConnectionsPerUID, func(uid uint32) bool { return uid == 0 || uid == self }, d.metrics, d.log)
-	d.peers.Store(pl)
-	srv := &http.Server{
-		Handler: d.routes(), ConnContext: peerContext,
-		ReadHeaderTimeout: d.cfg.SocketReadTimeout, ReadTimeout: d.cfg.SocketReadTimeout, IdleTimeout: d.cfg.SocketIdleTimeout,
-		ErrorLog: slog.NewLogLogger(d.log.With("component", "api").Handler(), slog.LevelWarn),
-	}
-	errc := make(chan error, 5)
-	if err := d.fanout.serve(d, errc); err != nil {
-		ln.Close()
-		return err
-	}
-	defer d.fanout.close() // after a failed start below
-	go func() { errc <- srv.Serve(pl) }()
-
-	var msrv *http.Server
-	if d.cfg.MetricsAddr != "" {
-		ml, err := net.Listen("tcp", d.cfg.MetricsAddr)
-		if err != nil {
-			srv.Close()
-			return fmt.Errorf("--metrics-addr %s: %w (is another modelcached running? pass --metrics-addr to pick another port)", d.cfg.MetricsAddr, err)
-		}
-		msrv = &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
-		go func() { errc <- msrv.Serve(ml) }()
-		d.metricsAddr.Store(ml.Addr().String())
-		d.log.Info("metrics", "addr", ml.Addr().String())
-	}
-
-	var bg sync.WaitGroup
-	if d.cfg.CSI != nil {
-		bg.Add(1)
-		go func() { defer bg.Done(); errc <- d.csi.serve(ctx) }()
-	}
-	bg.Add(3)
-	go func() { defer bg.Done(); modelsDir{d}.watch(ctx) }()
-	go func() { defer bg.Done(); d.space.loop(ctx) }()
-	go func() { defer bg.Done(); d.reconcileLoop(ctx) }()
-	if c := (clusterNode{d}).syncConfig(); c != nil {
-		syncer, err := k8ssync.New(*c, clusterNode{d})
-		if err != nil {
-			cancel()
-			bg.Wait()
-			srv.Close()
-			d.pulls.Wait() // the reconciler may have started pulls: the store closes after them
-			return err
-		}
-		bg.Add(1)
-		go func() { defer bg.Done(); syncer.Run(ctx) }()
-		d.log.Info("syncing with the cluster", "node", c.NodeName, "local_pvs", c.LocalPVs)
-	}
-
-	d.log.Info("serving", "socket", d.cfg.Socket, "root", d.store.Root(), "version", d.cfg.Version)
-	if ok, err := daemon.SdNotify(false, daemon.SdNotifyReady); ok {
-		d.log.Info("told systemd READY=1")
-	} else if err != nil {
-		d.log.Warn("sd_notify", "err", err)
-	}
-	go d.watchdog(ctx)
-
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		if !errors.Is(err, http.ErrServerClosed) {
-			runErr = err
-		}
-	}
-	daemon.SdNotify(false, daemon.SdNotifyStopping)
-	d.log.Info("stopping")
-	cancel()
-	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer scancel()
-	srv.Shutdown(sctx)
-	if msrv != nil {
-		msrv.Shutdown(sctx)
-	}
-	d.fanout.shutdown(sctx)
-	bg.Wait()
-	d.pulls.Wait() // pulls see ctx end, close their writers (data kept), and return
-	return runErr
-}
-
-// watchdog pings systemd at half the interval while the store answers.
-func (d *Daemon) watchdog(ctx context.Context) {
-	interval, err := daemon.SdWatchdogEnabled(false)
-	if err != nil || interval == 0 {
-		return
-	}
-	t := time.NewTicker(interval / 2)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if d.healthy() == nil {
-				daemon.SdNotify(false, daemon.SdNotifyWatchdog)
-			}
-		}
-	}
-}
-
 func (d *Daemon) healthy() error {
 	return d.store.Check()
 }
 
-// listen opens the API socket: a stale socket left by a dead daemon is
-// replaced, a live one is an error, and anything that is not a socket is
-// never removed.
-func (d *Daemon) listen() (net.Listener, error) {
-	// Socket activation: systemd passes the listener (modelcached.socket).
-	if os.Getenv("LISTEN_FDS") != "" {
-		lns, err := activation.Listeners()
-		if err != nil {
-			return nil, fmt.Errorf("socket activation: %w", err)
-		}
-		for _, ln := range lns {
-			if ln != nil && ln.Addr().Network() == "unix" {
-				d.log.Info("serving on the socket systemd passed", "socket", ln.Addr().String())
-				d.cfg.Socket = ln.Addr().String()
-				return ln, nil
-			}
-		}
-		if d.cfg.SystemdSocket {
-			return nil, errors.New("--systemd-socket: systemd passed no unix socket (LISTEN_FDS); is modelcached.socket enabled?")
-		}
-	} else if d.cfg.SystemdSocket {
-		return nil, errors.New("--systemd-socket: no socket from systemd (LISTEN_FDS unset); start modelcached.socket, or drop the flag to listen on --socket")
-	}
-	path := d.cfg.Socket
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("socket dir: %w", err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("--socket %s exists and is not a socket; remove it or choose another path", path)
-		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("--socket %s: another modelcached is serving there; stop it first", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
-		}
-		d.log.Info("removed stale socket", "socket", path)
-	}
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("--socket %s: %w", path, err)
-	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(true)
-	if err := os.Chmod(path, d.cfg.SocketMode); err != nil {
-		ln.Close()
-		return nil, err
-	}
-	if d.gid >= 0 {
-		if err := os.Chown(path, -1, d.gid); err != nil {
-			d.log.Warn("chown socket to its group", "gid", d.gid, "err", err)
-		}
-	}
-	return ln, nil
+// Changed returns a channel closed at the next change of any artifact.
+func (d *Daemon) Changed() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.changed
 }
+
+// notify wakes every waiter; called with mu held.
+func (s *shared) notify() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// kick asks the reconciler for a pass now.
+func (d *Daemon) kick() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// inUse merges live leases and the last /proc scan, by version key.
+func (d *Daemon) inUse() map[string][]api.Holder {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.inUseLocked()
+}
+
+// inUseLocked is inUse with d.mu held (d.mu before scanMu, never after).
+func (d *Daemon) inUseLocked() map[string][]api.Holder {
+	out := map[string][]api.Holder{}
+	d.leases.uses(out)
+	d.podUses(out)
+	d.csi.uses(out, d.podNames)
+	d.space.scanned(out)
+	return out
+}
+
+// podUses adds pod holders to an in-use map (name@rev keys); a pod holds
+// the version that is current (what its mount resolves to). Called with
+// d.mu held.
+func (d *Daemon) podUses(out map[string][]api.Holder) {
+	for name, hs := range d.podHolders {
+		a, err := d.store.Summary(name)
+		if err != nil || a.Current == "" {
+			continue
+		}
+		for _, h := range hs {
+			k := capacity.Key(name, a.Current)
+			out[k] = appendHolder(out[k], api.Holder{Kind: h.Kind, ID: h.ID, Revision: a.Current})
+		}
+	}
+}
+
+// CSIBackend is what csi.New needs of the daemon (Run uses it; tests too).
+func (d *Daemon) CSIBackend() csi.Backend { return d.csi }

@@ -18,43 +18,67 @@
 //	space       admission (reservations), eviction passes (capacity.Evictor),
 //	            partial downloads reclaimed, the /proc scan
 //	leaseSet    modelctl lease
-//	csiVolumes  the volumes pods hold (csi.Backend)
+//	csiVolumes  the volumes pods hold (csi.Backend); the desires, views and
+//	            wake-ups through volumeHost
 //	treeModes   the version trees' modes as their desires want them (private: 0700)
 //	warming     what pods are about to load, read into the page cache ahead
 //	            of them (package warm): on publish, lease, wait, modelctl warm
-//	views       the read side: list, inspect, status, usage, waits
+//	views       the read side: list, inspect, status, usage, waits (viewsOf)
 //	evictions   how artifacts leave: modelctl evict and gc, absent desires,
-//	            ad-hoc entries evicted for space
+//	            ad-hoc entries evicted for space (evictionsOf)
 //	modelsDir   the models dir's desires, read and watched
 //	clusterNode the daemon as k8ssync sees it (k8ssync.Node)
 //	fanout      the peer port, and blobs fetched from peers before the origin
 //
-// The Daemon itself keeps the artifacts' pull states and the pods that
-// hold artifacts (under mu, which the desire set's readers take too),
-// runs the reconciler and the pulls, and serves the socket.
+// The Daemon itself keeps the artifacts' pull states (pullStates) and the
+// pods that hold artifacts (shared: under mu, which the desire set's
+// readers take too), runs the reconciler and the pulls, and serves the
+// socket.
+//
+// Dependencies run one way: the components (desireSet, pullStates, space,
+// leaseSet, csiVolumes, treeModes, warming, metrics) name no Daemon; what
+// they need of the rest they get in New (run.go) as fields: values, the
+// functions that take the daemon lock for them (the merged desires, a
+// wake-up; csiVolumes gets its set as a volumeHost), or a one-method
+// interface (treeModes reads the volumes as volumeHolds). The
+// Daemon's own methods, the adapters that hold it (modelsDir, clusterNode,
+// the state collector) and run.go sit above them. The views and the
+// evictions hold no Daemon either: they share its locked state (shared)
+// by pointer and take the rest as fields (viewsOf, evictionsOf).
 //
 // Where to find what, by file:
 //
-//	daemon.go      the Daemon value (its fields and lock order), New, Run, the socket
+//	daemon.go      the Daemon value (its fields and lock order), its wake-ups
+//	               (notify, Changed, kick), what is in use (inUse), health
+//	run.go         New (the components made and wired), Run, the socket
 //	config.go      Config, its defaults and its validation (the --config YAML is
 //	               read by cmd/modelcached/config.go)
-//	server.go      the route table (which routes mutate), HTTP plumbing, the one error→code table
+//	server.go      the route table (which routes mutate); the Daemon's own routes:
+//	               health, verify, env, gpu, modelctl pull (and the wait for its
+//	               pull) and pin, a socket desire's conflicts
+//	httpio.go      HTTP plumbing: handler, the status writer, JSON in and out, the
+//	               one error→code table (toAPIError)
 //	auth.go        how a request is authorised: the peer's credentials, who may mutate,
 //	               what a socket desire read back from the index may ask
 //	peers.go       connections: per-uid limits, credentials read at accept
-//	desires.go     desireSet: the merged set and its persistence; fingerprints,
-//	               validation, modelctl pull/pin
-//	limits.go      the cap on a desire's source URIs (api.MaxURIBytes), for every origin
+//	desires.go     desireSet: the merged set (a model's kernel cache desires
+//	               expanded) and its persistence; fingerprints
+//	validate.go    a desire's validation, for every origin: its name, sources,
+//	               kernel caches, the cap on its URIs (api.MaxURIBytes)
 //	modelsdir.go   modelsDir: desires from models.d files (and the watcher)
 //	cluster.go     clusterNode: cluster desires, pod holders, views, resolutions
-//	reconcile.go   the reconcile loop: which desire needs a pull, per-artifact state
-//	pull.go        one pull as one value (pull): resolve, admit, fetch, commit
+//	reconcile.go   the reconcile loop: which desire needs a pull
+//	pullstates.go  pullStates: each artifact's state beyond the index (artState);
+//	               how far a pull got (progress); a blob's download in flight (flight)
+//	pull.go        one pull as one value (pull): resolve, admit, fetch, commit; a
+//	               kernel cache's checks before and after its layers (package kernels)
 //	download.go    one file's download: single flight per blob, metering, the
-//	               budget of files of unknown size, progress
+//	               budget of files of unknown size
 //	slot.go        a pull's share of the node's pull slots: held while transferring,
 //	               given back while waiting (a retry's backoff, another pull's blob)
 //	unpack.go      archive layers (OCI tar layers) checked and unpacked into blobs (unpacker)
-//	failure.go     how a pull fails and retries: reasons, permanence, backoff
+//	failure.go     how a pull fails and retries: reasons, permanence, backoff; a
+//	               cluster source that changed
 //	fanout.go      fanout: fan-out between nodes; the peer port (peer.Server over
 //	               the store), a file's blob from peers then the origin
 //	               (peer.Fetcher.Ingest through the pull's sink), the peers and
@@ -65,12 +89,11 @@
 //	               its ModelCache selects); the blob → artifacts index it reads
 //	sources/       package sources: which fetcher a desire uses, with which
 //	               credentials; credentials files; who file:// reads as
-//	kernelcache.go a pull's kernel cache checks before and after its layers (through
-//	               package kernels), a model's kernel cache desires, the env and gpu routes
 //	kernels/       package kernels: the GPU inventory, signature, compatibility, env
 //	admission.go   space: admission of a pull, reservations, eviction passes
-//	               (the victims are chosen by capacity.PlanSpace, in capacity/plan.go)
-//	inuse.go       what is in use: leaseSet, pod holders, CSI volumes, the /proc scan
+//	               (the victims are chosen by capacity.PlanSpace, in capacity/plan.go),
+//	               the /proc scan; partial downloads: abandoned, resumable, reclaimed
+//	inuse.go       what is in use: leaseSet (modelctl lease), holders by version key
 //	tenancy.go     private artifacts: who may mount them, their trees' modes
 //	csi.go         csiVolumes: a pod's volume holds one exact revision (and with
 //	               kernelCaches: auto its kernel caches, in a composed tree), recorded
@@ -80,9 +103,9 @@
 //	               life), the warm route, residency for inspect
 //	csistatus.go   what a publish that waits or is refused says: progress, why, what the
 //	               pod's namespace may mount instead
-//	ingests.go     partial downloads: abandoned, resumable, reclaimed
 //	evict.go       evictions: modelctl evict, absent desires, gc
 //	views.go       views: list, inspect, status, usage; wait.go the streams of them
 //	redact.go      no credential in a view, the index or the log
-//	metrics.go     Prometheus metrics
+//	metrics.go     Prometheus metrics: the daemon's series
+//	scrape.go      what a scrape reads of the daemon (stateCollector), the metrics port
 package daemon

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sort"
 	"strings"
@@ -19,10 +20,26 @@ import (
 // absent, ad-hoc entries evicted for space. It changes the daemon's
 // desires and artifact states (d) and the store; the passes that choose
 // victims are space's.
-type evictions struct{ d *Daemon }
+type evictions struct {
+	*shared            // the pull states and evictions noted, under mu
+	desires *desireSet // its writers' lock, then mu
+	log     *slog.Logger
+	metrics *metrics
+	store   *cachestore.Store
+	space   *space
+	warming *warming
+	inUse   func() map[string][]api.Holder // takes mu
+	kick    func()                         // asks the reconciler for a pass
+}
+
+// evictionsOf is the daemon's way out.
+func evictionsOf(d *Daemon) evictions {
+	return evictions{shared: &d.shared, desires: d.desires, log: d.log, metrics: d.metrics, store: d.store, space: d.space,
+		warming: d.warming, inUse: d.inUse, kick: d.kick}
+}
 
 func (e evictions) evictAbsent(ctx context.Context, name string) {
-	d := e.d
+	d := e
 	// say sets the artifact's message (and phase) under the lock, if it is
 	// still desired absent: the desire may have changed meanwhile.
 	say := func(phase api.Phase, msg string, log bool) {
@@ -68,7 +85,7 @@ func (e evictions) evictAbsent(ctx context.Context, name string) {
 }
 
 func (e evictions) gc(ctx context.Context) {
-	d := e.d
+	d := e
 	if rep, err := d.store.GC(ctx); err != nil {
 		d.log.Warn("gc", "err", err)
 	} else if rep.BlobsRemoved > 0 {
@@ -87,7 +104,7 @@ type evictRequest struct {
 }
 
 func (e evictions) handleEvict(w http.ResponseWriter, r *http.Request) error {
-	d := e.d
+	d := e
 	q := evictRequest{name: r.PathValue("name"), rev: r.URL.Query().Get("revision"), force: r.URL.Query().Get("force") == "true"}
 	// Every refusal comes before anything changes: a refused evict leaves
 	// the desire and a pull in flight alone.
@@ -130,7 +147,7 @@ func (e evictions) handleEvict(w http.ResponseWriter, r *http.Request) error {
 // file declares the artifact, something holds it, or (without --force)
 // it is pinned.
 func (e evictions) refusal(q *evictRequest) error {
-	d := e.d
+	d := e
 	name, rev := q.name, q.rev
 	d.mu.Lock()
 	if fd, ok := d.desires.file[name]; ok && fd.State != api.StateAbsent && rev == "" {
@@ -179,7 +196,7 @@ func (e evictions) refusal(q *evictRequest) error {
 // cancelled pull's end cannot start another one that commits after the
 // evict with no desire left; then it waits for that pull to finish.
 func (e evictions) forget(ctx context.Context, q evictRequest) error {
-	d := e.d
+	d := e
 	var inFlight chan struct{}
 	d.desires.writeMu.Lock()
 	if q.hadDesire {
@@ -212,7 +229,7 @@ func (e evictions) forget(ctx context.Context, q evictRequest) error {
 // evictKernels evicts the kernel caches that go with an evicted model and
 // returns their name@revision.
 func (e evictions) evictKernels(ctx context.Context, q evictRequest) []string {
-	d := e.d
+	d := e
 	var out []string
 	sort.Strings(q.kernels)
 	for _, k := range q.kernels {
@@ -233,7 +250,7 @@ func (e evictions) evictKernels(ctx context.Context, q evictRequest) []string {
 }
 
 func (e evictions) handleGC(w http.ResponseWriter, r *http.Request) error {
-	d := e.d
+	d := e
 	gc := d.store.GC
 	dry := r.URL.Query().Get("dryRun") == "true"
 	if dry {
@@ -250,7 +267,7 @@ func (e evictions) handleGC(w http.ResponseWriter, r *http.Request) error {
 // they are gone (an ad-hoc entry's note says why: dropAdHoc), and pulls
 // declared ones again when there is room.
 func (e evictions) noteEvicted(vs []capacity.Victim) {
-	d := e.d
+	d := e
 	d.mu.Lock()
 	want := d.desires.merged()
 	for _, v := range vs {
@@ -279,7 +296,7 @@ const maxEvictionNotes = 1000
 // until the name is pulled again or evicted by hand. An entry declared
 // meanwhile (pinned, kept) stays. Called under evictMu.
 func (e evictions) dropAdHoc(v capacity.Victim, forName string) error {
-	d := e.d
+	d := e
 	d.desires.writeMu.Lock()
 	defer d.desires.writeMu.Unlock()
 	d.mu.Lock()

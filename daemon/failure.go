@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/modelcache/modelcache/api"
@@ -131,4 +132,21 @@ func retryReason(err error) string {
 		return api.ReasonSignatureFailed
 	}
 	return api.ReasonPullFailed
+}
+
+// errSourceChanged: the files of a cluster desire do not hash to the
+// folder checksum the cluster recorded (failure.go: ReasonSourceChanged).
+var errSourceChanged = errors.New("source changed since the cluster resolved it")
+
+// clusterDigestError says why a commit of a cluster desire failed its
+// folder checksum in the cluster's words; other errors pass unchanged.
+func clusterDigestError(ds api.Desire, m cachestore.Manifest, err error) error {
+	if err == nil || !ds.ClusterDigest || !errors.Is(err, cachestore.ErrDigestMismatch) {
+		return err
+	}
+	m = append(cachestore.Manifest(nil), m...)
+	if m.Validate() != nil { // it sorts and normalizes as the commit did
+		return err
+	}
+	return fmt.Errorf("%w: digest %s, cluster has %s", errSourceChanged, m.Digest(), ds.Digest)
 }

@@ -11,8 +11,8 @@ import (
 	"github.com/modelcache/modelcache/daemon/capacity"
 )
 
-// lease is an explicit in-use hold taken through the API.
-type lease struct {
+// apiLease is an explicit in-use hold taken through the API.
+type apiLease struct {
 	rev     string
 	expires time.Time
 }
@@ -28,7 +28,7 @@ type leaseSet struct {
 	warm *warming
 
 	mu sync.Mutex // guards m; taken after the daemon lock, nothing under it
-	m  map[string]map[string]*lease
+	m  map[string]map[string]*apiLease
 }
 
 // uses adds the live leases to an in-use map and forgets expired ones.
@@ -47,75 +47,6 @@ func (l *leaseSet) uses(out map[string][]api.Holder) {
 			out[k] = append(out[k], api.Holder{Kind: "lease", ID: holder, Revision: x.rev, Expires: &exp})
 		}
 	}
-}
-
-// inUse merges live leases and the last /proc scan, by version key.
-func (d *Daemon) inUse() map[string][]api.Holder {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.inUseLocked()
-}
-
-// inUseLocked is inUse with d.mu held (d.mu before scanMu, never after).
-func (d *Daemon) inUseLocked() map[string][]api.Holder {
-	out := map[string][]api.Holder{}
-	d.leases.uses(out)
-	d.podUses(out)
-	d.csi.uses(out, d.podNames)
-	d.space.scanned(out)
-	return out
-}
-
-// scan reads /proc for processes that hold files of the store, maps them
-// to artifact versions, and records their use.
-func (s *space) scan() error {
-	s.scanRun.Lock() // the loop and an evict may both scan; touched is theirs
-	defer s.scanRun.Unlock()
-	uses, _, err := s.scanner.Scan()
-	if err != nil {
-		return err
-	}
-	found := map[string][]api.Holder{}
-	blobs := map[string][]api.Holder{}
-	for _, u := range uses {
-		if name, rev, ok := capacity.VersionOf(u.Rel); ok {
-			h := u.Holder
-			h.Revision = rev
-			found[capacity.Key(name, rev)] = appendHolder(found[capacity.Key(name, rev)], h)
-		} else if dg, ok := capacity.BlobOf(u.Rel); ok {
-			blobs[dg] = appendHolder(blobs[dg], u.Holder)
-		}
-	}
-	if len(blobs) > 0 { // opened through blobs/: every version that uses the blob
-		arts, err := s.store.List()
-		if err != nil {
-			return err
-		}
-		for _, a := range arts {
-			for _, v := range a.Versions {
-				for _, e := range v.Manifest {
-					for _, h := range blobs[e.Digest] {
-						h.Revision = v.Revision
-						k := capacity.Key(a.Name, v.Revision)
-						found[k] = appendHolder(found[k], h)
-					}
-				}
-			}
-		}
-	}
-	now := time.Now()
-	for k := range found {
-		if now.Sub(s.touched[k]) > time.Minute { // record last use, at most once a minute
-			name, rev := splitKey(k)
-			if err := s.store.Touch(name, rev); err == nil {
-				s.touched[k] = now
-			}
-		}
-	}
-	s.scanMu.Lock()
-	s.scanUses = found
-	s.scanMu.Unlock()
-	return nil
 }
 
 func appendHolder(hs []api.Holder, h api.Holder) []api.Holder {
@@ -149,22 +80,6 @@ func holdersOf(all map[string][]api.Holder, name string) []api.Holder {
 	return out
 }
 
-// podUses adds pod holders to an in-use map (name@rev keys); a pod holds
-// the version that is current (what its mount resolves to). Called with
-// d.mu held.
-func (d *Daemon) podUses(out map[string][]api.Holder) {
-	for name, hs := range d.podHolders {
-		a, err := d.store.Summary(name)
-		if err != nil || a.Current == "" {
-			continue
-		}
-		for _, h := range hs {
-			k := capacity.Key(name, a.Current)
-			out[k] = appendHolder(out[k], api.Holder{Kind: h.Kind, ID: h.ID, Revision: a.Current})
-		}
-	}
-}
-
 // maxLeaseTTL bounds a lease: a holder that dies stops protecting the
 // artifact within this long.
 const maxLeaseTTL = time.Hour
@@ -192,12 +107,12 @@ func (ls *leaseSet) handleLease(w http.ResponseWriter, r *http.Request) error {
 	ls.mu.Lock()
 	byHolder := ls.m[name]
 	if byHolder == nil {
-		byHolder = map[string]*lease{}
+		byHolder = map[string]*apiLease{}
 		ls.m[name] = byHolder
 	}
 	l, ok := byHolder[req.Holder]
 	if !ok || time.Now().After(l.expires) {
-		l = &lease{rev: a.Current} // a renewal keeps the revision first leased
+		l = &apiLease{rev: a.Current} // a renewal keeps the revision first leased
 		byHolder[req.Holder] = l
 	}
 	l.expires = time.Now().Add(ttl)

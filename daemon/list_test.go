@@ -51,7 +51,7 @@ func TestListStreamedAndRows(t *testing.T) {
 	}
 
 	_, raw := get("/v1/artifacts")
-	list, err := views{h.d}.list()
+	list, err := viewsOf(h.d).list()
 	if err != nil {
 		t.Fatal(err)
 	}

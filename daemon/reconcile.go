@@ -9,46 +9,6 @@ import (
 	"github.com/modelcache/modelcache/cachestore"
 )
 
-// artState is what the daemon knows of a name beyond the index.
-type artState struct {
-	phase     api.Phase
-	message   string
-	attempts  int
-	nextRetry time.Time
-	spec      string               // fingerprint of the desire of the pull in flight or last pulled
-	cancel    context.CancelFunc   // set while a pull is in flight
-	done      chan struct{}        // closed when that pull has finished
-	force     bool                 // re-resolve even when satisfied (an explicit pull)
-	completed uint64               // pulls finished (either way); waiters watch it
-	lastErr   error                // outcome of the last finished pull
-	reason    string               // machine-readable cause of Failed or Incompatible
-	permanent bool                 // Failed for a cause a retry cannot fix: not retried until the desire changes or a pull asks again
-	kc        *api.KernelCacheInfo // what the last kernel-cache pull checked
-	last      *api.PullStats       // the last successful pull
-	prog      *progress
-}
-
-// Changed returns a channel closed at the next change of any artifact.
-func (d *Daemon) Changed() <-chan struct{} {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.changed
-}
-
-// notify wakes every waiter; called with d.mu held.
-func (d *Daemon) notify() {
-	close(d.changed)
-	d.changed = make(chan struct{})
-}
-
-// kick asks the reconciler for a pass now.
-func (d *Daemon) kick() {
-	select {
-	case d.wake <- struct{}{}:
-	default:
-	}
-}
-
 func (d *Daemon) reconcileLoop(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -56,11 +16,7 @@ func (d *Daemon) reconcileLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			d.mu.Lock()
-			for _, st := range d.arts {
-				if st.cancel != nil {
-					st.cancel()
-				}
-			}
+			d.arts.cancelAll()
 			d.mu.Unlock()
 			return
 		case <-t.C:
@@ -92,7 +48,7 @@ func (d *Daemon) reconcile(ctx context.Context) time.Duration {
 		}
 	}
 	for _, name := range absent {
-		evictions{d}.evictAbsent(ctx, name)
+		evictionsOf(d).evictAbsent(ctx, name)
 	}
 	for name, rev := range flips {
 		d.activate(name, rev)
@@ -144,11 +100,7 @@ func (d *Daemon) reconcileLocked(ctx context.Context) (time.Duration, []string, 
 	sort.Strings(names)
 	for _, name := range names {
 		ds := want[name]
-		st := d.arts[name]
-		if st == nil {
-			st = &artState{phase: api.PhasePending}
-			d.arts[name] = st
-		}
+		st := d.arts.of(name)
 		fp := fingerprint(ds)
 		if ds.State == api.StateAbsent {
 			if st.cancel != nil {

@@ -1,21 +1,18 @@
 package daemon
 
 import (
-	"context"
-	"encoding/json"
 	"errors"
-	"io"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/kernels"
+	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
 )
-
-type handler func(w http.ResponseWriter, r *http.Request) error
 
 type route struct {
 	pattern string // "METHOD /path", Go ServeMux syntax
@@ -26,22 +23,22 @@ type route struct {
 func (d *Daemon) routeTable() []route {
 	return []route{
 		{"GET /v1/health", false, d.handleHealth},
-		{"GET /v1/status", false, views{d}.handleStatus},
-		{"GET /v1/usage", false, views{d}.handleUsage},
-		{"GET /v1/artifacts", false, views{d}.handleList},
-		{"GET /v1/artifacts/{name}", false, views{d}.handleGet},
-		{"GET /v1/artifacts/{name}/wait", false, views{d}.handleWait},
+		{"GET /v1/status", false, viewsOf(d).handleStatus},
+		{"GET /v1/usage", false, viewsOf(d).handleUsage},
+		{"GET /v1/artifacts", false, viewsOf(d).handleList},
+		{"GET /v1/artifacts/{name}", false, viewsOf(d).handleGet},
+		{"GET /v1/artifacts/{name}/wait", false, viewsOf(d).handleWait},
 		{"GET /v1/artifacts/{name}/env", false, d.handleEnv},
 		{"GET /v1/gpu", false, d.handleGPU},
 		{"POST /v1/pull", true, d.handlePull},
 		{"POST /v1/artifacts/{name}/pin", true, d.handlePin(true)},
 		{"POST /v1/artifacts/{name}/unpin", true, d.handlePin(false)},
-		{"DELETE /v1/artifacts/{name}", true, evictions{d}.handleEvict},
+		{"DELETE /v1/artifacts/{name}", true, evictionsOf(d).handleEvict},
 		{"POST /v1/artifacts/{name}/lease", true, d.leases.handleLease},
 		{"DELETE /v1/artifacts/{name}/lease", true, d.leases.handleRelease},
 		{"POST /v1/artifacts/{name}/warm", true, d.warming.handleWarm},
 		{"POST /v1/verify", true, d.handleVerify},
-		{"POST /v1/gc", true, evictions{d}.handleGC},
+		{"POST /v1/gc", true, evictionsOf(d).handleGC},
 	}
 }
 
@@ -69,101 +66,6 @@ func (d *Daemon) routes() http.Handler {
 		writeError(w, api.Errorf(api.CodeNotFound, "no route %s %s; this daemon serves /v1/", r.Method, r.URL.Path))
 	})
 	return mux
-}
-
-// statusWriter records the status code for the metrics and gives every
-// write its own deadline, writeTimeout from that write: a peer that stops
-// reading loses its connection, a stream that keeps writing lives on.
-type statusWriter struct {
-	http.ResponseWriter
-	rc           *http.ResponseController // of the ResponseWriter
-	writeTimeout time.Duration            // 0: none
-	code         int
-}
-
-func (s *statusWriter) renew() {
-	if s.writeTimeout > 0 {
-		s.rc.SetWriteDeadline(time.Now().Add(s.writeTimeout))
-	}
-}
-
-func (s *statusWriter) WriteHeader(c int) { s.code = c; s.ResponseWriter.WriteHeader(c) }
-
-func (s *statusWriter) Write(p []byte) (int, error) {
-	s.renew()
-	return s.ResponseWriter.Write(p)
-}
-
-// FlushError sends what is buffered; an error means the peer is gone or
-// stopped reading (and the request's context is cancelled).
-func (s *statusWriter) FlushError() error {
-	s.renew()
-	return s.rc.Flush()
-}
-
-func (s *statusWriter) Flush() { s.FlushError() }
-
-// Unwrap lets http.ResponseController reach the server's writer.
-func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
-// toAPIError is the one place that maps errors to codes and statuses.
-func toAPIError(err error) *api.Error {
-	var e *api.Error
-	switch {
-	case errors.As(err, &e):
-		return e
-	case errors.Is(err, cachestore.ErrNotFound), errors.Is(err, fetchers.ErrNotFound):
-		return api.Errorf(api.CodeNotFound, "%v", err)
-	case errors.Is(err, fetchers.ErrUnauthorized):
-		return api.Errorf(api.CodeForbidden, "%v", err)
-	case errors.Is(err, cachestore.ErrPinned):
-		return api.Errorf(api.CodePinned, "%v", err)
-	case errors.Is(err, cachestore.ErrDigestMismatch):
-		return api.Errorf(api.CodeDigestMismatch, "%v", err)
-	case errors.Is(err, cachestore.ErrInvalidName), errors.Is(err, cachestore.ErrInvalidPath),
-		errors.Is(err, cachestore.ErrInvalidDigest), errors.Is(err, fetchers.ErrBadSource), errors.Is(err, fetchers.ErrUnsupported):
-		return api.Errorf(api.CodeInvalid, "%v", err)
-	case errors.Is(err, context.DeadlineExceeded):
-		return api.Errorf(api.CodeTimeout, "%v", err)
-	}
-	return api.Errorf(api.CodeInternal, "%v", err)
-}
-
-// writeError sends e with the credentials in any URL of its message
-// redacted: every local user may read the socket.
-func writeError(w http.ResponseWriter, e *api.Error) {
-	out := *e
-	if out.Status == 0 {
-		out.Status = api.HTTPStatus(out.Code)
-	}
-	out.Message = fetchers.RedactText(out.Message)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(out.Status)
-	api.WriteJSON(w, &out, "")
-}
-
-func writeJSON(w http.ResponseWriter, v any) error {
-	w.Header().Set("Content-Type", "application/json")
-	return api.WriteJSON(w, v, "")
-}
-
-// writeJSONArray writes items as writeJSON would (the same bytes), one
-// element at a time: a list of thousands is never held encoded whole, and
-// the client decodes the first elements while the last are encoded.
-func writeJSONArray[T any](w http.ResponseWriter, items []T) error {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set(api.HeaderCount, strconv.Itoa(len(items)))
-	return api.WriteJSONArray(w, items)
-}
-
-// decode reads a bounded JSON body, rejecting unknown fields.
-func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
-		return api.Errorf(api.CodeInvalid, "request body: %v", err)
-	}
-	return nil
 }
 
 func (d *Daemon) handleHealth(w http.ResponseWriter, r *http.Request) error {
@@ -208,4 +110,243 @@ func (d *Daemon) handleVerify(w http.ResponseWriter, r *http.Request) error {
 		d.kick()
 	}
 	return writeJSON(w, out)
+}
+
+func (d *Daemon) handleGPU(w http.ResponseWriter, r *http.Request) error {
+	return writeJSON(w, kernels.GPUView(d.kernels.GPUs()))
+}
+
+func (d *Daemon) handleEnv(w http.ResponseWriter, r *http.Request) error {
+	env, err := d.kernels.Env(r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, env)
+}
+
+// handlePull is modelctl pull: the desire is validated, saved (unless a
+// waiter's first attempt fails for good, dropFailedPull) and pulled; with
+// wait=true the reply streams until that pull ends.
+func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
+	var req api.PullRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	ds := req.Desire()
+	ds.Origin, ds.Requester = sources.OriginAPI, requester(r)
+	ds, err := d.validateDesire(ds)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	err = d.pullConflicts(ds)
+	if err == nil && !req.Replace {
+		err = d.replaces(ds)
+	}
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := d.sources.CheckSourceAccess(r.Context(), ds); err != nil {
+		return err
+	}
+	// Again, under desires.writeMu: the check above ran unlocked. The index
+	// write (an fsync) runs outside the daemon lock.
+	d.desires.writeMu.Lock()
+	d.mu.Lock()
+	err = d.pullConflicts(ds)
+	if err == nil && !req.Replace {
+		err = d.replaces(ds)
+	}
+	_, had := d.desires.api[ds.Name]
+	d.mu.Unlock()
+	// A pull of a name the node knows nothing of: if its first attempt
+	// fails for good, nothing of it stays (dropFailedPull).
+	_, serr := d.store.Summary(ds.Name)
+	fresh := !had && errors.Is(serr, cachestore.ErrNotFound)
+	if err == nil {
+		err = d.desires.persist(ds.Name, ds)
+	}
+	if err != nil {
+		d.desires.writeMu.Unlock()
+		return err
+	}
+	d.mu.Lock()
+	d.desires.api[ds.Name] = ds
+	delete(d.evicted, ds.Name)
+	st := d.arts.of(ds.Name)
+	if st.cancel == nil || st.spec != fingerprint(ds) {
+		st.force = true // an explicit pull re-resolves the source
+	}
+	// Wait for the next pull to finish: the one this request starts, or the
+	// one in flight for the same desire (as fresh as a new one would be).
+	since := st.completed
+	d.notify()
+	d.mu.Unlock()
+	d.desires.writeMu.Unlock()
+	d.kick()
+	if r.URL.Query().Get("wait") != "true" {
+		a, err := viewsOf(d).view(ds.Name, false)
+		if err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusAccepted)
+		return writeJSON(w, a)
+	}
+	// The waiter gets the outcome of that pull, even where an older version
+	// still satisfies the desire (a refresh that failed is not Ready).
+	fp, dropping := fingerprint(ds), false
+	var outcome error // set under d.mu by dropFailedPull
+	return viewsOf(d).streamUntil(w, r, ds.Name, 0, nil, func(st *artState) (bool, error) {
+		if outcome != nil {
+			return true, outcome
+		}
+		if st == nil || st.completed <= since || st.cancel != nil {
+			return false, nil
+		}
+		if st.permanent && st.spec == fp && st.lastErr != nil && fresh && !declared(ds) && st.attempts == 1 {
+			if !dropping {
+				dropping = true
+				go d.dropFailedPull(ds.Name, fp, func(err error) { outcome = err })
+			}
+			return false, nil
+		}
+		return true, st.lastErr
+	})
+}
+
+// dropFailedPull removes the desire of an interactive pull whose first
+// attempt failed for good (a 404, a wrong digest, a refused source) and
+// that the node held nothing of before: a mistake leaves no Failed row and
+// no saved desire. set gets the waiter's error, which says whether the
+// desire went; it is called with d.mu held.
+func (d *Daemon) dropFailedPull(name, fp string, set func(error)) {
+	d.desires.writeMu.Lock()
+	defer d.desires.writeMu.Unlock()
+	d.mu.Lock()
+	ds, ok := d.desires.api[name]
+	st := d.arts[name]
+	var failure error
+	if st != nil {
+		failure = st.lastErr
+	}
+	// Unchanged since the waiter saw it fail: another pull may have asked
+	// again or declared the name meanwhile.
+	still := ok && fingerprint(ds) == fp && !declared(ds) && st != nil && st.permanent && st.cancel == nil && failure != nil
+	d.mu.Unlock()
+	var err error
+	if still {
+		err = d.desires.unpersist(name) // an index write: outside the daemon lock
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case failure == nil:
+		set(fmt.Errorf("artifact %s changed while its failure was reported; see modelctl inspect %s", name, name))
+	case still && err == nil:
+		delete(d.desires.api, name)
+		delete(d.arts, name)
+		set(fmt.Errorf("%w; nothing was kept (pull again once fixed, or with --keep to keep the desire and its Failed entry)", failure))
+	default:
+		set(failure) // the desire stays, Failed: the waiter's view says so
+	}
+	d.notify()
+}
+
+// pullConflict refuses a socket pull of a name the node's configuration
+// declares: a models.d desire, or a declared model's kernel cache. Called
+// with d.mu held.
+func (d *Daemon) pullConflict(name string) error {
+	if fd, ok := d.desires.file[name]; ok {
+		return api.Errorf(api.CodeConflict, "artifact %s is declared in %s; edit that file instead of pulling it by hand", name, strings.TrimPrefix(fd.Origin, sources.OriginFile))
+	}
+	if w, ok := d.desires.merged()[name]; ok && w.Serves != "" && w.Origin != sources.OriginAPI {
+		return api.Errorf(api.CodeConflict, "artifact %s is the kernel cache of %s, declared in %s; pull under another name", name, w.Serves, w.Origin)
+	}
+	return nil
+}
+
+// replaces refuses a socket pull that would silently change the source of
+// an existing desire of the same name (PullRequest.Replace allows it).
+// Called with d.mu held.
+func (d *Daemon) replaces(ds api.Desire) error {
+	old, ok := d.desires.api[ds.Name]
+	if !ok || old.State == api.StateAbsent {
+		return nil
+	}
+	was, now := fetchers.RedactURI(old.URI), fetchers.RedactURI(ds.URI)
+	if sourceOf(was) == sourceOf(now) { // the same source at another revision, or with a rotated credential
+		return nil
+	}
+	return api.Errorf(api.CodeConflict, "artifact %s is pulled from %s; this pull names %s: add --replace to replace it (the current version is served until the new one is Ready), or pull under another --name",
+		ds.Name, was, now)
+}
+
+// sourceOf is a redacted URI without what picks a revision of its source:
+// a fragment (#sha256=…), a query, an hf or OCI @revision, an OCI tag, an
+// NGC :version. Two URIs of one source are one repo, bucket path or URL.
+func sourceOf(uri string) string {
+	uri, _, _ = strings.Cut(uri, "#")
+	uri, _, _ = strings.Cut(uri, "?")
+	scheme, rest, ok := strings.Cut(uri, "://")
+	if !ok {
+		return uri
+	}
+	switch scheme {
+	case "hf", "oci":
+		rest, _, _ = strings.Cut(rest, "@")
+	}
+	switch scheme {
+	case "oci", "ngc": // a :tag or :version after the last slash (a registry's :port comes before it)
+		if i := strings.LastIndex(rest, "/"); i >= 0 {
+			if j := strings.Index(rest[i:], ":"); j >= 0 {
+				rest = rest[:i+j]
+			}
+		}
+	}
+	return scheme + "://" + rest
+}
+
+// pullConflicts checks the desire's name and the names of the kernel
+// caches it lists. Called with d.mu held.
+func (d *Daemon) pullConflicts(ds api.Desire) error {
+	if err := d.pullConflict(ds.Name); err != nil {
+		return err
+	}
+	for i := range ds.KernelCaches {
+		if err := d.pullConflict(ds.KernelCacheName(i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Daemon) handlePin(pin bool) handler {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		name := r.PathValue("name")
+		d.desires.writeMu.Lock()
+		d.mu.Lock()
+		ds, isAPI := d.desires.api[name]
+		d.mu.Unlock()
+		if isAPI {
+			ds.Pin = pin
+			if err := d.desires.persist(name, ds); err != nil {
+				d.desires.writeMu.Unlock()
+				return err
+			}
+			d.mu.Lock()
+			d.desires.api[name] = ds
+			d.mu.Unlock()
+		}
+		d.desires.writeMu.Unlock()
+		err := d.store.SetPinned(name, "", pin)
+		if err != nil && !(isAPI && errors.Is(err, cachestore.ErrNotFound)) {
+			return err
+		}
+		a, err := viewsOf(d).view(name, false)
+		if err != nil {
+			return err
+		}
+		return writeJSON(w, a)
+	}
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"os/user"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/csi"
 )
 
 // Tenancy on the node. An artifact fetched with credentials is private
@@ -76,11 +78,21 @@ func hidePrivate(a *api.Artifact) {
 	a.Metadata = nil
 }
 
+// volumeHolds is what treeModes reads of the volumes pods hold: which
+// version each mounts (csiVolumes; csi.Backend has it too).
+type volumeHolds interface {
+	Holds() ([]csi.Volume, error)
+}
+
 // treeModes keeps the modes of the version trees as their desires want
 // them. mu serialises its walks and is taken with no other lock held;
 // walked is what the last full walk decided from.
 type treeModes struct {
-	d *Daemon
+	// Set once in New, read without a lock.
+	store   *cachestore.Store
+	log     *slog.Logger
+	desired func() map[string]api.Desire // the merged desires (it takes the daemon lock)
+	volumes volumeHolds                  // the CSI volumes (csiVolumes)
 
 	mu     sync.Mutex
 	walked string
@@ -106,7 +118,7 @@ func (m *treeModes) all() {
 	if m.done && key == m.walked {
 		return
 	}
-	arts, err := m.d.store.ListSummaries()
+	arts, err := m.store.ListSummaries()
 	if err != nil {
 		return
 	}
@@ -119,7 +131,7 @@ func (m *treeModes) all() {
 // of sets the modes of name's trees alone (after a commit).
 func (m *treeModes) of(name string) {
 	want, mounted := m.inputs()
-	a, err := m.d.store.Summary(name)
+	a, err := m.store.Summary(name)
 	if err != nil {
 		return
 	}
@@ -131,12 +143,9 @@ func (m *treeModes) of(name string) {
 // modeInputs are what decides tree modes: the present desires and the
 // versions a pod's volume mounts directly (model@revision).
 func (m *treeModes) inputs() (map[string]api.Desire, map[string]bool) {
-	d := m.d
-	d.mu.Lock()
-	want := d.desires.merged()
-	d.mu.Unlock()
+	want := m.desired()
 	mounted := map[string]bool{}
-	if vols, err := d.csi.Holds(); err == nil {
+	if vols, err := m.volumes.Holds(); err == nil {
 		for _, v := range vols {
 			if !v.Private && len(v.Kernels) == 0 {
 				mounted[v.Model+"@"+v.Revision] = true
@@ -165,7 +174,6 @@ func modesKey(want map[string]api.Desire, mounted map[string]bool) string {
 // apply sets the modes of a's version trees (all's rules). Called with
 // m.mu held.
 func (m *treeModes) apply(a *cachestore.Artifact, want map[string]api.Desire, mounted map[string]bool) {
-	d := m.d
 	ds, ok := want[a.Name]
 	if !ok || ds.State == api.StateAbsent {
 		return
@@ -177,7 +185,7 @@ func (m *treeModes) apply(a *cachestore.Artifact, want map[string]api.Desire, mo
 	if ds.LocalGroup != "" {
 		g, err := localGroupID(ds.LocalGroup)
 		if err != nil {
-			d.log.Warn("a private artifact's local group is gone; its trees stay root's only", "artifact", a.Name, "err", err)
+			m.log.Warn("a private artifact's local group is gone; its trees stay root's only", "artifact", a.Name, "err", err)
 		} else {
 			mode, gid = 0o750, g
 		}
@@ -186,7 +194,7 @@ func (m *treeModes) apply(a *cachestore.Artifact, want map[string]api.Desire, mo
 		if mode != 0o755 && mounted[a.Name+"@"+v.Revision] {
 			continue
 		}
-		dir := d.store.TreePath(v.Kind, a.Name, v.Revision)
+		dir := m.store.TreePath(v.Kind, a.Name, v.Revision)
 		fi, err := os.Lstat(dir)
 		if err != nil || !fi.IsDir() {
 			continue
@@ -194,7 +202,7 @@ func (m *treeModes) apply(a *cachestore.Artifact, want map[string]api.Desire, mo
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && gid >= 0 && int(st.Gid) != gid {
 			// The group first: the mode that admits it comes after.
 			if err := os.Lchown(dir, -1, gid); err != nil {
-				d.log.Error("giving a private artifact's tree to its local group", "artifact", a.Name, "revision", v.Revision, "err", err)
+				m.log.Error("giving a private artifact's tree to its local group", "artifact", a.Name, "revision", v.Revision, "err", err)
 				continue
 			}
 		}
@@ -202,7 +210,7 @@ func (m *treeModes) apply(a *cachestore.Artifact, want map[string]api.Desire, mo
 			continue
 		}
 		if err := os.Chmod(dir, mode); err != nil {
-			d.log.Error("setting the mode of a version's tree (a private artifact's must be 0700)", "artifact", a.Name, "revision", v.Revision, "err", err)
+			m.log.Error("setting the mode of a version's tree (a private artifact's must be 0700)", "artifact", a.Name, "revision", v.Revision, "err", err)
 		}
 	}
 }

@@ -393,7 +393,7 @@ func TestInspectHidesAPrivateModelsFiles(t *testing.T) {
 		req.SetPathValue("name", name)
 		req = req.WithContext(context.WithValue(req.Context(), credKey{}, &peer{Ucred: unix.Ucred{Uid: uid, Gid: uid}}))
 		rec := httptest.NewRecorder()
-		if err := (views{r.d}).handleGet(rec, req); err != nil {
+		if err := viewsOf(r.d).handleGet(rec, req); err != nil {
 			t.Fatal(err)
 		}
 		var a api.Artifact

@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sort"
 	"time"
@@ -15,7 +16,24 @@ import (
 // views are the read side of the daemon (list, inspect, status, usage
 // and the streams of them): they join the desires, the artifacts' states,
 // the store's records and what is in use, and change nothing.
-type views struct{ d *Daemon }
+type views struct {
+	*shared              // the pull states, pods and evictions noted, under mu
+	desires   *desireSet // read under mu
+	cfg       Config
+	log       *slog.Logger
+	store     *cachestore.Store
+	space     *space
+	warming   *warming
+	started   time.Time
+	inUse     func() map[string][]api.Holder // takes mu
+	mayMutate func(*http.Request) bool
+}
+
+// viewsOf is the daemon's read side.
+func viewsOf(d *Daemon) views {
+	return views{shared: &d.shared, desires: d.desires, cfg: d.cfg, log: d.log, store: d.store, space: d.space,
+		warming: d.warming, started: d.started, inUse: d.inUse, mayMutate: d.mayMutate}
+}
 
 func (vw views) handleStatus(w http.ResponseWriter, r *http.Request) error {
 	s, err := vw.status()
@@ -26,7 +44,7 @@ func (vw views) handleStatus(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (vw views) status() (*api.Status, error) {
-	d := vw.d
+	d := vw
 	list, err := vw.list()
 	if err != nil {
 		return nil, err
@@ -63,7 +81,7 @@ func (vw views) status() (*api.Status, error) {
 }
 
 func (vw views) handleUsage(w http.ResponseWriter, r *http.Request) error {
-	d := vw.d
+	d := vw
 	u, err := d.store.Usage()
 	if err != nil {
 		return err
@@ -118,11 +136,11 @@ func (vw views) handleGet(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if a.Desire != nil && private(*a.Desire) && !vw.d.mayMutate(r) {
+	if a.Desire != nil && private(*a.Desire) && !vw.mayMutate(r) {
 		hidePrivate(a)
 	}
 	if a.Phase == api.PhaseReady && a.Revision != "" { // a walk of the tree's pages: inspect's only
-		a.Resident = vw.d.warming.resident(kindOf(vw.d.store, a.Name), a.Name, a.Revision)
+		a.Resident = vw.warming.resident(kindOf(vw.store, a.Name), a.Name, a.Revision)
 	}
 	return writeJSON(w, a)
 }
@@ -136,7 +154,7 @@ func (vw views) list() ([]api.Artifact, error) {
 // collectViews makes list's view of each name, keeps conv of it, and
 // returns them sorted by name.
 func collectViews[T any](vw views, conv func(*api.Artifact) T, name func(*T) string) ([]T, error) {
-	d := vw.d
+	d := vw
 	arts, err := d.store.ListSummaries()
 	if err != nil {
 		return nil, err
@@ -174,7 +192,7 @@ func collectViews[T any](vw views, conv func(*api.Artifact) T, name func(*T) str
 
 // view returns one name; ErrNotFound when neither desired nor stored.
 func (vw views) view(name string, files bool) (*api.Artifact, error) {
-	d := vw.d
+	d := vw
 	a, err := d.store.Get(name)
 	if err != nil && !errors.Is(err, cachestore.ErrNotFound) {
 		return nil, err
@@ -207,7 +225,7 @@ const (
 // viewLocked builds the API view, its URIs and messages redacted; called
 // with d.mu held.
 func (vw views) viewLocked(name string, a *cachestore.Artifact, want map[string]api.Desire, detail viewDetail) api.Artifact {
-	d := vw.d
+	d := vw
 	out := api.Artifact{Name: name, Kind: api.KindModel, Phase: api.PhasePending}
 	if ds, ok := want[name]; ok {
 		ds := ds

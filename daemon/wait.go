@@ -22,8 +22,8 @@ func (vw views) handleWait(w http.ResponseWriter, r *http.Request) error {
 	}
 	// A process waits for what it is about to load: warm it meanwhile.
 	ready := func(a *api.Artifact) {
-		if _, _, err := vw.d.warming.start(context.Background(), a.Name, a.Revision, warmCaller(r)); err != nil && err != errWarmOff {
-			vw.d.log.Debug("not warming after wait", "artifact", a.Name, "revision", a.Revision, "err", err)
+		if _, _, err := vw.warming.start(context.Background(), a.Name, a.Revision, warmCaller(r)); err != nil && err != errWarmOff {
+			vw.log.Debug("not warming after wait", "artifact", a.Name, "revision", a.Revision, "err", err)
 		}
 	}
 	return vw.streamUntil(w, r, r.PathValue("name"), timeout, ready, func(st *artState) (bool, error) { return st == nil || st.cancel == nil, nil })
@@ -55,7 +55,7 @@ const streamHeartbeat = time.Second
 // buffers fill. ready, when set, is called with the artifact when the
 // stream ends Ready.
 func (vw views) streamUntil(w http.ResponseWriter, r *http.Request, name string, timeout time.Duration, ready func(*api.Artifact), done func(*artState) (bool, error)) error {
-	d := vw.d
+	d := vw
 	enc, rc, tick := startStream(w, r)
 	defer tick.Stop()
 	ctx := r.Context()
