@@ -128,6 +128,9 @@ type File struct {
 	// as they streamed, checked against the size only (an NGC file listed
 	// without sha256_base64, an http(s) URL without #sha256=).
 	Streamed bool `json:"streamed,omitempty"`
+	// Peers: the peer daemons that sent bytes of the file when this
+	// version was pulled (fan-out); none, the origin sent them all.
+	Peers []string `json:"peers,omitempty"`
 }
 
 // Version is one revision of an artifact in the store.

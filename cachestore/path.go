@@ -103,6 +103,11 @@ type Entry struct {
 	// sha256 of the bytes as they streamed, checked against nothing but
 	// the size (where the source gave one). Not part of the digest.
 	Streamed bool `json:"streamed,omitempty"`
+	// Peers are the peer daemons (base URLs) that sent bytes of the file
+	// to the pull that committed the version (fan-out); none: the origin
+	// sent them all, or the store held the blob already. Not part of the
+	// digest: the bytes are checked alike whoever sent them.
+	Peers []string `json:"peers,omitempty"`
 }
 
 // Manifest is the file list of an artifact version.

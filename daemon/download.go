@@ -322,11 +322,9 @@ func (p *pull) fromPeers(path string, res p2p.Result) {
 	if p.prog.peerFiles == nil {
 		p.prog.peerFiles = map[string][]string{}
 	}
-	if _, ok := p.prog.peerFiles[path]; ok || len(p.prog.peerFiles) < maxPeerFiles {
-		for _, pe := range peers {
-			if !slices.Contains(p.prog.peerFiles[path], pe) {
-				p.prog.peerFiles[path] = append(p.prog.peerFiles[path], pe)
-			}
+	for _, pe := range peers {
+		if !slices.Contains(p.prog.peerFiles[path], pe) && len(p.prog.peerFiles[path]) < maxPeersAsked {
+			p.prog.peerFiles[path] = append(p.prog.peerFiles[path], pe)
 		}
 	}
 }

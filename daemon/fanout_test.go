@@ -140,6 +140,30 @@ func TestFanOutPeersBeforeOrigin(t *testing.T) {
 	if served != 8 {
 		t.Fatalf("peer uploads %v, want 8 (4 shards to each of B and C)", served)
 	}
+	// Each version's files say which peers sent their bytes (none: the
+	// origin), and C's still say so after its daemon restarts.
+	checkFiles := func(h *harness, who string, fromPeers bool) {
+		t.Helper()
+		a, err := h.c.Get(context.Background(), "fan")
+		if err != nil || len(a.Versions) != 1 {
+			t.Fatalf("%s: inspect fan: %+v %v", who, a, err)
+		}
+		for _, f := range a.Versions[0].Files {
+			shard := strings.HasSuffix(f.Path, ".safetensors")
+			if got := len(f.Peers) > 0; got != (shard && fromPeers) {
+				t.Errorf("%s: %s from peers %v; want peers only for the shards of a node that took them from peers", who, f.Path, f.Peers)
+			}
+			for _, pe := range f.Peers {
+				if !strings.HasPrefix(pe, "http://127.0.0.1:") {
+					t.Errorf("%s: %s: peer %q is no peer's base URL", who, f.Path, pe)
+				}
+			}
+		}
+	}
+	checkFiles(hs[0], "node A", false)
+	checkFiles(hs[1], "node B", true)
+	hs[2].stop()
+	checkFiles(start(t, hs[2].cfg), "node C after a restart", true)
 }
 
 // asCluster makes the fleet's daemons peers as in a cluster: each is a

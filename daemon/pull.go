@@ -264,7 +264,7 @@ func (p *pull) fetchAll(ctx context.Context, files []fetchers.File) (cachestore.
 					errs <- fmt.Errorf("%s: %w", fl.Path, err)
 					continue
 				}
-				entries[i] = cachestore.Entry{Path: fl.Path, Digest: digest, Size: size, Mode: fl.Mode, Etag: fl.Etag, Streamed: fl.Digest == ""}
+				entries[i] = cachestore.Entry{Path: fl.Path, Digest: digest, Size: size, Mode: fl.Mode, Etag: fl.Etag, Streamed: fl.Digest == "", Peers: p.prog.peersOf(fl.Path)}
 				p.prog.filesDone.Add(1)
 			}
 		}()

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,7 +82,8 @@ type progress struct {
 	unknown atomic.Int64
 
 	// fromPeers: the bytes peers sent, and the files they came to (path →
-	// the peers, fanout.go), at most maxPeerFiles of them.
+	// the peers, fanout.go): every such file of the pull, for its
+	// version's manifest; the stats name at most maxPeerFiles.
 	fromPeers atomic.Int64
 	peerMu    sync.Mutex
 	peerFiles map[string][]string
@@ -95,9 +97,23 @@ func (p *progress) peerStats(st *api.PullStats) {
 	st.BytesFromPeers = p.fromPeers.Load()
 	p.peerMu.Lock()
 	defer p.peerMu.Unlock()
-	if len(p.peerFiles) > 0 {
-		st.FilesFromPeers = maps.Clone(p.peerFiles)
+	for _, path := range slices.Sorted(maps.Keys(p.peerFiles)) {
+		if len(st.FilesFromPeers) == maxPeerFiles {
+			break
+		}
+		if st.FilesFromPeers == nil {
+			st.FilesFromPeers = map[string][]string{}
+		}
+		st.FilesFromPeers[path] = slices.Clone(p.peerFiles[path])
 	}
+}
+
+// peersOf is the peers that sent bytes of file path in this pull (nil:
+// the origin sent them all, or none were fetched).
+func (p *progress) peersOf(path string) []string {
+	p.peerMu.Lock()
+	defer p.peerMu.Unlock()
+	return slices.Clone(p.peerFiles[path])
 }
 
 func (p *progress) view() *api.Progress {

@@ -347,6 +347,9 @@ func describeVersions(w io.Writer, a *api.Artifact, now time.Time) {
 			if f.Streamed {
 				check = "\t(size only: the source lists no digest)"
 			}
+			if len(f.Peers) > 0 {
+				check += "\t(from peers: " + strings.Join(f.Peers, ", ") + ")"
+			}
 			fmt.Fprintf(tw, "  %s\t%s\t%s%s\n", f.Path, api.FormatBytes(f.Size), f.Digest, check)
 		}
 		tw.Flush()

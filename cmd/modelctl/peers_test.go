@@ -34,3 +34,25 @@ func TestInspectShowsBytesFromPeers(t *testing.T) {
 		t.Errorf("a pull without peers mentions them:\n%s", out.String())
 	}
 }
+
+// TestInspectFilesNameTheirPeers: the current version's file list says
+// which peers sent each file's bytes (kept in the manifest: it outlives
+// the last pull's stats), and nothing for a file the origin sent.
+func TestInspectFilesNameTheirPeers(t *testing.T) {
+	now := time.Now()
+	a := &api.Artifact{Name: "m", Phase: api.PhaseReady, Revision: "r1", Versions: []api.Version{{Revision: "r1", State: "ready", Created: now,
+		Files: []api.File{{Path: "config.json", Size: 10, Digest: "sha256:aa"}, {Path: "w.safetensors", Size: 1 << 20, Digest: "sha256:bb", Peers: []string{"http://10.0.0.7:7435", "http://10.0.0.9:7435"}}}}}}
+	var out bytes.Buffer
+	describe(&out, a, now)
+	for _, line := range strings.Split(out.String(), "\n") {
+		switch {
+		case strings.Contains(line, "w.safetensors") && !strings.Contains(line, "(from peers: http://10.0.0.7:7435, http://10.0.0.9:7435)"):
+			t.Errorf("the shard's line does not name its peers: %q", line)
+		case strings.Contains(line, "config.json") && strings.Contains(line, "peers"):
+			t.Errorf("a file the origin sent names peers: %q", line)
+		}
+	}
+	if !strings.Contains(out.String(), "w.safetensors") {
+		t.Errorf("no file list:\n%s", out.String())
+	}
+}
