@@ -135,7 +135,15 @@ func (p *pull) fetchFileTee(ctx context.Context, fl fetchers.File, lease *caches
 		d.flights[ref] = fw
 		d.mu.Unlock()
 
-		fw.digest, fw.size, fw.err = p.download(ctx, ref, fl, lease, check)
+		if fl.Digest != "" && fl.Size >= 0 && d.store.HasBlob(fl.Digest) {
+			// Another pull's flight committed the blob between this
+			// pull's first look and now (a flight ends only after its
+			// commit): take it, do not fetch it again.
+			prog.skipped.Add(fl.Size)
+			fw.digest, fw.size = fl.Digest, fl.Size
+		} else {
+			fw.digest, fw.size, fw.err = p.download(ctx, ref, fl, lease, check)
+		}
 		d.mu.Lock()
 		delete(d.flights, ref)
 		d.mu.Unlock()
