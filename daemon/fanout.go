@@ -59,6 +59,7 @@ type fanout struct {
 
 	mu      sync.Mutex
 	nodes   []k8ssync.ModelCacheNode // the cluster's, as last handed over
+	seen    map[string]bool          // the names of every node ever handed over (made by setNodes)
 	changed chan struct{}            // closed and replaced when nodes change
 	listed  map[string]time.Time     // artifact@revision → since when this node's status lists it
 }
@@ -203,6 +204,12 @@ func (f *fanout) setNodes(nodes []k8ssync.ModelCacheNode) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.nodes = nodes
+	if f.seen == nil {
+		f.seen = map[string]bool{}
+	}
+	for _, n := range nodes {
+		f.seen[n.Name] = true
+	}
 	close(f.changed)
 	f.changed = make(chan struct{})
 }
@@ -222,7 +229,7 @@ type peerPlan struct {
 // those fetching it; the origin for the blobs this node owns among the
 // first nodes (rendezvous hashing of (artifact, blob)), or for every blob
 // once Wait has passed. The first nodes are the origin nodes the cluster
-// recorded (ds.OriginNodes) that are still live and have not failed it;
+// recorded (ds.OriginNodes) less those passed over (clusterPeers);
 // when it recorded none, or none is left, the first OriginConcurrency of
 // the nodes that want it (rendezvous hashing of (artifact, node): every
 // node ranks them alike), and then only once this node's own status has
@@ -235,11 +242,11 @@ func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.
 		return pl
 	}
 	var members []string
-	var live map[string]bool
+	var passed map[string]bool
 	var listed bool
-	pl.peers, members, live, listed = f.clusterPeers(ds, revision, now)
+	pl.peers, members, passed, listed = f.clusterPeers(ds, revision, now)
 	for _, n := range ds.OriginNodes[:min(len(ds.OriginNodes), k8ssync.MaxOriginNodes)] {
-		if live[n] && !slices.Contains(pl.first, n) {
+		if !passed[n] && !slices.Contains(pl.first, n) {
 			pl.first = append(pl.first, n)
 		}
 	}
@@ -267,20 +274,25 @@ func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.
 // clusterPeers reads the statuses: the base URLs of the nodes that hold
 // revision of ds Ready (peer.Pick's order), then of those downloading it
 // (they serve the blobs they have committed); the names of the nodes
-// that want it and have not failed it, this one included; the names of
-// the live nodes (a fresh status with a peer address) that have not
-// failed it, this one included; and whether this node's own status lists
-// it.
-func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, members []string, live map[string]bool, listed bool) {
+// that want it and have not failed it, this one included; the nodes an
+// origin node must not be: those whose status is stale or has no peer
+// address, that failed it, or that were handed over once and are gone
+// since (a node never seen is not passed over: its status may not have
+// reached this one yet, while the elected daemon saw it live); and
+// whether this node's own status lists it.
+func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, members []string, passed map[string]bool, listed bool) {
 	f.mu.Lock()
 	nodes := f.nodes
+	passed = map[string]bool{}
+	for n := range f.seen {
+		passed[n] = n != f.self
+	}
 	f.mu.Unlock()
 	addr := map[string]string{}
-	live = map[string]bool{f.self: true}
 	for _, n := range nodes {
 		if b, err := peerBase(n.Status.PeerAddress); err == nil && now.Sub(n.Status.Heartbeat.Time) <= peerStale {
 			addr[n.Name] = b
-			live[n.Name] = true
+			delete(passed, n.Name)
 		}
 	}
 	peers = p2p.Pick(nodes, p2p.PickQuery{Self: f.self, Artifact: ds.Name, Revision: revision, Digest: ds.Digest,
@@ -310,7 +322,7 @@ func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (pe
 				members = append(members, n.Name)
 				fetching = append(fetching, n.Name)
 			case api.PhaseFailed:
-				delete(live, n.Name)
+				passed[n.Name] = true
 			}
 		}
 	}
@@ -319,7 +331,7 @@ func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (pe
 			peers = append(peers, addr[n])
 		}
 	}
-	return peers, members, live, listed
+	return peers, members, passed, listed
 }
 
 // rendezvous orders items by the hash of (key, item) (k8ssync.Rendezvous:

@@ -453,17 +453,30 @@ func TestFanOutPlanOriginNodes(t *testing.T) {
 		t.Fatal("after --peer-wait every node may go to the origin")
 	}
 
-	// An origin node that is stale, failed it, or is gone: this node
-	// fetches every blob.
+	// An origin node that is stale, has no peer address, failed it, or
+	// is gone (its ModelCacheNode seen, then deleted): this node fetches
+	// every blob.
+	noAddr := node("o1", "Downloading", time.Minute)
+	noAddr.Status.PeerAddress = ""
 	for name, o1 := range map[string][]k8ssync.ModelCacheNode{
-		"stale":  {node("o1", "Downloading", 4*time.Hour)},
-		"failed": {node("o1", "Failed", time.Minute)},
-		"gone":   nil,
+		"stale":   {node("o1", "Downloading", 4*time.Hour)},
+		"no addr": {noAddr},
+		"failed":  {node("o1", "Failed", time.Minute)},
 	} {
 		pl := fan("me", o1...).plan(ds, "r1", theirs, now, now)
 		if !pl.origin || !slices.Equal(pl.first, []string{"me"}) {
 			t.Fatalf("o1 %s: first %v origin %v, want this node alone, at once", name, pl.first, pl.origin)
 		}
+	}
+	gone := fan("me", node("o1", "Downloading", time.Minute))
+	gone.setNodes(nil)
+	if pl := gone.plan(ds, "r1", theirs, now, now); !pl.origin || !slices.Equal(pl.first, []string{"me"}) {
+		t.Fatalf("o1 gone: first %v origin %v, want this node alone, at once", pl.first, pl.origin)
+	}
+	// One whose status has not reached this node yet (the elected daemon
+	// saw it live) keeps its share.
+	if pl := fan("me").plan(ds, "r1", theirs, now, now); pl.origin || !slices.Equal(pl.first, []string{"o1", "me"}) {
+		t.Fatalf("o1 not seen yet: first %v origin %v, want both recorded nodes and no origin for o1's blob", pl.first, pl.origin)
 	}
 
 	// No recorded origin node left: the nodes that want it are ranked,
