@@ -277,8 +277,9 @@ func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.
 // that want it and have not failed it, this one included; the nodes an
 // origin node must not be: those whose status is stale or has no peer
 // address, that failed it, or that were handed over once and are gone
-// since (a node never seen is not passed over: its status may not have
-// reached this one yet, while the elected daemon saw it live); and
+// since (a node never seen, or seen without a status, is not passed over:
+// its status may not have reached this one yet, while the elected daemon
+// saw it live); and
 // whether this node's own status lists it.
 func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, members []string, passed map[string]bool, listed bool) {
 	f.mu.Lock()
@@ -293,6 +294,8 @@ func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (pe
 		if b, err := peerBase(n.Status.PeerAddress); err == nil && now.Sub(n.Status.Heartbeat.Time) <= peerStale {
 			addr[n.Name] = b
 			delete(passed, n.Name)
+		} else if n.Status.Heartbeat.IsZero() {
+			delete(passed, n.Name) // created, its status not written yet (or not yet here)
 		}
 	}
 	peers = p2p.Pick(nodes, p2p.PickQuery{Self: f.self, Artifact: ds.Name, Revision: revision, Digest: ds.Digest,

@@ -475,8 +475,12 @@ func TestFanOutPlanOriginNodes(t *testing.T) {
 	}
 	// One whose status has not reached this node yet (the elected daemon
 	// saw it live) keeps its share.
-	if pl := fan("me").plan(ds, "r1", theirs, now, now); pl.origin || !slices.Equal(pl.first, []string{"o1", "me"}) {
-		t.Fatalf("o1 not seen yet: first %v origin %v, want both recorded nodes and no origin for o1's blob", pl.first, pl.origin)
+	var bare k8ssync.ModelCacheNode
+	bare.Name = "o1"
+	for name, f := range map[string]*fanout{"not seen yet": fan("me"), "seen without a status": fan("me", bare)} {
+		if pl := f.plan(ds, "r1", theirs, now, now); pl.origin || !slices.Equal(pl.first, []string{"o1", "me"}) {
+			t.Fatalf("o1 %s: first %v origin %v, want both recorded nodes and no origin for o1's blob", name, pl.first, pl.origin)
+		}
 	}
 
 	// No recorded origin node left: the nodes that want it are ranked,
