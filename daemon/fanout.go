@@ -192,10 +192,17 @@ func (p *pull) viaPeers(fl fetchers.File) bool {
 	if !f.cluster {
 		return true
 	}
+	_, ok := p.clusterDesire()
+	return ok
+}
+
+// clusterDesire is the cluster's desire of the pull's name as it stands
+// now, when it still names the pull's URI.
+func (p *pull) clusterDesire() (api.Desire, bool) {
 	p.d.mu.Lock()
 	cd, ok := p.d.desires.cluster[p.ds.Name]
 	p.d.mu.Unlock()
-	return ok && cd.URI == p.ds.URI
+	return cd, ok && cd.URI == p.ds.URI
 }
 
 // setNodes takes the cluster's ModelCacheNodes (k8ssync) and wakes the
@@ -435,7 +442,11 @@ func (p *pull) downloadFanout(ctx context.Context, ref string, fl fetchers.File,
 	}
 	start, told := time.Now(), false
 	for {
-		pl := fo.plan(p.ds, p.res.Revision, fl.Digest, p.prog.started, time.Now())
+		ds := p.ds
+		if cd, ok := p.clusterDesire(); ok && cd.Revision == ds.Revision {
+			ds.OriginNodes = cd.OriginNodes // recorded since the pull started, maybe
+		}
+		pl := fo.plan(ds, p.res.Revision, fl.Digest, p.prog.started, time.Now())
 		var from p2p.Origin
 		if pl.origin {
 			from = origin
