@@ -93,14 +93,21 @@ type originsMemo struct {
 // that has none (a kernel cache's stays without: see above). The
 // candidates are the live ModelCacheNodes of the nodes mc selects: one
 // LIST of Nodes by mc's selector, done only when an entry lacks its
-// list and the live nodes changed since the last try. Once recorded, a
-// list stays for as long as its resolution does. Without any live
-// selected node the entries stay without, and the nodes rank as before.
+// list and the live nodes, or those of them whose status lists the
+// artifact (a node whose labels came to match), changed since the last
+// try. Once recorded, a list stays for as long as its resolution does.
+// Without any live selected node the entries stay without, and the nodes
+// rank as before.
 func (s *Syncer) recordOrigins(ctx context.Context, mc *ModelCache, resolved []ResolvedSource, nodes []ModelCacheNode, now time.Time) []ResolvedSource {
 	var live []string
+	lists := map[string][]string{} // artifact → the live nodes whose status lists it
 	for _, n := range nodes {
-		if Live(n, now) {
-			live = append(live, n.Name)
+		if !Live(n, now) {
+			continue
+		}
+		live = append(live, n.Name)
+		for _, a := range n.Status.Artifacts {
+			lists[a.Name] = append(lists[a.Name], n.Name)
 		}
 	}
 	if len(live) == 0 || mc.Spec.State == StateAbsent {
@@ -119,7 +126,7 @@ func (s *Syncer) recordOrigins(ctx context.Context, mc *ModelCache, resolved []R
 			continue
 		}
 		memoKey := mc.Name + "/" + e.Artifact
-		key := e.URI + "\x00" + e.Revision + "\x00" + strings.Join(live, ",")
+		key := e.URI + "\x00" + e.Revision + "\x00" + strings.Join(live, ",") + "\x00" + strings.Join(slices.Sorted(slices.Values(lists[e.Artifact])), ",")
 		s.mu.Lock()
 		m, ok := s.origins[memoKey]
 		s.mu.Unlock()

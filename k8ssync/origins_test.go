@@ -2,6 +2,7 @@ package k8ssync
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -12,9 +13,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
 	"github.com/modelcache/modelcache/internal/kubetest"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 // TestOriginNodesRanking: the assignment is the candidates' rendezvous
@@ -63,7 +66,9 @@ func TestOriginNodesRanking(t *testing.T) {
 // live; a kernel cache image and a failed resolution get none; one LIST
 // of Nodes serves a pass, and a pass with the same revision and the same
 // live nodes (a status write that failed) gives the same answer without
-// another; a recorded list stays.
+// another; a recorded list stays; without a live selected node none is
+// recorded, and a node whose labels come to match is assigned once its
+// status lists the artifact.
 func TestRecordOrigins(t *testing.T) {
 	cl := kubetest.Start(t)
 	cfg := rest.CopyConfig(cl.Config)
@@ -163,6 +168,31 @@ func TestRecordOrigins(t *testing.T) {
 	}
 	if got := s.recordOrigins(ctx, mc, moved, nil, now); got[0].OriginNodes != nil || lists.Load() != 3 {
 		t.Fatalf("no live node: origin nodes %v after %d LISTs, want none, no LIST", got[0].OriginNodes, lists.Load())
+	}
+	// A node whose labels come to match: its status lists the artifact,
+	// and the next pass asks again and assigns it.
+	if _, err := core.Nodes().Patch(ctx, "cpu-d", types.MergePatchType, []byte(`{"metadata":{"labels":{"pool":"gpu"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range unselected {
+		if unselected[i].Name == "cpu-d" {
+			unselected[i].Status.Artifacts = []ArtifactStatus{{Name: "m", Phase: "Pending"}}
+		}
+	}
+	testenv.Eventually(t, "the API server's watch cache has cpu-d's labels", 10*time.Second, func() error {
+		l, err := core.Nodes().List(ctx, metav1.ListOptions{LabelSelector: "pool=gpu", ResourceVersion: "0"})
+		if err != nil {
+			return err
+		}
+		for _, n := range l.Items {
+			if n.Name == "cpu-d" {
+				return nil
+			}
+		}
+		return errors.New("not yet")
+	})
+	if got := s.recordOrigins(ctx, mc, moved, unselected, now); !slices.Equal(got[0].OriginNodes, []string{"cpu-d"}) || lists.Load() != 4 {
+		t.Fatalf("a node newly selected that lists the artifact: origin nodes %v after %d LISTs, want [cpu-d] after 4", got[0].OriginNodes, lists.Load())
 	}
 }
 
