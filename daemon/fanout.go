@@ -286,8 +286,7 @@ func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.
 // address, that failed it, or that were handed over once and are gone
 // since (a node never seen, or seen without a status, is not passed over:
 // its status may not have reached this one yet, while the elected daemon
-// saw it live); and
-// whether this node's own status lists it.
+// saw it live); and whether this node's own status lists it.
 func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, members []string, passed map[string]bool, listed bool) {
 	f.mu.Lock()
 	nodes := f.nodes
