@@ -25,6 +25,10 @@ type Desire struct {
 	// to (status.resolved): a pull whose own resolution differs fails
 	// SourceChanged. Set only by k8ssync.
 	Revision string `json:"revision,omitempty"`
+	// OriginNodes are the nodes the cluster chose to fetch Revision from
+	// the source (status.resolved[].originNodes); with fan-out between
+	// nodes the others take its blobs from them. Set only by k8ssync.
+	OriginNodes []string `json:"originNodes,omitempty"`
 	// Stage fetches and verifies the desire's revision without making it
 	// current (a coordinated rollout's prefetch: the current revision
 	// keeps serving); once the desire comes without Stage, the staged

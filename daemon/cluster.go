@@ -145,6 +145,9 @@ func (c clusterNode) syncConfig() *k8ssync.Config {
 		cfg.Log = c.d.log.With("component", "k8ssync")
 	}
 	cfg.PeerAddress = c.d.fanout.advertised()
+	if c.d.cfg.Peer != nil {
+		cfg.OriginConcurrency = c.d.cfg.Peer.OriginConcurrency // recorded as the leader (status.resolved[].originNodes)
+	}
 	return &cfg
 }
 

@@ -350,15 +350,17 @@ type PeerConfig struct {
 	MaxUploads int
 	UploadRate int64
 	// OriginConcurrency is how many nodes fetch one artifact from the
-	// origin at once (--origin-concurrency); the others wait for a peer
-	// to hold its files, at most Wait after their pull started.
+	// origin at once (--origin-concurrency; the elected daemon's is the
+	// one recorded in status.resolved[].originNodes); the others wait for
+	// a peer to hold its files, at most Wait after their pull started.
 	OriginConcurrency int
 	Wait              time.Duration
 	// Poll is how often a waiting node asks its peers again, besides each
 	// change of the cluster's statuses (default 1s).
 	Poll time.Duration
 	// Settle is how long this node's status must have listed an artifact
-	// before it ranks the nodes that want it and goes to the origin (the
+	// before it ranks the nodes that want it and goes to the origin, where
+	// the cluster recorded no origin nodes for the revision (the
 	// statuses of the nodes that got the ModelCache at about the same
 	// moment land within it; default 2s: the default status interval).
 	Settle time.Duration

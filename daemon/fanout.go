@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -32,16 +31,18 @@ import (
 // (downloadFanout). Peers come from the ModelCacheNode statuses k8ssync
 // hands over (setNodes), or from a static list outside Kubernetes.
 //
-// In a cluster, of the nodes that want one artifact at once (their
-// statuses list it Pending or Downloading), only OriginConcurrency go to
-// the origin, each for its share of the blobs: each node ranks them the
-// same way, by rendezvous hashing of (artifact, node) and of (artifact,
-// blob), so they agree without talking to each other or writing to the
-// API server. The others ask their peers until
-// one holds the blob, and go to the origin themselves when Wait has
-// passed since their pull started (a pull never hangs on a peer). A
-// static fleet cannot tell who wants what: its nodes ask every peer
-// first, then the origin.
+// In a cluster, only a few nodes go to the origin for one revision, each
+// for its share of the blobs (rendezvous hashing of (artifact, blob)):
+// the origin nodes the elected daemon recorded with the cluster's
+// resolution (api.Desire.OriginNodes, k8ssync/origins.go), less those
+// whose status went stale or failed it. Without such a record (an older
+// leader, kernel cache images), or once none of them is left, each node
+// ranks the nodes that want the artifact (their statuses list it Pending
+// or Downloading) by rendezvous hashing of (artifact, node) and the first
+// OriginConcurrency go. The others ask their peers until one holds the
+// blob, and go to the origin themselves when Wait has passed since their
+// pull started (a pull never hangs on a peer). A static fleet cannot tell
+// who wants what: its nodes ask every peer first, then the origin.
 //
 // A nil *fanout is off (viaPeers says no to every file).
 type fanout struct {
@@ -58,13 +59,14 @@ type fanout struct {
 
 	mu      sync.Mutex
 	nodes   []k8ssync.ModelCacheNode // the cluster's, as last handed over
+	seen    map[string]bool          // the names of every node ever handed over (made by setNodes)
 	changed chan struct{}            // closed and replaced when nodes change
 	listed  map[string]time.Time     // artifact@revision → since when this node's status lists it
 }
 
 // peerStale: a node whose status is older than this is no peer (its
 // daemon may be gone). Statuses are written at least hourly.
-const peerStale = 3 * time.Hour
+const peerStale = k8ssync.PeerStale
 
 // maxPeersAsked bounds the peers one blob is asked of.
 const maxPeersAsked = 8
@@ -190,10 +192,17 @@ func (p *pull) viaPeers(fl fetchers.File) bool {
 	if !f.cluster {
 		return true
 	}
+	_, ok := p.clusterDesire()
+	return ok
+}
+
+// clusterDesire is the cluster's desire of the pull's name as it stands
+// now, when it still names the pull's URI.
+func (p *pull) clusterDesire() (api.Desire, bool) {
 	p.d.mu.Lock()
 	cd, ok := p.d.desires.cluster[p.ds.Name]
 	p.d.mu.Unlock()
-	return ok && cd.URI == p.ds.URI
+	return cd, ok && cd.URI == p.ds.URI
 }
 
 // setNodes takes the cluster's ModelCacheNodes (k8ssync) and wakes the
@@ -202,6 +211,12 @@ func (f *fanout) setNodes(nodes []k8ssync.ModelCacheNode) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.nodes = nodes
+	if f.seen == nil {
+		f.seen = map[string]bool{}
+	}
+	for _, n := range nodes {
+		f.seen[n.Name] = true
+	}
 	close(f.changed)
 	f.changed = make(chan struct{})
 }
@@ -215,14 +230,18 @@ type peerPlan struct {
 }
 
 // plan says where the blobs of ds at revision (the pull's resolution:
-// the cluster's) come from for a pull that started at started. In a static fleet: every peer (one that lacks a blob answers
-// 404), then the origin. In a cluster: the peers that hold its revision
-// Ready, then those fetching it; the origin only when this node is among
-// the first OriginConcurrency of the nodes that want it (rendezvous
-// hashing of (artifact, node): every node ranks them alike) and its own
-// status has listed it for Settle (so that the statuses of the nodes that
-// wanted it at about the same moment have landed too), or once Wait has
-// passed.
+// the cluster's) come from for a pull that started at started. In a
+// static fleet: every peer (one that lacks a blob answers 404), then the
+// origin. In a cluster: the peers that hold its revision Ready, then
+// those fetching it; the origin for the blobs this node owns among the
+// first nodes (rendezvous hashing of (artifact, blob)), or for every blob
+// once Wait has passed. The first nodes are the origin nodes the cluster
+// recorded (ds.OriginNodes) less those passed over (clusterPeers);
+// when it recorded none, or none is left, the first OriginConcurrency of
+// the nodes that want it (rendezvous hashing of (artifact, node): every
+// node ranks them alike), and then only once this node's own status has
+// listed it for Settle (so that the statuses of the nodes that wanted it
+// at about the same moment have landed too).
 func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.Time) peerPlan {
 	pl := peerPlan{until: started.Add(f.cfg.Wait)}
 	if !f.cluster {
@@ -230,10 +249,19 @@ func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.
 		return pl
 	}
 	var members []string
+	var passed map[string]bool
 	var listed bool
-	pl.peers, members, listed = f.clusterPeers(ds, revision, now)
-	pl.first = rendezvous(ds.Name, members)
-	pl.first = pl.first[:min(len(pl.first), f.cfg.OriginConcurrency)]
+	pl.peers, members, passed, listed = f.clusterPeers(ds, revision, now)
+	for _, n := range ds.OriginNodes[:min(len(ds.OriginNodes), k8ssync.MaxOriginNodes)] {
+		if !passed[n] && !slices.Contains(pl.first, n) {
+			pl.first = append(pl.first, n)
+		}
+	}
+	settled := len(pl.first) > 0
+	if !settled {
+		pl.first = rendezvous(ds.Name, members)
+		pl.first = pl.first[:min(len(pl.first), f.cfg.OriginConcurrency)]
+	}
 	key := ds.Name + "@" + revision
 	f.mu.Lock()
 	since, ok := f.listed[key]
@@ -244,7 +272,7 @@ func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.
 		f.listed[key], since = now, now
 	}
 	f.mu.Unlock()
-	settled := listed && now.Sub(since) >= f.cfg.Settle
+	settled = settled || (listed && now.Sub(since) >= f.cfg.Settle)
 	owner := rendezvous(ds.Name+"\x00"+digest, pl.first)
 	pl.origin = (settled && len(owner) > 0 && owner[0] == f.self) || !now.Before(pl.until)
 	return pl
@@ -253,16 +281,27 @@ func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.
 // clusterPeers reads the statuses: the base URLs of the nodes that hold
 // revision of ds Ready (peer.Pick's order), then of those downloading it
 // (they serve the blobs they have committed); the names of the nodes
-// that want it and have not failed it, this one included; and whether
-// this node's own status lists it.
-func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, members []string, listed bool) {
+// that want it and have not failed it, this one included; the nodes an
+// origin node must not be: those whose status is stale or has no peer
+// address, that failed it, or that were handed over once and are gone
+// since (a node never seen, or seen without a status, is not passed over:
+// its status may not have reached this one yet, while the elected daemon
+// saw it live); and whether this node's own status lists it.
+func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, members []string, passed map[string]bool, listed bool) {
 	f.mu.Lock()
 	nodes := f.nodes
+	passed = map[string]bool{}
+	for n := range f.seen {
+		passed[n] = n != f.self
+	}
 	f.mu.Unlock()
 	addr := map[string]string{}
 	for _, n := range nodes {
 		if b, err := peerBase(n.Status.PeerAddress); err == nil && now.Sub(n.Status.Heartbeat.Time) <= peerStale {
 			addr[n.Name] = b
+			delete(passed, n.Name)
+		} else if n.Status.Heartbeat.IsZero() {
+			delete(passed, n.Name) // created, its status not written yet (or not yet here)
 		}
 	}
 	peers = p2p.Pick(nodes, p2p.PickQuery{Self: f.self, Artifact: ds.Name, Revision: revision, Digest: ds.Digest,
@@ -291,6 +330,8 @@ func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (pe
 			case api.PhaseDownloading:
 				members = append(members, n.Name)
 				fetching = append(fetching, n.Name)
+			case api.PhaseFailed:
+				passed[n.Name] = true
 			}
 		}
 	}
@@ -299,27 +340,12 @@ func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (pe
 			peers = append(peers, addr[n])
 		}
 	}
-	return peers, members, listed
+	return peers, members, passed, listed
 }
 
-// rendezvous orders items by the hash of (key, item): the same order for
-// one key on every node, a different one for each key.
-func rendezvous(key string, items []string) []string {
-	type scored struct {
-		item  string
-		score [32]byte
-	}
-	s := make([]scored, 0, len(items))
-	for _, it := range items {
-		s = append(s, scored{it, sha256.Sum256([]byte(key + "\x00" + it))})
-	}
-	slices.SortFunc(s, func(a, b scored) int { return strings.Compare(string(a.score[:]), string(b.score[:])) })
-	out := make([]string, len(s))
-	for i := range s {
-		out[i] = s[i].item
-	}
-	return out
-}
+// rendezvous orders items by the hash of (key, item) (k8ssync.Rendezvous:
+// the elected daemon ranks origin nodes by the same hash).
+var rendezvous = k8ssync.Rendezvous
 
 // wait blocks until the statuses change, Poll passes, or until; the
 // pull's slot is free meanwhile.
@@ -415,7 +441,11 @@ func (p *pull) downloadFanout(ctx context.Context, ref string, fl fetchers.File,
 	}
 	start, told := time.Now(), false
 	for {
-		pl := fo.plan(p.ds, p.res.Revision, fl.Digest, p.prog.started, time.Now())
+		ds := p.ds
+		if cd, ok := p.clusterDesire(); ok && cd.Revision == ds.Revision {
+			ds.OriginNodes = cd.OriginNodes // recorded since the pull started, maybe
+		}
+		pl := fo.plan(ds, p.res.Revision, fl.Digest, p.prog.started, time.Now())
 		var from p2p.Origin
 		if pl.origin {
 			from = origin

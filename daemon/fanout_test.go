@@ -407,6 +407,134 @@ func TestFanOutPlanFromStatuses(t *testing.T) {
 	}
 }
 
+// TestFanOutPlanOriginNodes: with the origin nodes the cluster recorded
+// (api.Desire.OriginNodes) a node goes to the origin at once for the
+// blobs it owns among them, whatever statuses it has seen and without
+// waiting for its own to settle, and not at all when it is not one of
+// them; an origin node whose status went stale, that failed the artifact
+// or whose ModelCacheNode is gone leaves its share to the others; with
+// none left the nodes rank the nodes that want it as without a record.
+func TestFanOutPlanOriginNodes(t *testing.T) {
+	now := time.Now()
+	node := func(name, phase string, age time.Duration) k8ssync.ModelCacheNode {
+		var n k8ssync.ModelCacheNode
+		n.Name = name
+		n.Status.PeerAddress = "http://" + name + ":7435"
+		n.Status.Heartbeat = metav1.NewTime(now.Add(-age))
+		if phase != "" {
+			n.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: phase}}
+		}
+		return n
+	}
+	pc := DefaultPeerConfig()
+	pc.OriginConcurrency, pc.Wait, pc.Settle = 2, time.Hour, time.Minute
+	fan := func(self string, nodes ...k8ssync.ModelCacheNode) *fanout {
+		f := &fanout{cfg: pc, cluster: true, self: self, changed: make(chan struct{}), listed: map[string]time.Time{}}
+		f.setNodes(nodes)
+		return f
+	}
+	// digestOwnedBy is a blob digest whose owner among first is want.
+	digestOwnedBy := func(first []string, want string) string {
+		for i := range 1000 {
+			d := "sha256:b" + strconv.Itoa(i)
+			if rendezvous("llama\x00"+d, first)[0] == want {
+				return d
+			}
+		}
+		t.Fatalf("no digest owned by %s among %v", want, first)
+		return ""
+	}
+	ds := api.Desire{Name: "llama", OriginNodes: []string{"o1", "me"}}
+
+	// An origin node: at once, for its own share only; the other origin
+	// node's status need not list the artifact yet, nor this node's own.
+	f := fan("me", node("o1", "", time.Minute), node("late", "Pending", time.Minute))
+	mine, theirs := digestOwnedBy([]string{"o1", "me"}, "me"), digestOwnedBy([]string{"o1", "me"}, "o1")
+	pl := f.plan(ds, "r1", mine, now, now)
+	if !slices.Equal(pl.first, []string{"o1", "me"}) || !pl.origin {
+		t.Fatalf("first %v origin %v: want the recorded origin nodes, and the origin at once for this node's blob", pl.first, pl.origin)
+	}
+	if f.plan(ds, "r1", theirs, now, now).origin {
+		t.Fatal("the origin for a blob another origin node owns")
+	}
+	// The same answer in any order of the record and of the statuses.
+	rev := api.Desire{Name: "llama", OriginNodes: []string{"me", "o1", "me"}}
+	g := fan("me", node("late", "Pending", time.Minute), node("o1", "Downloading", time.Minute))
+	if g.plan(rev, "r1", theirs, now, now).origin || !g.plan(rev, "r1", mine, now, now).origin {
+		t.Fatal("the owner of a blob depends on the order of the record or of the statuses")
+	}
+
+	// Not an origin node: no origin before --peer-wait, however long its
+	// own status has listed the artifact and whatever it ranks.
+	other := fan("late", node("o1", "Downloading", time.Minute), node("me", "Downloading", time.Minute), node("late", "Pending", time.Minute))
+	for _, d := range []string{mine, theirs} {
+		other.plan(ds, "r1", d, now, now)
+		if pl := other.plan(ds, "r1", d, now, now.Add(time.Hour-time.Second)); pl.origin || !slices.Equal(pl.first, []string{"o1", "me"}) {
+			t.Fatalf("a node that is not an origin node: origin %v, first %v", pl.origin, pl.first)
+		}
+	}
+	if !other.plan(ds, "r1", mine, now, now.Add(time.Hour)).origin {
+		t.Fatal("after --peer-wait every node may go to the origin")
+	}
+
+	// An origin node that is stale, has no peer address, failed it, or
+	// is gone (its ModelCacheNode seen, then deleted): this node fetches
+	// every blob.
+	noAddr := node("o1", "Downloading", time.Minute)
+	noAddr.Status.PeerAddress = ""
+	for name, o1 := range map[string][]k8ssync.ModelCacheNode{
+		"stale":   {node("o1", "Downloading", 4*time.Hour)},
+		"no addr": {noAddr},
+		"failed":  {node("o1", "Failed", time.Minute)},
+	} {
+		pl := fan("me", o1...).plan(ds, "r1", theirs, now, now)
+		if !pl.origin || !slices.Equal(pl.first, []string{"me"}) {
+			t.Fatalf("o1 %s: first %v origin %v, want this node alone, at once", name, pl.first, pl.origin)
+		}
+	}
+	gone := fan("me", node("o1", "Downloading", time.Minute))
+	gone.setNodes(nil)
+	if pl := gone.plan(ds, "r1", theirs, now, now); !pl.origin || !slices.Equal(pl.first, []string{"me"}) {
+		t.Fatalf("o1 gone: first %v origin %v, want this node alone, at once", pl.first, pl.origin)
+	}
+	// One whose status has not reached this node yet (the elected daemon
+	// saw it live) keeps its share.
+	var bare k8ssync.ModelCacheNode
+	bare.Name = "o1"
+	for name, f := range map[string]*fanout{"not seen yet": fan("me"), "seen without a status": fan("me", bare)} {
+		if pl := f.plan(ds, "r1", theirs, now, now); pl.origin || !slices.Equal(pl.first, []string{"o1", "me"}) {
+			t.Fatalf("o1 %s: first %v origin %v, want both recorded nodes and no origin for o1's blob", name, pl.first, pl.origin)
+		}
+	}
+
+	// No recorded origin node left: the nodes that want it are ranked,
+	// after the settle time, as without a record.
+	dead := api.Desire{Name: "llama", OriginNodes: []string{"o1"}}
+	h := fan("me", node("o1", "Failed", time.Minute), node("me", "Pending", time.Minute), node("p", "Pending", time.Minute))
+	want := rendezvous("llama", []string{"me", "p"})
+	d := digestOwnedBy(want, "me")
+	if pl := h.plan(dead, "r1", d, now, now); pl.origin || !slices.Equal(pl.first, want) {
+		t.Fatalf("first %v origin %v: want %v ranked, and no origin before the settle time", pl.first, pl.origin, want)
+	}
+	if !h.plan(dead, "r1", d, now, now.Add(time.Minute)).origin {
+		t.Fatal("no origin after the settle time for a blob this node owns among the nodes that want it")
+	}
+
+	// A record of more than k8ssync.MaxOriginNodes counts that many.
+	long := api.Desire{Name: "llama"}
+	for i := range k8ssync.MaxOriginNodes {
+		long.OriginNodes = append(long.OriginNodes, "x"+strconv.Itoa(i))
+	}
+	long.OriginNodes = append(long.OriginNodes, "me")
+	var xs []k8ssync.ModelCacheNode
+	for _, n := range long.OriginNodes {
+		xs = append(xs, node(n, "Pending", time.Minute))
+	}
+	if pl := fan("me", xs...).plan(long, "r1", mine, now, now); slices.Contains(pl.first, "me") || pl.origin {
+		t.Fatalf("first %v origin %v: an entry past the cap counted", pl.first, pl.origin)
+	}
+}
+
 // TestPeerConfigValidate: each bad peer setting is refused with an error
 // that names its flag.
 func TestPeerConfigValidate(t *testing.T) {

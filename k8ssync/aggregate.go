@@ -129,7 +129,7 @@ func (s *Syncer) lead(ctx context.Context) {
 				go func() { time.Sleep(resolveRetry); poke() }()
 			}
 			m := *mc
-			m.Status.Resolved = resolved
+			m.Status.Resolved = s.recordOrigins(ctx, mc, resolved, nodes, time.Now())
 			st, flips := aggregate(&m, nodes, time.Now())
 			if old, ok := written[mc.Name]; ok && reflect.DeepEqual(old, st) {
 				continue

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -275,5 +276,6 @@ func pinnedFrom(e ResolvedSource, ds api.Desire) api.Desire {
 	if ds.Digest == "" && e.Digest != "" {
 		ds.Digest, ds.ClusterDigest = e.Digest, true
 	}
+	ds.OriginNodes = slices.Clone(e.OriginNodes[:min(len(e.OriginNodes), MaxOriginNodes)])
 	return ds
 }

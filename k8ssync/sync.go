@@ -30,6 +30,8 @@
 //	selection.go  whether a ModelCache selects a given node (NodeSelection,
 //	              for the peer port's authorizer), and which ModelCache a
 //	              desire comes from
+//	origins.go    the nodes that fetch a resolution from the origin for the
+//	              cluster (status.resolved[].originNodes), and Rendezvous
 //	labels.go     scheduling labels on this node's Node (model ready, kernel
 //	              cache compatible)
 //	lease.go      a quiet API footprint: long watches, informers without a
@@ -116,7 +118,11 @@ type Config struct {
 	// with it the loop watches every ModelCacheNode (one long watch) and
 	// hands them to Node.SetPeerNodes.
 	PeerAddress string
-	Log         *slog.Logger
+	// OriginConcurrency is how many nodes the elected daemon records as
+	// the origin nodes of a model resolution (default 2, at most
+	// MaxOriginNodes; origins.go).
+	OriginConcurrency int
+	Log               *slog.Logger
 	// Now is the clock of the elected daemon's Poll schedule (default
 	// time.Now; tests move it on).
 	Now func() time.Time
@@ -169,10 +175,11 @@ type Syncer struct {
 	lastWant     map[string]api.Desire // the desires last handed to the daemon
 	labelPatch   string                // the last patch of this node's labels, and when
 	labelPatchAt time.Time
-	polled       map[string]time.Time // modelcache/artifact → when this leader last polled its source
-	flipped      map[string]string    // modelcache/artifact → the revision this leader last made active (one Event per flip)
-	nexts        map[string]string    // artifact → the phase of its prefetch at the last pass (for Events)
-	refused      map[string]bool      // the status entries this node refused at the last pass (one Event each)
+	polled       map[string]time.Time   // modelcache/artifact → when this leader last polled its source
+	flipped      map[string]string      // modelcache/artifact → the revision this leader last made active (one Event per flip)
+	origins      map[string]originsMemo // modelcache/artifact → this leader's last assignment of origin nodes
+	nexts        map[string]string      // artifact → the phase of its prefetch at the last pass (for Events)
+	refused      map[string]bool        // the status entries this node refused at the last pass (one Event each)
 	writeErrs    int
 	timer        bool   // a later poke is pending
 	created      bool   // this node's ModelCacheNode exists
@@ -206,6 +213,9 @@ func New(cfg Config, node Node) (*Syncer, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.OriginConcurrency <= 0 {
+		cfg.OriginConcurrency = defaultOriginConcurrency
+	}
 	SetClientLog(cfg.Log)
 	kcfg := rest.CopyConfig(cfg.Kube)
 	kcfg.UserAgent = "modelcached/" + cfg.NodeName
@@ -219,7 +229,7 @@ func New(cfg Config, node Node) (*Syncer, error) {
 	}
 	s := &Syncer{cfg: cfg, node: node, log: cfg.Log, core: core, coord: coord, dyn: dyn, kick: make(chan struct{}, 1),
 		phases: map[string]string{}, owners: map[string]string{},
-		polled: map[string]time.Time{}, flipped: map[string]string{}, nexts: map[string]string{},
+		polled: map[string]time.Time{}, flipped: map[string]string{}, origins: map[string]originsMemo{}, nexts: map[string]string{},
 		pvRL: flowcontrol.NewTokenBucketRateLimiter(cfg.PVQPS, cfg.PVBurst)}
 	b := record.NewBroadcaster(record.WithCorrelatorOptions(record.CorrelatorOptions{QPS: 1.0 / 10, BurstSize: 10}))
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: core.Events("")})

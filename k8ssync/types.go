@@ -286,9 +286,17 @@ type ResolvedSource struct {
 	// Digest is the folder checksum (manifest digest) that two nodes
 	// reported for the revision, Ready, before any other (one node's
 	// report alone never sets it); every other node must produce the same.
-	Digest     string      `json:"digest,omitempty"`
-	Generation int64       `json:"generation,omitempty"`
-	ResolvedAt metav1.Time `json:"resolvedAt"`
+	Digest string `json:"digest,omitempty"`
+	// OriginNodes are the nodes that fetch a model revision from the
+	// source for the cluster, each its share of the blobs; the other
+	// nodes take the blobs from them (fan-out between nodes). Recorded
+	// once per resolution by the elected daemon (origins.go): the first
+	// --origin-concurrency, at most MaxOriginNodes, of the selected nodes
+	// with a live ModelCacheNode. Empty for kernel cache images, and while
+	// no selected node is live.
+	OriginNodes []string    `json:"originNodes,omitempty"`
+	Generation  int64       `json:"generation,omitempty"`
+	ResolvedAt  metav1.Time `json:"resolvedAt"`
 	// Error is why the last resolution failed (retried by the elected
 	// daemon; nodes wait meanwhile and keep what they serve).
 	Error string `json:"error,omitempty"`
