@@ -54,4 +54,6 @@ for b in "${missing[@]}"; do
     -o "$DEST/$b" "k8s.io/kubernetes/cmd/$b"
   if [ "$b" = kubectl ]; then "$DEST/$b" version --client; else "$DEST/$b" --version; fi
 done
-"$DEST/etcd" --version | head -1
+# sed, not head: head exits after one line, and under pipefail the
+# SIGPIPE etcd may then get fails the script (exit 141).
+"$DEST/etcd" --version | sed -n 1p
