@@ -81,9 +81,11 @@
 //	               cluster source that changed
 //	fanout.go      fanout: fan-out between nodes; the peer port (peer.Server over
 //	               the store), a file's blob from peers then the origin
-//	               (peer.Fetcher.Ingest through the pull's sink), the peers and
-//	               the nodes that go to the origin first, from the cluster's
-//	               statuses or a static list
+//	               (peer.Fetcher.Ingest through the pull's sink)
+//	fanoutplan.go  where a blob comes from: the peers to ask, the nodes that go
+//	               to the origin first (recorded with the resolution, or ranked
+//	               from the cluster's statuses; a static list asks every peer),
+//	               the wait for a peer
 //	peerauthz.go   peerAuthz: which node may have which blob on the peer port
 //	               (public artifacts' to any daemon, a private one's to the nodes
 //	               its ModelCache selects); the blob → artifacts index it reads

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -533,6 +535,69 @@ func TestFanOutPlanOriginNodes(t *testing.T) {
 	if pl := fan("me", xs...).plan(long, "r1", mine, now, now); slices.Contains(pl.first, "me") || pl.origin {
 		t.Fatalf("first %v origin %v: an entry past the cap counted", pl.first, pl.origin)
 	}
+}
+
+// TestFanOutPlanPassesOverAGoneOriginNode: a recorded origin node whose
+// daemon is gone while its status still looks fresh (written hourly at
+// least) is found through its peer port: the waiting node asks it with
+// the peers, no connection sets it aside for "network", and the next
+// plan passes it over, so this node fetches its share from the origin
+// now, not after --peer-wait.
+func TestFanOutPlanPassesOverAGoneOriginNode(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := "http://" + ln.Addr().String()
+	ln.Close() // nothing listens there now: connection refused
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fetcher, err := p2p.NewFetcher(p2p.NewTokenFile(tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	var o1, me k8ssync.ModelCacheNode
+	o1.Name, o1.Status.PeerAddress, o1.Status.Heartbeat = "o1", gone, metav1.NewTime(now.Add(-time.Minute))
+	o1.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: "Pending"}}
+	me.Name, me.Status.PeerAddress, me.Status.Heartbeat = "me", "http://127.0.0.1:1", metav1.NewTime(now)
+	pc := DefaultPeerConfig()
+	pc.OriginConcurrency, pc.Wait = 2, time.Hour
+	f := &fanout{cfg: pc, cluster: true, self: "me", fetcher: fetcher, changed: make(chan struct{}), listed: map[string]time.Time{}}
+	f.setNodes([]k8ssync.ModelCacheNode{o1, me})
+	ds := api.Desire{Name: "llama", OriginNodes: []string{"o1"}}
+	const digest = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+
+	pl := f.plan(ds, "r1", digest, now, now)
+	if pl.origin || !slices.Equal(pl.first, []string{"o1"}) || !slices.Contains(pl.peers, gone) {
+		t.Fatalf("before asking it: first %v origin %v peers %v; want o1 the origin node, asked as a peer, and no origin here", pl.first, pl.origin, pl.peers)
+	}
+	if _, err := fetcher.Fetch(context.Background(), p2p.Blob{Digest: digest, Size: 1}, pl.peers, discardPartial{}, nil); err == nil {
+		t.Fatal("a fetch from a peer port that takes no connection succeeded")
+	}
+	if avoided, why := fetcher.Avoided(gone); !avoided || why != p2p.AvoidNetwork {
+		t.Fatalf("o1 avoided %v (%s); want set aside for %s", avoided, why, p2p.AvoidNetwork)
+	}
+	pl = f.plan(ds, "r1", digest, now, now)
+	if slices.Contains(pl.first, "o1") {
+		t.Fatalf("first %v: o1's peer port took no connection, yet it stays an origin node", pl.first)
+	}
+	if !slices.Equal(pl.first, []string{"me"}) {
+		t.Fatalf("first %v: want this node alone, ranked among the nodes that want it", pl.first)
+	}
+}
+
+// discardPartial is a p2p.Partial that keeps nothing.
+type discardPartial struct{}
+
+func (discardPartial) ReadFrom(r io.Reader) (int64, error) { return io.Copy(io.Discard, r) }
+func (discardPartial) Offset() int64                       { return 0 }
+func (discardPartial) Close() error                        { return nil }
+func (discardPartial) Abort()                              {}
+func (discardPartial) Commit(context.Context, int64, string) (string, error) {
+	return "", errors.New("discardPartial keeps nothing")
 }
 
 // TestPeerConfigValidate: each bad peer setting is refused with an error

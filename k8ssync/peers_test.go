@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -302,10 +303,12 @@ func TestPeerFanOutLateNode(t *testing.T) {
 	c.sentOnce(4)
 }
 
-// TestPeerFanOutDeadOriginNode: the recorded origin node's daemon is
-// gone (a ModelCacheNode that was live at the resolution and never pulls
-// it); once its status is stale the other nodes rank among themselves and
-// one of them fetches the shards from the origin, once, long before
+// TestPeerFanOutDeadOriginNode: the recorded origin node never pulls the
+// model (a ModelCacheNode live at the resolution, its peer port answering
+// 404): the other nodes wait for it. Then its daemon goes, while its
+// status still looks fresh (statuses are written hourly at least): its
+// peer port takes no connection, the waiting nodes pass it over, and one
+// of them fetches the shards from the origin, once, long before
 // --peer-wait.
 func TestPeerFanOutDeadOriginNode(t *testing.T) {
 	c := newFanCluster(t)
@@ -314,19 +317,16 @@ func TestPeerFanOutDeadOriginNode(t *testing.T) {
 	dead := rankedFirst(t, names...)
 	nodes := c.startAll(names...)
 	c.addNode(dead)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Close() // nothing serves there
+	port := httptest.NewServer(http.NotFoundHandler()) // a peer port that never holds a blob
+	defer port.Close()
 	obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": k8ssync.Group + "/" + k8ssync.Version, "kind": "ModelCacheNode",
 		"metadata": map[string]any{"name": dead}}}
 	if _, err := c.dyn.Resource(k8ssync.ModelCacheNodeGVR).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	heartbeat := func(at time.Time) {
-		patch := fmt.Sprintf(`{"status":{"heartbeat":%q,"peerAddress":"http://%s","capacityBytes":0,"usedBytes":0,"reservedBytes":0,"freeBytes":0}}`,
-			at.UTC().Format(time.RFC3339), l.Addr())
+		patch := fmt.Sprintf(`{"status":{"heartbeat":%q,"peerAddress":%q,"capacityBytes":0,"usedBytes":0,"reservedBytes":0,"freeBytes":0}}`,
+			at.UTC().Format(time.RFC3339), port.URL)
 		if _, err := c.dyn.Resource(k8ssync.ModelCacheNodeGVR).Patch(ctx, dead, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
 			t.Fatal(err)
 		}
@@ -346,7 +346,7 @@ func TestPeerFanOutDeadOriginNode(t *testing.T) {
 	for _, n := range nodes {
 		c.waitsFor(n, dead)
 	}
-	heartbeat(time.Now().Add(-k8ssync.PeerStale - time.Hour))
+	port.Close() // its daemon is gone; its status is as fresh as before
 	c.waitReady(nodes)
 	c.sentOnce(3)
 }
