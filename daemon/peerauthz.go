@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"sync"
 
@@ -19,11 +20,15 @@ import (
 // bytes are anyone's: the public source serves them), or is private to
 // namespaces (cluster credentials) and its ModelCache selects the node
 // the caller's token is bound to (k8ssync.NodeSelection: the Node's
-// labels against spec.nodeSelector). A caller whose token names no node
-// gets public blobs only; an artifact private to a local group (models.d)
-// is this node's alone. Public blobs cost no API call; the private ones
-// cost what NodeSelection reads (a GET of the Node and of the ModelCache,
-// each per TTL).
+// labels against spec.nodeSelector), and the request comes from an
+// address of the pod the token is bound to (of the Node, for a token
+// bound to a Node): a token is a bearer credential, and one a daemon sent
+// to a peer address that a compromised node advertised could be replayed
+// from there. A caller whose token names no node gets public blobs only;
+// an artifact private to a local group (models.d) is this node's alone.
+// Public blobs cost no API call; the private ones cost what
+// NodeSelection reads (a GET of the caller's Pod, of its Node and of the
+// ModelCache, each per TTL).
 //
 // Which artifacts hold a blob: the versions in the store (blobIndex, kept
 // current from the store's summaries), and the blobs this node's pulls
@@ -42,9 +47,19 @@ type peerAuthz struct {
 	fresh map[string]map[string]bool // digest → artifacts whose pulls fetched it, while no indexed version of theirs holds it
 }
 
-// nodeSelector says whether a ModelCache selects a node (k8ssync.NodeSelection).
+// nodeSelector says whether a ModelCache selects a node, and whether a
+// request comes from what its token is bound to (k8ssync.NodeSelection).
 type nodeSelector interface {
 	Selects(ctx context.Context, modelCache, node string) (bool, error)
+	From(ctx context.Context, b k8ssync.Bound, src netip.Addr) (bool, error)
+}
+
+// boundName names what a token is bound to, for an error.
+func boundName(b k8ssync.Bound) string {
+	if b.Pod != "" {
+		return fmt.Sprintf("pod %s/%s on node %s", b.Namespace, b.Pod, b.Node)
+	}
+	return "node " + b.Node
 }
 
 func newPeerAuthz(d *Daemon, sel nodeSelector) *peerAuthz {
@@ -81,6 +96,19 @@ func (a *peerAuthz) Authorize(ctx context.Context, caller p2p.Identity, digest s
 	}
 	if caller.Node == "" {
 		return fmt.Errorf("blob %s: private here, and the caller's token is bound to no node: %w", digest, p2p.ErrForbidden)
+	}
+	if len(owners) == 0 {
+		return fmt.Errorf("blob %s: of artifacts %v, none public, and none of a ModelCache: %w", digest, names, p2p.ErrForbidden)
+	}
+	// The token must come from what it is bound to: a node's peer
+	// address is its own claim, so a token sent there could be replayed
+	// from it.
+	bound := k8ssync.Bound{Namespace: caller.Namespace, Pod: caller.Pod, PodUID: caller.PodUID, Node: caller.Node}
+	switch from, err := a.sel.From(ctx, bound, caller.Source); {
+	case err != nil:
+		return fmt.Errorf("blob %s: is %s an address of %s: %w", digest, caller.Source, boundName(bound), err)
+	case !from:
+		return fmt.Errorf("blob %s: the request comes from %s, not an address of %s: %w", digest, caller.Source, boundName(bound), p2p.ErrSourceMismatch)
 	}
 	var undecided error
 	for _, mc := range owners {

@@ -5,20 +5,38 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"testing"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/k8ssync"
 	p2p "github.com/modelcache/modelcache/peer"
 )
 
-// selections says which nodes each ModelCache selects; err, when set,
-// is every answer.
+// selections says which nodes each ModelCache selects, and the address
+// of each node and pod ("namespace/name uid"); err, when set, is every
+// answer.
 type selections struct {
 	mu    sync.Mutex
 	nodes map[string][]string
+	addrs map[string]netip.Addr
 	err   error
+}
+
+func (s *selections) From(_ context.Context, b k8ssync.Bound, src netip.Addr) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return false, s.err
+	}
+	key := b.Node
+	if b.Pod != "" {
+		key = b.Namespace + "/" + b.Pod + " " + b.PodUID
+	}
+	a, ok := s.addrs[key]
+	return ok && src.IsValid() && a == src, nil
 }
 
 func (s *selections) Selects(_ context.Context, mc, node string) (bool, error) {
@@ -58,9 +76,12 @@ func TestPeerAuthzFollowsTheArtifactsThatHoldABlob(t *testing.T) {
 	for _, n := range []string{"p", "p2", "q"} {
 		h.waitPhase(n, api.PhaseReady)
 	}
-	sel := &selections{nodes: map[string][]string{"p": {"node-a"}, "p2": {"node-c"}}}
+	ipA, ipB, ipC, ipPod := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3"), netip.MustParseAddr("10.1.0.7")
+	sel := &selections{nodes: map[string][]string{"p": {"node-a"}, "p2": {"node-c"}},
+		addrs: map[string]netip.Addr{"node-a": ipA, "node-b": ipB, "node-c": ipC, "ns/pod-a uid-1": ipPod}}
 	a := newPeerAuthz(h.d, sel)
-	nodeA, nodeB, nodeC, nobody := p2p.Identity{User: "sa", Node: "node-a"}, p2p.Identity{User: "sa", Node: "node-b"}, p2p.Identity{User: "sa", Node: "node-c"}, p2p.Identity{User: "sa"}
+	nodeA, nodeB, nodeC := p2p.Identity{User: "sa", Node: "node-a", Source: ipA}, p2p.Identity{User: "sa", Node: "node-b", Source: ipB}, p2p.Identity{User: "sa", Node: "node-c", Source: ipC}
+	nobody := p2p.Identity{User: "sa", Source: ipA}
 	dSecret, dShared := "sha256:"+sha(secret), "sha256:"+sha(shared)
 	check := func(what string, caller p2p.Identity, d string, want error) {
 		t.Helper()
@@ -75,6 +96,25 @@ func TestPeerAuthzFollowsTheArtifactsThatHoldABlob(t *testing.T) {
 	check("a blob a public artifact holds too, to another node", nodeB, dShared, nil)
 	check("a blob a public artifact holds too, to no node", nobody, dShared, nil)
 	check("a blob no artifact holds", nodeA, "sha256:"+sha([]byte("nothing")), cachestore.ErrNotFound)
+
+	// The request must come from what the token is bound to: node-a's
+	// token replayed from node-b's address (or from nowhere known) gets
+	// no private blob, public ones still.
+	replayed, unknown := nodeA, nodeA
+	replayed.Source, unknown.Source = ipB, netip.Addr{}
+	check("node-a's token replayed from node-b's address, the private blob", replayed, dSecret, p2p.ErrSourceMismatch)
+	check("node-a's token from no known address, the private blob", unknown, dSecret, p2p.ErrSourceMismatch)
+	check("node-a's token replayed from node-b's address, a public blob", replayed, dShared, nil)
+	podA := p2p.Identity{User: "sa", Node: "node-a", Namespace: "ns", Pod: "pod-a", PodUID: "uid-1", Source: ipPod}
+	check("a pod-bound token from its pod's address", podA, dSecret, nil)
+	podFromNode := podA
+	podFromNode.Source = ipA
+	check("a pod-bound token from its node's address, not the pod's", podFromNode, dSecret, p2p.ErrSourceMismatch)
+	gone := podA
+	gone.PodUID = "uid-2" // a pod of that name, but another (the token's is gone)
+	check("a token of a pod that is gone", gone, dSecret, p2p.ErrSourceMismatch)
+	podB := p2p.Identity{User: "sa", Node: "node-b", Namespace: "ns", Pod: "pod-a", PodUID: "uid-1", Source: ipPod}
+	check("a pod-bound token from its address, on a node not selected", podB, dSecret, p2p.ErrForbidden)
 
 	// The public artifact evicted: the blob is the private p2's alone.
 	sum, err := h.d.store.Summary("q")

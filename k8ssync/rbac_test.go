@@ -200,6 +200,13 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 		t.Errorf("node A after the patches: %+v", n)
 	}
 
+	// The peer port's reads: a caller's Pod (the addresses its request
+	// may come from) and Node (its labels and addresses).
+	_, err = nc.CoreV1().Pods("modelcache-system").Get(ctx, "modelcached-node-a", metav1.GetOptions{})
+	allowed("getting a daemon's Pod", err)
+	_, err = nc.CoreV1().Nodes().Get(ctx, "node-b", metav1.GetOptions{})
+	allowed("getting a Node", err)
+
 	// ModelCacheNodes: B's refused whether it exists or not, A's allowed.
 	mcn := func(name string) *unstructured.Unstructured {
 		return &unstructured.Unstructured{Object: map[string]any{"apiVersion": k8ssync.Group + "/" + k8ssync.Version, "kind": "ModelCacheNode",

@@ -28,8 +28,9 @@
 //	peers.go      every ModelCacheNode handed to the daemon, for fan-out
 //	              between nodes (with Config.PeerAddress)
 //	selection.go  whether a ModelCache selects a given node (NodeSelection,
-//	              for the peer port's authorizer), and which ModelCache a
-//	              desire comes from
+//	              for the peer port's authorizer), whether a request comes
+//	              from the pod or Node its token is bound to (From), and
+//	              which ModelCache a desire comes from
 //	origins.go    the nodes that fetch a resolution from the origin for the
 //	              cluster (status.resolved[].originNodes), and Rendezvous
 //	labels.go     scheduling labels on this node's Node (model ready, kernel

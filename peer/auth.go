@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -49,6 +50,18 @@ type Identity struct {
 	// particular, and an Authorizer gives it only what any daemon may
 	// have.
 	Node string
+	// Namespace, Pod and PodUID name the pod a projected token is bound
+	// to (the namespace from User, the pod from the review's extra
+	// PodNameExtra and PodUIDExtra); "" for a token bound to a Node or to
+	// nothing.
+	Namespace, Pod, PodUID string
+	// Source is the address the request came from (the Server sets it
+	// from the connection; an Authenticator leaves it zero). A token is
+	// a bearer credential: the one a daemon sent to a peer it was told of
+	// can be replayed from anywhere, so an Authorizer gives private
+	// blobs only to a Source that is an address of the token's pod (or
+	// Node).
+	Source netip.Addr
 }
 
 // ErrForbidden is wrapped by an Authorizer's answer for a blob the
@@ -69,9 +82,19 @@ type Authorizer interface {
 	Authorize(ctx context.Context, caller Identity, digest string) error
 }
 
-// NodeNameExtra is the key of a TokenReview's user.extra that names the
-// node a token is bound to.
-const NodeNameExtra = "authentication.kubernetes.io/node-name"
+// The keys of a TokenReview's user.extra that name what a token is
+// bound to: its node (the Node itself, or the node of the pod), and the
+// pod.
+const (
+	NodeNameExtra = "authentication.kubernetes.io/node-name"
+	PodNameExtra  = "authentication.kubernetes.io/pod-name"
+	PodUIDExtra   = "authentication.kubernetes.io/pod-uid"
+)
+
+// ErrSourceMismatch is wrapped by an Authorizer's answer for a request
+// that does not come from an address of the pod or Node its token is
+// bound to (a token replayed from elsewhere); it wraps ErrForbidden.
+var ErrSourceMismatch = fmt.Errorf("%w: the request does not come from the token's pod or node", ErrForbidden)
 
 // DefaultAudience is the audience of the projected service-account token
 // that daemons present to each other: a token minted for the API server
@@ -199,7 +222,7 @@ func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token strin
 	}
 	v, until := verdict{ok: reject == ""}, now.Add(a.NegativeTTL)
 	if v.ok {
-		v.who, until = Identity{User: st.User.Username, Node: nodeOf(st.User.Extra)}, exp
+		v.who, until = identity(st.User), exp
 	}
 	a.cache.Put(key, v, until, now, a.MaxEntries)
 	if !v.ok {
@@ -208,10 +231,22 @@ func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token strin
 	return v.who, nil
 }
 
-// nodeOf is the node a reviewed token is bound to: the one value of
-// NodeNameExtra, else "" (none, or a list that names no single node).
-func nodeOf(extra map[string]authenticationv1.ExtraValue) string {
-	if v := extra[NodeNameExtra]; len(v) == 1 {
+// identity is the caller a reviewed token names: its account, and the
+// node and pod it is bound to (a pod only with both its name and uid).
+func identity(u authenticationv1.UserInfo) Identity {
+	who := Identity{User: u.Username, Node: extraOf(u.Extra, NodeNameExtra)}
+	pod, uid := extraOf(u.Extra, PodNameExtra), extraOf(u.Extra, PodUIDExtra)
+	sa, isSA := strings.CutPrefix(u.Username, "system:serviceaccount:")
+	if ns, _, ok := strings.Cut(sa, ":"); isSA && ok && pod != "" && uid != "" {
+		who.Namespace, who.Pod, who.PodUID = ns, pod, uid
+	}
+	return who
+}
+
+// extraOf is the one value of a reviewed token's extra key, else ""
+// (none, or a list that names no single one).
+func extraOf(extra map[string]authenticationv1.ExtraValue, key string) string {
+	if v := extra[key]; len(v) == 1 {
 		return v[0]
 	}
 	return ""

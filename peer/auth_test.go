@@ -145,8 +145,8 @@ func TestTokenReviewAuthenticator(t *testing.T) {
 	}
 	// The caller is the account and the node its token is bound to: a
 	// token bound to the Node object, or the projected token of a pod
-	// scheduled there (the DaemonSet's); a token bound to nothing names
-	// no node.
+	// scheduled there (the DaemonSet's), which names the pod too; a token
+	// bound to nothing names no node.
 	node, err := kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +173,8 @@ func TestTokenReviewAuthenticator(t *testing.T) {
 	}{
 		{"bound to nothing", good, peer.Identity{User: user}},
 		{"bound to the Node", boundTo("Node", "node-a", node.UID), peer.Identity{User: user, Node: "node-a"}},
-		{"bound to a pod scheduled on the node", boundTo("Pod", pod.Name, pod.UID), peer.Identity{User: user, Node: "node-a"}},
+		{"bound to a pod scheduled on the node", boundTo("Pod", pod.Name, pod.UID),
+			peer.Identity{User: user, Node: "node-a", Namespace: ns, Pod: pod.Name, PodUID: string(pod.UID)}},
 	} {
 		for range 2 { // the second from the cache
 			if who, err := a.Authenticate(ctx, tc.token); err != nil || who != tc.want {

@@ -20,10 +20,13 @@
 // (its account needs create on tokenreviews: bind system:auth-delegator)
 // and accepts only its own account, so pods and users, whatever their
 // tokens, are never served. The projected token is bound to the daemon's
-// pod, and the review names the node that pod runs on (Identity.Node):
-// the serving daemon's Authorizer (WithAuthorizer) then decides which
-// blobs that node may have, so a token stolen from one node fetches only
-// what that node could fetch anyway. Outside Kubernetes every daemon reads one
+// pod, and the review names that pod and the node it runs on
+// (Identity.Pod, Identity.Node); the server adds the address the request
+// came from (Identity.Source): the serving daemon's Authorizer
+// (WithAuthorizer) then decides which blobs that node may have, and gives
+// private ones only to a request from the pod's address, so a token
+// stolen from one node, or received by a node that advertised itself as
+// a peer, fetches only what that node could fetch anyway. Outside Kubernetes every daemon reads one
 // shared token file (StaticTokenAuthenticator on the serving side, the
 // same file as the Fetcher's TokenSource); it names no node, and a
 // static fleet serves every committed blob to it. A network policy that admits
@@ -35,8 +38,8 @@
 //	server.go     Server (the http.Handler), Blobs (what it serves from),
 //	              the upload bounds, the Range parser
 //	blobs.go      StoreBlobs: Blobs over a cachestore.Store, with a lease per transfer
-//	auth.go       Authenticator and the Identity it returns (the node a
-//	              token is bound to); Authorizer; TokenReviewAuthenticator (a
+//	auth.go       Authenticator and the Identity it returns (the node and
+//	              pod a token is bound to); Authorizer; TokenReviewAuthenticator (a
 //	              projected service-account token of the daemon's own account
 //	              and audience, checked with a TokenReview, cached);
 //	              StaticTokenAuthenticator (a shared token file, systemd)

@@ -15,14 +15,15 @@ type Metrics struct {
 // Refusal reasons of the server (label reason of
 // modelcache_peer_refusals_total).
 const (
-	RefusedUnauthorized = "unauthorized" // no token, or one the Authenticator rejects
-	RefusedAuthError    = "auth_error"   // the Authenticator could not decide (API server unreachable)
-	RefusedBusy         = "busy"         // MaxUploads transfers already running
-	RefusedNotFound     = "not_found"    // no committed blob of that digest
-	RefusedForbidden    = "forbidden"    // a blob the Authorizer does not give the caller (answered as not_found)
-	RefusedAuthzError   = "authz_error"  // the Authorizer could not decide (answered as not_found)
-	RefusedBadRequest   = "bad_request"  // a method or path the server does not serve
-	RefusedBadRange     = "bad_range"    // a Range the blob cannot satisfy
+	RefusedUnauthorized   = "unauthorized"    // no token, or one the Authenticator rejects
+	RefusedAuthError      = "auth_error"      // the Authenticator could not decide (API server unreachable)
+	RefusedBusy           = "busy"            // MaxUploads transfers already running
+	RefusedNotFound       = "not_found"       // no committed blob of that digest
+	RefusedForbidden      = "forbidden"       // a blob the Authorizer does not give the caller (answered as not_found)
+	RefusedSourceMismatch = "source_mismatch" // a private blob asked for from an address not of the token's pod or node (answered as not_found)
+	RefusedAuthzError     = "authz_error"     // the Authorizer could not decide (answered as not_found)
+	RefusedBadRequest     = "bad_request"     // a method or path the server does not serve
+	RefusedBadRange       = "bad_range"       // a Range the blob cannot satisfy
 )
 
 // NewMetrics makes the collectors, unregistered.

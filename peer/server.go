@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -159,21 +160,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, RefusedBadRequest, http.StatusBadRequest, err.Error(), r)
 		return
 	}
-	// Whether the caller may have it, before the store is asked: a blob
-	// it may not have is answered as one not held, so the answer tells
-	// nothing of what this node holds for others.
-	if s.o.authz != nil {
-		if err := s.o.authz.Authorize(r.Context(), caller, d); err != nil {
-			reason := RefusedAuthzError
-			switch {
-			case errors.Is(err, ErrForbidden):
-				reason = RefusedForbidden
-			case errors.Is(err, cachestore.ErrNotFound):
-				reason = RefusedNotFound
-			}
-			s.refuse(w, reason, http.StatusNotFound, fmt.Sprintf("blob %s for %s (node %q): %v", d, caller.User, caller.Node, err), r)
-			return
-		}
+	if !s.authorized(w, r, caller, d) {
+		return
 	}
 	select {
 	case s.slots <- struct{}{}:
@@ -223,6 +211,34 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// authorized says whether caller, asking from r's source address, may
+// have blob d (the Authorizer's answer; every caller without one), and
+// refuses it otherwise. It is asked before the store: a blob the caller
+// may not have is answered as one not held, so the answer tells nothing
+// of what this node holds for others.
+func (s *Server) authorized(w http.ResponseWriter, r *http.Request, caller Identity, d string) bool {
+	if s.o.authz == nil {
+		return true
+	}
+	caller.Source = sourceOf(r)
+	err := s.o.authz.Authorize(r.Context(), caller, d)
+	if err == nil {
+		return true
+	}
+	reason := RefusedAuthzError
+	switch {
+	case errors.Is(err, ErrSourceMismatch):
+		reason = RefusedSourceMismatch
+	case errors.Is(err, ErrForbidden):
+		reason = RefusedForbidden
+	case errors.Is(err, cachestore.ErrNotFound):
+		reason = RefusedNotFound
+	}
+	s.refuse(w, reason, http.StatusNotFound, fmt.Sprintf("blob %s for %s (node %q, pod %q in %q, from %s): %v",
+		d, caller.User, caller.Node, caller.Pod, caller.Namespace, caller.Source, err), r)
+	return false
+}
+
 // refuse answers status with a body that says only the status: why is
 // in the log, not on the wire. A blob refused to an authenticated daemon
 // is logged as a warning: a daemon asks only for blobs of its own
@@ -231,7 +247,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) refuse(w http.ResponseWriter, reason string, status int, why string, r *http.Request) {
 	s.o.metrics.refused(reason)
 	level := slog.LevelDebug
-	if reason == RefusedForbidden {
+	if reason == RefusedForbidden || reason == RefusedSourceMismatch {
 		level = slog.LevelWarn
 	}
 	s.o.log.Log(r.Context(), level, "peer: request refused", "reason", reason, "status", status, "why", why, "remote", r.RemoteAddr)
@@ -239,6 +255,16 @@ func (s *Server) refuse(w http.ResponseWriter, reason string, status int, why st
 		w.Header().Set("WWW-Authenticate", `Bearer realm="modelcache-peer"`)
 	}
 	http.Error(w, http.StatusText(status), status)
+}
+
+// sourceOf is the address r came from (its connection's peer, an IPv4
+// address in IPv6 form unmapped); zero when the server does not know it.
+func sourceOf(r *http.Request) netip.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
 }
 
 func (s *Server) retryAfter() string {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -319,6 +320,7 @@ func (m tokenIDs) Authenticate(_ context.Context, tok string) (peer.Identity, er
 // decide.
 type nodeGrants struct {
 	grants map[string][]string
+	addrs  map[string]netip.Addr // a node's address: a blob granted to the node goes only to requests from it
 	down   atomic.Bool
 	asked  atomic.Int32
 }
@@ -333,16 +335,22 @@ func (g *nodeGrants) Authorize(_ context.Context, caller peer.Identity, d string
 		return fmt.Errorf("blob %s: %w", d, cachestore.ErrNotFound)
 	}
 	for _, n := range nodes {
-		if n == "*" || (n == caller.Node && n != "") {
+		switch {
+		case n == "*":
+			return nil
+		case n == caller.Node && n != "" && g.addrs[n] != caller.Source:
+			return fmt.Errorf("blob %s to node %q from %s: %w", d, n, caller.Source, peer.ErrSourceMismatch)
+		case n == caller.Node && n != "":
 			return nil
 		}
 	}
 	return fmt.Errorf("blob %s to node %q: %w", d, caller.Node, peer.ErrForbidden)
 }
 
-// With an Authorizer, a caller gets only the blobs it gives it: a blob
-// refused (or undecided) is answered exactly as a blob not held, before
-// the store is asked, and counted by reason.
+// With an Authorizer, a caller gets only the blobs it gives it, asked
+// with the address the request came from: a blob refused (or undecided,
+// or refused for that address) is answered exactly as a blob not held,
+// before the store is asked, and counted by reason.
 func TestServerAuthorizer(t *testing.T) {
 	s := openStore(t)
 	pub, pb := blobOf(3000, 21)
@@ -351,10 +359,13 @@ func TestServerAuthorizer(t *testing.T) {
 	commit(t, s, priv)
 	missing := "sha256:" + strings.Repeat("e", 64) // given to all, not in the store
 	unknown := "sha256:" + strings.Repeat("d", 64) // the authorizer knows no holder
-	grants := &nodeGrants{grants: map[string][]string{pb.Digest: {"*"}, vb.Digest: {"node-a"}, missing: {"*"}}}
+	// node-c's address is not where the requests come from: its token is
+	// replayed from elsewhere.
+	grants := &nodeGrants{grants: map[string][]string{pb.Digest: {"*"}, vb.Digest: {"node-a", "node-c"}, missing: {"*"}},
+		addrs: map[string]netip.Addr{"node-a": netip.MustParseAddr("127.0.0.1"), "node-c": netip.MustParseAddr("10.9.9.9")}}
 	blobs := &countingBlobs{Blobs: peer.StoreBlobs{Store: s}}
 	m := peer.NewMetrics()
-	srv, err := peer.NewServer(blobs, tokenIDs{"a": {User: "sa", Node: "node-a"}, "b": {User: "sa", Node: "node-b"}, "none": {User: "sa"}},
+	srv, err := peer.NewServer(blobs, tokenIDs{"a": {User: "sa", Node: "node-a"}, "b": {User: "sa", Node: "node-b"}, "c": {User: "sa", Node: "node-c"}, "none": {User: "sa"}},
 		peer.WithAuthorizer(grants), peer.WithServerMetrics(m))
 	if err != nil {
 		t.Fatal(err)
@@ -381,6 +392,8 @@ func TestServerAuthorizer(t *testing.T) {
 		{"a", vb.Digest, priv},
 		{"b", vb.Digest, nil},
 		{"none", vb.Digest, nil}, // a token bound to no node
+		{"c", vb.Digest, nil},    // a token replayed from an address not its node's
+		{"c", pb.Digest, pub},
 		{"a", pb.Digest, pub},
 		{"b", pb.Digest, pub},
 		{"none", pb.Digest, pub},
@@ -396,10 +409,10 @@ func TestServerAuthorizer(t *testing.T) {
 			}
 		}
 	}
-	// Refused blobs never reach the store: GET and HEAD of the 4 served
+	// Refused blobs never reach the store: GET and HEAD of the 5 served
 	// and of the one given but not held.
-	if n := blobs.opens.Load(); n != 10 {
-		t.Errorf("the store was asked %d times, want 10", n)
+	if n := blobs.opens.Load(); n != 12 {
+		t.Errorf("the store was asked %d times, want 12", n)
 	}
 	// An authorizer that cannot decide: not found too, never the blob.
 	grants.down.Store(true)
@@ -408,7 +421,7 @@ func TestServerAuthorizer(t *testing.T) {
 			t.Errorf("undecided, token %q: %s, want %s", tok, got, notHeld["GET"])
 		}
 	}
-	for reason, want := range map[string]float64{peer.RefusedForbidden: 4, peer.RefusedNotFound: 4, peer.RefusedAuthzError: 2} {
+	for reason, want := range map[string]float64{peer.RefusedForbidden: 4, peer.RefusedSourceMismatch: 2, peer.RefusedNotFound: 4, peer.RefusedAuthzError: 2} {
 		if got := testutil.ToFloat64(m.Refusals(reason)); got != want {
 			t.Errorf("refusals{reason=%s} = %v, want %v", reason, got, want)
 		}
