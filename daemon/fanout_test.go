@@ -200,13 +200,21 @@ func asCluster(t testing.TB, hs []*harness) {
 	for i, h := range hs {
 		h.d.fanout.cluster, h.d.fanout.self = true, "node-"+strconv.Itoa(i)
 	}
+	// The publishers stop, and are waited for, before the daemons close
+	// (cleanups run last registered first; the fleet's came before): a
+	// publish must never read a closed store.
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
 	for _, h := range hs {
+		wg.Add(1)
 		go func() {
+			defer wg.Done()
 			for {
 				changed := h.d.Changed()
 				publish()
 				select {
-				case <-t.Context().Done():
+				case <-ctx.Done():
 					return
 				case <-changed:
 				}
