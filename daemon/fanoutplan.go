@@ -41,7 +41,7 @@ func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.
 	var passed map[string]bool
 	var listed bool
 	pl.peers, members, passed, listed = f.clusterPeers(ds, revision, now)
-	for _, n := range ds.OriginNodes[:min(len(ds.OriginNodes), k8ssync.MaxOriginNodes)] {
+	for _, n := range recordedOrigins(ds) {
 		if !passed[n] && !slices.Contains(pl.first, n) {
 			pl.first = append(pl.first, n)
 		}
@@ -129,13 +129,15 @@ func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (pe
 			}
 		}
 	}
-	for _, n := range append(rendezvous(f.self, fetching), ds.OriginNodes[:min(len(ds.OriginNodes), k8ssync.MaxOriginNodes)]...) {
+	for _, n := range append(rendezvous(f.self, fetching), recordedOrigins(ds)...) {
 		if b := addr[n]; b != "" && n != f.self && !slices.Contains(peers, b) && len(peers) < maxPeersAsked {
 			peers = append(peers, b)
 		}
 	}
-	for n, b := range addr {
-		if f.fetcher != nil && n != f.self {
+	// Only the nodes that could go to the origin are looked up (not every
+	// node of the cluster: this runs at each poll of each waiting file).
+	for _, n := range append(slices.Clone(members), recordedOrigins(ds)...) {
+		if b := addr[n]; b != "" && f.fetcher != nil && n != f.self {
 			if avoided, why := f.fetcher.Avoided(b); avoided && why == p2p.AvoidNetwork {
 				passed[n] = true
 			}
@@ -166,4 +168,11 @@ func (f *fanout) wait(ctx context.Context, p *pull, until time.Time) error {
 		}
 		return nil
 	})
+}
+
+// recordedOrigins is the origin nodes recorded with the desire's
+// resolution, at most k8ssync.MaxOriginNodes of them (a longer record is
+// not the elected daemon's).
+func recordedOrigins(ds api.Desire) []string {
+	return ds.OriginNodes[:min(len(ds.OriginNodes), k8ssync.MaxOriginNodes)]
 }
