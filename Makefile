@@ -66,7 +66,7 @@ deb: build
 
 # The daemon image without a container engine (internal/mkimage, with
 # go-containerregistry): both binaries on a glibc base of this Debian host's
-# libc6 files, as an OCI image archive (docs/operator.md: Image).
+# libc6 files, as an OCI image archive (docs/install.md: Install on a cluster).
 IMAGE     ?= ghcr.io/modelcache/modelcached:$(VERSION)
 IMAGE_TAR ?= $(BIN)/modelcached.oci.tar
 image: build

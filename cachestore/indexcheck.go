@@ -17,7 +17,7 @@ import (
 func damaged(path, detail string) error {
 	return fmt.Errorf("%s: %w (%s); the store's trees and blobs are untouched: stop modelcached, "+
 		"move the file aside (mv %s %s.damaged) and start modelcached again, which rebuilds the index "+
-		"from the trees and blobs on disk (see \"A damaged or lost index\" in docs/operator.md)",
+		"from the trees and blobs on disk (see \"A damaged or lost index\" in docs/configuration.md)",
 		path, ErrIndexDamaged, detail, path, path)
 }
 

@@ -122,7 +122,7 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 			db.Close()
 			return nil, nil, fmt.Errorf("store root %q: %w", abs, err)
 		}
-		s.log.Warn("index rebuilt from disk; sources, pins and modelctl pull desires are lost (see docs/operator.md)",
+		s.log.Warn("index rebuilt from disk; sources, pins and modelctl pull desires are lost (see docs/configuration.md: A damaged or lost index)",
 			"versions", len(rebuilt.Versions), "quarantined", len(rebuilt.Quarantined), "hf_versions", rebuilt.HFVersions)
 	}
 	rep, err := s.repair(ctx, o.ingestMaxAge, !clean || rebuilt != nil)

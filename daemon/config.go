@@ -321,7 +321,7 @@ func groupID(name string) (int, error) {
 }
 
 // PeerConfig is fan-out between the daemons of a cluster (fanout.go;
-// docs/operator.md, Fan-out between nodes). Start from DefaultPeerConfig.
+// docs/fan-out.md). Start from DefaultPeerConfig.
 type PeerConfig struct {
 	// Addr is where the peer port listens (--peer-addr): host:port.
 	Addr string

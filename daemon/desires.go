@@ -18,7 +18,7 @@ import (
 // declared: the node's configuration declares the desire (a ModelCache,
 // a models.d file, a model's kernel cache) or its requester did (pull
 // --pin, pull --keep); the rest are ad-hoc entries, which admission may
-// evict to make room (docs/operator.md: Who may evict what).
+// evict to make room (docs/capacity.md: Who may evict what).
 func declared(ds api.Desire) bool {
 	return ds.Origin != sources.OriginAPI || ds.Pin || ds.Keep || ds.Serves != ""
 }

@@ -24,7 +24,7 @@ import (
 	p2p "github.com/modelcache/modelcache/peer"
 )
 
-// fanout is the daemon's part in fan-out between nodes (docs/operator.md,
+// fanout is the daemon's part in fan-out between nodes (docs/fan-out.md,
 // Fan-out between nodes): it serves this node's committed blobs on the
 // peer port (handler) and fetches the blobs of a file with a known digest
 // and size from the peers that hold them before the origin

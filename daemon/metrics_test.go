@@ -181,7 +181,7 @@ func TestFetchBytesMoveDuringDownload(t *testing.T) {
 
 // TestDocsNameOnlyRealMetrics: every modelcache_* series that README.md,
 // docs/ and deploy/ name is one the daemon describes, and every series the
-// daemon describes is named in docs/operator.md.
+// daemon describes is named in docs/metrics.md.
 func TestDocsNameOnlyRealMetrics(t *testing.T) {
 	h := start(t, testConfig(t))
 	described := map[string]bool{}
@@ -212,14 +212,14 @@ func TestDocsNameOnlyRealMetrics(t *testing.T) {
 		})
 	}
 	files = append(files, "../README.md")
-	inOperator := ""
+	inMetrics := ""
 	for _, f := range files {
 		raw, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if strings.HasSuffix(f, "operator.md") {
-			inOperator = string(raw)
+		if filepath.Base(f) == "metrics.md" {
+			inMetrics = string(raw)
 		}
 		for _, n := range named.FindAllString(string(raw), -1) {
 			base := n
@@ -234,8 +234,8 @@ func TestDocsNameOnlyRealMetrics(t *testing.T) {
 		}
 	}
 	for n := range described {
-		if !strings.Contains(inOperator, n) {
-			t.Errorf("the daemon exports %s, which docs/operator.md does not name", n)
+		if !strings.Contains(inMetrics, n) {
+			t.Errorf("the daemon exports %s, which docs/metrics.md does not name", n)
 		}
 	}
 }

@@ -68,5 +68,5 @@ func lostCredentials(ds api.Desire) error {
 		return nil
 	}
 	return fetchers.Permanent(fmt.Errorf("%w: the credentials in the source URI of %s were not kept across the daemon's restart (they are never written to disk); "+
-		"pull it again with them (modelctl pull URI --name %s), or give them outside the URI (docs/operator.md, Credentials)", fetchers.ErrUnauthorized, ds.Name, ds.Name))
+		"pull it again with them (modelctl pull URI --name %s), or give them outside the URI (docs/sources.md: Credentials)", fetchers.ErrUnauthorized, ds.Name, ds.Name))
 }

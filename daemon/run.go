@@ -187,7 +187,7 @@ func openStore(ctx context.Context, cfg Config, log *slog.Logger, abandoned func
 	}
 	switch {
 	case rep.IndexRebuilt != nil:
-		log.Warn("startup repair rebuilt a lost index from the trees on disk; sources, pins and modelctl pull desires are gone (docs/operator.md: A damaged or lost index)", "report", rep)
+		log.Warn("startup repair rebuilt a lost index from the trees on disk; sources, pins and modelctl pull desires are gone (docs/configuration.md: A damaged or lost index)", "report", rep)
 	case !rep.Clean():
 		log.Info("startup repair", "report", rep)
 	case rep.AfterCleanShutdown:

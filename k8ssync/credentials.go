@@ -70,7 +70,7 @@ func (s *Syncer) grant(mc *ModelCache, ns, name string) (*ModelCacheCredentials,
 	for _, src := range sources(mc) {
 		srcs = append(srcs, src.source)
 	}
-	migrate := fmt.Sprintf("a ModelCache may use Secrets of %s; a Secret of namespace %s only where a ModelCacheCredentials of %s grants it: create one there with modelCache: %s, secretName: %s, sources: [%s] (docs/operator.md: Tenancy)",
+	migrate := fmt.Sprintf("a ModelCache may use Secrets of %s; a Secret of namespace %s only where a ModelCacheCredentials of %s grants it: create one there with modelCache: %s, secretName: %s, sources: [%s] (docs/tenancy.md)",
 		s.cfg.Namespace, ns, ns, mc.Name, name, clip(fetchers.RedactText(strings.Join(srcs, ", ")), MaxStatusURI))
 	if s.credInf == nil || !s.credInf.HasSynced() {
 		return nil, "spec.secretRef names Secret " + ns + "/" + name + ": the ModelCacheCredentials objects are not listed yet (is their CRD installed?); " + migrate

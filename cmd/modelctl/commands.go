@@ -72,7 +72,7 @@ func pullCommand() *cli.Command {
 			"first (list shows ENTRY ad-hoc); --keep or --pin declare it, and only disk pressure (--keep) or nothing (--pin) evicts it;\n" +
 			"a source that does not exist or refuses access is not retried until the desire changes or it is pulled again.\n" +
 			"Kernel caches (oci:// images in GKM's MCV layout) must be signed: --key cosign.pub, or keyless\n" +
-			"--identity/--issuer/--trusted-root; see docs/operator.md (GPUs and kernel caches).",
+			"--identity/--issuer/--trusted-root; see docs/kernel-caches.md.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "name", Usage: "artifact name (letters, digits, '.', '_', '-')"},
 			&cli.BoolFlag{Name: "pin", Usage: "never evict it by policy"},

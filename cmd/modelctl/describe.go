@@ -49,7 +49,7 @@ func listTable(w io.Writer, list []api.ArtifactRow, now time.Time, wide, noHeade
 		if a.Created != nil {
 			age = humanAge(now.Sub(*a.Created))
 		}
-		entry := a.Entry // declared or ad-hoc (docs/operator.md, Capacity)
+		entry := a.Entry // declared or ad-hoc (docs/capacity.md)
 		if entry == "" {
 			entry = "-"
 		}

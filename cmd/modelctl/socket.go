@@ -58,5 +58,5 @@ func socketRemedy(sock string) string {
 	} else {
 		s += " Run as root (sudo)."
 	}
-	return s + " An operator lets every local user read the cache with modelcached --socket-mode 0666 (writes still need the group); see docs/operator.md."
+	return s + " An operator lets every local user read the cache with modelcached --socket-mode 0666 (writes still need the group); see docs/configuration.md (Socket permissions)."
 }

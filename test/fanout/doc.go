@@ -1,6 +1,6 @@
-// Package fanout measures fan-out between nodes (docs/operator.md,
-// Fan-out between nodes) with real processes: N modelcached daemons,
-// each in a network namespace of its own with its own root and peer
+// Package fanout measures fan-out between nodes (docs/fan-out.md) with
+// real processes: N modelcached daemons, each in a network namespace of
+// its own with its own root and peer
 // port, against a real kube-apiserver (internal/kubetest) and one hub
 // origin throttled to a fixed rate, all given one ModelCache at once.
 // It needs root (namespaces, a bridge) and iproute2; without them its
