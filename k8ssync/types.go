@@ -338,8 +338,9 @@ type ModelCacheNodeStatus struct {
 	// Summary counts the artifacts by phase for the printer column:
 	// "2 Ready, 1 Downloading" ("" when there are none).
 	Summary string `json:"summary,omitempty"`
-	// Heartbeat is when the daemon last wrote (at most every few minutes
-	// when nothing changes).
+	// Heartbeat is when the daemon last wrote: at each change (at most
+	// every --status-interval), and once an hour when nothing changes
+	// (Config.Heartbeat).
 	Heartbeat metav1.Time `json:"heartbeat"`
 	// PeerAddress is where this node's daemon serves its verified blobs to
 	// the other daemons (http://<pod IP>:<port>); empty when it does not.

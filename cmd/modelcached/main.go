@@ -106,7 +106,10 @@ func manPage(app *cli.App) (string, error) {
 }
 
 // newApp is modelcached's command line: its flags are also the keys of
-// the config file (config.go).
+// the config file (config.go). docs/flags.md's table of them is written from
+// them (TestFlagsDoc compares):
+//
+//go:generate go test -run ^TestFlagsDoc$ -update-docs .
 func newApp() *cli.App {
 	def, peerDef := daemon.DefaultConfig(), daemon.DefaultPeerConfig()
 	return &cli.App{
@@ -141,7 +144,7 @@ func newApp() *cli.App {
 			&cli.IntFlag{Name: "files-per-pull", Value: def.FilesPerPull, Usage: "files of one artifact fetched at once"},
 			&cli.BoolFlag{Name: "direct-io", Value: def.DirectIO, Usage: "write blobs with O_DIRECT where the filesystem allows (--direct-io=false: buffered)"},
 			&cli.GenericFlag{Name: "write-buffer-size", Value: &sizeFlag{n: def.WriteBufferSize, set: true}, DefaultText: "2Mi", Usage: "each of a file's two pipeline buffers, and so each write to disk: a multiple of 4Ki from 64Ki to 64Mi; larger costs less CPU per byte, smaller holds less memory per file and loses less to a crash"},
-			&cli.GenericFlag{Name: "bandwidth-limit", Value: &sizeFlag{}, Usage: "bytes per second over all pulls: bytes or a size such as 500M or 1Gi; 0 = unlimited"},
+			&cli.GenericFlag{Name: "bandwidth-limit", Value: &sizeFlag{}, DefaultText: "0 (unlimited)", Usage: "bytes per second over all pulls: bytes or a size such as 500M or 1Gi; 0 = unlimited"},
 			&cli.DurationFlag{Name: "retry-initial", Value: def.RetryInitial, Usage: "first delay after a failed pull"},
 			&cli.DurationFlag{Name: "retry-max", Value: def.RetryMax, Usage: "longest delay between pull attempts"},
 			&cli.IntFlag{Name: "range-connections", Value: def.RangeConnections, Usage: "the most connections per large file from a hub, NGC or S3: a file starts on one and gets parallel Range requests only when that one is the limit (1: one stream)"},
@@ -171,8 +174,8 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "peer-static-token-file", Usage: "outside Kubernetes: a token file every daemon of the fleet shares (mode 0600); the daemon sends it and accepts only it (replaces --peer-token-file and the TokenReview)"},
 			&cli.StringSliceFlag{Name: "peers", Usage: "outside Kubernetes: the other daemons' peer ports, host:port (repeatable or comma-separated); needs --peer-static-token-file"},
 			&cli.IntFlag{Name: "peer-max-uploads", Value: peerDef.MaxUploads, Usage: "blob transfers this daemon serves to peers at once; more are answered 503 with Retry-After"},
-			&cli.GenericFlag{Name: "peer-upload-rate", Value: &sizeFlag{}, Usage: "bytes per second sent to peers over all uploads: bytes or a size such as 500M; 0 = no bound"},
-			&cli.IntFlag{Name: "origin-concurrency", Value: peerDef.OriginConcurrency, Usage: "how many nodes fetch one artifact from the origin at once; the others wait for a peer to hold its files (at most --peer-wait)"},
+			&cli.GenericFlag{Name: "peer-upload-rate", Value: &sizeFlag{}, DefaultText: "0 (no bound)", Usage: "bytes per second sent to peers over all uploads: bytes or a size such as 500M; 0 = no bound"},
+			&cli.IntFlag{Name: "origin-concurrency", Value: peerDef.OriginConcurrency, Usage: "how many nodes fetch one artifact from the origin at once, 1 to 1024; the others wait for a peer to hold its files (at most --peer-wait). The elected daemon records at most 8 of them with a resolution (status.resolved[].originNodes); without such a record each node takes this many"},
 			&cli.DurationFlag{Name: "peer-wait", Value: peerDef.Wait, Usage: "the longest a pull that is not among --origin-concurrency waits for a peer to hold a file before it goes to the origin itself"},
 			&cli.BoolFlag{Name: "warm", Value: def.Warm, Usage: "read a model into the page cache ahead of the pod about to load it (on a CSI publish, modelctl wait returning Ready, modelctl lease, modelctl warm); --warm=false: never"},
 			&cli.Float64Flag{Name: "warm-share", Value: def.WarmShare, Usage: "the share of MemAvailable (read at each warm's start) all running warms together may read into the page cache: more than 0, at most 1"},

@@ -226,7 +226,10 @@ var flagInMsg = regexp.MustCompile(`(^|[\s:])-{1,2}[A-Za-z][\w-]*`)
 func client(c *cli.Context) *api.Client { return &api.Client{Socket: c.String("socket")} }
 
 // commands is the table of modelctl's commands, in the order help lists
-// them; each is defined by its own function.
+// them; each is defined by its own function. docs/flags.md's tables of
+// them and their flags are written from them (TestCommandsDoc compares):
+//
+//go:generate go test -run ^TestCommandsDoc$ -update-docs .
 func commands() []*cli.Command {
 	return []*cli.Command{
 		listCommand(),

@@ -1,7 +1,10 @@
 package cliutil
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,5 +51,30 @@ func TestParseDuration(t *testing.T) {
 		if _, err := ParseDuration(in); err == nil {
 			t.Errorf("ParseDuration(%q) accepted", in)
 		}
+	}
+}
+
+func TestSyncDocSection(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "flags.md")
+	doc := "# Flags\n\n<!-- BEGIN x: written by gen; do not edit -->\n| a |\n<!-- END x -->\n\nafter\n"
+	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := SyncDocSection(path, "x", "gen", "| a |\n", false); err != nil {
+		t.Fatalf("an equal section: %v", err)
+	}
+	err := SyncDocSection(path, "x", "gen", "| b |\n", false)
+	if err == nil || !strings.Contains(err.Error(), "run gen") || !strings.Contains(err.Error(), `"| a |"`) {
+		t.Fatalf("a drifted section: %v, want the generator and the line that differs named", err)
+	}
+	if err := SyncDocSection(path, "x", "gen", "| b |\n", true); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(path)
+	if want := strings.Replace(doc, "| a |", "| b |", 1); string(got) != want {
+		t.Fatalf("updated:\n%s\nwant:\n%s", got, want)
+	}
+	if err := SyncDocSection(path, "y", "gen", "", false); err == nil || !strings.Contains(err.Error(), "no section y") {
+		t.Fatalf("a missing section: %v", err)
 	}
 }
