@@ -7,7 +7,8 @@
 // systemd notifications.
 //
 // The daemon is a few components, each owning its state (and, where it
-// has one, its lock), wired by New and served by Run:
+// has one, its lock), wired by New and served by Run (docs/architecture.md
+// draws them, with one pull and one fan-out transfer):
 //
 //	desireSet   the desires by origin (socket, models dir, cluster), merged;
 //	            their persistence and the writers' lock
