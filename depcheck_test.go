@@ -62,6 +62,9 @@ var only = map[string][]string{
 	// and small interfaces by daemon.New; none links the daemon.
 	"daemon/sources/...": {"mod:daemon/sources", "mod:api", "mod:fetchers"},
 	"daemon/kernels/...": {"mod:daemon/kernels", "mod:daemon/sources", "mod:api", "mod:fetchers", "mod:cachestore", "mod:gpu"},
+	// fan-out is driven without a daemon (a fleet simulation): the
+	// store, the peer port and fetcher, the cluster's statuses.
+	"daemon/fanout/...": {"mod:daemon/fanout", "mod:api", "mod:cachestore", "mod:fetchers", "mod:k8ssync", "mod:peer", "mod:internal/expiring"},
 }
 
 func TestDependencyDirection(t *testing.T) {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/daemon/capacity"
 	"github.com/modelcache/modelcache/daemon/kernels"
@@ -95,6 +97,7 @@ func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[str
 	}
 	d.mu.Lock()
 	d.desires.cluster = valid
+	d.desires.publish()
 	d.notify()
 	d.mu.Unlock()
 	d.kick()
@@ -144,7 +147,7 @@ func (c clusterNode) syncConfig() *k8ssync.Config {
 	if cfg.Log == nil {
 		cfg.Log = c.d.log.With("component", "k8ssync")
 	}
-	cfg.PeerAddress = c.d.fanout.advertised()
+	cfg.PeerAddress = c.d.fanout.Advertised()
 	if c.d.cfg.Peer != nil {
 		cfg.OriginConcurrency = c.d.cfg.Peer.OriginConcurrency // recorded as the leader (status.resolved[].originNodes)
 	}
@@ -153,10 +156,10 @@ func (c clusterNode) syncConfig() *k8ssync.Config {
 
 // SetPeerNodes takes the cluster's ModelCacheNodes (k8ssync, with a peer
 // address): the peers a pull asks for the blobs of a revision the
-// cluster resolved, and the nodes that want it (fanout.go).
+// cluster resolved, and the nodes that want it (package fanout).
 func (c clusterNode) SetPeerNodes(nodes []k8ssync.ModelCacheNode) {
 	if c.d.fanout != nil {
-		c.d.fanout.setNodes(nodes)
+		c.d.fanout.SetNodes(nodes)
 	}
 }
 
@@ -247,4 +250,13 @@ func pinnedURI(src source, res *fetchers.Resolved) string {
 		}
 	}
 	return src.uri
+}
+
+// kube is the API server's client config (the peer port's TokenReviews
+// and node selections), nil outside a cluster.
+func (d *Daemon) kube() *rest.Config {
+	if d.cfg.Cluster == nil {
+		return nil
+	}
+	return d.cfg.Cluster.Kube
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"net/url"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/csi"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/daemon/fanout"
 	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/k8ssync"
@@ -101,7 +101,7 @@ type Config struct {
 	CSI *csi.Config
 	// Peer, when set, serves this node's committed blobs to the other
 	// daemons of the cluster and fetches blobs from them before the
-	// origin (fanout.go); nil: off.
+	// origin (package fanout: fanout.Config); nil: off.
 	Peer    *PeerConfig
 	Logger  *slog.Logger // nil = silent
 	Version string       // reported by status and metrics
@@ -225,7 +225,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--write-buffer-size: %w", err))
 	}
 	if c.Peer != nil {
-		if err := c.Peer.validate(c.Cluster != nil); err != nil {
+		if err := c.Peer.Validate(c.Cluster != nil); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -320,130 +320,8 @@ func groupID(name string) (int, error) {
 	return strconv.Atoi(g.Gid)
 }
 
-// PeerConfig is fan-out between the daemons of a cluster (fanout.go;
-// docs/fan-out.md). Start from DefaultPeerConfig.
-type PeerConfig struct {
-	// Addr is where the peer port listens (--peer-addr): host:port.
-	Addr string
-	// Advertise is the base URL the other daemons reach this one at
-	// (--peer-advertise, http://10.0.0.7:7435): written to this node's
-	// ModelCacheNode status in a cluster; in a static fleet it names this
-	// daemon in Peers, which it leaves out.
-	Advertise string
-	// TokenFile holds the token this daemon sends (--peer-token-file): the
-	// projected service-account token of audience peer.DefaultAudience,
-	// read again when kubelet rotates it.
-	TokenFile string
-	// StaticTokenFile (--peer-static-token-file) is the token every
-	// daemon of a fleet outside Kubernetes shares: it sends it and accepts
-	// only it. Set, it replaces TokenFile and the TokenReview.
-	StaticTokenFile string
-	// Peers (--peers) are the other daemons of a fleet outside
-	// Kubernetes, as base URLs; only with StaticTokenFile.
-	Peers []string
-	// ServiceAccount is "namespace/name" of the daemons' service account
-	// (--peer-service-account): the only account whose tokens a
-	// TokenReview accepts, in a cluster.
-	ServiceAccount string
-	// MaxUploads bounds the transfers this daemon serves at once; UploadRate
-	// the bytes per second it sends across them (0: no bound).
-	MaxUploads int
-	UploadRate int64
-	// OriginConcurrency is how many nodes fetch one artifact from the
-	// origin at once (--origin-concurrency; the elected daemon's is the
-	// one recorded in status.resolved[].originNodes); the others wait for
-	// a peer to hold its files, at most Wait after their pull started.
-	OriginConcurrency int
-	Wait              time.Duration
-	// Poll is how often a waiting node asks its peers again, besides each
-	// change of the cluster's statuses (default 1s).
-	Poll time.Duration
-	// Settle is how long this node's status must have listed an artifact
-	// before it ranks the nodes that want it and goes to the origin, where
-	// the cluster recorded no origin nodes for the revision (the
-	// statuses of the nodes that got the ModelCache at about the same
-	// moment land within it; default 2s: the default status interval).
-	Settle time.Duration
-}
-
-// DefaultPeerTokenFile is where the DaemonSet bundle projects the peer
-// token (a serviceAccountToken volume of audience modelcache-peer).
-const DefaultPeerTokenFile = "/var/run/secrets/modelcache.io/peer/token"
+// PeerConfig is fan-out's settings (package fanout: fanout.Config).
+type PeerConfig = fanout.Config
 
 // DefaultPeerConfig is a peer port's settings but the address.
-func DefaultPeerConfig() PeerConfig {
-	return PeerConfig{TokenFile: DefaultPeerTokenFile, MaxUploads: 4, OriginConcurrency: 2, Wait: 30 * time.Minute, Poll: time.Second, Settle: 2 * time.Second}
-}
-
-// validate checks the peer settings; cluster says whether the daemon
-// syncs with Kubernetes (the TokenReview and the statuses need it).
-func (p *PeerConfig) validate(cluster bool) error {
-	var errs []error
-	if _, _, err := net.SplitHostPort(p.Addr); err != nil || p.Addr == "" {
-		errs = append(errs, fmt.Errorf("--peer-addr %q: want host:port or :port, e.g. :7435", p.Addr))
-	}
-	if p.Advertise != "" {
-		if _, err := peerBase(p.Advertise); err != nil {
-			errs = append(errs, fmt.Errorf("--peer-advertise: %w", err))
-		}
-	}
-	for _, s := range p.Peers {
-		if _, err := peerBase(s); err != nil {
-			errs = append(errs, fmt.Errorf("--peers: %w", err))
-		}
-	}
-	switch {
-	case p.StaticTokenFile != "":
-		if !filepath.IsAbs(p.StaticTokenFile) {
-			errs = append(errs, fmt.Errorf("--peer-static-token-file %q: want an absolute path", p.StaticTokenFile))
-		}
-		if len(p.Peers) > 0 && p.Advertise == "" {
-			errs = append(errs, errors.New("--peers: this daemon's own address is unknown: set --peer-advertise (its entry in --peers) or give --peer-addr a host"))
-		}
-	case len(p.Peers) > 0:
-		errs = append(errs, errors.New("--peers needs --peer-static-token-file: a fleet outside Kubernetes shares one token file"))
-	case !cluster:
-		errs = append(errs, errors.New("--peer-addr outside Kubernetes needs --peer-static-token-file (one token shared by every daemon, mode 0600) and --peers; or drop --peer-addr"))
-	default:
-		if p.TokenFile == "" || !filepath.IsAbs(p.TokenFile) {
-			errs = append(errs, fmt.Errorf("--peer-token-file %q: want the absolute path of the projected service-account token (audience modelcache-peer), e.g. %s", p.TokenFile, DefaultPeerTokenFile))
-		}
-		if ns, name, ok := strings.Cut(p.ServiceAccount, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-			errs = append(errs, fmt.Errorf("--peer-service-account %q: want namespace/name of the daemons' service account (set POD_NAMESPACE and SERVICE_ACCOUNT_NAME from the downward API)", p.ServiceAccount))
-		}
-		if p.Advertise == "" {
-			errs = append(errs, errors.New("--peer-addr: no address for the other daemons: set POD_IP from the downward API (status.podIP) or --peer-advertise"))
-		}
-	}
-	if p.MaxUploads < 1 || p.MaxUploads > 256 {
-		errs = append(errs, fmt.Errorf("--peer-max-uploads %d: want 1..256", p.MaxUploads))
-	}
-	if p.UploadRate < 0 {
-		errs = append(errs, fmt.Errorf("--peer-upload-rate %d: want bytes per second >= 0 (0: no bound)", p.UploadRate))
-	}
-	if p.OriginConcurrency < 1 || p.OriginConcurrency > 1024 {
-		errs = append(errs, fmt.Errorf("--origin-concurrency %d: want 1..1024 nodes", p.OriginConcurrency))
-	}
-	if p.Wait <= 0 {
-		errs = append(errs, fmt.Errorf("--peer-wait %s: want > 0, e.g. 30m", p.Wait))
-	}
-	if p.Poll <= 0 || p.Settle < 0 {
-		errs = append(errs, fmt.Errorf("peer poll %s, settle %s: want a poll > 0 and a settle >= 0", p.Poll, p.Settle))
-	}
-	return errors.Join(errs...)
-}
-
-// peerBase reads a peer's address, host:port or an http(s) base URL
-// with nothing after its port, as a base URL (http://host:port).
-func peerBase(s string) (string, error) {
-	raw := s
-	if !strings.Contains(s, "://") {
-		s = "http://" + s
-	}
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.User != nil || u.Port() == "" || u.Hostname() == "" ||
-		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
-		return "", fmt.Errorf("peer address %q: want host:port or http://host:port, e.g. 10.0.0.7:7435", raw)
-	}
-	return u.Scheme + "://" + u.Host, nil
-}
+func DefaultPeerConfig() PeerConfig { return fanout.DefaultConfig() }

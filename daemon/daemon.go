@@ -12,6 +12,7 @@ import (
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/csi"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/daemon/fanout"
 	"github.com/modelcache/modelcache/daemon/kernels"
 	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
@@ -25,10 +26,11 @@ import (
 //	space.capMu → space.evictMu → desires.writeMu → mu → leaf locks;  space.scanRun → space.scanMu
 //
 // The leaf locks (sources.Set.mu, leaseSet.mu, csiVolumes.mu, warming.mu,
-// space.scanMu, fanout.mu) guard their component's own state and are
+// space.scanMu, fanout.Fleet.mu) guard their component's own state and are
 // never held together or while another lock is taken. treeModes.mu and
-// peerAuthz.mu are taken with no other lock held; under them only the
-// store's own locks are.
+// fanout.Authz.mu are taken with no other lock held; under them only the
+// store's own locks are. The peer port takes no daemon lock: it reads the
+// desires' access from desireSet.access, which publish replaces under mu.
 //
 // mu, the daemon lock (shared.mu: the views and the evictions share it
 // by pointer; the components take it only inside the functions New gives
@@ -57,7 +59,7 @@ type Daemon struct {
 	warming *warming         // reads what pods are about to load into the page cache (warming.go)
 	kernels *kernels.Set     // GPUs, kernel cache signatures and compatibility (package kernels)
 	space   *space           // admission, eviction passes, the /proc scan (admission.go)
-	fanout  *fanout          // the peer port and fetches from peers; nil when off (fanout.go)
+	fanout  *fanout.Fleet    // the peer port and fetches from peers; nil when off (package fanout)
 	pullSem chan struct{}    // the node's pull slots (slot.go)
 	wake    chan struct{}    // kicks the reconciler
 	pulls   sync.WaitGroup   // pulls in flight; Run waits for them

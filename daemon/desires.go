@@ -11,8 +11,10 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/fanout"
 	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/k8ssync"
 )
 
 // declared: the node's configuration declares the desire (a ModelCache,
@@ -63,6 +65,27 @@ type desireSet struct {
 	api, file, cluster map[string]api.Desire
 	rejected           map[string]string
 	fileErrors         []string
+
+	// access is what the merged desires say of each artifact, for the
+	// peer port (package fanout), which reads it without the daemon lock:
+	// publish replaces it after each change of the maps.
+	access fanout.AccessTable
+}
+
+// publish gives the peer port what the desires now say of each artifact
+// (fanout.Access); called with the daemon lock held after each change of
+// the maps.
+func (s *desireSet) publish() {
+	want := s.merged()
+	m := make(map[string]fanout.Access, len(want))
+	for n, ds := range want {
+		a := fanout.Access{Public: !private(ds)}
+		if len(ds.AllowedNamespaces) > 0 {
+			a.ModelCache, _ = k8ssync.ModelCacheOf(ds)
+		}
+		m[n] = a
+	}
+	s.access.Set(m)
 }
 
 func newDesireSet(records *cachestore.Records) *desireSet {

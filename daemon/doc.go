@@ -30,6 +30,8 @@
 //	modelsDir   the models dir's desires, read and watched
 //	clusterNode the daemon as k8ssync sees it (k8ssync.Node)
 //	fanout      the peer port, and blobs fetched from peers before the origin
+//	            (package daemon/fanout: fanout.Fleet; its authorizer reads the
+//	            desires' access, which desireSet publishes, not the daemon lock)
 //
 // The Daemon itself keeps the artifacts' pull states (pullStates) and the
 // pods that hold artifacts (shared: under mu, which the desire set's
@@ -80,16 +82,13 @@
 //	unpack.go      archive layers (OCI tar layers) checked and unpacked into blobs (unpacker)
 //	failure.go     how a pull fails and retries: reasons, permanence, backoff; a
 //	               cluster source that changed
-//	fanout.go      fanout: fan-out between nodes; the peer port (peer.Server over
-//	               the store), a file's blob from peers then the origin
-//	               (peer.Fetcher.Ingest through the pull's sink)
-//	fanoutplan.go  where a blob comes from: the peers to ask, the nodes that go
-//	               to the origin first (recorded with the resolution, or ranked
-//	               from the cluster's statuses; a static list asks every peer),
-//	               the wait for a peer
-//	peerauthz.go   peerAuthz: which node may have which blob on the peer port
-//	               (public artifacts' to any daemon, a private one's to the nodes
-//	               its ModelCache selects); the blob → artifacts index it reads
+//	fanout.go      what a pull gives a blob's fetch through the peers (a
+//	               fanout.Transfer: its partial ingest through the pull's sink,
+//	               the origin, the retries, the slot given back while it waits)
+//	fanout/        package fanout: fan-out between nodes: the peer port
+//	               (peer.Server over the store, Authz: which node may have which
+//	               blob), where a blob comes from (Plan: the peers to ask, the
+//	               nodes that go to the origin first) and its fetch (Fetch)
 //	sources/       package sources: which fetcher a desire uses, with which
 //	               credentials; credentials files; who file:// reads as
 //	kernels/       package kernels: the GPU inventory, signature, compatibility, env

@@ -15,6 +15,7 @@ import (
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/fanout"
 	"github.com/modelcache/modelcache/fetchers"
 	p2p "github.com/modelcache/modelcache/peer"
 )
@@ -331,7 +332,7 @@ func (p *pull) fromPeers(path string, res p2p.Result) {
 		p.prog.peerFiles = map[string][]string{}
 	}
 	for _, pe := range peers {
-		if !slices.Contains(p.prog.peerFiles[path], pe) && len(p.prog.peerFiles[path]) < maxPeersAsked {
+		if !slices.Contains(p.prog.peerFiles[path], pe) && len(p.prog.peerFiles[path]) < fanout.MaxPeersAsked {
 			p.prog.peerFiles[path] = append(p.prog.peerFiles[path], pe)
 		}
 	}

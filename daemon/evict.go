@@ -207,6 +207,7 @@ func (e evictions) forget(ctx context.Context, q evictRequest) error {
 	}
 	d.mu.Lock()
 	delete(d.desires.api, q.name)
+	d.desires.publish()
 	delete(d.evicted, q.name)
 	if st := d.arts[q.name]; st != nil && st.cancel != nil {
 		st.cancel()
@@ -313,6 +314,7 @@ func (e evictions) dropAdHoc(v capacity.Victim, forName string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.desires.api, v.Name)
+	d.desires.publish()
 	if st := d.arts[v.Name]; st != nil && st.cancel != nil {
 		st.cancel() // a refresh in flight goes with the entry
 	}

@@ -25,7 +25,7 @@ type metrics struct {
 	compatChecks  *prometheus.CounterVec
 	apiConns      prometheus.Gauge
 	apiRefused    prometheus.Counter
-	peer          *p2p.Metrics // the peer port's and the peer fetcher's (fanout.go)
+	peer          *p2p.Metrics // the peer port's and the peer fetcher's (package fanout)
 }
 
 // newMetrics makes the daemon's series and registers them with state,

@@ -84,6 +84,7 @@ func (m modelsDir) load() {
 	defer d.desires.writeMu.Unlock()
 	d.mu.Lock()
 	d.desires.file, d.desires.fileErrors = desires, problems
+	d.desires.publish()
 	d.notify()
 	d.mu.Unlock()
 	d.kick()

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
 	"sync"
 	"testing"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/daemon/fanout"
 	"github.com/modelcache/modelcache/k8ssync"
 	p2p "github.com/modelcache/modelcache/peer"
 )
@@ -79,7 +79,7 @@ func TestPeerAuthzFollowsTheArtifactsThatHoldABlob(t *testing.T) {
 	ipA, ipB, ipC, ipPod := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3"), netip.MustParseAddr("10.1.0.7")
 	sel := &selections{nodes: map[string][]string{"p": {"node-a"}, "p2": {"node-c"}},
 		addrs: map[string]netip.Addr{"node-a": ipA, "node-b": ipB, "node-c": ipC, "ns/pod-a uid-1": ipPod}}
-	a := newPeerAuthz(h.d, sel)
+	a := fanout.NewAuthz(h.d.store, &h.d.desires.access, sel)
 	nodeA, nodeB, nodeC := p2p.Identity{User: "sa", Node: "node-a", Source: ipA}, p2p.Identity{User: "sa", Node: "node-b", Source: ipB}, p2p.Identity{User: "sa", Node: "node-c", Source: ipC}
 	nobody := p2p.Identity{User: "sa", Source: ipA}
 	dSecret, dShared := "sha256:"+sha(secret), "sha256:"+sha(shared)
@@ -137,7 +137,7 @@ func TestPeerAuthzFollowsTheArtifactsThatHoldABlob(t *testing.T) {
 	}
 	dFresh := "sha256:" + sha(fresh)
 	check("an unclaimed blob", nodeA, dFresh, cachestore.ErrNotFound)
-	a.fetched(dFresh, "p")
+	a.Fetched(dFresh, "p")
 	check("a fresh blob of p, to the node p selects", nodeA, dFresh, nil)
 	check("a fresh blob of p, to another node", nodeB, dFresh, p2p.ErrForbidden)
 
@@ -157,83 +157,4 @@ func TestPeerAuthzFollowsTheArtifactsThatHoldABlob(t *testing.T) {
 	if err == nil || errors.Is(err, p2p.ErrForbidden) {
 		t.Errorf("a selection that cannot be read: %v, want an error that is not a refusal", err)
 	}
-}
-
-// TestPeerAuthzKnowsWhatAPullFetched: a blob fetched through fanout is
-// its artifact's from the moment it is committed (a downloading node
-// serves it to the nodes that wait), and leaves that record once a version
-// of the artifact holds it.
-func TestPeerAuthzKnowsWhatAPullFetched(t *testing.T) {
-	w := data(4000, 64)
-	srv := newFileServer(t, map[string][]byte{"w.bin": w})
-	hs, _ := fanFleet(t, 1, 1, nil)
-	h := hs[0]
-	a := newPeerAuthz(h.d, &selections{})
-	h.d.fanout.authz = a // before any pull: the pulls read it
-	ds := clusterDesire("pub", srv.URL+"/w.bin#sha256="+sha(w))
-	if err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"pub": ds}, nil); err != nil {
-		t.Fatal(err)
-	}
-	h.waitPhase("pub", api.PhaseReady)
-	d := "sha256:" + sha(w)
-	a.mu.Lock()
-	recorded := a.fresh[d]["pub"]
-	a.mu.Unlock()
-	if !recorded {
-		t.Fatal("the blob the pull fetched through fanout is not recorded as pub's")
-	}
-	if err := a.Authorize(context.Background(), p2p.Identity{User: "sa"}, d); err != nil {
-		t.Fatalf("a public artifact's blob: %v", err)
-	}
-	a.mu.Lock()
-	left := len(a.fresh)
-	a.mu.Unlock()
-	if left != 0 {
-		t.Errorf("%d fresh blobs recorded once the version holds them, want 0", left)
-	}
-}
-
-// BenchmarkPeerAuthzIndex is the store side of one peer request: the
-// blob index brought up to date against 1,000 artifacts of 6 files each
-// (up to date: the summaries compared, no manifest read), and the first
-// build, which reads every manifest once.
-func BenchmarkPeerAuthzIndex(b *testing.B) {
-	st, _, err := cachestore.Open(context.Background(), b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
-	for i := range 1000 {
-		var m cachestore.Manifest
-		for j := range 6 {
-			body := fmt.Appendf(nil, "artifact %d file %d", i, j)
-			d, err := st.Ingest(context.Background(), "x", bytes.NewReader(body), int64(len(body)), "")
-			if err != nil {
-				b.Fatal(err)
-			}
-			m = append(m, cachestore.Entry{Path: fmt.Sprintf("f%d", j), Digest: d, Size: int64(len(body))})
-		}
-		if _, err := st.CommitVersion(context.Background(), cachestore.VersionSpec{Name: fmt.Sprintf("model-%04d", i), Manifest: m}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.Run("first", func(b *testing.B) {
-		for b.Loop() {
-			x := newBlobIndex()
-			if _, err := x.update(st); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("up-to-date", func(b *testing.B) {
-		x := newBlobIndex()
-		if _, err := x.update(st); err != nil {
-			b.Fatal(err)
-		}
-		for b.Loop() {
-			if changed, err := x.update(st); err != nil || changed {
-				b.Fatal(changed, err)
-			}
-		}
-	})
 }

@@ -82,7 +82,7 @@ type progress struct {
 	unknown atomic.Int64
 
 	// fromPeers: the bytes peers sent, and the files they came to (path →
-	// the peers, fanout.go): every such file of the pull, for its
+	// the peers, package fanout): every such file of the pull, for its
 	// version's manifest; the stats name at most maxPeerFiles.
 	fromPeers atomic.Int64
 	peerMu    sync.Mutex

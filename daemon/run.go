@@ -20,6 +20,7 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/capacity"
+	"github.com/modelcache/modelcache/daemon/fanout"
 	"github.com/modelcache/modelcache/daemon/kernels"
 	"github.com/modelcache/modelcache/daemon/sources"
 	"github.com/modelcache/modelcache/fetchers"
@@ -85,7 +86,11 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.space.metrics = d.metrics
 	if cfg.Peer != nil {
-		if d.fanout, err = newFanout(cfg, log, d.metrics.peer); err != nil {
+		o := fanout.Options{Access: &d.desires.access, Log: log, Metrics: d.metrics.peer}
+		if cfg.Cluster != nil {
+			o.NodeName = cfg.Cluster.NodeName
+		}
+		if d.fanout, err = fanout.New(*cfg.Peer, o); err != nil {
 			st.Close()
 			return nil, err
 		}
@@ -108,6 +113,9 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		st.Close()
 		return nil, err
 	}
+	d.mu.Lock()
+	d.desires.publish()
+	d.mu.Unlock()
 	modelsDir{d}.load()
 	d.csi = newCSIVolumes(d, desired)
 	d.csi.load()
@@ -225,11 +233,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		ErrorLog: slog.NewLogLogger(d.log.With("component", "api").Handler(), slog.LevelWarn),
 	}
 	errc := make(chan error, 5)
-	if err := d.fanout.serve(d, errc); err != nil {
+	if err := d.fanout.Serve(d.store, d.kube(), errc); err != nil {
 		ln.Close()
 		return err
 	}
-	defer d.fanout.close() // after a failed start below
+	defer d.fanout.Close() // after a failed start below
 	go func() { errc <- srv.Serve(pl) }()
 
 	var msrv *http.Server
@@ -293,7 +301,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if msrv != nil {
 		msrv.Shutdown(sctx)
 	}
-	d.fanout.shutdown(sctx)
+	d.fanout.Shutdown(sctx)
 	bg.Wait()
 	d.pulls.Wait() // pulls see ctx end, close their writers (data kept), and return
 	return runErr

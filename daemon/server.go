@@ -173,6 +173,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	}
 	d.mu.Lock()
 	d.desires.api[ds.Name] = ds
+	d.desires.publish()
 	delete(d.evicted, ds.Name)
 	st := d.arts.of(ds.Name)
 	if st.cancel == nil || st.spec != fingerprint(ds) {
@@ -245,6 +246,7 @@ func (d *Daemon) dropFailedPull(name, fp string, set func(error)) {
 		set(fmt.Errorf("artifact %s changed while its failure was reported; see modelctl inspect %s", name, name))
 	case still && err == nil:
 		delete(d.desires.api, name)
+		d.desires.publish()
 		delete(d.arts, name)
 		set(fmt.Errorf("%w; nothing was kept (pull again once fixed, or with --keep to keep the desire and its Failed entry)", failure))
 	default:
@@ -336,6 +338,7 @@ func (d *Daemon) handlePin(pin bool) handler {
 			}
 			d.mu.Lock()
 			d.desires.api[name] = ds
+			d.desires.publish()
 			d.mu.Unlock()
 		}
 		d.desires.writeMu.Unlock()

@@ -1,4 +1,4 @@
-package daemon
+package fanout
 
 import (
 	"context"
@@ -10,15 +10,15 @@ import (
 	p2p "github.com/modelcache/modelcache/peer"
 )
 
-// peerPlan is where one blob of a pull is fetched from now.
-type peerPlan struct {
-	peers  []string  // whom to ask, in order
-	origin bool      // the origin may be asked (after the peers)
-	first  []string  // the nodes that go to the origin first (a cluster's)
-	until  time.Time // when this node goes to the origin whatever happens
+// Plan is where one blob of a pull is fetched from now.
+type Plan struct {
+	Peers  []string  // whom to ask, in order (base URLs)
+	Origin bool      // the origin may be asked (after the peers)
+	First  []string  // the nodes that go to the origin first (a cluster's)
+	Until  time.Time // when this node goes to the origin whatever happens
 }
 
-// plan says where the blobs of ds at revision (the pull's resolution:
+// Plan says where the blobs of ds at revision (the pull's resolution:
 // the cluster's) come from for a pull that started at started. In a
 // static fleet: every peer (one that lacks a blob answers 404), then the
 // origin. In a cluster: the peers that hold its revision Ready, then
@@ -31,25 +31,25 @@ type peerPlan struct {
 // node ranks them alike), and then only once this node's own status has
 // listed it for Settle (so that the statuses of the nodes that wanted it
 // at about the same moment have landed too).
-func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.Time) peerPlan {
-	pl := peerPlan{until: started.Add(f.cfg.Wait)}
+func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.Time) Plan {
+	pl := Plan{Until: started.Add(f.cfg.Wait)}
 	if !f.cluster {
-		pl.peers, pl.origin = rendezvous(f.self, f.static), true
+		pl.Peers, pl.Origin = rendezvous(f.self, f.static), true
 		return pl
 	}
 	var members []string
 	var passed map[string]bool
 	var listed bool
-	pl.peers, members, passed, listed = f.clusterPeers(ds, revision, now)
+	pl.Peers, members, passed, listed = f.clusterPeers(ds, revision, now)
 	for _, n := range recordedOrigins(ds) {
-		if !passed[n] && !slices.Contains(pl.first, n) {
-			pl.first = append(pl.first, n)
+		if !passed[n] && !slices.Contains(pl.First, n) {
+			pl.First = append(pl.First, n)
 		}
 	}
-	settled := len(pl.first) > 0
+	settled := len(pl.First) > 0
 	if !settled {
-		pl.first = rendezvous(ds.Name, members)
-		pl.first = pl.first[:min(len(pl.first), f.cfg.OriginConcurrency)]
+		pl.First = rendezvous(ds.Name, members)
+		pl.First = pl.First[:min(len(pl.First), f.cfg.OriginConcurrency)]
 	}
 	key := ds.Name + "@" + revision
 	f.mu.Lock()
@@ -62,8 +62,8 @@ func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.
 	}
 	f.mu.Unlock()
 	settled = settled || (listed && now.Sub(since) >= f.cfg.Settle)
-	owner := rendezvous(ds.Name+"\x00"+digest, pl.first)
-	pl.origin = (settled && len(owner) > 0 && owner[0] == f.self) || !now.Before(pl.until)
+	owner := rendezvous(ds.Name+"\x00"+digest, pl.First)
+	pl.Origin = (settled && len(owner) > 0 && owner[0] == f.self) || !now.Before(pl.Until)
 	return pl
 }
 
@@ -81,7 +81,7 @@ func (f *fanout) plan(ds api.Desire, revision, digest string, started, now time.
 // and whether this node's own status lists it. The recorded origin nodes
 // are asked with the peers (a 404 costs one request a poll) so that a
 // gone one is found.
-func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, members []string, passed map[string]bool, listed bool) {
+func (f *Fleet) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, members []string, passed map[string]bool, listed bool) {
 	f.mu.Lock()
 	nodes := f.nodes
 	passed = map[string]bool{}
@@ -91,7 +91,7 @@ func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (pe
 	f.mu.Unlock()
 	addr := map[string]string{}
 	for _, n := range nodes {
-		if b, err := peerBase(n.Status.PeerAddress); err == nil && now.Sub(n.Status.Heartbeat.Time) <= peerStale {
+		if b, err := PeerBase(n.Status.PeerAddress); err == nil && now.Sub(n.Status.Heartbeat.Time) <= peerStale {
 			addr[n.Name] = b
 			delete(passed, n.Name)
 		} else if n.Status.Heartbeat.IsZero() {
@@ -99,7 +99,7 @@ func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (pe
 		}
 	}
 	peers = p2p.Pick(nodes, p2p.PickQuery{Self: f.self, Artifact: ds.Name, Revision: revision, Digest: ds.Digest,
-		Now: now, MaxAge: peerStale, Max: maxPeersAsked, Addr: func(n string) (string, bool) { b, ok := addr[n]; return b, ok }})
+		Now: now, MaxAge: peerStale, Max: MaxPeersAsked, Addr: func(n string) (string, bool) { b, ok := addr[n]; return b, ok }})
 	members = []string{f.self}
 	var fetching []string
 	for _, n := range nodes {
@@ -130,7 +130,7 @@ func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (pe
 		}
 	}
 	for _, n := range append(rendezvous(f.self, fetching), recordedOrigins(ds)...) {
-		if b := addr[n]; b != "" && n != f.self && !slices.Contains(peers, b) && len(peers) < maxPeersAsked {
+		if b := addr[n]; b != "" && n != f.self && !slices.Contains(peers, b) && len(peers) < MaxPeersAsked {
 			peers = append(peers, b)
 		}
 	}
@@ -151,13 +151,16 @@ func (f *fanout) clusterPeers(ds api.Desire, revision string, now time.Time) (pe
 // the elected daemon ranks origin nodes by the same hash).
 var rendezvous = k8ssync.Rendezvous
 
-// wait blocks until the statuses change, Poll passes, or until; the
-// pull's slot is free meanwhile.
-func (f *fanout) wait(ctx context.Context, p *pull, until time.Time) error {
+// wait blocks until the statuses change, Poll passes, or until; idle
+// runs the wait (the pull's slot is free meanwhile).
+func (f *Fleet) wait(ctx context.Context, idle func(context.Context, func() error) error, until time.Time) error {
 	f.mu.Lock()
 	changed := f.changed
 	f.mu.Unlock()
-	return p.slot.wait(ctx, func() error {
+	if idle == nil {
+		idle = func(_ context.Context, fn func() error) error { return fn() }
+	}
+	return idle(ctx, func() error {
 		t := time.NewTimer(min(f.cfg.Poll, max(time.Until(until), 0)))
 		defer t.Stop()
 		select {

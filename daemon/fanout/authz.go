@@ -1,4 +1,4 @@
-package daemon
+package fanout
 
 import (
 	"context"
@@ -7,13 +7,14 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/k8ssync"
 	p2p "github.com/modelcache/modelcache/peer"
 )
 
-// peerAuthz is the peer port's authorizer in a cluster (p2p.Authorizer):
+// Authz is the peer port's authorizer in a cluster (p2p.Authorizer):
 // which node may have which blob, so that a daemon token stolen from one
 // node fetches from its peers only what that node is selected for. A blob
 // goes to a caller when an artifact that holds it here is public (its
@@ -38,18 +39,23 @@ import (
 // recorded as that one's artifact's until a version holds it: a caller
 // the other artifact would admit may be answered not found meanwhile,
 // and asks another peer or waits.
-type peerAuthz struct {
-	d   *Daemon
-	sel nodeSelector
+//
+// It takes no lock of the daemon's: what the desires say of each
+// artifact it reads from Accesses, which the daemon publishes on each
+// change of its desires.
+type Authz struct {
+	st     BlobStore
+	access Accesses
+	sel    NodeSelector
 
-	mu    sync.Mutex // guards idx and fresh; taken with no daemon lock held (the store's are below it)
+	mu    sync.Mutex // guards idx and fresh; taken with no caller's lock held (the store's are below it)
 	idx   blobIndex
 	fresh map[string]map[string]bool // digest → artifacts whose pulls fetched it, while no indexed version of theirs holds it
 }
 
-// nodeSelector says whether a ModelCache selects a node, and whether a
+// NodeSelector says whether a ModelCache selects a node, and whether a
 // request comes from what its token is bound to (k8ssync.NodeSelection).
-type nodeSelector interface {
+type NodeSelector interface {
 	Selects(ctx context.Context, modelCache, node string) (bool, error)
 	From(ctx context.Context, b k8ssync.Bound, src netip.Addr) (bool, error)
 }
@@ -62,14 +68,60 @@ func boundName(b k8ssync.Bound) string {
 	return "node " + b.Node
 }
 
-func newPeerAuthz(d *Daemon, sel nodeSelector) *peerAuthz {
-	return &peerAuthz{d: d, sel: sel, idx: newBlobIndex(), fresh: map[string]map[string]bool{}}
+// BlobStore is what Authz reads of the store (a *cachestore.Store): the
+// versions (their summaries, and a new one's manifest) and whether a blob
+// is still there.
+type BlobStore interface {
+	ListSummaries() ([]cachestore.Artifact, error)
+	Get(name string) (*cachestore.Artifact, error)
+	HasBlob(digest string) bool
+}
+
+// Access is what the desires say of one artifact, for the peer port:
+// whether its bytes are anyone's (Public: no namespaces nor local group
+// restrict it), and, for one private to namespaces, the ModelCache it
+// comes from ("" when none: a socket or models.d desire's).
+type Access struct {
+	Public     bool
+	ModelCache string
+}
+
+// Accesses says what the desires make of artifact name (false: no
+// desire declares it).
+type Accesses interface {
+	Access(name string) (Access, bool)
+}
+
+// AccessTable is Accesses as a snapshot the daemon replaces on each
+// change of its desires (Set); reads take no lock. The zero value
+// declares nothing.
+type AccessTable struct {
+	m atomic.Pointer[map[string]Access]
+}
+
+// Set replaces the table.
+func (t *AccessTable) Set(m map[string]Access) { t.m.Store(&m) }
+
+// Access implements Accesses.
+func (t *AccessTable) Access(name string) (Access, bool) {
+	m := t.m.Load()
+	if m == nil {
+		return Access{}, false
+	}
+	a, ok := (*m)[name]
+	return a, ok
+}
+
+// NewAuthz returns the authorizer of the blobs of st, by the artifacts'
+// access and sel's selections.
+func NewAuthz(st BlobStore, access Accesses, sel NodeSelector) *Authz {
+	return &Authz{st: st, access: access, sel: sel, idx: newBlobIndex(), fresh: map[string]map[string]bool{}}
 }
 
 // Authorize gives caller blob digest when an artifact holding it allows
 // it (the type's rules). The artifacts are tried public first; an error
 // reading the cluster is returned only when no artifact allowed the blob.
-func (a *peerAuthz) Authorize(ctx context.Context, caller p2p.Identity, digest string) error {
+func (a *Authz) Authorize(ctx context.Context, caller p2p.Identity, digest string) error {
 	names, err := a.holders(digest)
 	if err != nil {
 		return err
@@ -77,21 +129,16 @@ func (a *peerAuthz) Authorize(ctx context.Context, caller p2p.Identity, digest s
 	if len(names) == 0 {
 		return fmt.Errorf("blob %s: no artifact here holds it: %w", digest, cachestore.ErrNotFound)
 	}
-	a.d.mu.Lock()
-	want := a.d.desires.merged()
-	a.d.mu.Unlock()
 	var owners []string // the ModelCaches of the private artifacts that hold it
 	for _, n := range names {
-		ds, ok := want[n]
+		ac, ok := a.access.Access(n)
 		switch {
 		case !ok:
 			// No desire says whether it is private: it is not given.
-		case !private(ds):
+		case ac.Public:
 			return nil
-		case len(ds.AllowedNamespaces) > 0:
-			if mc, ok := k8ssync.ModelCacheOf(ds); ok && !slices.Contains(owners, mc) {
-				owners = append(owners, mc)
-			}
+		case ac.ModelCache != "" && !slices.Contains(owners, ac.ModelCache):
+			owners = append(owners, ac.ModelCache)
 		}
 	}
 	if caller.Node == "" {
@@ -127,10 +174,10 @@ func (a *peerAuthz) Authorize(ctx context.Context, caller p2p.Identity, digest s
 	return fmt.Errorf("blob %s: of artifacts %v, none public, and no ModelCache of theirs selects node %s: %w", digest, names, caller.Node, p2p.ErrForbidden)
 }
 
-// fetched records that the pull of artifact fetched blob digest (fanout):
+// Fetched records that the pull of artifact fetched blob digest (Fetch):
 // until a version of artifact holds it, it is that artifact's. Nothing
 // when a is nil (a static fleet).
-func (a *peerAuthz) fetched(digest, artifact string) {
+func (a *Authz) Fetched(digest, artifact string) {
 	if a == nil {
 		return
 	}
@@ -142,12 +189,20 @@ func (a *peerAuthz) fetched(digest, artifact string) {
 	a.fresh[digest][artifact] = true
 }
 
-// holders are the artifacts that hold digest here, sorted: the versions'
-// (the index brought up to date first) and the fresh blobs' of pulls.
-func (a *peerAuthz) holders(digest string) ([]string, error) {
+// Fresh is the artifacts whose pulls fetched digest (Fetched) and that
+// no indexed version of theirs held at the index's last update, sorted.
+func (a *Authz) Fresh(digest string) []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	changed, err := a.idx.update(a.d.store)
+	return slices.Sorted(maps.Keys(a.fresh[digest]))
+}
+
+// holders are the artifacts that hold digest here, sorted: the versions'
+// (the index brought up to date first) and the fresh blobs' of pulls.
+func (a *Authz) holders(digest string) ([]string, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	changed, err := a.idx.update(a.st)
 	if err != nil {
 		return nil, err
 	}
@@ -167,14 +222,14 @@ func (a *peerAuthz) holders(digest string) ([]string, error) {
 // prune drops the fresh blobs that a version of their artifact now holds,
 // and those gone from the store (a failed pull's, collected); called with
 // a.mu held when the versions changed.
-func (a *peerAuthz) prune() {
+func (a *Authz) prune() {
 	for d, arts := range a.fresh {
 		for n := range arts {
 			if a.idx.holders[d][n] > 0 {
 				delete(arts, n)
 			}
 		}
-		if len(arts) == 0 || !a.d.store.HasBlob(d) {
+		if len(arts) == 0 || !a.st.HasBlob(d) {
 			delete(a.fresh, d)
 		}
 	}
@@ -200,7 +255,7 @@ func newBlobIndex() blobIndex {
 
 // update brings the index up to date with the store's versions and says
 // whether it changed anything.
-func (x *blobIndex) update(st *cachestore.Store) (bool, error) {
+func (x *blobIndex) update(st BlobStore) (bool, error) {
 	arts, err := st.ListSummaries()
 	if err != nil {
 		return false, err

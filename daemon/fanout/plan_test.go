@@ -1,0 +1,266 @@
+package fanout
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/k8ssync"
+	p2p "github.com/modelcache/modelcache/peer"
+)
+
+// TestFanOutPlanFromStatuses: in a cluster the peers of a revision are
+// the nodes whose status holds it Ready, then those downloading it; a
+// node that failed it, has a stale status or no usable peer address is
+// neither a peer nor counted among the nodes that go to the origin
+// first; after the wait every node may go to the origin.
+func TestFanOutPlanFromStatuses(t *testing.T) {
+	now := time.Now()
+	node := func(name, addr, phase, rev string, age time.Duration) k8ssync.ModelCacheNode {
+		var n k8ssync.ModelCacheNode
+		n.Name = name
+		n.Status.PeerAddress = addr
+		n.Status.Heartbeat = metav1.NewTime(now.Add(-age))
+		n.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: phase, Revision: rev}}
+		return n
+	}
+	nodes := []k8ssync.ModelCacheNode{
+		node("ready", "http://10.0.0.1:7435", "Ready", "r1", time.Minute),
+		node("old-rev", "http://10.0.0.2:7435", "Ready", "r0", time.Minute),
+		node("fetching", "http://10.0.0.3:7435", "Downloading", "", time.Minute),
+		node("pending", "http://10.0.0.4:7435", "Pending", "", time.Minute),
+		node("failed", "http://10.0.0.5:7435", "Failed", "", time.Minute),
+		node("stale", "http://10.0.0.6:7435", "Ready", "r1", 4*time.Hour),
+		node("bad-addr", "ftp://10.0.0.7/x", "Ready", "r1", time.Minute),
+		node("no-addr", "", "Downloading", "", time.Minute),
+	}
+	me := node("me", "http://10.0.0.9:7435", "Pending", "", time.Minute)
+	pc := DefaultConfig()
+	pc.OriginConcurrency, pc.Wait = 2, time.Hour
+	pc.Settle = time.Minute
+	f := &Fleet{cfg: pc, cluster: true, self: "me", changed: make(chan struct{}), listed: map[string]time.Time{}}
+	f.SetNodes(nodes)
+	ds := api.Desire{Name: "llama"}
+	if pl := f.Plan(ds, "r1", "sha256:b1", now, now); pl.Origin {
+		t.Fatal("the origin before this node's own status lists the artifact")
+	}
+	f.SetNodes(append(nodes, me))
+	if pl := f.Plan(ds, "r1", "sha256:b1", now, now); pl.Origin {
+		t.Fatal("the origin before this node's status has listed the artifact for the settle time")
+	}
+	pl := f.Plan(ds, "r1", "sha256:b1", now, now.Add(time.Minute))
+	if want := []string{"http://10.0.0.1:7435", "http://10.0.0.3:7435"}; !slices.Equal(pl.Peers, want) {
+		t.Fatalf("peers %v, want %v (the holder, then the node downloading)", pl.Peers, want)
+	}
+	want := rendezvous("llama", []string{"me", "fetching", "pending"})[:2]
+	if !slices.Equal(pl.First, want) {
+		t.Fatalf("origin first %v, want %v", pl.First, want)
+	}
+	if owner := rendezvous("llama\x00sha256:b1", want)[0]; pl.Origin != (owner == "me") {
+		t.Fatalf("origin %v, want %v: of the first nodes, %s fetches this blob", pl.Origin, owner == "me", owner)
+	}
+	if !f.Plan(ds, "r1", "sha256:b1", now.Add(-time.Hour), now).Origin {
+		t.Fatal("after --peer-wait a node may go to the origin")
+	}
+}
+
+// TestFanOutPlanOriginNodes: with the origin nodes the cluster recorded
+// (api.Desire.OriginNodes) a node goes to the origin at once for the
+// blobs it owns among them, whatever statuses it has seen and without
+// waiting for its own to settle, and not at all when it is not one of
+// them; an origin node whose status went stale, that failed the artifact
+// or whose ModelCacheNode is gone leaves its share to the others; with
+// none left the nodes rank the nodes that want it as without a record.
+func TestFanOutPlanOriginNodes(t *testing.T) {
+	now := time.Now()
+	node := func(name, phase string, age time.Duration) k8ssync.ModelCacheNode {
+		var n k8ssync.ModelCacheNode
+		n.Name = name
+		n.Status.PeerAddress = "http://" + name + ":7435"
+		n.Status.Heartbeat = metav1.NewTime(now.Add(-age))
+		if phase != "" {
+			n.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: phase}}
+		}
+		return n
+	}
+	pc := DefaultConfig()
+	pc.OriginConcurrency, pc.Wait, pc.Settle = 2, time.Hour, time.Minute
+	fan := func(self string, nodes ...k8ssync.ModelCacheNode) *Fleet {
+		f := &Fleet{cfg: pc, cluster: true, self: self, changed: make(chan struct{}), listed: map[string]time.Time{}}
+		f.SetNodes(nodes)
+		return f
+	}
+	// digestOwnedBy is a blob digest whose owner among first is want.
+	digestOwnedBy := func(first []string, want string) string {
+		for i := range 1000 {
+			d := "sha256:b" + strconv.Itoa(i)
+			if rendezvous("llama\x00"+d, first)[0] == want {
+				return d
+			}
+		}
+		t.Fatalf("no digest owned by %s among %v", want, first)
+		return ""
+	}
+	ds := api.Desire{Name: "llama", OriginNodes: []string{"o1", "me"}}
+
+	// An origin node: at once, for its own share only; the other origin
+	// node's status need not list the artifact yet, nor this node's own.
+	f := fan("me", node("o1", "", time.Minute), node("late", "Pending", time.Minute))
+	mine, theirs := digestOwnedBy([]string{"o1", "me"}, "me"), digestOwnedBy([]string{"o1", "me"}, "o1")
+	pl := f.Plan(ds, "r1", mine, now, now)
+	if !slices.Equal(pl.First, []string{"o1", "me"}) || !pl.Origin {
+		t.Fatalf("first %v origin %v: want the recorded origin nodes, and the origin at once for this node's blob", pl.First, pl.Origin)
+	}
+	if f.Plan(ds, "r1", theirs, now, now).Origin {
+		t.Fatal("the origin for a blob another origin node owns")
+	}
+	// The same answer in any order of the record and of the statuses.
+	rev := api.Desire{Name: "llama", OriginNodes: []string{"me", "o1", "me"}}
+	g := fan("me", node("late", "Pending", time.Minute), node("o1", "Downloading", time.Minute))
+	if g.Plan(rev, "r1", theirs, now, now).Origin || !g.Plan(rev, "r1", mine, now, now).Origin {
+		t.Fatal("the owner of a blob depends on the order of the record or of the statuses")
+	}
+
+	// Not an origin node: no origin before --peer-wait, however long its
+	// own status has listed the artifact and whatever it ranks.
+	other := fan("late", node("o1", "Downloading", time.Minute), node("me", "Downloading", time.Minute), node("late", "Pending", time.Minute))
+	for _, d := range []string{mine, theirs} {
+		other.Plan(ds, "r1", d, now, now)
+		if pl := other.Plan(ds, "r1", d, now, now.Add(time.Hour-time.Second)); pl.Origin || !slices.Equal(pl.First, []string{"o1", "me"}) {
+			t.Fatalf("a node that is not an origin node: origin %v, first %v", pl.Origin, pl.First)
+		}
+	}
+	if !other.Plan(ds, "r1", mine, now, now.Add(time.Hour)).Origin {
+		t.Fatal("after --peer-wait every node may go to the origin")
+	}
+
+	// An origin node that is stale, has no peer address, failed it, or
+	// is gone (its ModelCacheNode seen, then deleted): this node fetches
+	// every blob.
+	noAddr := node("o1", "Downloading", time.Minute)
+	noAddr.Status.PeerAddress = ""
+	for name, o1 := range map[string][]k8ssync.ModelCacheNode{
+		"stale":   {node("o1", "Downloading", 4*time.Hour)},
+		"no addr": {noAddr},
+		"failed":  {node("o1", "Failed", time.Minute)},
+	} {
+		pl := fan("me", o1...).Plan(ds, "r1", theirs, now, now)
+		if !pl.Origin || !slices.Equal(pl.First, []string{"me"}) {
+			t.Fatalf("o1 %s: first %v origin %v, want this node alone, at once", name, pl.First, pl.Origin)
+		}
+	}
+	gone := fan("me", node("o1", "Downloading", time.Minute))
+	gone.SetNodes(nil)
+	if pl := gone.Plan(ds, "r1", theirs, now, now); !pl.Origin || !slices.Equal(pl.First, []string{"me"}) {
+		t.Fatalf("o1 gone: first %v origin %v, want this node alone, at once", pl.First, pl.Origin)
+	}
+	// One whose status has not reached this node yet (the elected daemon
+	// saw it live) keeps its share.
+	var bare k8ssync.ModelCacheNode
+	bare.Name = "o1"
+	for name, f := range map[string]*Fleet{"not seen yet": fan("me"), "seen without a status": fan("me", bare)} {
+		if pl := f.Plan(ds, "r1", theirs, now, now); pl.Origin || !slices.Equal(pl.First, []string{"o1", "me"}) {
+			t.Fatalf("o1 %s: first %v origin %v, want both recorded nodes and no origin for o1's blob", name, pl.First, pl.Origin)
+		}
+	}
+
+	// No recorded origin node left: the nodes that want it are ranked,
+	// after the settle time, as without a record.
+	dead := api.Desire{Name: "llama", OriginNodes: []string{"o1"}}
+	h := fan("me", node("o1", "Failed", time.Minute), node("me", "Pending", time.Minute), node("p", "Pending", time.Minute))
+	want := rendezvous("llama", []string{"me", "p"})
+	d := digestOwnedBy(want, "me")
+	if pl := h.Plan(dead, "r1", d, now, now); pl.Origin || !slices.Equal(pl.First, want) {
+		t.Fatalf("first %v origin %v: want %v ranked, and no origin before the settle time", pl.First, pl.Origin, want)
+	}
+	if !h.Plan(dead, "r1", d, now, now.Add(time.Minute)).Origin {
+		t.Fatal("no origin after the settle time for a blob this node owns among the nodes that want it")
+	}
+
+	// A record of more than k8ssync.MaxOriginNodes counts that many.
+	long := api.Desire{Name: "llama"}
+	for i := range k8ssync.MaxOriginNodes {
+		long.OriginNodes = append(long.OriginNodes, "x"+strconv.Itoa(i))
+	}
+	long.OriginNodes = append(long.OriginNodes, "me")
+	var xs []k8ssync.ModelCacheNode
+	for _, n := range long.OriginNodes {
+		xs = append(xs, node(n, "Pending", time.Minute))
+	}
+	if pl := fan("me", xs...).Plan(long, "r1", mine, now, now); slices.Contains(pl.First, "me") || pl.Origin {
+		t.Fatalf("first %v origin %v: an entry past the cap counted", pl.First, pl.Origin)
+	}
+}
+
+// TestFanOutPlanPassesOverAGoneOriginNode: a recorded origin node whose
+// daemon is gone while its status still looks fresh (written hourly at
+// least) is found through its peer port: the waiting node asks it with
+// the peers, no connection sets it aside for "network", and the next
+// plan passes it over, so this node fetches its share from the origin
+// now, not after --peer-wait.
+func TestFanOutPlanPassesOverAGoneOriginNode(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := "http://" + ln.Addr().String()
+	ln.Close() // nothing listens there now: connection refused
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fetcher, err := p2p.NewFetcher(p2p.NewTokenFile(tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	var o1, me k8ssync.ModelCacheNode
+	o1.Name, o1.Status.PeerAddress, o1.Status.Heartbeat = "o1", gone, metav1.NewTime(now.Add(-time.Minute))
+	o1.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: "Pending"}}
+	me.Name, me.Status.PeerAddress, me.Status.Heartbeat = "me", "http://127.0.0.1:1", metav1.NewTime(now)
+	pc := DefaultConfig()
+	pc.OriginConcurrency, pc.Wait = 2, time.Hour
+	f := &Fleet{cfg: pc, cluster: true, self: "me", fetcher: fetcher, changed: make(chan struct{}), listed: map[string]time.Time{}}
+	f.SetNodes([]k8ssync.ModelCacheNode{o1, me})
+	ds := api.Desire{Name: "llama", OriginNodes: []string{"o1"}}
+	const digest = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+
+	pl := f.Plan(ds, "r1", digest, now, now)
+	if pl.Origin || !slices.Equal(pl.First, []string{"o1"}) || !slices.Contains(pl.Peers, gone) {
+		t.Fatalf("before asking it: first %v origin %v peers %v; want o1 the origin node, asked as a peer, and no origin here", pl.First, pl.Origin, pl.Peers)
+	}
+	if _, err := fetcher.Fetch(context.Background(), p2p.Blob{Digest: digest, Size: 1}, pl.Peers, discardPartial{}, nil); err == nil {
+		t.Fatal("a fetch from a peer port that takes no connection succeeded")
+	}
+	if avoided, why := fetcher.Avoided(gone); !avoided || why != p2p.AvoidNetwork {
+		t.Fatalf("o1 avoided %v (%s); want set aside for %s", avoided, why, p2p.AvoidNetwork)
+	}
+	pl = f.Plan(ds, "r1", digest, now, now)
+	if slices.Contains(pl.First, "o1") {
+		t.Fatalf("first %v: o1's peer port took no connection, yet it stays an origin node", pl.First)
+	}
+	if !slices.Equal(pl.First, []string{"me"}) {
+		t.Fatalf("first %v: want this node alone, ranked among the nodes that want it", pl.First)
+	}
+}
+
+// discardPartial is a p2p.Partial that keeps nothing.
+type discardPartial struct{}
+
+func (discardPartial) ReadFrom(r io.Reader) (int64, error) { return io.Copy(io.Discard, r) }
+func (discardPartial) Offset() int64                       { return 0 }
+func (discardPartial) Close() error                        { return nil }
+func (discardPartial) Abort()                              {}
+func (discardPartial) Commit(context.Context, int64, string) (string, error) {
+	return "", errors.New("discardPartial keeps nothing")
+}
