@@ -5,7 +5,7 @@ LDFLAGS  := -s -w -X main.version=$(VERSION)
 ROOT     ?= ./.modelcache
 BIN      := bin
 
-.PHONY: build run test test-short bench fmt vet clean deb fuzz image bundle
+.PHONY: build run test test-short bench bench-store bench-peer bench-daemon bench-fanout bench-pull fmt vet clean deb fuzz image bundle
 
 # Debian's versions must start with a digit: 0.1.0~git<commit> unless tagged.
 DEB_VERSION ?= $(shell v=$$(git describe --tags --exact-match 2>/dev/null | sed 's/^v//'); [ -n "$$v" ] && echo $$v || echo 0.1.0~git$$(git rev-parse --short HEAD 2>/dev/null || echo 0))
@@ -50,13 +50,40 @@ vet:
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-# Benchmarks against curl and cp on loopback; see README.md (Benchmarks). BENCH_SIZE_MIB sets the model size.
-# warm/ and daemon/'s BenchmarkWarmCSI read WARM_BENCH_MIB, WARM_BENCH_DELAY and WARM_BENCH_PULL_MIB (docs/benchmarks.md).
+# Benchmarks (docs/benchmarks.md): make bench runs every Go benchmark of the tree, then
+# bench/pullbench against curl, crane and the other peers; each bench-* target runs one part alone.
+# warm/ and daemon/'s BenchmarkWarmCSI read WARM_BENCH_MIB, WARM_BENCH_DELAY and WARM_BENCH_PULL_MIB.
+# daemon/'s BenchmarkFanOut reads BENCH_FANOUT_MIB and BENCH_FANOUT_MIBPS.
 # test/fanout's BenchmarkFanOutNetns (root: network namespaces) reads FANOUT_BENCH_MIB, FANOUT_BENCH_MIBPS and FANOUT_LOG_DIR.
+# bench/pullbench: BENCH_SIZE_MIB sets the model size (README.md, Benchmarks).
+# docs_test.go's TestMakeBenchRunsEveryBenchmark fails when a benchmark is in no bench-* target.
 bench: build
+	$(MAKE) --no-print-directory bench-store
+	$(MAKE) --no-print-directory bench-peer
+	$(MAKE) --no-print-directory bench-daemon
+	$(MAKE) --no-print-directory bench-fanout
+	$(MAKE) --no-print-directory bench-pull
+
+# The store, the capacity planner and /proc scan, warming.
+bench-store:
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./cachestore/ ./daemon/capacity/ ./warm/
-	FANOUT_MODELCACHED=$(CURDIR)/$(BIN)/modelcached $(GO) test -run '^$$' -bench FanOutNetns -benchtime 1x -timeout 30m ./test/fanout/
+
+# One peer transfer, and the authorization index every peer request reads.
+bench-peer:
+	$(GO) test -run '^$$' -bench 'PeerIngest' -benchtime 8x -count 3 ./peer/
+	$(GO) test -run '^$$' -bench 'PeerAuthzIndex' -benchmem ./daemon/
+
+# Warming for a CSI volume, CSI publishes during a compose, fan-out in one process.
+bench-daemon:
 	$(GO) test -run '^$$' -bench 'WarmCSI' -benchtime 3x ./daemon/
+	$(GO) test -run '^$$' -bench 'CSIPublishDuringCompose|FanOut$$' -benchtime 1x ./daemon/
+
+# Fan-out between real processes in network namespaces (root).
+bench-fanout: build
+	FANOUT_MODELCACHED=$(CURDIR)/$(BIN)/modelcached $(GO) test -run '^$$' -bench FanOutNetns -benchtime 1x -timeout 30m ./test/fanout/
+
+# Pulls against curl, crane | tar and the other peers (docs/benchmarks.md: The last run).
+bench-pull: build
 	$(GO) run ./bench/pullbench -bin $(BIN)
 
 # The .deb (dpkg-deb; see packaging/deb/): binaries, units, sysusers and

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -220,4 +221,105 @@ func hasHeading(t *testing.T, path, frag string) bool {
 		}
 	}
 	return false
+}
+
+// TestMakeBenchRunsEveryBenchmark: every Go benchmark of the tree runs in
+// make bench (a bench-* target that bench runs selects it: its -bench
+// regexp matches the name, and the target names the benchmark's package),
+// and every BenchmarkX docs/benchmarks.md names is one of them.
+func TestMakeBenchRunsEveryBenchmark(t *testing.T) {
+	benchmarks := map[string]string{} // name → package dir, "./daemon/"
+	decl := regexp.MustCompile(`(?m)^func (Benchmark\w+)\(`)
+	err := filepath.WalkDir(".", func(p string, e os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if e.IsDir() && (e.Name() == ".git" || e.Name() == "testdata" || e.Name() == "bin") {
+			return filepath.SkipDir
+		}
+		if e.IsDir() || !strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, m := range decl.FindAllStringSubmatch(string(b), -1) {
+			benchmarks[m[1]] = "./" + filepath.Dir(p) + "/"
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(benchmarks) < 10 {
+		t.Fatalf("found %d benchmarks: %v", len(benchmarks), benchmarks)
+	}
+
+	// The Makefile's bench targets: their go test lines, and which
+	// targets bench runs.
+	mk, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type run struct {
+		target string
+		re     *regexp.Regexp
+		pkgs   []string
+	}
+	var runs []run
+	ranByBench := map[string]bool{"bench": true}
+	target := ""
+	benchArg := regexp.MustCompile(`-bench\s+('[^']*'|\S+)`)
+	for _, line := range strings.Split(string(mk), "\n") {
+		if m := regexp.MustCompile(`^([a-z][a-z-]*):`).FindStringSubmatch(line); m != nil {
+			target = m[1]
+			continue
+		}
+		if !strings.HasPrefix(line, "\t") || (target != "bench" && !strings.HasPrefix(target, "bench-")) {
+			continue
+		}
+		if target == "bench" {
+			if m := regexp.MustCompile(`\$\(MAKE\).*\s(bench-[a-z-]+)`).FindStringSubmatch(line); m != nil {
+				ranByBench[m[1]] = true
+			}
+		}
+		m := benchArg.FindStringSubmatch(line)
+		if m == nil || !strings.Contains(line, " test ") {
+			continue
+		}
+		expr := strings.ReplaceAll(strings.Trim(m[1], "'"), "$$", "$")
+		re, err := regexp.Compile(expr)
+		if err != nil {
+			t.Fatalf("Makefile %s: -bench %s: %v", target, m[1], err)
+		}
+		r := run{target: target, re: re}
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "./") {
+				r.pkgs = append(r.pkgs, strings.TrimSuffix(f, "/")+"/")
+			}
+		}
+		runs = append(runs, r)
+	}
+	for name, pkg := range benchmarks {
+		ran := false
+		for _, r := range runs {
+			if ranByBench[r.target] && r.re.MatchString(name) && slices.Contains(r.pkgs, pkg) {
+				ran = true
+			}
+		}
+		if !ran {
+			t.Errorf("%s (%s) runs in no bench target of the Makefile that make bench runs", name, pkg)
+		}
+	}
+
+	doc, err := os.ReadFile("docs/benchmarks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range regexp.MustCompile(`\bBenchmark[A-Z]\w*`).FindAllString(string(doc), -1) {
+		if benchmarks[name] == "" {
+			t.Errorf("docs/benchmarks.md names %s, which no _test.go declares", name)
+		}
+	}
 }
