@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -57,5 +58,27 @@ func TestAwaitChecksAtEachChange(t *testing.T) {
 	})
 	if checks > 4 {
 		t.Fatalf("cond checked %d times for 3 changes: Await polls", checks)
+	}
+}
+
+func TestProgressingWaitsWhileTheCountGrows(t *testing.T) {
+	var n int64
+	start := time.Now()
+	err := pollProgressing(100*time.Millisecond, func() (int64, error) {
+		if time.Since(start) < 300*time.Millisecond {
+			n++ // grows at every call: no stall, though past the stall time in all
+			return n, fmt.Errorf("at %d", n)
+		}
+		return n, nil
+	})
+	if err != nil {
+		t.Fatalf("a count that grew until the condition held: %v", err)
+	}
+}
+
+func TestProgressingFailsAtAStall(t *testing.T) {
+	err := pollProgressing(50*time.Millisecond, func() (int64, error) { return 7, fmt.Errorf("stuck") })
+	if err == nil || !strings.Contains(err.Error(), "no progress") || !strings.Contains(err.Error(), "at 7") || !strings.Contains(err.Error(), "stuck") {
+		t.Fatalf("a count that never grows: %v, want a stall at 7 with the last error", err)
 	}
 }

@@ -9,6 +9,7 @@ package testenv
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -101,6 +102,37 @@ func Eventually(t testing.TB, what string, timeout time.Duration, f func() error
 	t.Helper()
 	if err := Poll(timeout, f); err != nil {
 		t.Fatalf("%s: not within %v: %v", what, timeout, err)
+	}
+}
+
+// EventuallyProgressing is Eventually for a condition that a slow machine
+// reaches late but surely, as long as it moves: f returns a count that
+// grows on the way (connections accepted, bytes written) and nil once the
+// condition holds. It fails the test only when the count has not grown
+// for stall, whatever the time since the start, so a loaded machine
+// passes and a stuck one fails at the first stall.
+func EventuallyProgressing(t testing.TB, what string, stall time.Duration, f func() (int64, error)) {
+	t.Helper()
+	if err := pollProgressing(stall, f); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func pollProgressing(stall time.Duration, f func() (int64, error)) error {
+	best, since := int64(-1), time.Now()
+	pause := 5 * time.Millisecond
+	for {
+		n, err := f()
+		if err == nil {
+			return nil
+		}
+		if n > best {
+			best, since = n, time.Now()
+		} else if time.Since(since) > stall {
+			return fmt.Errorf("no progress for %v (at %d): %w", stall, best, err)
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 250*time.Millisecond)
 	}
 }
 
