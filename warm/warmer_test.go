@@ -69,7 +69,9 @@ func TestWarmMakesTheTreeResident(t *testing.T) {
 	if res.Reason != Done || res.Err != nil || res.Total != total || res.Warmed+res.Resident != total || res.Warmed < total-total/50 {
 		t.Errorf("Result = %+v; want done, %d bytes in all, all but the 2 %% the plan or the drop left read", res, total)
 	}
-	if r, _ := residentOf(t, dir); r != total {
+	// The kernel may reclaim a few pages at any time (other work on the
+	// machine): resident means all but that, the same 2 %.
+	if r, _ := residentOf(t, dir); r < total-total/50 {
 		t.Errorf("after the warm %d of %d bytes are resident", r, total)
 	}
 	if prio.err != nil || prio.class != ioprioClassIdle {
@@ -85,10 +87,11 @@ func TestWarmMakesTheTreeResident(t *testing.T) {
 		t.Error("modelcache_warm_seconds_total did not grow")
 	}
 
-	// A second warm finds it all resident and reads nothing.
+	// A second warm finds it resident and reads only what the kernel
+	// dropped since (at most the same 2 %), not the tree again.
 	again, err := w.Warm(context.Background(), Request{Key: "m@1", Dir: dir, Caller: "test"})
-	if err != nil || again.Reason != Done || again.Warmed != 0 || again.Resident != total {
-		t.Errorf("a warm of a resident tree = %+v, %v; want done with nothing read", again, err)
+	if err != nil || again.Reason != Done || again.Warmed+again.Resident != total || again.Warmed > total/50 {
+		t.Errorf("a warm of a resident tree = %+v, %v; want done, %d bytes in all, at most %d of them read", again, err, total, total/50)
 	}
 }
 
