@@ -160,18 +160,47 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 		t.Fatalf("the pod-bound token's user info: %+v; want extra authentication.kubernetes.io/node-name [node-a]", rev.Status.UserInfo)
 	}
 
-	// The bundle's RBAC and policies take effect a moment after they are
-	// created; wait until the first refusal holds.
 	patchNode := func(c kubernetes.Interface, node, patch string) error {
 		_, err := c.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		return err
 	}
-	testenv.Eventually(t, "the policies refuse node A's token a label on node B", 30*time.Second, func() error {
-		if err := patchNode(nc, "node-b", `{"metadata":{"labels":{"model.modelcache.io/m":"ready"}}}`); !apierrors.IsForbidden(err) {
-			return fmt.Errorf("patch: %v", err)
-		}
-		return nil
-	})
+	// The bundle's RBAC and each of its policies take effect a moment
+	// after they are created, each on its own (the API server loads a
+	// policy and its binding from its informers): before asserting what
+	// they refuse, wait until each refuses one request it exists to
+	// refuse. The probes are dry runs, so none leaves anything behind
+	// while its policy is not in force yet.
+	dry := []string{metav1.DryRunAll}
+	for _, probe := range []struct {
+		policy string
+		req    func() error
+	}{
+		{"modelcached-nodes: a label on node B", func() error {
+			_, err := nc.CoreV1().Nodes().Patch(ctx, "node-b", types.MergePatchType, []byte(`{"metadata":{"labels":{"model.modelcache.io/m":"ready"}}}`), metav1.PatchOptions{DryRun: dry})
+			return err
+		}},
+		{"modelcached-modelcachenodes: node B's ModelCacheNode", func() error {
+			u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": k8ssync.Group + "/" + k8ssync.Version, "kind": "ModelCacheNode",
+				"metadata": map[string]any{"name": "node-b", "labels": map[string]any{k8ssync.LabelNode: "node-b"}}}}
+			_, err := ndyn.Resource(k8ssync.ModelCacheNodeGVR).Create(ctx, u, metav1.CreateOptions{DryRun: dry})
+			return err
+		}},
+		{"modelcached-persistentvolumes: a PV of node B", func() error {
+			_, err := nc.CoreV1().PersistentVolumes().Create(ctx, localPV("modelcache-node-b-m", "node-b", "/var/lib/modelcache/models/m/current"), metav1.CreateOptions{DryRun: dry})
+			return err
+		}},
+		{"modelcached-leases: another Lease", func() error {
+			_, err := nc.CoordinationV1().Leases("modelcache-system").Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "kube-scheduler"}}, metav1.CreateOptions{DryRun: dry})
+			return err
+		}},
+	} {
+		testenv.Eventually(t, "the policy "+probe.policy+" refused to node A's token", time.Minute, func() error {
+			if err := probe.req(); !apierrors.IsForbidden(err) {
+				return fmt.Errorf("dry run: %v, want Forbidden", err)
+			}
+			return nil
+		})
+	}
 	refused := func(what string, err error) {
 		t.Helper()
 		if err == nil {
@@ -338,7 +367,7 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	// ModelCache status: only the Lease's holder writes it.
-	writeStatus := func(c dynamic.Interface) error {
+	writeStatus := func(c dynamic.Interface, opts metav1.UpdateOptions) error {
 		u, err := c.Resource(k8ssync.ModelCacheGVR).Get(ctx, "w", metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -347,14 +376,14 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 		var st map[string]any
 		json.Unmarshal(raw, &st)
 		unstructured.SetNestedMap(u.Object, st, "status")
-		_, err = c.Resource(k8ssync.ModelCacheGVR).UpdateStatus(ctx, u, metav1.UpdateOptions{})
+		_, err = c.Resource(k8ssync.ModelCacheGVR).UpdateStatus(ctx, u, opts)
 		return err
 	}
 	if _, err := kc.CoordinationV1().Leases("modelcache-system").Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "modelcache-aggregator"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, "the policy refuses node A's token a ModelCache's status while no node holds the Lease", 30*time.Second, func() error {
-		if err := writeStatus(ndyn); !apierrors.IsForbidden(err) {
+	testenv.Eventually(t, "the policy refuses node A's token a ModelCache's status while no node holds the Lease", time.Minute, func() error {
+		if err := writeStatus(ndyn, metav1.UpdateOptions{DryRun: dry}); !apierrors.IsForbidden(err) { // a dry run: nothing written while the policy is not in force
 			return fmt.Errorf("update status: %v", err)
 		}
 		return nil
@@ -378,5 +407,5 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 		return nil
 	})
 	bdyn := dynamic.NewForConfigOrDie(nodeToken(t, cl, kc, "node-b"))
-	refused("node B's token writing a ModelCache's status while node A holds the Lease", writeStatus(bdyn))
+	refused("node B's token writing a ModelCache's status while node A holds the Lease", writeStatus(bdyn, metav1.UpdateOptions{}))
 }
