@@ -71,7 +71,7 @@ bench-store:
 # One peer transfer, and the authorization index every peer request reads.
 bench-peer:
 	$(GO) test -run '^$$' -bench 'PeerIngest' -benchtime 8x -count 3 ./peer/
-	$(GO) test -run '^$$' -bench 'PeerAuthzIndex' -benchmem ./daemon/
+	$(GO) test -run '^$$' -bench 'PeerAuthzIndex' -benchmem ./daemon/fanout/
 
 # Warming for a CSI volume, CSI publishes during a compose, fan-out in one process.
 bench-daemon:

@@ -11,7 +11,7 @@ import (
 )
 
 // Config is fan-out between the daemons of a cluster or of a static
-// fleet (docs/operator.md, Fan-out between nodes): the daemon's --peer-*
+// fleet (docs/fan-out.md): the daemon's --peer-*
 // and --origin-concurrency flags. Start from DefaultConfig.
 type Config struct {
 	// Addr is where the peer port listens (--peer-addr): host:port.

@@ -1,5 +1,5 @@
 // Package fanout is a node's part in fan-out between the daemons of a
-// fleet (docs/operator.md, Fan-out between nodes): the peer port, which
+// fleet (docs/fan-out.md): the peer port, which
 // serves this node's blobs to the daemons it authorizes (Authz), and the
 // fetch of a blob of known digest and size from the peers that hold it
 // before the origin (Fleet.Fetch), planned from the cluster's
