@@ -52,17 +52,25 @@ func (c *Client) http() *http.Client {
 	return c.hc
 }
 
+// dialRetried, when set (by a test, before any dial), is called each
+// time dialUnix finds the listen queue full and waits to try again.
+var dialRetried func()
+
 // dialUnix connects to the socket. A full listen queue (EAGAIN: the
 // daemon is busy, or another local user floods it) is retried with a
 // growing pause for up to about 10 s, so a burst does not fail a command.
 func dialUnix(ctx context.Context, sock string) (net.Conn, error) {
 	var d net.Dialer
+	retried := dialRetried
 	pause := 5 * time.Millisecond
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		c, err := d.DialContext(ctx, "unix", sock)
 		if err == nil || !errors.Is(err, syscall.EAGAIN) || time.Now().After(deadline) {
 			return c, err
+		}
+		if retried != nil {
+			retried()
 		}
 		select {
 		case <-ctx.Done():
