@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcache/modelcache/internal/testenv"
 	"github.com/modelcache/modelcache/warm/warmtest"
 	"golang.org/x/sys/unix"
 )
@@ -53,7 +54,7 @@ func BenchmarkWarm(b *testing.B) {
 	pullMiB := warmtest.EnvInt(b, "WARM_BENCH_PULL_MIB", 1024)
 	delay := warmtest.EnvDuration(b, "WARM_BENCH_DELAY", 2*time.Second)
 	benchModel.Do(func() {
-		base, err := diskBase(os.Getenv("WARM_BENCH_DIR"))
+		base, err := testenv.DiskBase(os.Getenv("WARM_BENCH_DIR"))
 		if err != nil {
 			benchModel.err = err
 			return

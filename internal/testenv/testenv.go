@@ -63,6 +63,45 @@ func Tool(name string) (string, error) {
 	return p, nil
 }
 
+// DiskBase is prefer if it is not empty, which must then be on a
+// disk-backed filesystem, else the first of TMPDIR and /var/tmp that is:
+// tmpfs and ramfs keep their pages in memory (a page cache that cannot be
+// dropped) and refuse O_DIRECT.
+func DiskBase(prefer string) (string, error) {
+	onDisk := func(dir string) bool {
+		var st unix.Statfs_t
+		return unix.Statfs(dir, &st) == nil && st.Type != unix.TMPFS_MAGIC && st.Type != unix.RAMFS_MAGIC
+	}
+	if prefer != "" {
+		if !onDisk(prefer) {
+			return "", fmt.Errorf("%s is not a directory on a disk-backed filesystem (tmpfs and ramfs keep their pages); name one that is", prefer)
+		}
+		return prefer, nil
+	}
+	for _, base := range []string{os.TempDir(), "/var/tmp"} {
+		if onDisk(base) {
+			return base, nil
+		}
+	}
+	return "", fmt.Errorf("neither %s nor /var/tmp is on a disk-backed filesystem; set TMPDIR to one", os.TempDir())
+}
+
+// DiskDir is a new directory on a disk-backed filesystem (DiskBase),
+// removed when the test ends; without one the test stops as Missing.
+func DiskDir(t testing.TB) string {
+	t.Helper()
+	base, err := DiskBase("")
+	if err != nil {
+		Missing(t, "a directory on a disk-backed filesystem ("+err.Error()+")", "set TMPDIR to a directory on a disk filesystem")
+	}
+	d, err := os.MkdirTemp(base, "modelcache-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
 // Missing stops the test for a missing prerequisite: a failure under
 // CI=true (CI must install it), a skip elsewhere. how says how to get it.
 func Missing(t testing.TB, what, how string) {
