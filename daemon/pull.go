@@ -15,6 +15,7 @@ import (
 	"github.com/modelcache/modelcache/fetchers"
 	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 	"github.com/modelcache/modelcache/gpu"
+	"github.com/modelcache/modelcache/gpu/mcv"
 )
 
 // pull is one pull of one desire, from the slot it waits for to the
@@ -423,7 +424,9 @@ func (p *pull) kernelCacheAfter(m cachestore.Manifest) error {
 				}
 				ts = append(ts, t...)
 				manifests++
-				if n := gpu.ParseSize(res.Labels[k.CountLabel]); n >= 0 && int(n) != len(t) {
+				// vLLM's entry count is of torch_compile_cache/<hash> directories
+				// (MCV's vllm.go), not of kernels.
+				if n := gpu.ParseSize(res.Labels[k.CountLabel]); k.Name != "vllm" && n >= 0 && int(n) != len(t) {
 					return fetchers.Permanent(fmt.Errorf("%s lists %d entries but the image label %s says %d", e.Path, len(t), k.CountLabel, n))
 				}
 			}
@@ -433,6 +436,9 @@ func (p *pull) kernelCacheAfter(m cachestore.Manifest) error {
 		}
 		info.Dirs = append(info.Dirs, k.Dir)
 		info.CacheBytes += bytes
+		if k.Dir == mcv.TorchInductorCacheDir && hasPrefix(m, mcv.InductorTritonPath+"/") {
+			info.Dirs = append(info.Dirs, mcv.InductorTritonPath) // TRITON_CACHE_DIR of what torch.compile wrote
+		}
 		if want := gpu.ParseSize(res.Labels[k.SizeLabel]); k.SizeLabel != "" && want >= 0 && want != bytes {
 			return fetchers.Permanent(fmt.Errorf("extracted %d bytes under %s/ but the image label %s says %d: the image is inconsistent; rebuild it", bytes, k.Dir, k.SizeLabel, want))
 		}
@@ -442,11 +448,23 @@ func (p *pull) kernelCacheAfter(m cachestore.Manifest) error {
 	}
 	info.Entries = len(ts)
 	info.ExtractSeconds = time.Since(started).Seconds()
-	if manifests > 0 {
+	if manifests > 0 && (len(ts) > 0 || info.Compatibility == nil) {
 		return d.kernels.CheckCompat(info, ts)
 	}
+	// A manifest without Triton entries (a vLLM binary cache embeds its
+	// kernels in its artifacts): the summary label decided, before the download.
 	if info.Compatibility == nil {
 		return fetchers.Permanent(fmt.Errorf("the image has no %s/%s and no summary label: compatibility cannot be decided", gpu.TritonManifestDir, gpu.ManifestFile))
 	}
 	return nil
+}
+
+// hasPrefix says whether some path of m starts with prefix.
+func hasPrefix(m cachestore.Manifest, prefix string) bool {
+	for _, e := range m {
+		if strings.HasPrefix(e.Path, prefix) {
+			return true
+		}
+	}
+	return false
 }

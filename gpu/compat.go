@@ -1,140 +1,42 @@
 package gpu
 
 import (
-	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/modelcache/modelcache/gpu/mcv"
 )
 
-// Kernel cache image layout, as GKM's MCV tool writes it: one layer with
-// the cache directory and a manifest of its entries.
+// Kernel cache image layout, as GKM's MCV tool writes it: defined once in
+// package mcv (which links nothing, so that modelctl can build images by
+// it), named here for the daemon's readers.
 const (
-	TritonCacheDir    = "io.triton.cache"
-	TritonManifestDir = "io.triton.manifest"
-	VLLMCacheDir      = "io.vllm.cache"
-	VLLMManifestDir   = "io.vllm.manifest"
-	ManifestFile      = "manifest.json"
-	// TorchInductorCacheDir is a torch.compile (Inductor) cache packed the
-	// same way; it has no manifest of its own.
-	TorchInductorCacheDir = "io.torchinductor.cache"
+	TritonCacheDir        = mcv.TritonCacheDir
+	TritonManifestDir     = mcv.TritonManifestDir
+	VLLMCacheDir          = mcv.VLLMCacheDir
+	VLLMManifestDir       = mcv.VLLMManifestDir
+	ManifestFile          = mcv.ManifestFile
+	TorchInductorCacheDir = mcv.TorchInductorCacheDir
 
-	LabelTritonEntryCount = "cache.triton.image/entry-count"
-	LabelTritonCacheSize  = "cache.triton.image/cache-size-bytes"
-	LabelTritonSummary    = "cache.triton.image/summary"
-	LabelVLLMEntryCount   = "cache.vllm.image/entry-count"
-	LabelVLLMCacheSize    = "cache.vllm.image/cache-size-bytes"
-	LabelVLLMSummary      = "cache.vllm.image/summary"
+	LabelTritonEntryCount = mcv.LabelTritonEntryCount
+	LabelTritonCacheSize  = mcv.LabelTritonCacheSize
+	LabelTritonSummary    = mcv.LabelTritonSummary
+	LabelVLLMEntryCount   = mcv.LabelVLLMEntryCount
+	LabelVLLMCacheSize    = mcv.LabelVLLMCacheSize
+	LabelVLLMSummary      = mcv.LabelVLLMSummary
 )
 
-// Target is what one compiled kernel needs: backend (cuda, hip), arch
-// ("90" for sm_90, "gfx90a"), warp size and, for cuda, the PTX ISA version
-// (84 for 8.4; 0 when the entry does not say).
-type Target struct {
-	Backend    string `json:"backend"`
-	Arch       string `json:"arch"`
-	WarpSize   int    `json:"warpSize"`
-	PTXVersion int    `json:"ptxVersion,omitempty"`
-}
+// Target is what one compiled kernel needs (mcv.Target).
+type Target = mcv.Target
 
-func (t Target) String() string {
-	s := fmt.Sprintf("%s arch %s warp %d", t.Backend, t.Arch, t.WarpSize)
-	if t.PTXVersion > 0 {
-		s += fmt.Sprintf(" ptx %d.%d", t.PTXVersion/10, t.PTXVersion%10)
-	}
-	return s
-}
+// ParseManifest reads the targets of a kernel cache manifest
+// (mcv.ParseManifest).
+func ParseManifest(b []byte) ([]Target, error) { return mcv.ParseManifest(b) }
 
-// entry is one manifest entry or summary target as MCV writes it. Arch is
-// a number for cuda (90) and a string for hip ("gfx90a").
-type entry struct {
-	Backend    string          `json:"backend"`
-	Arch       json.RawMessage `json:"arch"`
-	WarpSize   int             `json:"warp_size"`
-	PTXVersion int             `json:"ptx_version"`
-	// Triton's own cache metadata nests the target.
-	Target *struct {
-		Backend  string          `json:"backend"`
-		Arch     json.RawMessage `json:"arch"`
-		WarpSize int             `json:"warp_size"`
-	} `json:"target"`
-}
-
-func (e entry) target() (Target, error) {
-	backend, arch, warp := e.Backend, e.Arch, e.WarpSize
-	if e.Target != nil && backend == "" {
-		backend, arch, warp = e.Target.Backend, e.Target.Arch, e.Target.WarpSize
-	}
-	t := Target{Backend: strings.ToLower(backend), WarpSize: warp, PTXVersion: e.PTXVersion}
-	if t.Backend == "rocm" {
-		t.Backend = "hip"
-	}
-	var s string
-	var n json.Number
-	switch {
-	case len(arch) == 0:
-	case json.Unmarshal(arch, &s) == nil:
-		t.Arch = strings.TrimPrefix(strings.TrimPrefix(s, "sm_"), "sm")
-	case json.Unmarshal(arch, &n) == nil:
-		t.Arch = n.String()
-	default:
-		return t, fmt.Errorf("arch %s is neither a number nor a string", arch)
-	}
-	if t.Backend == "" || t.Arch == "" || t.WarpSize <= 0 {
-		return t, fmt.Errorf("entry lacks backend, arch or warp_size: %+v", t)
-	}
-	return t, nil
-}
-
-// ParseManifest reads the targets of a kernel cache manifest: MCV's
-// {"triton": [...]} or {"vllm": [{"triton_cache_entries": [...]}]}, or a
-// bare array of entries (older MCV).
-func ParseManifest(b []byte) ([]Target, error) {
-	var raw []entry
-	if err := json.Unmarshal(b, &raw); err != nil {
-		var doc struct {
-			Triton []entry `json:"triton"`
-			VLLM   []struct {
-				TritonCacheEntries []entry `json:"triton_cache_entries"`
-				TargetDevice       string  `json:"target_device"`
-			} `json:"vllm"`
-		}
-		if err := json.Unmarshal(b, &doc); err != nil {
-			return nil, fmt.Errorf("kernel cache manifest: %w", err)
-		}
-		raw = doc.Triton
-		for _, v := range doc.VLLM {
-			raw = append(raw, v.TritonCacheEntries...)
-		}
-	}
-	return targets(raw)
-}
-
-// ParseSummary reads a summary label: {"targets": [{backend, arch,
-// warp_size}]}. It lets a node decide from the image config alone, before
-// any layer is downloaded.
-func ParseSummary(s string) ([]Target, error) {
-	var doc struct {
-		Targets []entry `json:"targets"`
-	}
-	if err := json.Unmarshal([]byte(s), &doc); err != nil {
-		return nil, fmt.Errorf("summary label: %w", err)
-	}
-	return targets(doc.Targets)
-}
-
-func targets(raw []entry) ([]Target, error) {
-	out := make([]Target, 0, len(raw))
-	for i, e := range raw {
-		t, err := e.target()
-		if err != nil {
-			return nil, fmt.Errorf("entry %d: %w", i, err)
-		}
-		out = append(out, t)
-	}
-	return out, nil
-}
+// ParseSummary reads a summary label (mcv.ParseSummary).
+func ParseSummary(s string) ([]Target, error) { return mcv.ParseSummary(s) }
 
 // DeviceResult is the verdict of a kernel cache for one GPU
 // (api.GPUCompat).

@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/gpu"
+	"github.com/modelcache/modelcache/gpu/mcv"
 )
 
 // Info reads what a version recorded of its checks.
@@ -91,15 +93,17 @@ func (k *Set) ModelKernelCaches(model string) []Served {
 // under dir) to out; the first cache to set a variable keeps it.
 func kernelEnv(dir string, info *api.KernelCacheInfo, out map[string]string) {
 	base := filepath.Join(dir, "current")
-	for _, k := range Dirs {
-		for _, cd := range info.Dirs {
-			if cd == k.Dir {
-				if _, set := out[k.Env]; !set {
-					out[k.Env] = filepath.Join(base, cd)
-				}
-			}
+	set := func(env, cd string) {
+		if _, ok := out[env]; !ok && slices.Contains(info.Dirs, cd) {
+			out[env] = filepath.Join(base, cd)
 		}
 	}
+	for _, k := range Dirs {
+		set(k.Env, k.Dir)
+	}
+	// Triton's cache inside an Inductor cache, where no Triton cache of
+	// its own says otherwise.
+	set("TRITON_CACHE_DIR", mcv.InductorTritonPath)
 }
 
 // CurrentVersion is a's current Ready version, or nil.

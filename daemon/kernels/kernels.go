@@ -14,22 +14,20 @@ import (
 	"github.com/modelcache/modelcache/fetchers"
 	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
 	"github.com/modelcache/modelcache/gpu"
+	"github.com/modelcache/modelcache/gpu/mcv"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 const maxManifest = 64 << 20
 
-// Dir is a cache directory of an MCV image: the variable a framework
-// reads it from, where its manifest lies, and the image labels that give
-// its size, its entry count and its GPU summary ("" where it has none).
-type Dir struct{ Dir, Env, Manifest, SizeLabel, CountLabel, Summary string }
+// Dir is a cache directory of an MCV image (mcv.Dir): the variable a
+// framework reads it from, where its manifest lies, and the image labels
+// that give its size, its entry count and its GPU summary.
+type Dir = mcv.Dir
 
-// Dirs are the cache directories of an MCV image.
-var Dirs = []Dir{
-	{gpu.TritonCacheDir, "TRITON_CACHE_DIR", gpu.TritonManifestDir, gpu.LabelTritonCacheSize, gpu.LabelTritonEntryCount, gpu.LabelTritonSummary},
-	{gpu.VLLMCacheDir, "VLLM_CACHE_ROOT", gpu.VLLMManifestDir, gpu.LabelVLLMCacheSize, gpu.LabelVLLMEntryCount, gpu.LabelVLLMSummary},
-	{gpu.TorchInductorCacheDir, "TORCHINDUCTOR_CACHE_DIR", "", "", "", ""},
-}
+// Dirs are the cache directories of an MCV image (mcv.Dirs: the layout
+// modelctl kernelcache builds by).
+var Dirs = mcv.Dirs
 
 // IncompatibleError: a kernel cache none of this node's GPUs can run.
 type IncompatibleError struct{ Report gpu.Report }
