@@ -40,7 +40,8 @@ func (k *Set) Env(name string) (map[string]string, error) {
 	out := map[string]string{}
 	if cur.Kind == cachestore.KindKernelCache {
 		if info := Info(cur); info != nil {
-			kernelEnv(k.store.TreePath(cachestore.KindKernelCache, name, ""), info, out)
+			kernelEnv(k.store.TreePath(cachestore.KindKernelCache, name, ""), info, out, false)
+			kernelEnv(k.store.TreePath(cachestore.KindKernelCache, name, ""), info, out, true)
 		}
 		return out, nil
 	}
@@ -49,8 +50,11 @@ func (k *Set) Env(name string) (map[string]string, error) {
 		out["HF_HUB_CACHE"] = filepath.Join(k.store.Root(), "hf")
 		out["HF_HUB_OFFLINE"] = "1"
 	}
-	for _, kc := range k.ModelKernelCaches(name) {
-		kernelEnv(k.store.TreePath(cachestore.KindKernelCache, kc.Name, ""), kc.Info, out)
+	kcs := k.ModelKernelCaches(name)
+	for _, nested := range []bool{false, true} { // a Triton cache of its own before one inside an Inductor cache
+		for _, kc := range kcs {
+			kernelEnv(k.store.TreePath(cachestore.KindKernelCache, kc.Name, ""), kc.Info, out, nested)
+		}
 	}
 	return out, nil
 }
@@ -90,20 +94,23 @@ func (k *Set) ModelKernelCaches(model string) []Served {
 }
 
 // kernelEnv adds the directories of a kernel cache (whose current link is
-// under dir) to out; the first cache to set a variable keeps it.
-func kernelEnv(dir string, info *api.KernelCacheInfo, out map[string]string) {
+// under dir) to out; the first cache to set a variable keeps it. nested
+// adds only Triton's cache inside an Inductor cache (TRITON_CACHE_DIR,
+// after every cache's own directories had their turn).
+func kernelEnv(dir string, info *api.KernelCacheInfo, out map[string]string, nested bool) {
 	base := filepath.Join(dir, "current")
 	set := func(env, cd string) {
 		if _, ok := out[env]; !ok && slices.Contains(info.Dirs, cd) {
 			out[env] = filepath.Join(base, cd)
 		}
 	}
+	if nested {
+		set("TRITON_CACHE_DIR", mcv.InductorTritonPath)
+		return
+	}
 	for _, k := range Dirs {
 		set(k.Env, k.Dir)
 	}
-	// Triton's cache inside an Inductor cache, where no Triton cache of
-	// its own says otherwise.
-	set("TRITON_CACHE_DIR", mcv.InductorTritonPath)
 }
 
 // CurrentVersion is a's current Ready version, or nil.
