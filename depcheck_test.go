@@ -18,11 +18,18 @@ const mod = "github.com/modelcache/modelcache/"
 // of its prefixes ("mod:x" is the module's package x and its sub-packages).
 var banned = map[string][]string{
 	// The CLI talks to the socket: it links the wire types and nothing
-	// that watches clusters, fetches, verifies signatures, loads NVML or
-	// opens the index.
-	"cmd/modelctl": {"k8s.io/", "sigs.k8s.io/controller-runtime", "github.com/aws/", "github.com/sigstore/",
-		"github.com/NVIDIA/go-nvml", "go.etcd.io/bbolt", "github.com/google/go-containerregistry", "github.com/prometheus/",
-		"mod:daemon", "mod:fetchers", "mod:k8ssync", "mod:cachestore", "mod:gpu"},
+	// that watches clusters, fetches, loads NVML or opens the index. Its
+	// one exception, modelctl kernelcache, builds, pushes and signs images
+	// in the user's process with the user's credentials: the registry
+	// client and cosign's signing library (package kernelcache), and the
+	// image layout (gpu/mcv), never gpu itself (NVML).
+	"cmd/modelctl": {"k8s.io/", "sigs.k8s.io/controller-runtime", "github.com/aws/",
+		"github.com/NVIDIA/go-nvml", "go.etcd.io/bbolt", "github.com/prometheus/",
+		"mod:daemon", "mod:fetchers", "mod:k8ssync", "mod:cachestore", "=" + mod + "gpu"},
+	// kernelcache links no daemon side: no fetchers (their outbound
+	// policy is the daemon's), no store, no NVML.
+	"kernelcache/...": {"k8s.io/", "github.com/aws/", "github.com/NVIDIA/go-nvml", "go.etcd.io/bbolt", "github.com/prometheus/",
+		"mod:daemon", "mod:fetchers", "mod:k8ssync", "mod:cachestore", "=" + mod + "gpu"},
 	// The store knows nothing about networks, Kubernetes or GPUs.
 	"cachestore/...": {"net", "k8s.io/", "github.com/aws/", "github.com/sigstore/", "github.com/NVIDIA/go-nvml", "github.com/google/go-containerregistry"},
 	"gpu":            {"k8s.io/", "github.com/aws/", "github.com/sigstore/", "go.etcd.io/bbolt", "net"},

@@ -17,7 +17,10 @@ import (
 type invocation struct {
 	globals []string
 	cmdName string // as typed (an alias stays an alias)
-	cmd     *cli.Command
+	// subNames are the subcommands typed after it ("kernelcache build"):
+	// cmd is the last of them.
+	subNames []string
+	cmd      *cli.Command
 	flags   []string
 	pos     []string
 	help    bool // -h/--help among the command's flags
@@ -47,6 +50,11 @@ func split(app *cli.App, args []string) invocation {
 	if inv.cmd == nil {
 		inv.pos = args[i+1:]
 		return inv
+	}
+	for i+1 < len(args) && len(inv.cmd.Subcommands) > 0 && !cliutil.IsFlag(args[i+1]) && inv.cmd.Command(args[i+1]) != nil {
+		i++
+		inv.subNames = append(inv.subNames, args[i])
+		inv.cmd = inv.cmd.Command(args[i])
 	}
 	for j := i + 1; j < len(args); j++ {
 		tok := args[j]
@@ -82,6 +90,7 @@ func (inv invocation) argv(prog string) []string {
 		return out
 	}
 	out = append(out, inv.cmdName)
+	out = append(out, inv.subNames...)
 	out = append(out, inv.flags...)
 	if len(inv.pos) > 0 {
 		if inv.cmd != nil {

@@ -250,6 +250,7 @@ func commands() []*cli.Command {
 		completionCommand(),
 		duCommand(),
 		statusCommand(),
+		kernelcacheCommand(),
 	}
 }
 
