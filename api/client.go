@@ -299,11 +299,31 @@ func (c *Client) Pull(ctx context.Context, req PullRequest, wait bool, fn func(E
 // Wait streams progress until name is Ready or Failed, or timeout passes
 // (0: no limit; the daemon answers CodeTimeout).
 func (c *Client) Wait(ctx context.Context, name string, timeout time.Duration, fn func(Event)) (*Artifact, error) {
-	q := ""
-	if timeout > 0 {
-		q = "?timeout=" + url.QueryEscape(timeout.String())
+	return c.WaitWith(ctx, name, WaitOptions{Timeout: timeout}, fn)
+}
+
+// WaitOptions are a wait's: its limit (0: none) and whether a model's
+// kernel caches are left out (by default a model is done when it is
+// Ready and each of its kernel caches is Ready, Incompatible or Failed).
+type WaitOptions struct {
+	Timeout          time.Duration
+	SkipKernelCaches bool
+}
+
+// WaitWith is Wait with options.
+func (c *Client) WaitWith(ctx context.Context, name string, o WaitOptions, fn func(Event)) (*Artifact, error) {
+	q := url.Values{}
+	if o.Timeout > 0 {
+		q.Set("timeout", o.Timeout.String())
 	}
-	return c.stream(ctx, "GET", "/v1/artifacts/"+url.PathEscape(name)+"/wait"+q, nil, fn)
+	if o.SkipKernelCaches {
+		q.Set("kernelCaches", "skip")
+	}
+	path := "/v1/artifacts/" + url.PathEscape(name) + "/wait"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	return c.stream(ctx, "GET", path, nil, fn)
 }
 
 // Pin protects the current version of name from eviction.

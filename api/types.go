@@ -335,4 +335,8 @@ type Event struct {
 	Artifact *Artifact `json:"artifact,omitempty"`
 	Error    *Error    `json:"error,omitempty"`
 	Done     bool      `json:"done,omitempty"`
+	// Notes say what a wait still waits for (a model's kernel caches on
+	// their way) and, at its end, what will not come: a GPU of this node
+	// that no kernel cache of the model runs on, a kernel cache that failed.
+	Notes []string `json:"notes,omitempty"`
 }

@@ -229,6 +229,16 @@ func (c *csiVolumes) hold(ctx context.Context, v csi.Volume) (string, string, er
 	}
 	v.Revision, v.Private = rev, priv
 	if v.KernelCaches == "auto" {
+		// The model's kernel caches on their way: the volume waits for
+		// them (kubelet retries, and the pod's events say why), so that
+		// the pod does not start without what it would compile.
+		pending, notes := kernelCacheWait(v.Model, c.host.desired(), c.host.view)
+		if len(pending) > 0 {
+			return "", "", status.Errorf(codes.Unavailable, "model %s is Ready but its kernel caches are not yet: %s; a volume with kernelCaches: auto waits for them (kernelCaches: none mounts the model alone)", v.Model, strings.Join(pending, ", "))
+		}
+		for _, n := range notes {
+			c.log.Info("csi: kernelCaches=auto: "+n, "volume", v.ID, "artifact", v.Model)
+		}
 		for _, kc := range c.kernels.ModelKernelCaches(v.Model) {
 			v.Kernels = append(v.Kernels, csi.KernelCache{Name: kc.Name, Revision: kc.Revision})
 		}

@@ -2,12 +2,20 @@ package daemon
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/sigstore/cosign/v2/pkg/cosign"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/internal/testenv"
@@ -124,5 +132,136 @@ func TestBuiltKernelCachesServed(t *testing.T) {
 	_, err = h2.pull(api.PullRequest{Name: "tk", Kind: api.KindKernelCache, URI: "oci://" + host + "/kernels/tk:h200", Signature: policy})
 	if a := h2.waitPhase("tk", api.PhaseIncompatible); err == nil || !strings.Contains(a.Message, "built for arch 90, GPU is 80") {
 		t.Fatalf("an sm_80 node: %v %+v", err, a)
+	}
+}
+
+// gatedRegistry is a reverse proxy to a registry that holds GETs of one
+// blob until open is closed: a kernel cache whose layer is still on its way.
+func gatedRegistry(t *testing.T, upstream, blob string) (host string, open func()) {
+	t.Helper()
+	u, _ := url.Parse("http://" + upstream)
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	gate := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/blobs/"+blob) {
+			select {
+			case <-gate:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	var once sync.Once
+	return strings.TrimPrefix(srv.URL, "http://"), func() { once.Do(func() { close(gate) }) }
+}
+
+// TestWaitIncludesKernelCaches: modelctl wait MODEL goes on while the
+// model is Ready and its kernel cache is still on its way, saying so,
+// and ends once the cache is Ready, naming the GPU of this node that no
+// kernel cache of the model runs on; --skip-kernel-caches ends with the
+// model alone. A CSI volume with kernelCaches: auto published meanwhile
+// is refused with Unavailable and the reason (the pod's event), and
+// shows the kernel cache once it is Ready.
+func TestWaitIncludesKernelCaches(t *testing.T) {
+	upstream := testenv.Registry(t)
+	ctx := context.Background()
+	keys, _ := cosign.GenerateKeyPair(func(bool) ([]byte, error) { return []byte("pw"), nil })
+	signer, err := kernelcache.KeySigner(keys.PrivateBytes, []byte("pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := kernelcache.Registry{}
+	c, err := kernelcache.Scan(fixtures.Triton(t), kernelcache.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := reg.ParseRef("oci://" + upstream + "/kernels/tk:h200")
+	b, err := kernelcache.Image(c, kernelcache.ImageOptions{Title: "tk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	dref, err := reg.Push(ctx, ref, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Sign(ctx, dref, signer); err != nil {
+		t.Fatal(err)
+	}
+	ls, _ := b.Image.Layers()
+	ld, _ := ls[0].Digest()
+	host, open := gatedRegistry(t, upstream, ld.String())
+	defer open()
+
+	cfg := csiConfig(t)
+	cfg.InsecureRegistries = []string{host}
+	cfg.GPUInventory = inventoryFile(t, `{"driverVersion":"580.159.04","cudaDriverVersion":"13.0","devices":[
+	  {"name":"NVIDIA H200","uuid":"GPU-H","computeCapability":"9.0"},{"name":"NVIDIA A100-SXM4-80GB","uuid":"GPU-A","computeCapability":"8.0"}]}`)
+	r := startCSI(t, cfg)
+	fs := newFileServer(t, map[string][]byte{"m/config.json": []byte(`{"model_type":"llama"}`)})
+	policy := &api.SignaturePolicy{Keys: []string{string(keys.PublicBytes)}}
+	if _, err := r.c.Pull(ctx, api.PullRequest{Name: "mlp", URI: fs.URL + "/m/config.json", KernelCaches: []api.KernelCacheRef{
+		{Name: "mlp-tk", URI: "oci://" + host + "/kernels/tk:h200", Signature: policy}}}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	r.waitPhase("mlp", api.PhaseReady)
+
+	// --skip-kernel-caches: done with the model alone, the cache still gated.
+	a, err := r.c.WaitWith(ctx, "mlp", api.WaitOptions{SkipKernelCaches: true}, nil)
+	if err != nil || a.Phase != api.PhaseReady {
+		t.Fatalf("wait --skip-kernel-caches: %+v %v", a, err)
+	}
+	if kc, _ := r.c.Get(ctx, "mlp-tk"); kc.Phase == api.PhaseReady {
+		t.Fatal("the kernel cache's layer is gated; it cannot be Ready")
+	}
+	// A CSI volume with kernelCaches: auto waits, telling the pod why.
+	target := r.target("uid-1", "model")
+	err = r.publish("vol-1", target, map[string]string{"modelCache": "mlp", "kernelCaches": "auto"})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "mlp-tk (") || !strings.Contains(err.Error(), "kernelCaches: auto waits") {
+		t.Fatalf("publish while the kernel cache is on its way: %v; want Unavailable naming it", err)
+	}
+
+	// The default wait: it says it waits for the kernel cache, and ends
+	// once that is Ready, naming the GPU none runs on.
+	waiting := make(chan struct{})
+	var once sync.Once
+	var last api.Event
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.c.WaitWith(ctx, "mlp", api.WaitOptions{}, func(e api.Event) {
+			last = e
+			if len(e.Notes) > 0 && strings.Contains(e.Notes[0], "waiting for its kernel caches: mlp-tk") && e.Artifact != nil && e.Artifact.Phase == api.PhaseReady {
+				once.Do(func() { close(waiting) })
+			}
+		})
+		done <- err
+	}()
+	select {
+	case <-waiting:
+	case err := <-done:
+		t.Fatalf("the wait ended before the kernel cache was Ready: %v %+v", err, last)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("no event said the wait waits for the kernel cache")
+	}
+	open()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if kc, _ := r.c.Get(ctx, "mlp-tk"); kc.Phase != api.PhaseReady {
+		t.Fatalf("the wait ended with the kernel cache %s", kc.Phase)
+	}
+	if !last.Done || len(last.Notes) != 1 || !strings.Contains(last.Notes[0], "GPU 1 (NVIDIA A100-SXM4-80GB) has no kernel cache of mlp it can run (mlp-tk: built for arch 90, GPU is 80") {
+		t.Fatalf("the last event: %+v; want Done and a note naming GPU 1", last)
+	}
+	if err := r.publish("vol-1", target, map[string]string{"modelCache": "mlp", "kernelCaches": "auto"}); err != nil {
+		t.Fatalf("kubelet's retry once the kernel cache is Ready: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(target, "kernels", "mlp-tk", "io.triton.cache")); err != nil {
+		t.Fatalf("the volume shows the kernel cache: %v", err)
+	}
+	if err := r.unpublish("vol-1", target); err != nil {
+		t.Fatal(err)
 	}
 }

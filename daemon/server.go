@@ -198,7 +198,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	// still satisfies the desire (a refresh that failed is not Ready).
 	fp, dropping := fingerprint(ds), false
 	var outcome error // set under d.mu by dropFailedPull
-	return viewsOf(d).streamUntil(w, r, ds.Name, 0, nil, func(st *artState) (bool, error) {
+	return viewsOf(d).streamUntil(w, r, ds.Name, 0, nil, nil, func(st *artState) (bool, error) {
 		if outcome != nil {
 			return true, outcome
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/modelcache/modelcache/api"
@@ -26,7 +27,20 @@ func (vw views) handleWait(w http.ResponseWriter, r *http.Request) error {
 			vw.log.Debug("not warming after wait", "artifact", a.Name, "revision", a.Revision, "err", err)
 		}
 	}
-	return vw.streamUntil(w, r, r.PathValue("name"), timeout, ready, func(st *artState) (bool, error) { return st == nil || st.cancel == nil, nil })
+	var owed func(*api.Artifact) ([]string, []string)
+	switch k := r.URL.Query().Get("kernelCaches"); k {
+	case "", "wait":
+		owed = func(a *api.Artifact) ([]string, []string) {
+			vw.mu.Lock()
+			want := vw.desires.merged()
+			vw.mu.Unlock()
+			return kernelCacheWait(a.Name, want, func(n string) (*api.Artifact, error) { return vw.view(n, false) })
+		}
+	case "skip":
+	default:
+		return api.Errorf(api.CodeInvalid, "kernelCaches %q: want wait or skip", k)
+	}
+	return vw.streamUntil(w, r, r.PathValue("name"), timeout, ready, owed, func(st *artState) (bool, error) { return st == nil || st.cancel == nil, nil })
 }
 
 // startStream answers r with a stream of JSON lines: it reads what is
@@ -53,8 +67,12 @@ const streamHeartbeat = time.Second
 // server watches the read side once the body is read), and a peer that
 // stops reading fails a write SocketWriteTimeout after the socket's
 // buffers fill. ready, when set, is called with the artifact when the
-// stream ends Ready.
-func (vw views) streamUntil(w http.ResponseWriter, r *http.Request, name string, timeout time.Duration, ready func(*api.Artifact), done func(*artState) (bool, error)) error {
+// stream ends Ready. owed, when set, is asked once the artifact is Ready
+// what else it waits for (a model's kernel caches: kernelCacheWait): the
+// stream goes on while that is pending, and its last line carries the
+// notes.
+func (vw views) streamUntil(w http.ResponseWriter, r *http.Request, name string, timeout time.Duration, ready func(*api.Artifact),
+	owed func(*api.Artifact) (pending, notes []string), done func(*artState) (bool, error)) error {
 	d := vw
 	enc, rc, tick := startStream(w, r)
 	defer tick.Stop()
@@ -88,19 +106,26 @@ func (vw views) streamUntil(w http.ResponseWriter, r *http.Request, name string,
 			rc.Flush()
 			return nil
 		}
-		if fin && settled {
+		var pending, notes []string
+		if fin && settled && a.Phase == api.PhaseReady && owed != nil {
+			pending, notes = owed(a)
+		}
+		if fin && settled && len(pending) == 0 {
 			if err := settledErr(a); err != nil {
 				enc.Encode(api.Event{Artifact: a, Error: toAPIError(err)})
 			} else {
 				if ready != nil && a.Phase == api.PhaseReady {
 					ready(a)
 				}
-				enc.Encode(api.Event{Artifact: a, Done: true})
+				enc.Encode(api.Event{Artifact: a, Done: true, Notes: notes})
 			}
 			rc.Flush()
 			return nil
 		}
-		if err := enc.Encode(api.Event{Artifact: a}); err != nil {
+		if len(pending) > 0 {
+			notes = []string{"waiting for its kernel caches: " + strings.Join(pending, ", ")}
+		}
+		if err := enc.Encode(api.Event{Artifact: a, Notes: notes}); err != nil {
 			return nil // the client went away
 		}
 		if err := rc.Flush(); err != nil {
@@ -109,7 +134,11 @@ func (vw views) streamUntil(w http.ResponseWriter, r *http.Request, name string,
 		select {
 		case <-ctx.Done():
 			if r.Context().Err() == nil {
-				enc.Encode(api.Event{Artifact: a, Error: api.Errorf(api.CodeTimeout, "artifact %s is still %s after %s", name, a.Phase, timeout)})
+				msg := fmt.Sprintf("artifact %s is still %s after %s", name, a.Phase, timeout)
+				if len(pending) > 0 {
+					msg = fmt.Sprintf("artifact %s is Ready but its kernel caches are not after %s: %s (modelctl wait --skip-kernel-caches does not wait for them)", name, timeout, strings.Join(pending, ", "))
+				}
+				enc.Encode(api.Event{Artifact: a, Error: api.Errorf(api.CodeTimeout, "%s", msg)})
 			}
 			return nil
 		case <-changed:

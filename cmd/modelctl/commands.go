@@ -196,10 +196,13 @@ func waitCommand() *cli.Command {
 	return &cli.Command{
 		Name: "wait", Usage: "wait until an artifact is Ready (exit 0) or Failed (exit 1); for init containers", ArgsUsage: "NAME",
 		Description: "A NAME that nothing desires (no pull, models.d file or ModelCache) fails at once, unless --for-create\n" +
-			"waits for a desire to appear. --timeout takes 90s, 5m, 1h30m or a bare number of seconds.",
+			"waits for a desire to appear. --timeout takes 90s, 5m, 1h30m or a bare number of seconds. A model is done\n" +
+			"once it is Ready and each of its kernel caches is Ready, Incompatible or Failed (--skip-kernel-caches: the\n" +
+			"model alone); a GPU of this node that none of them runs on is named in a note.",
 		Flags: []cli.Flag{
 			&cli.GenericFlag{Name: "timeout", Value: &cliutil.Duration{}, Usage: "give up after this long: 90s, 5m, 1h (a bare number is seconds; 0: never)", DefaultText: "0, never"},
 			&cli.BoolFlag{Name: "for-create", Usage: "wait for NAME to be desired if nothing desires it yet, instead of failing at once"},
+			&cli.BoolFlag{Name: "skip-kernel-caches", Usage: "a model is done when it is Ready, without waiting for its kernel caches"},
 		},
 		Action: func(c *cli.Context) error {
 			name := c.Args().First()
@@ -213,8 +216,22 @@ func waitCommand() *cli.Command {
 				}
 			}
 			p := newProgress(c.App.ErrWriter)
-			a, err := cl.Wait(c.Context, name, c.Generic("timeout").(*cliutil.Duration).D, p.event)
+			var notes []string
+			waiting := ""
+			a, err := cl.WaitWith(c.Context, name, api.WaitOptions{Timeout: c.Generic("timeout").(*cliutil.Duration).D, SkipKernelCaches: c.Bool("skip-kernel-caches")},
+				func(e api.Event) {
+					if notes = e.Notes; !e.Done && len(notes) > 0 && waiting == "" { // Ready, its kernel caches on their way: say so once
+						waiting = notes[0]
+						fmt.Fprintln(c.App.ErrWriter, "\n"+name+" is Ready, "+waiting)
+					}
+					p.event(e)
+				})
 			p.finish()
+			for _, n := range notes { // what a model's kernel caches left undone: a GPU without one, a failure
+				if n != waiting {
+					fmt.Fprintln(c.App.ErrWriter, "note: "+n)
+				}
+			}
 			if err != nil {
 				return err
 			}
