@@ -44,7 +44,11 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		}
 		return nil, err
 	}
-	if err := d.mount(t, tree); err != nil {
+	mount := d.mount
+	if v.Writable > 0 {
+		mount = func(t *target, tree string) error { return d.mountWritable(t, tree, v) }
+	}
+	if err := mount(t, tree); err != nil {
 		if rerr := d.backend.Release(ctx, v.ID); rerr != nil {
 			d.log.Error("csi: releasing a hold after a failed mount", "volume", v.ID, "err", rerr)
 		}
@@ -154,6 +158,9 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpubli
 			return nil, status.Errorf(codes.Internal, "removing %s: %v", target, err)
 		}
 	}
+	if err := d.removeLayer(id); err != nil { // a writable kernel cache's layer goes with the volume
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
 	if err := d.backend.Release(ctx, id); err != nil {
 		return nil, status.Errorf(codes.Internal, "releasing the hold of volume %s: %v", id, err)
 	}
@@ -200,6 +207,8 @@ func (d *Driver) volumeFrom(req *csipb.NodePublishVolumeRequest) (Volume, error)
 	fields := map[string]*string{AttrModelCache: &v.Model, AttrRevision: &v.Revision, AttrKernelCaches: &v.KernelCaches, AttrWarm: &v.Warm,
 		attrPodName: &v.PodName, attrPodNamespace: &v.PodNamespace, attrPodUID: &v.PodUID}
 	var unknown []string
+	var writable string
+	fields[AttrKernelCacheWritable] = &writable
 	for k, val := range attrs {
 		if f, ok := fields[k]; ok {
 			*f = val
@@ -218,7 +227,7 @@ func (d *Driver) volumeFrom(req *csipb.NodePublishVolumeRequest) (Volume, error)
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return v, status.Errorf(codes.InvalidArgument, "volumeAttributes: unknown %s; %s takes %s, %s, %s and %s", strings.Join(unknown, ", "), DriverName, AttrModelCache, AttrRevision, AttrKernelCaches, AttrWarm)
+		return v, status.Errorf(codes.InvalidArgument, "volumeAttributes: unknown %s; %s takes %s, %s, %s, %s and %s", strings.Join(unknown, ", "), DriverName, AttrModelCache, AttrRevision, AttrKernelCaches, AttrKernelCacheWritable, AttrWarm)
 	}
 	if v.Model == "" {
 		return v, status.Errorf(codes.InvalidArgument, "volumeAttributes.%s is missing: name the ModelCache (or local artifact) to mount", AttrModelCache)
@@ -235,6 +244,13 @@ func (d *Driver) volumeFrom(req *csipb.NodePublishVolumeRequest) (Volume, error)
 	case "auto":
 	default:
 		return v, status.Errorf(codes.InvalidArgument, "volumeAttributes.%s %q: use auto or none", AttrKernelCaches, v.KernelCaches)
+	}
+	var err error
+	if v.Writable, err = parseWritable(writable); err != nil {
+		return v, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if v.Writable > 0 && req.GetReadonly() {
+		return v, status.Errorf(codes.InvalidArgument, "volumeAttributes.%s with readOnly: true: a writable kernel cache needs the volume writable; leave readOnly out (the store's files stay read-only beneath)", AttrKernelCacheWritable)
 	}
 	switch v.Warm {
 	case "", "true":

@@ -55,6 +55,9 @@ type Volume struct {
 	// mounts a tree of its own (the version's tree is root's only); the
 	// Backend fills it.
 	Private      bool   `json:"private,omitempty"`
+	// Writable is the size of the volume's writable kernel cache layer
+	// (volumeAttributes.kernelCacheWritable; 0: the volume is read-only).
+	Writable     int64  `json:"kernelCacheWritable,omitempty"`
 	PodNamespace string `json:"podNamespace,omitempty"`
 	PodName      string `json:"podName,omitempty"`
 	PodUID       string `json:"podUID,omitempty"`
@@ -98,6 +101,10 @@ type Config struct {
 	// NodeID is what NodeGetInfo reports: the node's name. Default the
 	// hostname.
 	NodeID string
+	// WritableDir holds the writable layers of volumes that ask for a
+	// writable kernel cache (writable.go). Default: writable/ beside
+	// the socket.
+	WritableDir string
 	// Version is reported by GetPluginInfo.
 	Version string
 	Logger  *slog.Logger // nil = silent
@@ -150,6 +157,9 @@ func New(cfg Config, b Backend) (*Driver, error) {
 	}
 	if cfg.PodsDir == "" {
 		cfg.PodsDir = DefaultPodsDir
+	}
+	if cfg.WritableDir == "" {
+		cfg.WritableDir = filepath.Join(filepath.Dir(cfg.Socket), "writable")
 	}
 	if cfg.NodeID == "" {
 		h, err := os.Hostname()

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -10,9 +11,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/sigstore/cosign/v2/pkg/cosign"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -264,4 +267,128 @@ func TestWaitIncludesKernelCaches(t *testing.T) {
 	if err := r.unpublish("vol-1", target); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestCSIWritableKernelCache: a volume with kernelCacheWritable is an
+// overlay of the held tree (the model and its kernel caches) and a layer
+// of its own: a pod compiles new kernels into it and may even rewrite a
+// served file, while the store's bytes stay as they were; the layer is
+// bounded (ENOSPC past its size), private to the volume, and gone at
+// unpublish.
+func TestCSIWritableKernelCache(t *testing.T) {
+	host := testenv.Registry(t)
+	ctx := context.Background()
+	keys, _ := cosign.GenerateKeyPair(func(bool) ([]byte, error) { return []byte("pw"), nil })
+	signer, _ := kernelcache.KeySigner(keys.PrivateBytes, []byte("pw"))
+	reg := kernelcache.Registry{}
+	dir := fixtures.Triton(t)
+	c, err := kernelcache.Scan(dir, kernelcache.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := reg.ParseRef("oci://" + host + "/kernels/tk:h200")
+	b, err := kernelcache.Image(c, kernelcache.ImageOptions{Title: "tk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	dref, err := reg.Push(ctx, ref, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Sign(ctx, dref, signer); err != nil {
+		t.Fatal(err)
+	}
+	cfg := csiConfig(t)
+	cfg.InsecureRegistries = []string{host}
+	cfg.GPUInventory = inventoryFile(t, h100Inventory)
+	r := startCSI(t, cfg)
+	config := []byte(`{"model_type":"llama"}`)
+	fs := newFileServer(t, map[string][]byte{"m/config.json": config})
+	if _, err := r.pull(api.PullRequest{Name: "mlp", URI: fs.URL + "/m/config.json", KernelCaches: []api.KernelCacheRef{
+		{Name: "mlp-tk", URI: "oci://" + host + "/kernels/tk:h200", Signature: &api.SignaturePolicy{Keys: []string{string(keys.PublicBytes)}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	r.waitPhase("mlp-tk", api.PhaseReady)
+
+	publishRW := func(id, target string, attrs map[string]string) error {
+		vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "csi.storage.k8s.io/pod.namespace": "ml", "csi.storage.k8s.io/pod.name": "pod-" + id}
+		for k, v := range attrs {
+			vc[k] = v
+		}
+		_, err := r.node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, TargetPath: target, VolumeContext: vc,
+			VolumeCapability: &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
+				AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}})
+		return err
+	}
+	attrs := map[string]string{"modelCache": "mlp", "kernelCaches": "auto", "kernelCacheWritable": "4Mi"}
+	// Refused: a read-only volume, a size that is not one.
+	if err := r.publish("vol-x", r.target("uid-x", "model"), attrs); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "readOnly") {
+		t.Fatalf("writable with readOnly: true: %v", err)
+	}
+	if err := publishRW("vol-y", r.target("uid-y", "model"), map[string]string{"modelCache": "mlp", "kernelCacheWritable": "lots"}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "512Mi") {
+		t.Fatalf("a bad size: %v", err)
+	}
+
+	target := r.target("uid-1", "model")
+	if err := publishRW("vol-1", target, attrs); err != nil {
+		t.Fatal(err)
+	}
+	if err := publishRW("vol-1", target, attrs); err != nil { // kubelet retries
+		t.Fatalf("a repeated publish: %v", err)
+	}
+	ro := r.target("uid-2", "model")
+	if err := r.publish("vol-2", ro, map[string]string{"modelCache": "mlp", "kernelCaches": "auto"}); err != nil {
+		t.Fatal(err)
+	}
+	kdir := filepath.Join(target, "kernels", "mlp-tk", "io.triton.cache")
+	// A new kernel compiled into the volume.
+	if err := os.MkdirAll(filepath.Join(kdir, "NEWKERNEL"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cubin := data(64<<10, 5)
+	if err := os.WriteFile(filepath.Join(kdir, "NEWKERNEL", "k.cubin"), cubin, 0o644); err != nil {
+		t.Fatalf("compile into the volume: %v", err)
+	}
+	// Served files rewritten through the volume: the store keeps its bytes.
+	f := c.Files[0].Path
+	if err := os.WriteFile(filepath.Join(kdir, f), []byte("rewritten"), 0o644); err != nil {
+		t.Fatalf("rewrite %s in the volume: %v", f, err)
+	}
+	if err := os.WriteFile(filepath.Join(target, "config.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(filepath.Join(dir, f))
+	for _, p := range []string{filepath.Join(cfg.Root, "kernels", "mlp-tk", "current", "io.triton.cache", f), filepath.Join(ro, "kernels", "mlp-tk", "io.triton.cache", f)} {
+		if got, err := os.ReadFile(p); err != nil || string(got) != string(want) {
+			t.Fatalf("%s changed through the writable volume: %v", p, err)
+		}
+	}
+	if got, _ := os.ReadFile(filepath.Join(cfg.Root, "models", "mlp", "current", "config.json")); string(got) != string(config) {
+		t.Fatal("the model's config.json changed in the store")
+	}
+	if _, err := os.Stat(filepath.Join(ro, "kernels", "mlp-tk", "io.triton.cache", "NEWKERNEL")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("another volume sees the first's layer: %v", err)
+	}
+	if vr, err := r.c.Verify(ctx); err != nil || len(vr.Corrupt)+len(vr.Missing) > 0 || vr.BlobsChecked < len(c.Files) {
+		t.Fatalf("the store's blobs after the writes: %+v %v", vr, err)
+	}
+	// Bounded: past 4 MiB the pod gets ENOSPC.
+	if err := os.WriteFile(filepath.Join(kdir, "NEWKERNEL", "big"), data(8<<20, 6), 0o644); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("8 MiB into a 4 MiB layer: %v, want ENOSPC", err)
+	}
+	layers := filepath.Join(filepath.Dir(cfg.CSI.Socket), "writable")
+	if es, _ := os.ReadDir(layers); len(es) != 1 {
+		t.Fatalf("layers %v; want the one of vol-1", es)
+	}
+	if err := r.unpublish("vol-1", target); err != nil {
+		t.Fatal(err)
+	}
+	if es, _ := os.ReadDir(layers); len(es) != 0 {
+		t.Fatalf("the layer outlived its volume: %v", es)
+	}
+	if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("target after unpublish: %v", err)
+	}
+	r.unpublish("vol-2", ro)
 }
