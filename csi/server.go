@@ -54,7 +54,7 @@ type Volume struct {
 	// Private: the artifact is private to some namespaces, and the volume
 	// mounts a tree of its own (the version's tree is root's only); the
 	// Backend fills it.
-	Private      bool   `json:"private,omitempty"`
+	Private bool `json:"private,omitempty"`
 	// Writable is the size of the volume's writable kernel cache layer
 	// (volumeAttributes.kernelCacheWritable; 0: the volume is read-only).
 	Writable     int64  `json:"kernelCacheWritable,omitempty"`

@@ -21,9 +21,9 @@ type invocation struct {
 	// cmd is the last of them.
 	subNames []string
 	cmd      *cli.Command
-	flags   []string
-	pos     []string
-	help    bool // -h/--help among the command's flags
+	flags    []string
+	pos      []string
+	help     bool // -h/--help among the command's flags
 }
 
 // split takes args (args[0] is the program) apart. A global flag after
