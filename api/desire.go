@@ -57,6 +57,11 @@ type Desire struct {
 	// KernelCaches lists a model's kernel cache images, typically one per
 	// GPU architecture; each node takes the ones its GPUs can run.
 	KernelCaches []KernelCacheRef `json:"kernelCaches,omitempty"`
+	// CaptureKernelCaches lets the node's admin capture what pods compiled
+	// into writable kernel cache volumes of this model (modelctl
+	// kernelcache capture). The node's configuration sets it (models.d);
+	// a socket pull cannot.
+	CaptureKernelCaches bool `json:"captureKernelCaches,omitempty"`
 	// Serves names the model a kernel cache desire came from. Set only
 	// by the daemon when it expands a model's KernelCaches: never from
 	// the socket (PullRequest has no such field).

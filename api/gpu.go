@@ -78,3 +78,29 @@ type Compatibility struct {
 	Devices    []GPUCompat `json:"devices"`
 	Reason     string      `json:"reason,omitempty"`
 }
+
+// CaptureSource is where modelctl kernelcache capture reads what a pod
+// compiled: a published volume with a writable kernel cache, of a model
+// whose desire allows capture.
+type CaptureSource struct {
+	Volume string `json:"volume"`
+	Model  string `json:"model"`
+	// Target is the volume's mount on the node: the overlay of the held
+	// tree and the volume's writable layer, as the pod sees it.
+	Target string `json:"target"`
+	// Pod is namespace/name of the pod that mounts it.
+	Pod string `json:"pod,omitempty"`
+	// Caches are the kernel cache directories the volume was given,
+	// relative to Target (kernels/<name>/io.triton.cache, …): where the
+	// pod compiled, when it followed modelctl env.
+	Caches []CaptureCache `json:"caches,omitempty"`
+	// GPUs is this node's inventory: what was compiled must run on it.
+	GPUs GPUInventory `json:"gpus"`
+}
+
+// CaptureCache is one kernel cache directory of a volume.
+type CaptureCache struct {
+	Name string `json:"name"` // the kernel cache artifact
+	Path string `json:"path"` // relative to the volume
+	Kind string `json:"kind"` // triton, vllm, torchinductor
+}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/gpu/mcv"
 	"github.com/modelcache/modelcache/internal/testenv"
 	"github.com/modelcache/modelcache/kernelcache"
 	"github.com/modelcache/modelcache/kernelcache/fixtures"
@@ -391,4 +392,161 @@ func TestCSIWritableKernelCache(t *testing.T) {
 		t.Fatalf("target after unpublish: %v", err)
 	}
 	r.unpublish("vol-2", ro)
+}
+
+// TestCaptureCompiledKernels: what a pod compiled into its writable
+// kernel cache volume is captured (modelctl kernelcache capture: the
+// daemon says where, for a model whose models.d file opts in; the rest
+// runs in the admin's process) into an image holding the served kernels
+// and the new ones, which a fresh node then serves. A link planted in
+// the volume, a kernel for a GPU the node lacks, a model that did not
+// opt in and a read-only volume are refused.
+func TestCaptureCompiledKernels(t *testing.T) {
+	host := testenv.Registry(t)
+	ctx := context.Background()
+	keys, _ := cosign.GenerateKeyPair(func(bool) ([]byte, error) { return []byte("pw"), nil })
+	signer, _ := kernelcache.KeySigner(keys.PrivateBytes, []byte("pw"))
+	reg := kernelcache.Registry{}
+	push := func(c *kernelcache.Cache, uri string) string {
+		ref, _ := reg.ParseRef(uri)
+		b, err := kernelcache.Image(c, kernelcache.ImageOptions{Title: kernelcache.Title(ref)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		dref, err := reg.Push(ctx, ref, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := reg.Sign(ctx, dref, signer); err != nil {
+			t.Fatal(err)
+		}
+		return dref.DigestStr()
+	}
+	tc, err := kernelcache.Scan(fixtures.Triton(t), kernelcache.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	push(tc, "oci://"+host+"/kernels/tk:h200")
+
+	cfg := csiConfig(t)
+	cfg.InsecureRegistries = []string{host}
+	cfg.GPUInventory = inventoryFile(t, h100Inventory)
+	pubFile := filepath.Join(t.TempDir(), "cosign.pub")
+	os.WriteFile(pubFile, keys.PublicBytes, 0o644)
+	fs := newFileServer(t, map[string][]byte{"m/config.json": []byte(`{"model_type":"llama"}`)})
+	os.MkdirAll(cfg.ModelsDir, 0o755)
+	yml := "name: mlp\nuri: " + fs.URL + "/m/config.json\ncaptureKernelCaches: true\nkernelCaches:\n  - name: mlp-tk\n    uri: oci://" + host + "/kernels/tk:h200\n    signature: {keys: [" + pubFile + "]}\n"
+	if err := os.WriteFile(filepath.Join(cfg.ModelsDir, "mlp.yaml"), []byte(yml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := startCSI(t, cfg)
+	r.waitPhase("mlp-tk", api.PhaseReady)
+	r.waitPhase("mlp", api.PhaseReady)
+	if _, err := r.pull(api.PullRequest{Name: "other", URI: fs.URL + "/m/config.json"}); err != nil {
+		t.Fatal(err)
+	}
+
+	publishRW := func(id, model string) string {
+		target := r.target("uid-"+id, "model")
+		vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "csi.storage.k8s.io/pod.namespace": "ml", "csi.storage.k8s.io/pod.name": "pod-" + id,
+			"modelCache": model, "kernelCaches": "auto", "kernelCacheWritable": "16Mi"}
+		if _, err := r.node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, TargetPath: target, VolumeContext: vc,
+			VolumeCapability: &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
+				AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.unpublish(id, target) }) // its layer goes too, pass or fail
+		return target
+	}
+	target := publishRW("vol-1", "mlp")
+	other := publishRW("vol-2", "other")
+	ro := r.target("uid-3", "model")
+	if err := r.publish("vol-3", ro, map[string]string{"modelCache": "mlp"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ volume, want string }{
+		{"vol-2", "does not allow capture"}, {"vol-3", "no writable kernel cache"}, {"vol-9", "no volume vol-9"},
+	} {
+		if _, err := r.c.CaptureSource(ctx, c.volume); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("capture of %s: %v; want %q", c.volume, err, c.want)
+		}
+	}
+	_ = other
+
+	// The pod compiles two kernels (torch.compile's, from the H200) into
+	// the Triton cache it was given.
+	src, err := r.c.CaptureSource(ctx, "ml/pod-vol-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src.Volume != "vol-1" || src.Target != target || len(src.Caches) != 1 || src.Caches[0].Path != "kernels/mlp-tk/io.triton.cache" || len(src.GPUs.Devices) != 1 {
+		t.Fatalf("capture source %+v", src)
+	}
+	kdir := filepath.Join(src.Target, src.Caches[0].Path)
+	ind := fixtures.Inductor(t)
+	newKernels := 0
+	es, _ := os.ReadDir(filepath.Join(ind, "triton"))
+	for _, e := range es {
+		if _, err := os.Stat(filepath.Join(kdir, e.Name())); err == nil {
+			continue // the launcher both compiled: the same hash
+		}
+		if err := os.CopyFS(filepath.Join(kdir, e.Name()), os.DirFS(filepath.Join(ind, "triton", e.Name()))); err != nil {
+			t.Fatal(err)
+		}
+		fs, _ := os.ReadDir(filepath.Join(ind, "triton", e.Name()))
+		newKernels += len(fs)
+	}
+	// A link out, planted by the pod: refused.
+	os.Symlink("/etc/shadow", filepath.Join(kdir, "shadow.json"))
+	if _, err := kernelcache.Scan(kdir, kernelcache.Options{Kind: src.Caches[0].Kind}); !errors.Is(err, kernelcache.ErrRefused) || !strings.Contains(err.Error(), "shadow.json") {
+		t.Fatalf("a link in the captured volume: %v", err)
+	}
+	os.Remove(filepath.Join(kdir, "shadow.json"))
+	gpus := []mcv.Target{{Backend: src.GPUs.Devices[0].Backend, Arch: src.GPUs.Devices[0].Arch, WarpSize: src.GPUs.Devices[0].WarpSize}}
+	// A kernel for a GPU this node lacks: refused.
+	os.MkdirAll(filepath.Join(kdir, "SM80"), 0o755)
+	os.WriteFile(filepath.Join(kdir, "SM80", "k.json"), []byte(`{"hash":"80","target":{"backend":"cuda","arch":80,"warp_size":32}}`), 0o644)
+	c, err := kernelcache.Scan(kdir, kernelcache.Options{Kind: src.Caches[0].Kind})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kernelcache.CheckCompiledOn(c, gpus); !errors.Is(err, kernelcache.ErrRefused) || !strings.Contains(err.Error(), "cuda arch 80") {
+		t.Fatalf("a kernel for another GPU: %v", err)
+	}
+	os.RemoveAll(filepath.Join(kdir, "SM80"))
+	c, err = kernelcache.Scan(kdir, kernelcache.Options{Kind: src.Caches[0].Kind})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kernelcache.CheckCompiledOn(c, gpus); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Entries) != 5 || len(c.Files) != len(tc.Files)+newKernels {
+		t.Fatalf("captured %d entries, %d files; want the 3 served and 2 compiled, %d files", len(c.Entries), len(c.Files), len(tc.Files)+newKernels)
+	}
+	dg := push(c, "oci://"+host+"/kernels/tk:captured")
+
+	// A fresh node serves the captured cache.
+	cfg2 := testConfig(t)
+	cfg2.InsecureRegistries = []string{host}
+	cfg2.GPUInventory = inventoryFile(t, h100Inventory)
+	h2 := start(t, cfg2)
+	if _, err := h2.pull(api.PullRequest{Name: "warm", Kind: api.KindKernelCache, URI: "oci://" + host + "/kernels/tk:captured",
+		Signature: &api.SignaturePolicy{Keys: []string{string(keys.PublicBytes)}}}); err != nil {
+		t.Fatal(err)
+	}
+	a := h2.waitPhase("warm", api.PhaseReady)
+	full, _ := h2.c.Get(ctx, "warm")
+	if "sha256:"+a.Revision != dg || full.KernelCache == nil || full.KernelCache.Entries != 5 {
+		t.Fatalf("the captured cache on a fresh node: %+v", full.KernelCache)
+	}
+	for _, e := range es {
+		if _, err := os.Stat(filepath.Join(cfg2.Root, "kernels", "warm", "current", "io.triton.cache", e.Name())); err != nil {
+			t.Fatalf("the compiled kernel %s is not served: %v", e.Name(), err)
+		}
+	}
+	if err := r.unpublish("vol-3", ro); err != nil {
+		t.Fatal(err)
+	}
 }

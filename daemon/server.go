@@ -39,6 +39,7 @@ func (d *Daemon) routeTable() []route {
 		{"POST /v1/artifacts/{name}/warm", true, d.warming.handleWarm},
 		{"POST /v1/verify", true, d.handleVerify},
 		{"POST /v1/gc", true, evictionsOf(d).handleGC},
+		{"GET /v1/csi/capture", true, d.handleCaptureSource},
 	}
 }
 

@@ -3,13 +3,14 @@ package kernelcache
 import (
 	"archive/tar"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -18,6 +19,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/compress/gzip"
+	"golang.org/x/sys/unix"
 
 	"github.com/modelcache/modelcache/gpu/mcv"
 )
@@ -173,7 +175,7 @@ func writeLayer(w io.Writer, c *Cache, d mcv.Dir, manifest []byte) error {
 		if err := tw.WriteHeader(&tar.Header{Name: d.Dir + "/" + f.Path, Typeflag: tar.TypeReg, Mode: mode, Size: f.Size, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
 			return err
 		}
-		if err := copyFile(tw, f); err != nil {
+		if err := copyFile(tw, c, f); err != nil {
 			return err
 		}
 	}
@@ -192,12 +194,50 @@ func writeLayer(w io.Writer, c *Cache, d mcv.Dir, manifest []byte) error {
 	return zw.Close()
 }
 
+// openBeneath opens rel under root for reading through no symbolic link
+// (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS): a directory of the path
+// swapped for a link since Scan (a pod still writing into a volume that
+// is captured) cannot send the read outside the cache directory. Before
+// Linux 5.6, each directory is opened with O_NOFOLLOW in turn.
+func openBeneath(root, rel string) (*os.File, error) {
+	dir, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(dir)
+	fd, err := unix.Openat2(dir, rel, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+	if errors.Is(err, unix.ENOSYS) {
+		parts := strings.Split(rel, "/")
+		cur := dir
+		for i, p := range parts {
+			flags := unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+			if i < len(parts)-1 {
+				flags |= unix.O_DIRECTORY
+			}
+			next, err := unix.Openat(cur, p, flags, 0)
+			if cur != dir {
+				unix.Close(cur)
+			}
+			if err != nil {
+				return nil, err
+			}
+			cur = next
+		}
+		fd, err = cur, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), filepath.Join(root, rel)), nil
+}
+
 // copyFile copies exactly the size Scan saw: a file that changed since
 // is an error, not a layer that disagrees with its labels.
-func copyFile(w io.Writer, f File) error {
-	r, err := os.OpenFile(f.abs, os.O_RDONLY|syscall.O_NOFOLLOW, 0) // a file swapped for a link since Scan is refused
+func copyFile(w io.Writer, c *Cache, f File) error {
+	r, err := openBeneath(c.Root, f.Path)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", f.Path, err)
 	}
 	defer r.Close()
 	fi, err := r.Stat()

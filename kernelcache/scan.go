@@ -71,8 +71,6 @@ type File struct {
 	Path string
 	Size int64
 	Exec bool // any execute bit (Triton's launcher .so files)
-	// abs is where the bytes are read from.
-	abs string
 }
 
 // Cache is a scanned cache directory: what Image packs.
@@ -155,7 +153,7 @@ func Scan(dir string, o Options) (*Cache, error) {
 		if len(c.Files) >= lim.MaxFiles || c.Bytes > lim.MaxBytes {
 			return fmt.Errorf("%w: more than %d files or %d bytes under %s", ErrRefused, lim.MaxFiles, lim.MaxBytes, dir)
 		}
-		c.Files = append(c.Files, File{Path: rel, Size: info.Size(), Exec: info.Mode().Perm()&0o111 != 0, abs: p})
+		c.Files = append(c.Files, File{Path: rel, Size: info.Size(), Exec: info.Mode().Perm()&0o111 != 0})
 		return nil
 	})
 	if err != nil {
@@ -208,7 +206,12 @@ func (c *Cache) readEntries(lim Limits) error {
 		if !strings.HasSuffix(base, ".json") || strings.HasPrefix(base, "__grp__") || f.Size > lim.MaxMetadata {
 			continue
 		}
-		b, err := os.ReadFile(f.abs)
+		r, err := openBeneath(c.Root, f.Path)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.Path, err)
+		}
+		b, err := io.ReadAll(io.LimitReader(r, lim.MaxMetadata))
+		r.Close()
 		if err != nil {
 			return err
 		}
@@ -312,4 +315,32 @@ func pathBase(p string) string {
 		return p[i+1:]
 	}
 	return p
+}
+
+// CheckCompiledOn checks that every kernel of c was compiled for one of
+// the GPUs (backend, arch and warp size equal): what a pod compiled on
+// this node, before it is captured. The error names each other target.
+func CheckCompiledOn(c *Cache, gpus []mcv.Target) error {
+	var bad []string
+	seen := map[string]bool{}
+	for _, t := range c.Targets {
+		ok := false
+		for _, g := range gpus {
+			if g.Backend == t.Backend && g.Arch == t.Arch && g.WarpSize == t.WarpSize {
+				ok = true
+				break
+			}
+		}
+		if s := t.String(); !ok && !seen[s] {
+			seen[s] = true
+			bad = append(bad, s)
+		}
+	}
+	if len(gpus) == 0 {
+		return fmt.Errorf("%w: this node has no GPU, so nothing under %s was compiled for one here", ErrRefused, c.Root)
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%w: %s holds kernels for %s, which no GPU of this node is: not what this node compiled", ErrRefused, c.Root, strings.Join(bad, ", "))
+	}
+	return nil
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -16,7 +18,7 @@ import (
 func kernelcacheCommand() *cli.Command {
 	return &cli.Command{
 		Name: "kernelcache", Usage: "build, push and sign GPU kernel cache images (GKM's MCV layout) without a container engine",
-		Subcommands: []*cli.Command{kernelcacheBuildCommand()},
+		Subcommands: []*cli.Command{kernelcacheBuildCommand(), kernelcacheCaptureCommand()},
 	}
 }
 
@@ -29,16 +31,22 @@ func kernelcacheBuildCommand() *cli.Command {
 			"TORCHINDUCTOR_CACHE_DIR. Registry credentials are read as crane and docker read them ($DOCKER_CONFIG or\n" +
 			"~/.docker/config.json and its credential helpers). --key signs with a cosign key (password in COSIGN_PASSWORD);\n" +
 			"--identity-token signs keyless through Fulcio. Prints the digest the image is pinned by.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "kind", Usage: "triton, vllm or torchinductor (default: told by what DIR holds)"},
 			&cli.StringSliceFlag{Name: "target", Usage: "a GPU the cache was compiled for, backend:arch[:warp] (cuda:90, hip:gfx90a); needed where DIR holds no Triton metadata; repeatable"},
-			&cli.StringFlag{Name: "key", Usage: "sign with this cosign private key (cosign generate-key-pair's cosign.key)"},
-			&cli.StringFlag{Name: "identity-token", Usage: "sign keyless: an OIDC identity token Fulcio accepts (a file path, or the token)"},
-			&cli.StringFlag{Name: "fulcio-url", Value: "https://fulcio.sigstore.dev", Usage: "sign keyless: the Fulcio that issues the certificate"},
-			&cli.BoolFlag{Name: "no-sign", Usage: "push without signing (nodes under the default policy will refuse it)"},
-			&cli.BoolFlag{Name: "insecure", Usage: "talk plain HTTP to the registry (loopback registries always are)"},
-		},
+		}, pushFlags()...),
 		Action: kernelcacheBuild,
+	}
+}
+
+// pushFlags are the flags of a command that pushes and signs an image.
+func pushFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "key", Usage: "sign with this cosign private key (cosign generate-key-pair's cosign.key)"},
+		&cli.StringFlag{Name: "identity-token", Usage: "sign keyless: an OIDC identity token Fulcio accepts (a file path, or the token)"},
+		&cli.StringFlag{Name: "fulcio-url", Value: "https://fulcio.sigstore.dev", Usage: "sign keyless: the Fulcio that issues the certificate"},
+		&cli.BoolFlag{Name: "no-sign", Usage: "push without signing (nodes under the default policy will refuse it)"},
+		&cli.BoolFlag{Name: "insecure", Usage: "talk plain HTTP to the registry (loopback registries always are)"},
 	}
 }
 
@@ -47,15 +55,34 @@ func kernelcacheBuild(c *cli.Context) error {
 		return usageError{msgs: []string{"give DIR and oci://REGISTRY/REPOSITORY:TAG"}, cmd: "kernelcache build"}
 	}
 	dir, uri := c.Args().Get(0), c.Args().Get(1)
+	var targets []mcv.SummaryTarget
+	for _, s := range c.StringSlice("target") {
+		t, err := kernelcache.ParseTarget(s)
+		if err != nil {
+			return err
+		}
+		targets = append(targets, t)
+	}
+	cache, err := kernelcache.Scan(dir, kernelcache.Options{Kind: c.String("kind")})
+	if err != nil {
+		return err
+	}
+	return pushCache(c, "kernelcache build", cache, uri, targets)
+}
+
+// pushCache builds the image of cache, pushes it to uri with the user's
+// registry credentials and signs it as the flags say; it prints the
+// pinned reference.
+func pushCache(c *cli.Context, cmd string, cache *kernelcache.Cache, uri string, targets []mcv.SummaryTarget) error {
 	var signer kernelcache.Signer
 	var err error
 	switch {
 	case c.Bool("no-sign"):
 		if c.String("key") != "" || c.String("identity-token") != "" {
-			return usageError{msgs: []string{"--no-sign with --key or --identity-token: choose one"}, cmd: "kernelcache build"}
+			return usageError{msgs: []string{"--no-sign with --key or --identity-token: choose one"}, cmd: cmd}
 		}
 	case c.String("key") != "" && c.String("identity-token") != "":
-		return usageError{msgs: []string{"--key and --identity-token: sign with one of them"}, cmd: "kernelcache build"}
+		return usageError{msgs: []string{"--key and --identity-token: sign with one of them"}, cmd: cmd}
 	case c.String("key") != "":
 		if signer, err = kernelcache.ReadKey(c.String("key")); err != nil {
 			return err
@@ -69,22 +96,10 @@ func kernelcacheBuild(c *cli.Context) error {
 			return err
 		}
 	default:
-		return usageError{msgs: []string{"sign the image: --key cosign.key, or --identity-token TOKEN for keyless (or --no-sign)"}, cmd: "kernelcache build"}
-	}
-	var targets []mcv.SummaryTarget
-	for _, s := range c.StringSlice("target") {
-		t, err := kernelcache.ParseTarget(s)
-		if err != nil {
-			return err
-		}
-		targets = append(targets, t)
+		return usageError{msgs: []string{"sign the image: --key cosign.key, or --identity-token TOKEN for keyless (or --no-sign)"}, cmd: cmd}
 	}
 	reg := kernelcache.Registry{Insecure: c.Bool("insecure")}
 	ref, err := reg.ParseRef(uri)
-	if err != nil {
-		return err
-	}
-	cache, err := kernelcache.Scan(dir, kernelcache.Options{Kind: c.String("kind")})
 	if err != nil {
 		return err
 	}
@@ -113,4 +128,66 @@ func trimSpace(b []byte) []byte {
 		b = b[:len(b)-1]
 	}
 	return b
+}
+
+func kernelcacheCaptureCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "capture",
+		Usage:     "build, push and sign an image of what a pod compiled into its writable kernel cache volume",
+		ArgsUsage: "VOLUME oci://REGISTRY/REPOSITORY:TAG",
+		Description: "VOLUME is a CSI volume published with kernelCacheWritable (its ID, or namespace/pod of the pod that mounts\n" +
+			"it), of a model whose models.d file sets captureKernelCaches: true. Run it on the node, as root or a member of the\n" +
+			"socket's group while the pod runs: the image holds the volume's kernel cache directory as the pod sees it (what it\n" +
+			"was given and what it compiled), read with the checks of an extraction, and every kernel's target must be a GPU\n" +
+			"of this node. It is pushed with your registry credentials and signed with your key, never the node's.",
+		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "path", Usage: "the cache directory within the volume (default: the volume's one kernel cache directory, kernels/NAME/io.triton.cache)"},
+			&cli.StringFlag{Name: "kind", Usage: "triton, vllm or torchinductor (default: the kernel cache's, or told by what the directory holds)"},
+		}, pushFlags()...),
+		Action: kernelcacheCapture,
+	}
+}
+
+func kernelcacheCapture(c *cli.Context) error {
+	if c.NArg() != 2 {
+		return usageError{msgs: []string{"give VOLUME and oci://REGISTRY/REPOSITORY:TAG"}, cmd: "kernelcache capture"}
+	}
+	src, err := client(c).CaptureSource(c.Context, c.Args().Get(0))
+	if err != nil {
+		return err
+	}
+	rel, kind := c.String("path"), c.String("kind")
+	if rel == "" {
+		switch len(src.Caches) {
+		case 0:
+			return fmt.Errorf("volume %s was given no kernel cache: name the directory the pod compiled into with --path (relative to the volume)", src.Volume)
+		case 1:
+			rel = src.Caches[0].Path
+			if kind == "" {
+				kind = src.Caches[0].Kind
+			}
+		default:
+			var ps []string
+			for _, cc := range src.Caches {
+				ps = append(ps, cc.Path)
+			}
+			return fmt.Errorf("volume %s has %d kernel cache directories (%s): choose one with --path", src.Volume, len(ps), strings.Join(ps, ", "))
+		}
+	}
+	if rel = filepath.Clean(rel); filepath.IsAbs(rel) || rel == ".." || strings.HasPrefix(rel, "../") {
+		return fmt.Errorf("--path %s: give a directory inside the volume", rel)
+	}
+	cache, err := kernelcache.Scan(filepath.Join(src.Target, rel), kernelcache.Options{Kind: kind})
+	if err != nil {
+		return err
+	}
+	var gpus []mcv.Target
+	for _, dv := range src.GPUs.Devices {
+		gpus = append(gpus, mcv.Target{Backend: dv.Backend, Arch: dv.Arch, WarpSize: dv.WarpSize})
+	}
+	if err := kernelcache.CheckCompiledOn(cache, gpus); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.App.ErrWriter, "capturing %s of volume %s (model %s, pod %s)\n", rel, src.Volume, src.Model, src.Pod)
+	return pushCache(c, "kernelcache capture", cache, c.Args().Get(1), nil)
 }
