@@ -14,6 +14,7 @@
 //	      modelCache: llama-3-8b      # a ModelCache name or a local artifact name
 //	      revision: 5f0b02c7…         # optional: one the node holds
 //	      kernelCaches: none          # none (the default) or auto
+//	      kernelCacheWritable: "1Gi"  # optional: pods may compile into the volume (writable.go); needs readOnly unset
 //	      warm: "true"                # "false": the node does not read the model into the page cache ahead of the pod
 //
 // NodePublishVolume validates the request (target under kubelet's pods
@@ -78,4 +79,6 @@
 //	              descriptor-based mkdir, bind mount, mount check and unmount
 //	mountinfo.go  the mount table: FindBinds, the mounts that show the
 //	              store, and the volume IDs kubelet recorded beside them
+//	writable.go   kernelCacheWritable: the overlay of the held tree and a
+//	              volume's bounded tmpfs layer, made at publish, gone at unpublish
 package csi

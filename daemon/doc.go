@@ -105,6 +105,10 @@
 //	               life), the warm route, residency for inspect
 //	csistatus.go   what a publish that waits or is refused says: progress, why, what the
 //	               pod's namespace may mount instead
+//	kernelwait.go  what a model's kernel caches still owe a wait or a kernelCaches: auto
+//	               volume, and the GPUs none of them runs on
+//	capture.go     where a writable kernel cache volume's compiled kernels are, for
+//	               modelctl kernelcache capture (models.d captureKernelCaches)
 //	evict.go       evictions: modelctl evict, absent desires, gc
 //	views.go       views: list, inspect, status, usage; wait.go the streams of them
 //	redact.go      no credential in a view, the index or the log

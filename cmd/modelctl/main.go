@@ -14,6 +14,8 @@
 //	progress.go    a pull's progress lines on a terminal
 //	completion.go  shell completion scripts and the completions they ask for
 //	socket.go      why the socket could not be used, and the remedy
+//	kernelcache.go modelctl kernelcache build and capture: images made, pushed and
+//	               signed in this process (package kernelcache), never by the daemon
 package main
 
 import (

@@ -6,17 +6,18 @@
 // what one builds the other serves, and an image MCV builds is served the
 // same way. It links nothing (modelctl links it without NVML).
 //
-// References, redhat-et/GKM at f0e65de4 (mcv/, formerly redhat-et/MCU):
+// References: redhat-et/GKM at commit f0e65de4, directory mcv/ (formerly
+// redhat-et/MCU), by package and file:
 //
-//	mcv/pkg/constants/constants.go  the directory names (MCVTritonCacheDir …)
-//	mcv/pkg/cache/types.go          TritonCacheMetadata, Summary, SummaryTargetInfo,
+//	pkg/constants, file constants   the directory names (MCVTritonCacheDir …)
+//	pkg/cache, file types           TritonCacheMetadata, Summary, SummaryTargetInfo,
 //	                                VLLMManifest, BinaryCacheMetadata
-//	mcv/pkg/cache/triton.go         the cache.triton.image/* labels, BuildTritonSummary
-//	mcv/pkg/cache/vllm.go           the cache.vllm.image/* labels, VLLMCacheMetadata
-//	mcv/pkg/imgbuild/schema2image.go one tar+gzip layer holding <cache dir>/… and
+//	pkg/cache, file triton          the cache.triton.image/* labels, BuildTritonSummary
+//	pkg/cache, file vllm            the cache.vllm.image/* labels, VLLMCacheMetadata
+//	pkg/imgbuild, file schema2image one tar+gzip layer holding <cache dir>/… and
 //	                                <manifest dir>/manifest.json, Docker schema 2,
 //	                                the org.opencontainers.image.title label
-//	mcv/pkg/cache/cache.go          extraction reads the image's last layer
+//	pkg/cache, file cache           extraction reads the image's last layer
 //
 // Torch.compile's Inductor cache on its own has no MCV layout (MCV packs it
 // only inside a vLLM cache); this project packs it the same way under
@@ -30,7 +31,7 @@ import (
 	"strings"
 )
 
-// The image's directories and labels (MCV's constants.go, triton.go, vllm.go).
+// The image's directories and labels (MCV's constants, triton and vllm files).
 const (
 	TritonCacheDir    = "io.triton.cache"
 	TritonManifestDir = "io.triton.manifest"
@@ -57,7 +58,7 @@ const (
 	LabelInductorSize     = "cache.torchinductor.image/cache-size-bytes"
 	LabelInductorSummary  = "cache.torchinductor.image/summary"
 	// LabelTitle is the image's name without registry or tag
-	// (schema2image.go's imageTitleFromName).
+	// (schema2image's imageTitleFromName).
 	LabelTitle = "org.opencontainers.image.title"
 )
 
@@ -104,7 +105,7 @@ func (t Target) String() string {
 }
 
 // Entry is one kernel of a manifest, field for field MCV's
-// TritonCacheMetadata (types.go): Target embedded, arch written as a
+// TritonCacheMetadata (file types): Target embedded, arch written as a
 // string. DummyKey is MCV's hash of Triton's installation key, which only
 // a Python Triton can compute; it is left out (omitempty in MCV too, and
 // checked only by MCV's --baremetal preflight).
