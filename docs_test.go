@@ -106,6 +106,14 @@ func TestDocsFlagsExist(t *testing.T) {
 	for _, c := range strings.Fields(string(out)) {
 		ctlFlags[c] = completions(t, ctl, c, "--")
 	}
+	for _, c := range strings.Fields(string(out)) { // subcommands: "kernelcache build"
+		subs, _ := exec.Command(ctl, "__complete", c, "").Output()
+		for _, sub := range strings.Fields(string(subs)) {
+			if !strings.HasPrefix(sub, "-") && ctlFlags[c+" "+sub] == nil && len(ctlFlags[c]) > 0 {
+				ctlFlags[c+" "+sub] = completions(t, ctl, c, sub, "--")
+			}
+		}
+	}
 	for c, aliases := range map[string][]string{"list": {"ls"}, "evict": {"rm", "delete"}} {
 		for _, a := range aliases {
 			ctlFlags[a] = ctlFlags[c]
@@ -141,6 +149,9 @@ func TestDocsFlagsExist(t *testing.T) {
 				known, what := daemonFlags, "modelcached"
 				if prog == "modelctl" {
 					cmd := ctlCommand(args)
+					if w := strings.Fields(args); ctlFlags[cmd+" "+nextWord(w, cmd)] != nil { // a subcommand
+						cmd += " " + nextWord(w, cmd)
+					}
 					if known = ctlFlags[cmd]; known == nil {
 						return // not a command: TestDocsLinksAndCommands says so
 					}
@@ -181,6 +192,16 @@ func completions(t *testing.T, bin string, words ...string) map[string]bool {
 
 // ctlCommand is the command of modelctl's arguments args: the first word
 // that is not a global flag or its value.
+// nextWord is the word after the first w equal to word.
+func nextWord(w []string, word string) string {
+	for i := 0; i+1 < len(w); i++ {
+		if w[i] == word {
+			return w[i+1]
+		}
+	}
+	return ""
+}
+
 func ctlCommand(args string) string {
 	w := strings.Fields(args)
 	for i := 0; i < len(w); i++ {

@@ -129,6 +129,10 @@ func complete(app *cli.App, words []string, w io.Writer) {
 			}
 			continue
 		}
+		if sub := cmd.Command(tok); len(cmd.Subcommands) > 0 && sub != nil && npos == 0 { // kernelcache build
+			cmd = sub
+			continue
+		}
 		npos++
 	}
 	var out []string
@@ -155,6 +159,12 @@ func complete(app *cli.App, words []string, w io.Writer) {
 	case cmd == nil:
 		for _, c := range app.Commands {
 			if !c.Hidden {
+				out = append(out, c.Name)
+			}
+		}
+	case len(cmd.Subcommands) > 0 && npos == 0:
+		for _, c := range cmd.Subcommands {
+			if !c.Hidden && c.Name != "help" {
 				out = append(out, c.Name)
 			}
 		}
