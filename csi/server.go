@@ -276,6 +276,7 @@ func (d *Driver) Reconcile(ctx context.Context) {
 		return
 	}
 	kept := 0
+	keepLayer := map[string]bool{}
 	for _, v := range vols {
 		mounted, err := d.targetMounted(v.Target)
 		if err != nil {
@@ -287,6 +288,7 @@ func (d *Driver) Reconcile(ctx context.Context) {
 		}
 		if mounted {
 			kept++
+			keepLayer[filepath.Base(d.layerDir(v.ID))] = true
 			continue
 		}
 		if err := d.backend.Release(ctx, v.ID); err != nil {
@@ -298,6 +300,7 @@ func (d *Driver) Reconcile(ctx context.Context) {
 	if len(vols) > 0 {
 		d.log.Info("csi: recorded volumes", "mounted", kept, "released", len(vols)-kept)
 	}
+	d.removeStaleLayers(keepLayer)
 }
 
 // GetPluginInfo names the driver.

@@ -180,3 +180,26 @@ func (t *target) overlay(lower, upper, work string) error {
 	}
 	return nil
 }
+
+// removeStaleLayers removes the writable layers of volumes no longer
+// mounted (their pod went while the daemon was down, or the node
+// rebooted: then they are empty directories), all but keep's.
+func (d *Driver) removeStaleLayers(keep map[string]bool) {
+	es, err := os.ReadDir(d.cfg.WritableDir)
+	if err != nil {
+		return
+	}
+	for _, e := range es {
+		if keep[e.Name()] || !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(d.cfg.WritableDir, e.Name())
+		for unix.Unmount(dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW) == nil {
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			d.log.Warn("csi: removing a stale writable layer", "dir", dir, "err", err)
+			continue
+		}
+		d.log.Info("csi: removed the writable layer of a volume no longer mounted", "dir", dir)
+	}
+}

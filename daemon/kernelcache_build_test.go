@@ -303,7 +303,18 @@ func TestCSIWritableKernelCache(t *testing.T) {
 	cfg := csiConfig(t)
 	cfg.InsecureRegistries = []string{host}
 	cfg.GPUInventory = inventoryFile(t, h100Inventory)
+	// A layer left mounted by a daemon that went down with its volume: gone at start.
+	layers := filepath.Join(filepath.Dir(cfg.CSI.Socket), "writable")
+	stale := filepath.Join(layers, "stale")
+	os.MkdirAll(stale, 0o700)
+	if err := syscall.Mount("tmpfs", stale, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(stale, syscall.MNT_DETACH) })
 	r := startCSI(t, cfg)
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a stale writable layer after start: %v", err)
+	}
 	config := []byte(`{"model_type":"llama"}`)
 	fs := newFileServer(t, map[string][]byte{"m/config.json": config})
 	if _, err := r.pull(api.PullRequest{Name: "mlp", URI: fs.URL + "/m/config.json", KernelCaches: []api.KernelCacheRef{
@@ -378,7 +389,6 @@ func TestCSIWritableKernelCache(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(kdir, "NEWKERNEL", "big"), data(8<<20, 6), 0o644); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("8 MiB into a 4 MiB layer: %v, want ENOSPC", err)
 	}
-	layers := filepath.Join(filepath.Dir(cfg.CSI.Socket), "writable")
 	if es, _ := os.ReadDir(layers); len(es) != 1 {
 		t.Fatalf("layers %v; want the one of vol-1", es)
 	}
