@@ -28,7 +28,7 @@ import (
 )
 
 // TestBuiltKernelCachesServed: the real Triton and Inductor caches of an
-// H200 are built into MCV images by package kernelcache (modelctl
+// H200 (and a vLLM cache holding the Triton one) are built into MCV images by package kernelcache (modelctl
 // kernelcache build), pushed to Debian's docker-registry and signed with
 // cosign's library; the daemon pulls them as a model's kernel caches
 // under a key policy, verifies the signature, parses every entry of the
@@ -70,6 +70,8 @@ func TestBuiltKernelCachesServed(t *testing.T) {
 	}
 	tc, tdg := build(tritonDir, "kernels/tk:h200")
 	ic, idg := build(inductorDir, "kernels/ind:h200")
+	vllmDir := fixtures.VLLM(t)
+	vc, vdg := build(vllmDir, "kernels/vllm:h200")
 
 	cfg := testConfig(t)
 	cfg.InsecureRegistries = []string{host}
@@ -80,6 +82,7 @@ func TestBuiltKernelCachesServed(t *testing.T) {
 	if _, err := h.pull(api.PullRequest{Name: "mlp", URI: fs.URL + "/m/config.json", KernelCaches: []api.KernelCacheRef{
 		{Name: "mlp-triton", URI: "oci://" + host + "/kernels/tk:h200", Signature: policy},
 		{Name: "mlp-inductor", URI: "oci://" + host + "/kernels/ind:h200", Signature: policy},
+		{Name: "mlp-vllm", URI: "oci://" + host + "/kernels/vllm:h200", Signature: policy},
 	}}); err != nil {
 		t.Fatal(err)
 	}
@@ -91,6 +94,7 @@ func TestBuiltKernelCachesServed(t *testing.T) {
 		{"mlp-triton", tdg, tritonDir, "io.triton.cache", tc, map[string]string{"TRITON_CACHE_DIR": "io.triton.cache"}},
 		{"mlp-inductor", idg, inductorDir, "io.torchinductor.cache", ic, map[string]string{
 			"TORCHINDUCTOR_CACHE_DIR": "io.torchinductor.cache", "TRITON_CACHE_DIR": "io.torchinductor.cache/triton"}},
+		{"mlp-vllm", vdg, vllmDir, "io.vllm.cache", vc, map[string]string{"VLLM_CACHE_ROOT": "io.vllm.cache"}},
 	} {
 		a := h.waitPhase(c.name, api.PhaseReady)
 		if "sha256:"+a.Revision != c.digest {

@@ -307,3 +307,53 @@ func cosignVerify(t *testing.T, pub []byte, dref name.Digest) {
 		t.Fatalf("cosign verify %s: %v\n%s", dref, err, out)
 	}
 }
+
+// TestVLLMCacheFollowsMCVLayout: a vLLM cache goes under io.vllm.cache/
+// with MCV's vLLM manifest (per torch_compile_cache/<hash>: the Triton
+// format's kernels, the binary format's artifacts) and labels (entry
+// count of hash directories, format), and its kernels parse back.
+func TestVLLMCacheFollowsMCVLayout(t *testing.T) {
+	c, err := kernelcache.Scan(fixtures.VLLM(t), kernelcache.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Kind != kernelcache.KindVLLM || len(c.Entries) != 3 || len(c.VLLM) != 2 {
+		t.Fatalf("kind %s, %d entries, %d hash dirs", c.Kind, len(c.Entries), len(c.VLLM))
+	}
+	b, err := kernelcache.Image(c, kernelcache.ImageOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	files := layer(t, b)
+	man := files["io.vllm.manifest/manifest.json"]
+	if _, ok := files["io.vllm.cache/torch_compile_cache/edf531ca35/rank_0_0/backbone/cache_key_factors.json"]; !ok || man == nil {
+		t.Fatalf("layout: %d entries", len(files))
+	}
+	var doc struct {
+		VLLM []struct {
+			Hash   string           `json:"vllmHash"`
+			Format string           `json:"cacheFormat"`
+			Triton []map[string]any `json:"triton"`
+			Binary []struct {
+				Rank, Prefix, TargetDevice string
+				ArtifactCount              int `json:"artifact_count"`
+			} `json:"binary"`
+		} `json:"vllm"`
+	}
+	if err := json.Unmarshal(man, &doc); err != nil || len(doc.VLLM) != 2 {
+		t.Fatalf("manifest %s: %v", man, err)
+	}
+	if v := doc.VLLM[0]; v.Hash != "d4ec7c2a7d" || v.Format != "triton" || len(v.Triton) != 3 {
+		t.Errorf("the Triton-format entry: %+v", v)
+	}
+	if v := doc.VLLM[1]; v.Hash != "edf531ca35" || v.Format != "binary" || len(v.Binary) != 1 || v.Binary[0].ArtifactCount != 2 {
+		t.Errorf("the binary-format entry: %+v", v)
+	}
+	if ts, err := mcv.ParseManifest(man); err != nil || len(ts) != 3 {
+		t.Fatalf("the daemon's reader: %v %v", ts, err)
+	}
+	if b.Labels[mcv.LabelVLLMEntryCount] != "2" || b.Labels[mcv.LabelVLLMFormat] != "binary,triton" || b.Labels[mcv.LabelVLLMCacheSize] != strconv.FormatInt(c.Bytes, 10) {
+		t.Fatalf("labels %v", b.Labels)
+	}
+}
