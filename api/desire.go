@@ -59,8 +59,8 @@ type Desire struct {
 	KernelCaches []KernelCacheRef `json:"kernelCaches,omitempty"`
 	// CaptureKernelCaches lets the node's admin capture what pods compiled
 	// into writable kernel cache volumes of this model (modelctl
-	// kernelcache capture). The node's configuration sets it (models.d);
-	// a socket pull cannot.
+	// kernelcache capture). The node's or the cluster's configuration sets
+	// it (models.d, a ModelCache); a socket pull cannot.
 	CaptureKernelCaches bool `json:"captureKernelCaches,omitempty"`
 	// Serves names the model a kernel cache desire came from. Set only
 	// by the daemon when it expands a model's KernelCaches: never from

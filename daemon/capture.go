@@ -12,7 +12,8 @@ import (
 // compiled kernels are. It is a mutating route (root, the daemon's user
 // or the socket's group: the node's admin), and answers only for a
 // published volume with a writable kernel cache of a model whose desire
-// opts in (captureKernelCaches, the node's configuration). The daemon
+// opts in (captureKernelCaches, in its models.d file or ModelCache: the
+// node's or the cluster's configuration). The daemon
 // reads, builds and pushes nothing: modelctl does, in the admin's process,
 // with the admin's registry credentials and key, never the node's (a
 // tenant's pod cannot push through the daemon).
@@ -49,7 +50,7 @@ func (d *Daemon) handleCaptureSource(w http.ResponseWriter, r *http.Request) err
 	want := d.desires.merged()
 	d.mu.Unlock()
 	if ds, ok := want[v.Model]; !ok || !ds.CaptureKernelCaches {
-		return api.Errorf(api.CodeForbidden, "model %s does not allow capture: set captureKernelCaches: true in its models.d file", v.Model)
+		return api.Errorf(api.CodeForbidden, "model %s does not allow capture: set captureKernelCaches: true in its models.d file or ModelCache spec", v.Model)
 	}
 	src := api.CaptureSource{Volume: v.ID, Model: v.Model, Target: v.Target, GPUs: kernels.GPUView(d.kernels.GPUs())}
 	if v.PodName != "" {

@@ -104,7 +104,8 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 			continue
 		}
 		base := api.Desire{Name: mc.Name, URI: mc.Spec.Source, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude, Digest: mc.Spec.Digest,
-			Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name, Policy: policy, AllowedNamespaces: cu.allowed}
+			Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name, Policy: policy, AllowedNamespaces: cu.allowed,
+			CaptureKernelCaches: mc.Spec.CaptureKernelCaches}
 		// Every source is pulled as the cluster resolved it (resolve.go);
 		// until then the node keeps the desire it had, or waits.
 		var resolved bool
@@ -129,7 +130,8 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 		for _, v := range mc.Spec.Versions {
 			n := mc.Name + "-" + v.Suffix
 			vd := api.Desire{Name: n, URI: v.Source, Digest: v.Digest, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude,
-				Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name, Policy: policy, AllowedNamespaces: cu.allowed}
+				Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name, Policy: policy, AllowedNamespaces: cu.allowed,
+				CaptureKernelCaches: mc.Spec.CaptureKernelCaches}
 			ok, why := true, ""
 			if state == api.StatePresent {
 				vd, ok, why = rolled(mc, vd, v.Source)

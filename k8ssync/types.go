@@ -62,6 +62,10 @@ type ModelCacheSpec struct {
 	// KernelCaches are kernel cache images for the model, one per GPU
 	// architecture; each node takes the ones its GPUs run.
 	KernelCaches []KernelCacheSpec `json:"kernelCaches,omitempty"`
+	// CaptureKernelCaches lets each node's admin capture what pods
+	// compiled into writable kernel cache volumes of this model (modelctl
+	// kernelcache capture, with the admin's credentials).
+	CaptureKernelCaches bool `json:"captureKernelCaches,omitempty"`
 	// Versions keeps further revisions present besides the main one
 	// (e.g. during a rollout), each as its own artifact <name>-<suffix>.
 	Versions []VersionSpec `json:"versions,omitempty"`

@@ -136,7 +136,7 @@ func kernelcacheCaptureCommand() *cli.Command {
 		Usage:     "build, push and sign an image of what a pod compiled into its writable kernel cache volume",
 		ArgsUsage: "VOLUME oci://REGISTRY/REPOSITORY:TAG",
 		Description: "VOLUME is a CSI volume published with kernelCacheWritable (its ID, or namespace/pod of the pod that mounts\n" +
-			"it), of a model whose models.d file sets captureKernelCaches: true. Run it on the node, as root or a member of the\n" +
+			"it), of a model whose models.d file or ModelCache sets captureKernelCaches: true. Run it on the node, as root or a member of the\n" +
 			"socket's group while the pod runs: the image holds the volume's kernel cache directory as the pod sees it (what it\n" +
 			"was given and what it compiled), read with the checks of an extraction, and every kernel's target must be a GPU\n" +
 			"of this node. It is pushed with your registry credentials and signed with your key, never the node's.",
