@@ -1,7 +1,9 @@
 // Package cliutil holds what modelctl and modelcached share in reading a
 // command line: every bad flag is found before anything runs (the flag
 // package stops at the first), each is named with two dashes and, when a
-// known name is close, the one that was probably meant.
+// known name is close, the one that was probably meant (cliutil.go);
+// and flagdoc.go writes docs/flags.md's reference tables from the same
+// flag definitions, so the docs cannot drift from the code.
 package cliutil
 
 import (
