@@ -174,6 +174,7 @@ func (f *Fleet) Serve(st *cachestore.Store, kube *rest.Config, errc chan<- error
 	}
 	f.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(f.log.Handler(), slog.LevelWarn)}
+	f.srv.RegisterOnShutdown(h.Close) // requests held for a blob end at once, not at their wait's end
 	go func() { errc <- f.srv.Serve(ln) }()
 	f.addr.Store(ln.Addr().String())
 	f.log.Info("serving blobs to peers", "addr", ln.Addr().String(), "advertise", f.cfg.Advertise)
