@@ -179,13 +179,13 @@ func (in *ingestion) wait(t *testing.T, who string) {
 // streamFetcher is a Fetcher that holds a peer to no progress floor (a
 // peer streaming a blob it is fetching goes at its source's pace, which
 // these tests set by events).
-func streamFetcher(t *testing.T, tok *peer.TokenFile, m *peer.Metrics) *peer.Fetcher {
+func streamFetcher(t testing.TB, tok *peer.TokenFile, m *peer.Metrics) *peer.Fetcher {
 	return newFetcher(t, tok, m, peer.WithProgressFloor(0, time.Second))
 }
 
 // waitGrowing waits, on the store's word (WatchBlob), until s is
 // writing blob d and has written at least n bytes of it.
-func waitGrowing(t *testing.T, s *cachestore.Store, d string, n int64) {
+func waitGrowing(t testing.TB, s *cachestore.Store, d string, n int64) {
 	t.Helper()
 	deadline := time.After(patience)
 	for {
