@@ -131,8 +131,8 @@ func (f *Fleet) SetFetcher(p *p2p.Fetcher) { f.fetcher = p }
 // any Fetch.
 func (f *Fleet) AsCluster(name string) { f.cluster, f.self = true, name }
 
-// Serve starts the peer port (nothing when f is nil): committed blobs of
-// st to the daemons its authenticator accepts (the shared token file, or
+// Serve starts the peer port (nothing when f is nil): the blobs of st,
+// committed or being fetched (p2p.Server), to the daemons its authenticator accepts (the shared token file, or
 // a TokenReview through kube of the daemons' service account), on an
 // http.Server whose connections are bounded (the time to send headers,
 // the time idle; each upload's writes by the peer server itself). In a
