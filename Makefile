@@ -68,9 +68,11 @@ bench: build
 bench-store:
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./cachestore/ ./daemon/capacity/ ./warm/
 
-# One peer transfer, and the authorization index every peer request reads.
+# One peer transfer; the tier effect of streaming (a third tier's time, streamed over
+# stored and forwarded); the authorization index every peer request reads.
 bench-peer:
 	$(GO) test -run '^$$' -bench 'PeerIngest' -benchtime 8x -count 3 ./peer/
+	$(GO) test -run '^$$' -bench 'Tiers' -benchtime 3x ./peer/
 	$(GO) test -run '^$$' -bench 'PeerAuthzIndex' -benchmem ./daemon/fanout/
 
 # Warming for a CSI volume, CSI publishes during a compose, fan-out in one process.

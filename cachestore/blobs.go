@@ -93,6 +93,7 @@ func (s *Store) placeBlob(data, d string) (bool, error) {
 	if err := os.Rename(data, dst); err != nil {
 		return false, fmt.Errorf("blob %s: %w", d, err)
 	}
+	s.growing.notify(d)
 	return true, nil
 }
 

@@ -29,6 +29,8 @@
 //	digest.go      parsing and normalizing sha256 digests
 //	errors.go      the sentinel errors
 //	writer.go      Writer: resumable, hashed ingest into ingest/<ref>/ and the commit of a blob
+//	growing.go     Growing: a blob a Writer is still writing, readable up to what it wrote and
+//	               hashed, with a wait for more (OpenGrowing); WatchBlob: told when a digest lands
 //	ingest.go      opening Writers, CommitBatch, the partial ingests on disk (list, remove,
 //	               abandoned) and the lock of a ref
 //	bufpool.go     the Writer's I/O buffers: their size, alignment, huge pages, a pool that

@@ -61,7 +61,7 @@ func (s *Store) CommitBatch(ctx context.Context, ws []*Writer, sizes []int64) ([
 			abort(i + 1)
 			for _, w := range ws[:i] {
 				os.RemoveAll(w.dir)
-				s.refs.unlock(w.opts.Ref)
+				w.release(err)
 			}
 			return nil, err
 		}
@@ -69,16 +69,17 @@ func (s *Store) CommitBatch(ctx context.Context, ws []*Writer, sizes []int64) ([
 	}
 	// The refs stay locked (their ingests open) until each is adopted or
 	// removed: a sweep of abandoned ingests must not take one in between.
-	cleanup := func() {
+	cleanup := func(why error) {
 		for _, w := range ws {
 			os.RemoveAll(w.dir)
-			s.refs.unlock(w.opts.Ref)
+			w.release(why)
 		}
 	}
 	s.hit("batch.sync")
 	if err := syncfs(s.root); err != nil {
-		cleanup()
-		return nil, fmt.Errorf("ingest: syncfs: %w", err)
+		err = fmt.Errorf("ingest: syncfs: %w", err)
+		cleanup(err)
+		return nil, err
 	}
 	var placed []string
 	sizeOf := map[string]int64{}
@@ -91,7 +92,7 @@ func (s *Store) CommitBatch(ctx context.Context, ws []*Writer, sizes []int64) ([
 		}
 		isNew, err := s.placeBlob(filepath.Join(w.dir, ingestData), digests[i])
 		if err != nil {
-			cleanup()
+			cleanup(err)
 			return nil, err
 		}
 		sizeOf[digests[i]] = w.offset
@@ -108,7 +109,7 @@ func (s *Store) CommitBatch(ctx context.Context, ws []*Writer, sizes []int64) ([
 	if err := s.putBlobRecords(sizeOf); err != nil {
 		s.log.Warn("record blobs; startup repair will adopt them", "err", err)
 	}
-	cleanup()
+	cleanup(nil)
 	return digests, nil
 }
 

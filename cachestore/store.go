@@ -46,10 +46,11 @@ type Store struct {
 
 	directBytes atomic.Int64 // blob bytes written with O_DIRECT since Open
 
-	mu   sync.Mutex   // serialises tree and version mutations and GC
-	sums summaryCache // ListSummaries as of one state of the index
-	refs refLocks     // open ingest refs
-	held heldBlobs    // blobs that leases (and adoptions in flight) keep from GC
+	mu      sync.Mutex   // serialises tree and version mutations and GC
+	sums    summaryCache // ListSummaries as of one state of the index
+	refs    refLocks     // open ingest refs
+	held    heldBlobs    // blobs that leases (and adoptions in flight) keep from GC
+	growing growingSet   // the ingests readers may follow (WriterOpts.Digest), the watches of digests
 
 	records   *Records              // the daemon's records in the same index
 	abandoned func(IngestInfo) bool // see WithAbandoned

@@ -51,6 +51,11 @@ type WriterOpts struct {
 	// name, opaque to the store): GC asks the abandoned predicate
 	// (WithAbandoned) about it when no writer holds the ingest open.
 	Owner string
+	// Digest, when set with a known Size, is the digest the data should
+	// have: while the Writer is open, readers may follow the bytes written
+	// and hashed so far (Store.OpenGrowing; Store.WatchBlob tells when).
+	// It checks nothing: Commit checks the digest it is given.
+	Digest string
 }
 
 // Writer streams one blob into the store. The caller's goroutine copies
@@ -82,6 +87,8 @@ type Writer struct {
 	errMu    sync.Mutex
 	err      error
 	closed   bool
+	prog     *progress // what readers of the growing blob follow; nil without opts.Digest
+	released bool
 }
 
 // Stages is where a Writer's time went, summed over its life: hashing
@@ -122,6 +129,13 @@ func (s *Store) openWriter(ctx context.Context, opts WriterOpts) (*Writer, error
 	}
 	path := filepath.Join(dir, ingestData)
 	w := &Writer{s: s, opts: opts, dir: dir, h: sha256.New()}
+	if opts.Digest != "" {
+		d, err := NormalizeDigest(opts.Digest)
+		if err != nil {
+			return nil, fmt.Errorf("ingest %s: %w", opts.Ref, err)
+		}
+		w.opts.Digest = d
+	}
 
 	// Resume: keep what is on disk up to a 4 KiB boundary and re-hash it.
 	var have int64
@@ -162,6 +176,10 @@ func (s *Store) openWriter(ctx context.Context, opts WriterOpts) (*Writer, error
 	w.writeCh = make(chan *ioBuf, ioBuffers)
 	w.wg.Add(1)
 	go w.writeLoop()
+	if w.opts.Digest != "" && opts.Size >= 0 {
+		w.prog = newProgress(w.opts.Digest, opts.Size, path, have)
+		s.growing.add(w.prog)
+	}
 	return w, nil
 }
 
@@ -207,6 +225,9 @@ func (w *Writer) writeLoop() {
 		if w.getErr() == nil {
 			if err := w.writeBuf(b); err != nil {
 				w.setErr(fmt.Errorf("ingest %s: write: %w", w.opts.Ref, err))
+			} else if w.prog != nil {
+				w.prog.advance(b.pos + int64(b.n)) // written and, before it was sent here, hashed
+				w.s.growing.notify(w.prog.digest)
 			}
 		}
 		b.n = 0
@@ -385,7 +406,7 @@ func (w *Writer) Close() error {
 	if cerr := w.f.Close(); err == nil {
 		err = cerr
 	}
-	w.s.refs.unlock(w.opts.Ref)
+	w.release(errClosed)
 	return err
 }
 
@@ -394,7 +415,7 @@ func (w *Writer) Abort() {
 	if !w.closed {
 		w.drain()
 		w.f.Close()
-		w.s.refs.unlock(w.opts.Ref)
+		w.release(errClosed)
 	}
 	os.RemoveAll(w.dir)
 }
@@ -411,11 +432,13 @@ func (w *Writer) Commit(ctx context.Context, size int64, expected string) (strin
 	if err != nil {
 		return "", err
 	}
-	defer w.s.refs.unlock(w.opts.Ref) // the ingest stays open (never abandoned) until adopted
+	// The ingest stays open (never abandoned) until adopted.
 	if err := w.s.adoptIngest(ctx, filepath.Join(w.dir, ingestData), got, w.offset, w.opts.Lease); err != nil {
+		w.release(err)
 		return "", err
 	}
 	os.RemoveAll(w.dir)
+	w.release(nil)
 	return got, nil
 }
 
@@ -446,7 +469,7 @@ func (w *Writer) finish(ctx context.Context, size int64, expected string, sync b
 	w.f.Close()
 	defer func() {
 		if err != nil {
-			w.s.refs.unlock(w.opts.Ref)
+			w.release(err)
 		}
 	}()
 	if err != nil {

@@ -84,7 +84,8 @@ func (m meteredBody) Close() error {
 // same resumable ingest, through the pull's sink.
 func (p *pull) downloadFanout(ctx context.Context, ref string, fl fetchers.File, lease *cachestore.Lease, check *layerCheck) (string, int64, error) {
 	d := p.d
-	opts := cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check, Owner: p.ds.Name}
+	// Digest: the peer port serves the bytes written so far (fanout.Fleet.Fetch).
+	opts := cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check, Owner: p.ds.Name, Digest: fl.Digest}
 	var readNs int64
 	var last *cachestore.Writer
 	offset := func() int64 {

@@ -58,7 +58,8 @@ func (s *selections) Selects(_ context.Context, mc, node string) (bool, error) {
 // bound to no node; a blob a public artifact holds too goes to any
 // caller, until that artifact is evicted (the index follows the store);
 // a blob a pull fetched is its artifact's before its version commits; a
-// blob no artifact holds is not found; a selection that cannot be read is
+// blob no artifact holds is not found; a blob a pull is fetching is its
+// artifact's while it fetches; a selection that cannot be read is
 // undecided, not refused.
 func TestPeerAuthzFollowsTheArtifactsThatHoldABlob(t *testing.T) {
 	secret, shared := data(5000, 61), data(6000, 62)
@@ -140,6 +141,16 @@ func TestPeerAuthzFollowsTheArtifactsThatHoldABlob(t *testing.T) {
 	a.Fetched(dFresh, "p")
 	check("a fresh blob of p, to the node p selects", nodeA, dFresh, nil)
 	check("a fresh blob of p, to another node", nodeB, dFresh, p2p.ErrForbidden)
+
+	// A blob a pull is fetching now (its bytes served as they land): the
+	// artifact's, by the same rules, until the fetch ends.
+	dGrowing := "sha256:" + sha(data(2000, 65))
+	done := a.Fetching(dGrowing, "p")
+	check("a blob p is fetching, to the node p selects", nodeA, dGrowing, nil)
+	check("a blob p is fetching, to another node", nodeB, dGrowing, p2p.ErrForbidden)
+	check("a blob p is fetching, to a token bound to no node", nobody, dGrowing, p2p.ErrForbidden)
+	done()
+	check("a blob no pull fetches any more", nodeA, dGrowing, cachestore.ErrNotFound)
 
 	// No desire says what an artifact is: its blobs go to no one.
 	if err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"p2": p2}, nil); err != nil {

@@ -13,6 +13,22 @@
 // for a blob not held or not given to the caller (the two alike), 503 with Retry-After when the uploads are all
 // busy or the token cannot be checked now. No redirects either way.
 //
+// Bytes flow before a blob is whole: a blob this node is still fetching
+// is served as well as a committed one, from ahead of the caller (more
+// written here than where its Range starts), the bytes written and
+// hashed so far at once and the rest as they land, with the whole
+// blob's Content-Length; a fetch that stops short cuts the answer short
+// (the caller goes on from where it got to, elsewhere). A receiver that
+// is itself still fetching serves its part onward the same way, tier
+// after tier. Nothing of it is trusted: every receiver checks the whole
+// blob's digest before it commits. A request may carry HeaderWait
+// ("X-Modelcache-Wait: <seconds>"): a blob not here yet is then not a
+// 404 at once; the request is held (at most WithMaxWait, 60s, and
+// WithMaxWaiting at once; 503 with Retry-After beyond) and answered as
+// soon as the blob is here, committed or growing, or with a 404 when
+// the wait ends. A held request opens nothing and waits on the store's
+// word (WatchBlob), not a timer.
+//
 // Who may fetch: in Kubernetes, a daemon presents a projected
 // service-account token of its own account for audience DefaultAudience
 // (a serviceAccountToken volume with that audience), re-read from its
@@ -35,8 +51,9 @@
 //
 // Where to find what:
 //
-//	server.go     Server (the http.Handler), Blobs (what it serves from),
-//	              the upload bounds, the Range parser
+//	server.go     Server (the http.Handler), Blobs (what it serves from:
+//	              committed and growing blobs), the upload bounds, the Range parser
+//	wait.go       requests held for a blob not here yet (HeaderWait), their bounds
 //	blobs.go      StoreBlobs: Blobs over a cachestore.Store, with a lease per transfer
 //	auth.go       Authenticator and the Identity it returns (the node and
 //	              pod a token is bound to); Authorizer; TokenReviewAuthenticator (a

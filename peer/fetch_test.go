@@ -47,7 +47,7 @@ func opener(s *cachestore.Store, b peer.Blob) peer.OpenPartial {
 	}
 }
 
-func newFetcher(t *testing.T, tok *peer.TokenFile, m *peer.Metrics, opts ...peer.FetcherOption) *peer.Fetcher {
+func newFetcher(t testing.TB, tok *peer.TokenFile, m *peer.Metrics, opts ...peer.FetcherOption) *peer.Fetcher {
 	t.Helper()
 	f, err := peer.NewFetcher(tok, append([]peer.FetcherOption{peer.WithFetcherMetrics(m)}, opts...)...)
 	if err != nil {

@@ -10,6 +10,7 @@ type Metrics struct {
 	refusals    *prometheus.CounterVec
 	fetched     *prometheus.CounterVec
 	avoided     *prometheus.CounterVec
+	waiting     prometheus.Gauge
 }
 
 // Refusal reasons of the server (label reason of
@@ -24,6 +25,7 @@ const (
 	RefusedAuthzError     = "authz_error"     // the Authorizer could not decide (answered as not_found)
 	RefusedBadRequest     = "bad_request"     // a method or path the server does not serve
 	RefusedBadRange       = "bad_range"       // a Range the blob cannot satisfy
+	RefusedWaitFull       = "wait_full"       // a request that asked to wait (HeaderWait) while WithMaxWaiting were held
 )
 
 // NewMetrics makes the collectors, unregistered.
@@ -39,17 +41,25 @@ func NewMetrics() *Metrics {
 			Help: "Bytes of blobs this daemon received through the peer fetcher, by source (peer, origin)."}, []string{"source"}),
 		avoided: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "modelcache_peer_avoided_total",
 			Help: "Times this daemon set a peer aside after it failed a transfer, by reason."}, []string{"reason"}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "modelcache_peer_waiting_requests",
+			Help: "Peer requests held now for a blob this daemon does not hold yet (X-Modelcache-Wait)."}),
 	}
 }
 
 // Collectors are what the daemon registers.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.uploads, m.uploadBytes, m.refusals, m.fetched, m.avoided}
+	return []prometheus.Collector{m.uploads, m.uploadBytes, m.refusals, m.fetched, m.avoided, m.waiting}
 }
 
 func (m *Metrics) refused(reason string) {
 	if m != nil {
 		m.refusals.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) waited(delta float64) {
+	if m != nil {
+		m.waiting.Add(delta)
 	}
 }
 
@@ -76,6 +86,9 @@ func (m *Metrics) avoid(reason string) {
 func (m *Metrics) Refusals(reason string) prometheus.Counter {
 	return m.refusals.WithLabelValues(reason)
 }
+
+// Waiting is the gauge of requests held for a blob not here yet.
+func (m *Metrics) Waiting() prometheus.Gauge { return m.waiting }
 
 // Uploads is the counter of transfers served.
 func (m *Metrics) Uploads() prometheus.Counter { return m.uploads }

@@ -46,6 +46,9 @@ modelcache_peer_upload_bytes_total 5000
 # HELP modelcache_peer_uploads_total Blob transfers this daemon served to peers (GET answered 200 or 206).
 # TYPE modelcache_peer_uploads_total counter
 modelcache_peer_uploads_total 1
+# HELP modelcache_peer_waiting_requests Peer requests held now for a blob this daemon does not hold yet (X-Modelcache-Wait).
+# TYPE modelcache_peer_waiting_requests gauge
+modelcache_peer_waiting_requests 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
 		t.Error(err)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -20,17 +21,49 @@ import (
 )
 
 // Blobs is what the server serves from: the daemon implements it over its
-// store.
+// store (StoreBlobs).
 type Blobs interface {
 	// OpenBlob opens the committed, verified blob digest (always
 	// "sha256:<64 lowercase hex>": the server validated it) and takes a
 	// lease on it that keeps eviction and GC from removing it until
 	// release is called; the server calls release exactly once, after the
 	// transfer, and closes f itself. Only blobs that are committed (in
-	// the index, verified) may be opened, never a partial ingest. A blob
+	// the index, verified) may be opened here. A blob
 	// the store does not hold is an error wrapping cachestore.ErrNotFound
 	// (404); any other error is a 500 with no detail.
 	OpenBlob(ctx context.Context, digest string) (f *os.File, size int64, release func(), err error)
+	// OpenGrowing opens the blob digest while this node is still
+	// fetching it: the part written and hashed so far, and a wait for
+	// more (GrowingBlob). A blob no fetch here is writing is an error
+	// wrapping cachestore.ErrNotFound; the server then asks OpenBlob
+	// (so a fetch must commit its blob before it stops being growing).
+	// The server closes g after the transfer.
+	OpenGrowing(ctx context.Context, digest string) (g GrowingBlob, err error)
+	// WatchBlob returns a channel that is closed the next time the blob
+	// digest may have become openable (committed, a fetch of it begun,
+	// or its bytes grown); stop ends the watch, and the server calls it
+	// exactly once.
+	// A request held for a blob (HeaderWait) waits on it.
+	WatchBlob(digest string) (changed <-chan struct{}, stop func())
+}
+
+// GrowingBlob is a blob this node is still fetching (a
+// *cachestore.Growing): its first bytes, written and hashed but not yet
+// verified as a whole, and more as they land. The receiver checks the
+// whole blob's digest before it commits anything, as it does for every
+// peer's bytes.
+type GrowingBlob interface {
+	// ReaderAt reads what is readable (a read past it is short, io.EOF).
+	io.ReaderAt
+	// Size is the whole blob's size.
+	Size() int64
+	// Written is how many bytes from the start are readable now.
+	Written() int64
+	// Wait returns once more than have bytes are readable (n: how many),
+	// or with an error when no more will come through this view (the
+	// fetch stopped or its bytes were found wrong) or ctx ended.
+	Wait(ctx context.Context, have int64) (n int64, err error)
+	Close() error
 }
 
 // BlobPath is the route of one blob; a request names it as
@@ -39,16 +72,22 @@ const BlobPath = "/v1/blobs/"
 
 // Server is the http.Handler of a daemon's peer port: GET and HEAD of
 // BlobPath<digest>, with a single Range, for callers the Authenticator
-// accepts, of the blobs the Authorizer (WithAuthorizer) gives them.
+// accepts, of the blobs the Authorizer (WithAuthorizer) gives them:
+// committed ones, and those this node is still fetching (streamed as
+// their bytes land). A request with HeaderWait for a blob not here yet
+// is held until it is (at most WithMaxWait, WithMaxWaiting at once).
 // Uploads are bounded: at most MaxUploads at once (503 with
 // Retry-After beyond) and UploadRate bytes per second across them. Use
 // NewServer; safe for concurrent use.
 type Server struct {
-	blobs Blobs
-	auth  Authenticator
-	o     serverOptions
-	slots chan struct{}
-	limit *rate.Limiter
+	blobs    Blobs
+	auth     Authenticator
+	o        serverOptions
+	slots    chan struct{}
+	waiting  chan struct{} // the requests held (HeaderWait)
+	limit    *rate.Limiter
+	stopOnce sync.Once
+	stopping chan struct{} // closed by Close: held requests end
 }
 
 type serverOptions struct {
@@ -59,6 +98,8 @@ type serverOptions struct {
 	log        *slog.Logger
 	metrics    *Metrics
 	authz      Authorizer
+	maxWait    time.Duration
+	maxWaiting int
 }
 
 // ServerOption sets one setting of NewServer.
@@ -93,9 +134,20 @@ func WithServerMetrics(m *Metrics) ServerOption { return func(o *serverOptions) 
 // blob (a static fleet, whose shared token names no one).
 func WithAuthorizer(a Authorizer) ServerOption { return func(o *serverOptions) { o.authz = a } }
 
+// WithMaxWait bounds how long a request is held for a blob not here yet
+// (HeaderWait asks for a time; the server holds the least of the two);
+// default 60s; 0 holds none (each is answered at once).
+func WithMaxWait(d time.Duration) ServerOption { return func(o *serverOptions) { o.maxWait = d } }
+
+// WithMaxWaiting bounds the requests held at once (each a connection and
+// a goroutine, no upload slot, no file); beyond it a request that asks
+// to wait is answered 503 with Retry-After. Default 1024.
+func WithMaxWaiting(n int) ServerOption { return func(o *serverOptions) { o.maxWaiting = n } }
+
 // NewServer serves blobs to the callers auth accepts.
 func NewServer(blobs Blobs, auth Authenticator, opts ...ServerOption) (*Server, error) {
-	o := serverOptions{maxUploads: 4, retryAfter: 2 * time.Second, sendIdle: 30 * time.Second}
+	o := serverOptions{maxUploads: 4, retryAfter: 2 * time.Second, sendIdle: 30 * time.Second,
+		maxWait: 60 * time.Second, maxWaiting: 1024}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -108,11 +160,16 @@ func NewServer(blobs Blobs, auth Authenticator, opts ...ServerOption) (*Server, 
 		return nil, fmt.Errorf("peer server: send idle %s: want more than 0", o.sendIdle)
 	case o.rate < 0:
 		return nil, fmt.Errorf("peer server: upload rate %.0f bytes/s: want 0 (no bound) or more", o.rate)
+	case o.maxWait < 0:
+		return nil, fmt.Errorf("peer server: max wait %s: want 0 (hold no request) or more", o.maxWait)
+	case o.maxWaiting < 1:
+		return nil, fmt.Errorf("peer server: max waiting %d: want at least 1", o.maxWaiting)
 	}
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{blobs: blobs, auth: auth, o: o, slots: make(chan struct{}, o.maxUploads)}
+	s := &Server{blobs: blobs, auth: auth, o: o, slots: make(chan struct{}, o.maxUploads),
+		waiting: make(chan struct{}, o.maxWaiting), stopping: make(chan struct{})}
 	if o.rate > 0 {
 		s.limit = rate.NewLimiter(rate.Limit(o.rate), burst(o.rate))
 	}
@@ -160,32 +217,28 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, RefusedBadRequest, http.StatusBadRequest, err.Error(), r)
 		return
 	}
-	if !s.authorized(w, r, caller, d) {
-		return
-	}
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	default:
-		w.Header().Set("Retry-After", s.retryAfter())
-		s.refuse(w, RefusedBusy, http.StatusServiceUnavailable, "all upload slots busy", r)
-		return
-	}
-	f, size, release, err := s.blobs.OpenBlob(r.Context(), d)
+	wait, err := s.waitOf(r.Header)
 	if err != nil {
-		if errors.Is(err, cachestore.ErrNotFound) {
-			s.refuse(w, RefusedNotFound, http.StatusNotFound, "blob "+d, r)
-		} else {
-			s.o.log.Error("peer: open blob", "digest", d, "err", err)
-			http.Error(w, "internal error", http.StatusInternalServerError)
+		s.refuse(w, RefusedBadRequest, http.StatusBadRequest, err.Error(), r)
+		return
+	}
+	c, no := s.find(r, caller, d, wait)
+	if no != nil && no.status == http.StatusInternalServerError {
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	if no != nil {
+		if no.retry {
+			w.Header().Set("Retry-After", s.retryAfter())
 		}
+		s.refuse(w, no.reason, no.status, no.why, r)
 		return
 	}
-	defer release()
-	defer f.Close()
-	start, n, err := parseRange(r.Header.Get("Range"), size)
+	defer c.close()
+	defer func() { <-s.slots }()
+	start, n, err := parseRange(r.Header.Get("Range"), c.size)
 	if err != nil {
-		w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", size))
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", c.size))
 		s.refuse(w, RefusedBadRange, http.StatusRequestedRangeNotSatisfiable, err.Error(), r)
 		return
 	}
@@ -197,33 +250,125 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
 	if r.Header.Get("Range") != "" {
 		status = http.StatusPartialContent
-		h.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", start, start+n-1, size))
+		h.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", start, start+n-1, c.size))
 	}
 	w.WriteHeader(status)
 	if r.Method == http.MethodHead {
 		return
 	}
-	out := deadlineWriter{w: w, rc: http.NewResponseController(w), idle: s.o.sendIdle}
-	sent, err := io.Copy(out, fetchers.RateLimited(r.Context(), io.NewSectionReader(f, start, n), s.limit))
+	rc := http.NewResponseController(w)
+	out := deadlineWriter{w: w, rc: rc, idle: s.o.sendIdle}
+	var sent int64
+	if c.growing == nil {
+		sent, err = io.Copy(out, fetchers.RateLimited(r.Context(), io.NewSectionReader(c.file, start, n), s.limit))
+	} else {
+		sent, err = s.sendGrowing(r.Context(), out, rc, c.growing, start, n)
+	}
 	s.o.metrics.served(sent)
 	if err != nil {
-		s.o.log.Debug("peer: upload ended early", "digest", d, "sent", sent, "want", n, "err", err)
+		// Cut short: the caller sees fewer bytes than Content-Length and
+		// goes on from where it got to, elsewhere.
+		s.o.log.Debug("peer: upload ended early", "digest", d, "sent", sent, "want", n, "growing", c.growing != nil, "err", err)
 	}
 }
 
-// authorized says whether caller, asking from r's source address, may
-// have blob d (the Authorizer's answer; every caller without one), and
-// refuses it otherwise. It is asked before the store: a blob the caller
-// may not have is answered as one not held, so the answer tells nothing
-// of what this node holds for others.
-func (s *Server) authorized(w http.ResponseWriter, r *http.Request, caller Identity, d string) bool {
+// content is what one answer sends: a committed blob (file) or one being
+// fetched here (growing).
+type content struct {
+	file    *os.File
+	growing GrowingBlob
+	size    int64
+	close   func()
+}
+
+// refusal is an answer other than the blob.
+type refusal struct {
+	reason string
+	status int
+	why    string
+	retry  bool // with Retry-After
+}
+
+// look is one look for d: authorized, an upload slot, opened.
+func (s *Server) look(r *http.Request, caller Identity, d string) (content, *refusal) {
+	if no := s.authorize(r, caller, d); no != nil {
+		return content{}, no
+	}
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		return content{}, &refusal{reason: RefusedBusy, status: http.StatusServiceUnavailable, retry: true, why: "all upload slots busy"}
+	}
+	c, err := s.open(r.Context(), d, r.Header.Get("Range"))
+	if err != nil {
+		<-s.slots
+		if errors.Is(err, cachestore.ErrNotFound) {
+			return content{}, &refusal{reason: RefusedNotFound, status: http.StatusNotFound, why: "blob " + d}
+		}
+		s.o.log.Error("peer: open blob", "digest", d, "err", err)
+		return content{}, &refusal{status: http.StatusInternalServerError}
+	}
+	return c, nil
+}
+
+// open opens d growing, else committed. In that order no commit slips
+// between the two looks: a fetch's blob is committed before its growing
+// view is gone. A growing blob is served only from ahead of the caller
+// (more bytes written than where rng starts): a node's bytes come from
+// its source, so bytes that cycle between nodes that are fetching the
+// blob from each other are never asked for.
+func (s *Server) open(ctx context.Context, d, rng string) (content, error) {
+	g, err := s.blobs.OpenGrowing(ctx, d)
+	if err == nil {
+		if start, _, err := parseRange(rng, g.Size()); err != nil || g.Written() > start {
+			return content{growing: g, size: g.Size(), close: func() { g.Close() }}, nil
+		}
+		g.Close()
+	} else if !errors.Is(err, cachestore.ErrNotFound) {
+		return content{}, err
+	}
+	f, size, release, err := s.blobs.OpenBlob(ctx, d)
+	if err != nil {
+		return content{}, err
+	}
+	return content{file: f, size: size, close: func() { f.Close(); release() }}, nil
+}
+
+// sendGrowing sends bytes [start, start+n) of g as they land, flushing
+// what it has before each wait; it ends with an error when g stops
+// short of them.
+func (s *Server) sendGrowing(ctx context.Context, out io.Writer, rc *http.ResponseController, g GrowingBlob, start, n int64) (int64, error) {
+	pos, end := start, start+n
+	for pos < end {
+		have, err := g.Wait(ctx, pos)
+		if err != nil {
+			return pos - start, err
+		}
+		k, err := io.Copy(out, fetchers.RateLimited(ctx, io.NewSectionReader(g, pos, min(have, end)-pos), s.limit))
+		pos += k
+		if err != nil {
+			return pos - start, err
+		}
+		if pos < end {
+			if err := rc.Flush(); err != nil {
+				return pos - start, err
+			}
+		}
+	}
+	return n, nil
+}
+
+// authorize says whether caller, asking from r's source address, may
+// have blob d (the Authorizer's answer; every caller without one): nil,
+// or a refusal that answers it as a blob not held.
+func (s *Server) authorize(r *http.Request, caller Identity, d string) *refusal {
 	if s.o.authz == nil {
-		return true
+		return nil
 	}
 	caller.Source = sourceOf(r)
 	err := s.o.authz.Authorize(r.Context(), caller, d)
 	if err == nil {
-		return true
+		return nil
 	}
 	reason := RefusedAuthzError
 	switch {
@@ -234,9 +379,8 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request, caller Ident
 	case errors.Is(err, cachestore.ErrNotFound):
 		reason = RefusedNotFound
 	}
-	s.refuse(w, reason, http.StatusNotFound, fmt.Sprintf("blob %s for %s (node %q, pod %q in %q, from %s): %v",
-		d, caller.User, caller.Node, caller.Pod, caller.Namespace, caller.Source, err), r)
-	return false
+	return &refusal{reason: reason, status: http.StatusNotFound, why: fmt.Sprintf("blob %s for %s (node %q, pod %q in %q, from %s): %v",
+		d, caller.User, caller.Node, caller.Pod, caller.Namespace, caller.Source, err)}
 }
 
 // refuse answers status with a body that says only the status: why is

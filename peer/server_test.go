@@ -298,7 +298,7 @@ func TestServerDropsACallerThatStopsReading(t *testing.T) {
 
 func TestNewServerValidates(t *testing.T) {
 	a := peer.StaticTokenAuthenticator{File: peer.NewTokenFile("/nonexistent")}
-	for _, opt := range []peer.ServerOption{peer.WithMaxUploads(0), peer.WithUploadRate(-1), peer.WithSendIdle(0)} {
+	for _, opt := range []peer.ServerOption{peer.WithMaxUploads(0), peer.WithUploadRate(-1), peer.WithSendIdle(0), peer.WithMaxWait(-time.Second), peer.WithMaxWaiting(0)} {
 		if _, err := peer.NewServer(&countingBlobs{}, a, opt); err == nil {
 			t.Error("a bad setting was accepted")
 		}

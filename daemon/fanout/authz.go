@@ -32,9 +32,11 @@ import (
 // ModelCache, each per TTL).
 //
 // Which artifacts hold a blob: the versions in the store (blobIndex, kept
-// current from the store's summaries), and the blobs this node's pulls
-// fetched through fanout before their version commits (a node that is
-// downloading serves what it has to the nodes that wait for it). A blob
+// current from the store's summaries), the blobs this node's pulls
+// fetched through fanout before their version commits, and those they
+// are fetching now (a node that is downloading serves what it has, and
+// the part of a blob it has written so far, to the nodes that wait for
+// it: the same rules, whole or not). A blob
 // two pulls want at once is fetched by one (download.go's flights) and
 // recorded as that one's artifact's until a version holds it: a caller
 // the other artifact would admit may be answered not found meanwhile,
@@ -48,9 +50,10 @@ type Authz struct {
 	access Accesses
 	sel    NodeSelector
 
-	mu    sync.Mutex // guards idx and fresh; taken with no caller's lock held (the store's are below it)
-	idx   blobIndex
-	fresh map[string]map[string]bool // digest → artifacts whose pulls fetched it, while no indexed version of theirs holds it
+	mu       sync.Mutex // guards idx, fresh and inflight; taken with no caller's lock held (the store's are below it)
+	idx      blobIndex
+	fresh    map[string]map[string]bool // digest → artifacts whose pulls fetched it, while no indexed version of theirs holds it
+	inflight map[string]map[string]int  // digest → artifacts whose pulls are fetching it now → how many
 }
 
 // NodeSelector says whether a ModelCache selects a node, and whether a
@@ -115,7 +118,7 @@ func (t *AccessTable) Access(name string) (Access, bool) {
 // NewAuthz returns the authorizer of the blobs of st, by the artifacts'
 // access and sel's selections.
 func NewAuthz(st BlobStore, access Accesses, sel NodeSelector) *Authz {
-	return &Authz{st: st, access: access, sel: sel, idx: newBlobIndex(), fresh: map[string]map[string]bool{}}
+	return &Authz{st: st, access: access, sel: sel, idx: newBlobIndex(), fresh: map[string]map[string]bool{}, inflight: map[string]map[string]int{}}
 }
 
 // Authorize gives caller blob digest when an artifact holding it allows
@@ -197,8 +200,36 @@ func (a *Authz) Fresh(digest string) []string {
 	return slices.Sorted(maps.Keys(a.fresh[digest]))
 }
 
+// Fetching records that the pull of artifact is fetching blob digest
+// now: until done is called the blob is that artifact's too, so that
+// what it has written so far goes to the nodes the artifact may go to,
+// and to no other. Call done once the fetch ended (after Fetched, when
+// it committed). Nothing when a is nil (a static fleet).
+func (a *Authz) Fetching(digest, artifact string) (done func()) {
+	if a == nil {
+		return func() {}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.inflight[digest] == nil {
+		a.inflight[digest] = map[string]int{}
+	}
+	a.inflight[digest][artifact]++
+	return func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if a.inflight[digest][artifact]--; a.inflight[digest][artifact] <= 0 {
+			delete(a.inflight[digest], artifact)
+		}
+		if len(a.inflight[digest]) == 0 {
+			delete(a.inflight, digest)
+		}
+	}
+}
+
 // holders are the artifacts that hold digest here, sorted: the versions'
-// (the index brought up to date first) and the fresh blobs' of pulls.
+// (the index brought up to date first), the fresh blobs' of pulls and the
+// blobs pulls are fetching now.
 func (a *Authz) holders(digest string) ([]string, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -214,6 +245,9 @@ func (a *Authz) holders(digest string) ([]string, error) {
 		out[n] = true
 	}
 	for n := range a.fresh[digest] {
+		out[n] = true
+	}
+	for n := range a.inflight[digest] {
 		out[n] = true
 	}
 	return slices.Sorted(maps.Keys(out)), nil

@@ -52,6 +52,10 @@ type Transfer struct {
 // the store's, or the context's), never a peer's.
 func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bool, err error) {
 	desire := t.Desire
+	// The peer port serves the blob's bytes as they land (t.Open's
+	// Writer carries its digest), to the nodes the artifact may go to,
+	// until the fetch ends.
+	defer f.authz.Fetching(t.Blob.Digest, desire().Name)()
 	for {
 		pl := f.Plan(desire(), t.Revision, t.Blob.Digest, t.Started, time.Now())
 		var from p2p.Origin

@@ -131,8 +131,8 @@ func (f *Fleet) SetFetcher(p *p2p.Fetcher) { f.fetcher = p }
 // any Fetch.
 func (f *Fleet) AsCluster(name string) { f.cluster, f.self = true, name }
 
-// Serve starts the peer port (nothing when f is nil): committed blobs of
-// st to the daemons its authenticator accepts (the shared token file, or
+// Serve starts the peer port (nothing when f is nil): the blobs of st,
+// committed or being fetched (p2p.Server), to the daemons its authenticator accepts (the shared token file, or
 // a TokenReview through kube of the daemons' service account), on an
 // http.Server whose connections are bounded (the time to send headers,
 // the time idle; each upload's writes by the peer server itself). In a
@@ -174,6 +174,7 @@ func (f *Fleet) Serve(st *cachestore.Store, kube *rest.Config, errc chan<- error
 	}
 	f.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(f.log.Handler(), slog.LevelWarn)}
+	f.srv.RegisterOnShutdown(h.Close) // requests held for a blob end at once, not at their wait's end
 	go func() { errc <- f.srv.Serve(ln) }()
 	f.addr.Store(ln.Addr().String())
 	f.log.Info("serving blobs to peers", "addr", ln.Addr().String(), "advertise", f.cfg.Advertise)
