@@ -7,8 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,14 +43,7 @@ func TestFetchWaitsWithoutReopening(t *testing.T) {
 		w.Write(body)
 	}))
 	defer peer.Close()
-	tok := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tok, []byte("secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	fetcher, err := p2p.NewFetcher(p2p.NewTokenFile(tok))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fetcher := testFetcher(t)
 	now := time.Now()
 	var p k8ssync.ModelCacheNode
 	p.Name, p.Status.PeerAddress, p.Status.Heartbeat = "p", peer.URL, metav1.NewTime(now)

@@ -7,8 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
@@ -232,14 +230,7 @@ func TestFanOutPlanPassesOverAGoneOriginNode(t *testing.T) {
 	}
 	gone := "http://" + ln.Addr().String()
 	ln.Close() // nothing listens there now: connection refused
-	tok := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tok, []byte("secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	fetcher, err := p2p.NewFetcher(p2p.NewTokenFile(tok))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fetcher := testFetcher(t)
 	now := time.Now()
 	var o1, me k8ssync.ModelCacheNode
 	o1.Name, o1.Status.PeerAddress, o1.Status.Heartbeat = "o1", gone, metav1.NewTime(now.Add(-time.Minute))
@@ -321,14 +312,7 @@ func TestPlanAsksTheOriginNodesFirst(t *testing.T) {
 // origin nodes at once, as a gone one does; one that is only busy keeps
 // it.
 func TestPlanPassesOverAnOriginNodeThatLied(t *testing.T) {
-	tok := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tok, []byte("secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	fetcher, err := p2p.NewFetcher(p2p.NewTokenFile(tok))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fetcher := testFetcher(t)
 	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "60")
 		http.Error(w, "busy", http.StatusServiceUnavailable)
@@ -373,10 +357,7 @@ func TestPlanPassesOverAnOriginNodeThatLied(t *testing.T) {
 // the blob's owner among them): one node, not all; the others ask it
 // first, and go to the origin themselves once Settle has passed.
 func TestPlanStaticFleetRanksItsOriginNodes(t *testing.T) {
-	tok := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tok, []byte("secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tok := tokenFile(t)
 	list := []string{"http://10.0.0.1:7435", "http://10.0.0.2:7435", "http://10.0.0.3:7435", "http://10.0.0.4:7435"}
 	var fleet []*Fleet
 	for _, self := range list {
