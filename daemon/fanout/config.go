@@ -47,7 +47,7 @@ type Config struct {
 	OriginConcurrency int
 	Wait              time.Duration
 	// Poll is the least time between two rounds of asks of one waiting
-	// blob (default 5s): a peer that answers 404 at once is asked no
+	// blob (default 3s): a peer that answers 404 at once is asked no
 	// faster, and a change of the statuses starts a round sooner only
 	// when the last asked nobody. A peer that holds the request
 	// (peer.WaitHeader) sets the pace itself: it answers when it holds
@@ -69,7 +69,7 @@ const DefaultPeerTokenFile = "/var/run/secrets/modelcache.io/peer/token"
 
 // DefaultConfig is a peer port's settings but the address.
 func DefaultConfig() Config {
-	return Config{TokenFile: DefaultPeerTokenFile, MaxUploads: 4, OriginConcurrency: 2, Wait: 30 * time.Minute, Poll: 5 * time.Second, Settle: 2 * time.Second}
+	return Config{TokenFile: DefaultPeerTokenFile, MaxUploads: 4, OriginConcurrency: 2, Wait: 30 * time.Minute, Poll: 3 * time.Second, Settle: 2 * time.Second}
 }
 
 // Validate checks the peer settings; cluster says whether the daemon
