@@ -54,17 +54,16 @@ type Transfer struct {
 //
 // What a waiting blob costs its peers is bounded: the first peer a round
 // asks may hold the request up to p2p.MaxWait (p2p.WaitHeader), and
-// answers when it holds the blob; the others are asked again only once
-// per MaxWait; two rounds are at least Poll apart (a peer that answers
-// 404 at once is not asked faster), and a change of the statuses starts
-// a round sooner only when the last one asked nobody. The partial ingest
+// answers when it holds the blob; two rounds are at least Poll apart (a
+// peer that answers 404 at once is not asked faster), and a change of the
+// statuses starts a round sooner only when the last one asked nobody.
+// A round asks each peer of the plan at most once (MaxPeersAsked). The partial ingest
 // is opened once and kept open between rounds: a round that gets no byte
 // opens no writer and hashes nothing.
 func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bool, err error) {
 	desire := t.Desire
 	ps := &parking{open: t.Open}
 	defer ps.close()
-	asked := map[string]time.Time{} // peer → when a waiting round last asked it
 	for {
 		changed, start := f.changes(), time.Now()
 		pl := f.Plan(desire(), t.Revision, t.Blob.Digest, t.Started, start)
@@ -74,7 +73,6 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 			from = t.Origin
 		} else {
 			blob.Wait = min(p2p.MaxWait, pl.Until.Sub(start))
-			peers = f.waitingRound(peers, asked, start)
 		}
 		final := errNoPeerYet
 		if len(peers) > 0 || pl.Origin {
@@ -117,25 +115,6 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 			return "", waited, final
 		}
 	}
-}
-
-// waitingRound is the peers a round of a waiting blob asks, of the plan's
-// peers: the first that is not set aside (it may hold the request), and
-// the others not asked within p2p.MaxWait; asked records when.
-func (f *Fleet) waitingRound(peers []string, asked map[string]time.Time, now time.Time) []string {
-	var out []string
-	first := true
-	for _, p := range peers {
-		if avoided, _ := f.fetcher.Avoided(p); avoided {
-			continue
-		}
-		if first || now.Sub(asked[p]) >= p2p.MaxWait {
-			out = append(out, p)
-			asked[p] = now
-		}
-		first = false
-	}
-	return out
 }
 
 // mismatch says whether err is a commit's failed size or digest check.
