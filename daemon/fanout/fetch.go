@@ -56,10 +56,10 @@ type Transfer struct {
 // asks may hold the request up to p2p.MaxWait (p2p.WaitHeader), and
 // answers when it holds the blob; two rounds are at least Poll apart (a
 // peer that answers 404 at once is not asked faster), and a change of the
-// statuses starts a round sooner only when the last one asked nobody.
-// A round asks each peer of the plan at most once (MaxPeersAsked). The partial ingest
-// is opened once and kept open between rounds: a round that gets no byte
-// opens no writer and hashes nothing.
+// statuses starts a round sooner only when the last one asked nobody. A
+// round asks each peer of its plan at most once (MaxPeersAsked). The
+// partial ingest is opened once and kept open between rounds: a round
+// that gets no byte opens no writer and hashes nothing.
 func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bool, err error) {
 	desire := t.Desire
 	ps := &parking{open: t.Open}
