@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -19,7 +20,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
+	"github.com/modelcache/modelcache/internal/testenv"
 	"github.com/modelcache/modelcache/k8ssync"
 	p2p "github.com/modelcache/modelcache/peer"
 )
@@ -169,8 +172,9 @@ func TestFanOutPeersBeforeOrigin(t *testing.T) {
 // asCluster makes the fleet's daemons peers as in a cluster: each is a
 // node named node-<i> whose status (built from its artifacts as k8ssync
 // builds it, with its peer address) every daemon sees after each change,
-// as k8ssync's watch of ModelCacheNodes hands them over.
-func asCluster(t testing.TB, hs []*harness) {
+// as k8ssync's watch of ModelCacheNodes hands them over; extra are
+// statuses of nodes without a daemon here, handed over with them.
+func asCluster(t testing.TB, hs []*harness, extra ...k8ssync.ModelCacheNode) {
 	var mu sync.Mutex
 	publish := func() {
 		mu.Lock()
@@ -189,6 +193,10 @@ func asCluster(t testing.TB, hs []*harness) {
 			for _, a := range arts {
 				n.Status.Artifacts = append(n.Status.Artifacts, k8ssync.ArtifactStatus{Name: a.Name, Phase: string(a.Phase), Revision: a.Revision, Digest: a.ManifestDigest})
 			}
+			nodes = append(nodes, n)
+		}
+		for _, n := range extra { // nodes with no daemon here: their statuses as given, fresh
+			n.Status.Heartbeat = metav1.Now()
 			nodes = append(nodes, n)
 		}
 		for _, h := range hs {
@@ -318,6 +326,126 @@ func TestFanOutHostilePeer(t *testing.T) {
 	}
 	if got := hub.Sent.Load(); got < lfs {
 		t.Fatalf("origin sent %d bytes, want at least the shards' %d", got, lfs)
+	}
+}
+
+// TestFanOutNoPeerFailsAPull: in a cluster, a node that may not use the
+// origin yet (not a recorded origin node) meets a holder that flips bytes,
+// origin nodes that answer and never send or whose daemon is gone, and a
+// holder that answers 503 for ever: it sets each aside and takes the
+// model from the honest origin node, never from the origin, and no pull
+// fails. The honest origin node takes the shares of the origin nodes it
+// found gone or lying, so the origin sends each shard once.
+func TestFanOutNoPeerFailsAPull(t *testing.T) {
+	hub := newFanHub(t)
+	files, lfs := fanModel(10)
+	rev := hub.Commit("acme/fan", files, "main")
+	small := int64(len(files["config.json"]) + len(files["tokenizer.json"]))
+	origins := []string{"node-0", "flipper", "silent", "gone"}
+	bySum := map[string][]byte{}
+	owned := map[string]bool{} // the origin nodes that own a shard
+	for p, b := range files {
+		bySum["sha256:"+sha(b)] = b
+		if strings.HasSuffix(p, ".safetensors") {
+			owned[k8ssync.Rendezvous("fan\x00sha256:"+sha(b), origins)[0]] = true
+		}
+	}
+	if !owned["flipper"] || !owned["silent"] || !owned["gone"] {
+		t.Fatalf("shards owned by %v: the model must give each hostile origin node a share to move", owned)
+	}
+	var flipped, silent, busy atomic.Int64
+	serve := func(count *atomic.Int64, h func(w http.ResponseWriter, r *http.Request, b []byte)) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, ok := bySum[strings.TrimPrefix(r.URL.Path, p2p.BlobPath)]
+			if !ok {
+				http.NotFound(w, r)
+				return
+			}
+			count.Add(1)
+			h(w, r, b)
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	flipper := serve(&flipped, func(w http.ResponseWriter, _ *http.Request, b []byte) {
+		bad := slices.Clone(b)
+		bad[len(bad)/2] ^= 0xff
+		w.Header().Set("Content-Length", strconv.Itoa(len(bad)))
+		w.Write(bad)
+	})
+	quit := make(chan struct{})
+	mute := serve(&silent, func(w http.ResponseWriter, r *http.Request, b []byte) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select { // answers, and never sends
+		case <-r.Context().Done():
+		case <-quit:
+		}
+	})
+	t.Cleanup(func() { close(quit) }) // before the servers close (cleanups run last first)
+	full := serve(&busy, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "busy", http.StatusServiceUnavailable)
+	})
+	gone := "http://" + freeAddrs(t, 1)[0] // nothing listens there
+
+	hs, tok := fanFleet(t, 2, 1, func(c *Config) { c.Peer.Wait = time.Hour })
+	for _, h := range hs {
+		// A peer that sends nothing for a second is stalled.
+		f, err := p2p.NewFetcher(p2p.NewTokenFile(tok), p2p.WithHTTP(fetchers.WithIdleTimeout(time.Second)), p2p.WithFetcherMetrics(h.d.metrics.peer))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.d.fanout.SetFetcher(f)
+	}
+	status := func(name, addr, phase string) k8ssync.ModelCacheNode {
+		var n k8ssync.ModelCacheNode
+		n.Name, n.Status.PeerAddress = name, addr
+		n.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "fan", Phase: phase, Revision: rev}}
+		return n
+	}
+	asCluster(t, hs, status("flipper", flipper, "Ready"), status("silent", mute, "Downloading"),
+		status("busy", full, "Ready"), status("gone", gone, "Downloading"))
+	want := map[string]api.Desire{"fan": {Name: "fan", URI: "hf://acme/fan@" + rev, Revision: rev, Ref: "main",
+		OriginNodes: origins}}
+	// node-1 first: nothing honest holds the model yet, so it meets every
+	// hostile peer before node-0 starts.
+	if err := (clusterNode{hs[1].d}).SetClusterDesires(want, nil); err != nil {
+		t.Fatal(err)
+	}
+	tick := func() <-chan struct{} {
+		c := make(chan struct{})
+		time.AfterFunc(20*time.Millisecond, func() { close(c) })
+		return c
+	}
+	testenv.Await(t, "node-1 asks the flipper", 30*time.Second, tick, func() error {
+		if flipped.Load() == 0 {
+			return errors.New("not asked yet")
+		}
+		return nil
+	})
+	if err := (clusterNode{hs[0].d}).SetClusterDesires(want, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hs {
+		h.waitPhase("fan", api.PhaseReady)
+		h.checkModel("fan", files)
+	}
+	m := hs[1].d.metrics.peer
+	if got := testutil.ToFloat64(m.Fetched("origin")); got != 0 {
+		t.Errorf("node-1 fetched %v shard bytes from the origin, want none (not an origin node, --peer-wait 1h)", got)
+	}
+	for _, why := range []string{p2p.AvoidDigest, p2p.AvoidStall, p2p.AvoidNetwork, p2p.AvoidBusy} {
+		if testutil.ToFloat64(m.Avoided(why)) == 0 {
+			t.Errorf("node-1 set aside no peer for %s", why)
+		}
+	}
+	if silent.Load() == 0 || busy.Load() == 0 {
+		t.Errorf("asked: silent %d, busy %d times; want each asked", silent.Load(), busy.Load())
+	}
+	if got := hub.Sent.Load(); got != lfs+2*small {
+		t.Fatalf("origin sent %d bytes, want %d: the shards once (node-0 took the shares of the origin nodes it set aside), the small files twice", got, lfs+2*small)
 	}
 }
 

@@ -20,7 +20,23 @@ import (
 type Blob struct {
 	Digest string
 	Size   int64
+	// Wait, when positive, is how long the first peer a Fetch asks may
+	// hold the request of a blob it does not hold yet (WaitHeader, in
+	// whole seconds, at most MaxWait): a caller with nothing better to do
+	// than wait (the origin is not its to ask yet) asks once and is
+	// answered when the peer holds the blob, not once a second. A peer
+	// without support answers 404 at once.
+	Wait time.Duration
 }
+
+// WaitHeader carries Blob.Wait on a blob GET: the seconds the server may
+// hold a request for a blob it does not hold yet, answering as soon as it
+// holds it (or 404 at the end).
+const WaitHeader = "X-Modelcache-Wait"
+
+// MaxWait bounds Blob.Wait (below the client's 60 s response header
+// timeout).
+const MaxWait = 30 * time.Second
 
 // Partial is the partial ingest a fetch writes into, at its Offset: the
 // store's *cachestore.Writer is one. A caller may wrap its ReadFrom to
@@ -227,12 +243,16 @@ func (f *Fetcher) Fetch(ctx context.Context, b Blob, peers []string, dst Partial
 		}
 	}
 	var last error
-	for _, p := range usable {
+	for i, p := range usable {
 		if dst.Offset() == b.Size {
 			break
 		}
 		off := dst.Offset()
-		n, err := f.fromPeer(ctx, p, tok, b, dst)
+		ask := b
+		if i > 0 {
+			ask.Wait = 0 // only the first peer holds the request
+		}
+		n, err := f.fromPeer(ctx, p, tok, ask, dst)
 		res.add(p, off, n)
 		f.o.metrics.received("peer", n)
 		var se sinkError
@@ -278,12 +298,15 @@ func (f *Fetcher) Fetch(ctx context.Context, b Blob, peers []string, dst Partial
 // it returns the committed digest. When the commit fails its size or
 // digest check and any byte came from a peer (or from before this call),
 // every peer that gave bytes is set aside (AvoidDigest) and the blob is
-// fetched once more from the origin alone, from byte 0: a lying peer
-// costs time, never a wrong byte nor a failed pull. When the origin
-// cannot continue the partial blob (fetchers.ErrCannotResume) it is
-// dropped and fetched once more from byte 0. On a Permanent failure the
-// partial ingest is dropped; on any other it is closed, kept for the
-// caller's next attempt to resume.
+// fetched once more from byte 0: from the origin alone when there is
+// one, else from the peers not set aside, and with none left the error
+// is ErrNoSource (never the mismatch: a lying peer costs time, never a
+// wrong byte nor a failed pull). A mismatch is returned only when the
+// origin's own bytes failed the check. When the origin cannot continue
+// the partial blob (fetchers.ErrCannotResume) it is dropped and fetched
+// once more from byte 0. On a Permanent failure the partial ingest is
+// dropped; on any other it is closed, kept for the caller's next
+// attempt to resume.
 func (f *Fetcher) Ingest(ctx context.Context, b Blob, peers []string, open OpenPartial, origin Origin) (string, Result, error) {
 	d, res, err := f.ingestOnce(ctx, b, peers, open, origin)
 	if errors.Is(err, fetchers.ErrCannotResume) && res.Resumed+res.bytes() > 0 {
@@ -293,19 +316,36 @@ func (f *Fetcher) Ingest(ctx context.Context, b Blob, peers []string, open OpenP
 		again.Spans = append(res.Spans, again.Spans...)
 		return d, again, err
 	}
-	if err == nil || !(errors.Is(err, cachestore.ErrDigestMismatch) || errors.Is(err, cachestore.ErrSizeMismatch)) {
-		return d, res, err
+	// Each round sets aside the peers that gave bytes (or starts over
+	// without the bytes held before): at most one more than the peers.
+	cur := res
+	for range len(peers) + 1 {
+		if err == nil || !mismatch(err) {
+			return d, res, err
+		}
+		if cur.Resumed == 0 && len(cur.Peers()) == 0 {
+			return "", res, err // the origin's own bytes: its error
+		}
+		f.Distrust(cur, err)
+		if origin != nil {
+			d, again, err := f.ingestOnce(ctx, b, nil, open, origin)
+			again.Spans = append(res.Spans, again.Spans...)
+			return d, again, err
+		}
+		f.o.log.Warn("peer fetch: the peers' bytes failed the check; asking the others", "digest", b.Digest, "err", err)
+		b.Wait = 0 // the round that waited is over
+		d, cur, err = f.ingestOnce(ctx, b, peers, open, nil)
+		res = Result{Resumed: cur.Resumed, Spans: append(res.Spans, cur.Spans...)}
 	}
-	if res.Resumed == 0 && len(res.Peers()) == 0 {
-		return "", res, err // the origin's own bytes: its error
+	if mismatch(err) {
+		err = fmt.Errorf("peer fetch %s: %w (every peer's bytes failed the check: %v)", b.Digest, ErrNoSource, err)
 	}
-	f.Distrust(res, err)
-	if origin == nil {
-		return "", res, err
-	}
-	d, again, err := f.ingestOnce(ctx, b, nil, open, origin)
-	again.Spans = append(res.Spans, again.Spans...)
-	return d, again, err
+	return d, res, err
+}
+
+// mismatch says whether err is a commit's failed size or digest check.
+func mismatch(err error) bool {
+	return errors.Is(err, cachestore.ErrDigestMismatch) || errors.Is(err, cachestore.ErrSizeMismatch)
 }
 
 func (f *Fetcher) ingestOnce(ctx context.Context, b Blob, peers []string, open OpenPartial, origin Origin) (string, Result, error) {

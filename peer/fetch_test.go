@@ -127,6 +127,78 @@ func TestFlippedBytesPeerFallsBackToTheOrigin(t *testing.T) {
 	}
 }
 
+// Without an origin (the node may not use it yet), a peer's flipped
+// bytes fail no fetch: the liar is set aside and the blob comes, from
+// byte 0, from the next peer; with every peer a liar the error is
+// ErrNoSource (wait for another), never the mismatch, which would be
+// the origin's.
+func TestFlippedBytesWithoutOriginGoOnAtTheNextPeer(t *testing.T) {
+	data, b := blobOf(200<<10, 12)
+	bad := bytes.Clone(data)
+	bad[100<<10] ^= 0x01
+	liar := func() string {
+		return hostile(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", strconv.Itoa(len(bad)))
+			w.Write(bad)
+		})
+	}
+	src, dst := openStore(t), openStore(t)
+	commit(t, src, data)
+	tok := tokenFile(t, "secret")
+	honest, _ := servePeer(t, src, tok)
+	f := newFetcher(t, tok, nil)
+	l1, l2 := liar(), liar()
+	got, res, err := f.Ingest(context.Background(), b, []string{l1, l2, honest.URL}, opener(dst, b), nil)
+	if err != nil {
+		t.Fatalf("liars then an honest peer, no origin: %v", err)
+	}
+	assertCommitted(t, dst, b, data, got)
+	if res.Bytes(honest.URL) != b.Size {
+		t.Errorf("result %+v: want the honest peer's %d bytes", res, b.Size)
+	}
+	for _, l := range []string{l1, l2} {
+		if avoided, why := f.Avoided(l); !avoided || why != peer.AvoidDigest {
+			t.Errorf("liar %s avoided %v (%q), want digest", l, avoided, why)
+		}
+	}
+	other, ob := blobOf(50<<10, 13)
+	obad := bytes.Clone(other)
+	obad[0] ^= 0xff
+	l3 := hostile(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(obad)))
+		w.Write(obad)
+	})
+	_, _, err = f.Ingest(context.Background(), ob, []string{l3}, opener(dst, ob), nil)
+	if !errors.Is(err, peer.ErrNoSource) || errors.Is(err, cachestore.ErrDigestMismatch) {
+		t.Fatalf("only a liar, no origin: %v, want ErrNoSource and not a digest mismatch", err)
+	}
+}
+
+// A blob's Wait goes to the first peer asked (WaitHeader, in seconds),
+// not to the next.
+func TestWaitGoesToTheFirstPeer(t *testing.T) {
+	_, b := blobOf(1000, 14)
+	b.Wait = 30 * time.Second
+	var mu sync.Mutex
+	var waits []string
+	lacking := func() string {
+		return hostile(t, func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			waits = append(waits, r.Header.Get(peer.WaitHeader))
+			mu.Unlock()
+			http.NotFound(w, r)
+		})
+	}
+	f := newFetcher(t, tokenFile(t, "secret"), nil)
+	_, _, err := f.Ingest(context.Background(), b, []string{lacking(), lacking()}, opener(openStore(t), b), nil)
+	if !errors.Is(err, peer.ErrNoSource) {
+		t.Fatalf("no peer holds it, no origin: %v, want ErrNoSource", err)
+	}
+	if fmt.Sprint(waits) != "[30 ]" {
+		t.Fatalf("wait headers %q, want 30 to the first peer and none to the second", waits)
+	}
+}
+
 // The origin's own bad bytes are the origin's error: no peer is blamed
 // and the pull fails as it would without peers.
 func TestOriginMismatchIsTheOriginsError(t *testing.T) {

@@ -26,13 +26,28 @@ type noSelection struct{}
 func (noSelection) Selects(context.Context, string, string) (bool, error)         { return false, nil }
 func (noSelection) From(context.Context, k8ssync.Bound, netip.Addr) (bool, error) { return false, nil }
 
-// staticFleet is a static fleet's Fleet with no peers: every blob from
-// the origin.
-func staticFleet(t testing.TB) *Fleet {
+// tokenFile writes a peer token to a file and returns its path.
+func tokenFile(t testing.TB) string {
 	tok := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tok, []byte("secret"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return tok
+}
+
+// testFetcher is a peer fetcher with defaults but a token.
+func testFetcher(t testing.TB) *p2p.Fetcher {
+	f, err := p2p.NewFetcher(p2p.NewTokenFile(tokenFile(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// staticFleet is a static fleet's Fleet with no peers: every blob from
+// the origin.
+func staticFleet(t testing.TB) *Fleet {
+	tok := tokenFile(t)
 	cfg := DefaultConfig()
 	cfg.Addr, cfg.Advertise, cfg.StaticTokenFile = "127.0.0.1:0", "http://127.0.0.1:1", tok
 	f, err := New(cfg, Options{})

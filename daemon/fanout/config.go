@@ -46,14 +46,20 @@ type Config struct {
 	// a peer to hold its files, at most Wait after their pull started.
 	OriginConcurrency int
 	Wait              time.Duration
-	// Poll is how often a waiting node asks its peers again, besides each
-	// change of the cluster's statuses (default 1s).
+	// Poll is the least time between two rounds of asks of one waiting
+	// blob (default 3s): a peer that answers 404 at once is asked no
+	// faster, and a change of the statuses starts a round sooner only
+	// when the last asked nobody. A peer that holds the request
+	// (peer.WaitHeader) sets the pace itself: it answers when it holds
+	// the blob.
 	Poll time.Duration
 	// Settle is how long this node's status must have listed an artifact
 	// before it ranks the nodes that want it and goes to the origin, where
 	// the cluster recorded no origin nodes for the revision (the
 	// statuses of the nodes that got the ModelCache at about the same
 	// moment land within it; default 2s: the default status interval).
+	// In a static fleet it is how long a node that owns no blob of a pull
+	// waits for the nodes that do before it goes to the origin itself.
 	Settle time.Duration
 }
 
@@ -63,7 +69,7 @@ const DefaultPeerTokenFile = "/var/run/secrets/modelcache.io/peer/token"
 
 // DefaultConfig is a peer port's settings but the address.
 func DefaultConfig() Config {
-	return Config{TokenFile: DefaultPeerTokenFile, MaxUploads: 4, OriginConcurrency: 2, Wait: 30 * time.Minute, Poll: time.Second, Settle: 2 * time.Second}
+	return Config{TokenFile: DefaultPeerTokenFile, MaxUploads: 4, OriginConcurrency: 2, Wait: 30 * time.Minute, Poll: 3 * time.Second, Settle: 2 * time.Second}
 }
 
 // Validate checks the peer settings; cluster says whether the daemon

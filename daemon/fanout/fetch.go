@@ -45,36 +45,56 @@ type Transfer struct {
 
 // Fetch fetches t's blob into its partial ingest and commits it: from
 // the peers that hold it, then the origin (p2p.Fetcher.Ingest). A node
-// that is not among the first to fetch the artifact from the origin
-// asks only its peers, again at each change of the statuses or Poll,
-// until Plan lets it go to the origin. It returns the committed digest
-// and whether the blob waited for a peer; its error is the origin's (or
-// the store's, or the context's), never a peer's.
+// that is not among the first to fetch the artifact from the origin asks
+// only its peers, in rounds, until Plan lets it go to the origin. It
+// returns the committed digest and whether the blob waited for a peer;
+// its error is the origin's (or the store's, or the context's), never a
+// peer's: a mismatch is permanent only when the origin's own bytes fail
+// the check.
+//
+// What a waiting blob costs its peers is bounded: the first peer a round
+// asks may hold the request up to p2p.MaxWait (p2p.WaitHeader), and
+// answers when it holds the blob; two rounds are at least Poll apart (a
+// peer that answers 404 at once is not asked faster), and a change of the
+// statuses starts a round sooner only when the last one asked nobody. A
+// round asks each peer of its plan at most once (MaxPeersAsked). The
+// partial ingest is opened once and kept open between rounds: a round
+// that gets no byte opens no writer and hashes nothing.
 func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bool, err error) {
 	desire := t.Desire
 	// The peer port serves the blob's bytes as they land (t.Open's
 	// Writer carries its digest), to the nodes the artifact may go to,
 	// until the fetch ends.
 	defer f.authz.Fetching(t.Blob.Digest, desire().Name)()
+	ps := &parking{open: t.Open}
+	defer ps.close()
 	for {
-		pl := f.Plan(desire(), t.Revision, t.Blob.Digest, t.Started, time.Now())
+		changed, start := f.changes(), time.Now()
+		pl := f.Plan(desire(), t.Revision, t.Blob.Digest, t.Started, start)
+		blob, peers := t.Blob, pl.Peers
 		var from p2p.Origin
 		if pl.Origin {
 			from = t.Origin
+		} else {
+			blob.Wait = min(p2p.MaxWait, pl.Until.Sub(start))
 		}
 		final := errNoPeerYet
-		if len(pl.Peers) > 0 || pl.Origin {
+		if len(peers) > 0 || pl.Origin {
 			t.Backoff.Do(ctx, func(int) error {
 				var res p2p.Result
-				digest, res, final = f.fetcher.Ingest(ctx, t.Blob, pl.Peers, t.Open, from)
+				digest, res, final = f.fetcher.Ingest(ctx, blob, peers, ps.opener, from)
 				if t.Got != nil {
 					t.Got(res)
 				}
 				switch {
 				case final == nil:
 					return nil
-				case errors.Is(final, p2p.ErrNoSource), errors.Is(final, cachestore.ErrDigestMismatch),
-					errors.Is(final, cachestore.ErrSizeMismatch), errors.Is(final, syscall.ENOSPC):
+				case mismatch(final) && from == nil:
+					// Not the origin's bytes (Ingest says ErrNoSource for the
+					// peers'; this is a guard): the peers are set aside.
+					final = fmt.Errorf("%w: %v", p2p.ErrNoSource, final)
+					return fetchers.Permanent(final)
+				case errors.Is(final, p2p.ErrNoSource), mismatch(final), errors.Is(final, syscall.ENOSPC):
 					return fetchers.Permanent(final) // no peer has it yet; the origin's own bytes are wrong; a full disk
 				}
 				return final
@@ -92,13 +112,59 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 						t.Path, strings.Join(pl.First, ", "), f.cfg.OriginConcurrency, pl.Until.UTC().Format(time.RFC3339)))
 				}
 			}
-			if err := f.wait(ctx, t.Idle, pl.Until); err != nil {
+			if err := f.wait(ctx, t.Idle, changed, len(peers) == 0, start.Add(f.cfg.Poll), pl.Until); err != nil {
 				return "", waited, err
 			}
 		default:
 			return "", waited, final
 		}
 	}
+}
+
+// mismatch says whether err is a commit's failed size or digest check.
+func mismatch(err error) bool {
+	return errors.Is(err, cachestore.ErrDigestMismatch) || errors.Is(err, cachestore.ErrSizeMismatch)
+}
+
+// parking keeps a blob's partial ingest open between the rounds of one
+// Fetch: Ingest closes a partial it did not commit (to keep its bytes
+// for a resume), and reopening it would re-hash what it holds. Its
+// opener hands out the parked one when there is one; close closes it
+// for good.
+type parking struct {
+	open   p2p.OpenPartial
+	parked p2p.Partial
+}
+
+func (ps *parking) opener(ctx context.Context) (p2p.Partial, error) {
+	if w := ps.parked; w != nil {
+		ps.parked = nil
+		return &parkable{Partial: w, ps: ps}, nil
+	}
+	w, err := ps.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &parkable{Partial: w, ps: ps}, nil
+}
+
+func (ps *parking) close() {
+	if ps.parked != nil {
+		ps.parked.Close()
+		ps.parked = nil
+	}
+}
+
+// parkable is a partial whose Close parks it (open, its bytes and hash
+// kept) for the next round; Abort and Commit end it.
+type parkable struct {
+	p2p.Partial
+	ps *parking
+}
+
+func (w *parkable) Close() error {
+	w.ps.parked = w.Partial
+	return nil
 }
 
 // errNoPeerYet: no peer to ask and the origin not yet this node's turn.

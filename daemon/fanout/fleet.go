@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/modelcache/modelcache/cachestore"
+	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/k8ssync"
 	p2p "github.com/modelcache/modelcache/peer"
 )
@@ -108,8 +109,24 @@ func New(cfg Config, o Options) (*Fleet, error) {
 		f.cluster, f.self = true, o.NodeName
 	}
 	var err error
-	f.fetcher, err = p2p.NewFetcher(p2p.NewTokenFile(tokens), p2p.WithFetcherLogger(f.log), p2p.WithFetcherMetrics(o.Metrics))
+	f.fetcher, err = p2p.NewFetcher(p2p.NewTokenFile(tokens), p2p.WithHTTP(fetchers.WithTransport(peerTransport())),
+		p2p.WithFetcherLogger(f.log), p2p.WithFetcherMetrics(o.Metrics))
 	return f, err
+}
+
+// peerDialTimeout bounds a connection to a peer port: peers are on the
+// cluster's network, and a node whose daemon is gone (no answer at all,
+// not even a refusal) is found within it, not the 30 s of an origin's.
+const peerDialTimeout = 5 * time.Second
+
+// peerTransport is the peer fetcher's: the fetchers' default, but a
+// peer's connection takes at most peerDialTimeout, and its answer's
+// headers at most 10 s more than a request may be held (p2p.MaxWait).
+func peerTransport() *http.Transport {
+	t := fetchers.DefaultTransport()
+	t.DialContext = (&net.Dialer{Timeout: peerDialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	t.ResponseHeaderTimeout = p2p.MaxWait + 10*time.Second
+	return t
 }
 
 // Cluster says whether the peers are the cluster's (SetNodes), not a

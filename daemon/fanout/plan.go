@@ -19,52 +19,103 @@ type Plan struct {
 }
 
 // Plan says where the blobs of ds at revision (the pull's resolution:
-// the cluster's) come from for a pull that started at started. In a
-// static fleet: every peer (one that lacks a blob answers 404), then the
-// origin. In a cluster: the peers that hold its revision Ready, then
-// those fetching it; the origin for the blobs this node owns among the
-// first nodes (rendezvous hashing of (artifact, blob)), or for every blob
-// once Wait has passed. The first nodes are the origin nodes the cluster
-// recorded (ds.OriginNodes) less those passed over (clusterPeers);
-// when it recorded none, or none is left, the first OriginConcurrency of
-// the nodes that want it (rendezvous hashing of (artifact, node): every
-// node ranks them alike), and then only once this node's own status has
+// the cluster's) come from for a pull that started at started.
+//
+// The first nodes go to the origin, each for the blobs it owns among
+// them (rendezvous hashing of (artifact, blob)); every other node asks
+// its peers, the first nodes first (the blob's owner before the others:
+// it is the one fetching that blob), and goes to the origin itself only
+// once Wait has passed. A first node whose peer port was set aside for
+// anything but being busy (no connection, wrong bytes, a stall) is
+// passed over: its share moves to the others at this node's next plan,
+// and what a peer port did is learned once per node, by whichever of
+// this node's fetches asked it.
+//
+// In a cluster the first nodes are the origin nodes the cluster recorded
+// (ds.OriginNodes) less those passed over (clusterPeers); when it
+// recorded none, or none is left, the first OriginConcurrency of the
+// nodes that want it (rendezvous hashing of (artifact, node): every node
+// ranks them alike), and then only once this node's own status has
 // listed it for Settle (so that the statuses of the nodes that wanted it
-// at about the same moment have landed too).
+// at about the same moment have landed too). After the first nodes come
+// the peers that hold the revision Ready, then those fetching it.
+//
+// A static fleet cannot tell who wants what: its first nodes are the
+// first OriginConcurrency of the whole list (this node included) by the
+// same hash, so that nodes that start at once do not all go to the
+// origin; a node that owns no blob goes to the origin once Settle has
+// passed since its pull started (a lone pull waits no longer for a peer
+// that does not want the artifact).
 func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.Time) Plan {
 	pl := Plan{Until: started.Add(f.cfg.Wait)}
+	var addr map[string]string // node → base URL
+	var rest []string          // the peers after the first nodes, in order
+	settled := false
 	if !f.cluster {
-		pl.Peers, pl.Origin = rendezvous(f.self, f.static), true
-		return pl
+		addr = map[string]string{}
+		for _, b := range f.static {
+			addr[b] = b
+		}
+		all := rendezvous(ds.Name, append([]string{f.self}, f.static...))
+		all = slices.DeleteFunc(all, func(n string) bool { return n != f.self && f.passedOver(n) })
+		pl.First = all[:min(len(all), f.cfg.OriginConcurrency)]
+		rest = rendezvous(f.self, f.static)
+		settled = true
+		if grace := started.Add(f.cfg.Settle); grace.Before(pl.Until) {
+			pl.Until = grace
+		}
+	} else {
+		var members []string
+		var passed map[string]bool
+		var listed bool
+		rest, members, passed, listed, addr = f.clusterPeers(ds, revision, now)
+		for _, n := range recordedOrigins(ds) {
+			if !passed[n] && !slices.Contains(pl.First, n) {
+				pl.First = append(pl.First, n)
+			}
+		}
+		settled = len(pl.First) > 0
+		if !settled {
+			pl.First = rendezvous(ds.Name, members)
+			pl.First = pl.First[:min(len(pl.First), f.cfg.OriginConcurrency)]
+		}
+		key := ds.Name + "@" + revision
+		f.mu.Lock()
+		since, ok := f.listed[key]
+		switch {
+		case !listed:
+			delete(f.listed, key)
+		case !ok:
+			f.listed[key], since = now, now
+		}
+		f.mu.Unlock()
+		settled = settled || (listed && now.Sub(since) >= f.cfg.Settle)
 	}
-	var members []string
-	var passed map[string]bool
-	var listed bool
-	pl.Peers, members, passed, listed = f.clusterPeers(ds, revision, now)
-	for _, n := range recordedOrigins(ds) {
-		if !passed[n] && !slices.Contains(pl.First, n) {
-			pl.First = append(pl.First, n)
+	owners := rendezvous(ds.Name+"\x00"+digest, pl.First)
+	for _, n := range owners {
+		if b := addr[n]; b != "" && n != f.self && !slices.Contains(pl.Peers, b) {
+			pl.Peers = append(pl.Peers, b)
 		}
 	}
-	settled := len(pl.First) > 0
-	if !settled {
-		pl.First = rendezvous(ds.Name, members)
-		pl.First = pl.First[:min(len(pl.First), f.cfg.OriginConcurrency)]
+	for _, b := range rest {
+		if !slices.Contains(pl.Peers, b) && len(pl.Peers) < MaxPeersAsked {
+			pl.Peers = append(pl.Peers, b)
+		}
 	}
-	key := ds.Name + "@" + revision
-	f.mu.Lock()
-	since, ok := f.listed[key]
-	switch {
-	case !listed:
-		delete(f.listed, key)
-	case !ok:
-		f.listed[key], since = now, now
-	}
-	f.mu.Unlock()
-	settled = settled || (listed && now.Sub(since) >= f.cfg.Settle)
-	owner := rendezvous(ds.Name+"\x00"+digest, pl.First)
-	pl.Origin = (settled && len(owner) > 0 && owner[0] == f.self) || !now.Before(pl.Until)
+	pl.Origin = (settled && len(owners) > 0 && owners[0] == f.self) || !now.Before(pl.Until)
 	return pl
+}
+
+// passedOver says whether the peer port at base URL b was set aside for
+// anything but being busy: no connection (a daemon gone while its status
+// still looks fresh, for the status is written hourly at least), bytes
+// that failed the check, a stall, a refusal of this node's token.
+func (f *Fleet) passedOver(b string) bool {
+	if f.fetcher == nil {
+		return false
+	}
+	avoided, why := f.fetcher.Avoided(b)
+	return avoided && why != p2p.AvoidBusy
 }
 
 // clusterPeers reads the statuses: the base URLs of the nodes that hold
@@ -75,13 +126,10 @@ func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.T
 // address, that failed it, or that were handed over once and are gone
 // since (a node never seen, or seen without a status, is not passed over:
 // its status may not have reached this one yet, while the elected daemon
-// saw it live), and those whose peer port took no connection when this
-// node last asked it (set aside for "network": a daemon gone while its
-// status still looks fresh, for the status is written hourly at least);
-// and whether this node's own status lists it. The recorded origin nodes
-// are asked with the peers (a 404 costs one request a poll) so that a
-// gone one is found.
-func (f *Fleet) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, members []string, passed map[string]bool, listed bool) {
+// saw it live), and those whose peer port was set aside (passedOver);
+// whether this node's own status lists it; and the base URL of each node
+// with a fresh status.
+func (f *Fleet) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, members []string, passed map[string]bool, listed bool, addr map[string]string) {
 	f.mu.Lock()
 	nodes := f.nodes
 	passed = map[string]bool{}
@@ -89,7 +137,7 @@ func (f *Fleet) clusterPeers(ds api.Desire, revision string, now time.Time) (pee
 		passed[n] = n != f.self
 	}
 	f.mu.Unlock()
-	addr := map[string]string{}
+	addr = map[string]string{}
 	for _, n := range nodes {
 		if b, err := PeerBase(n.Status.PeerAddress); err == nil && now.Sub(n.Status.Heartbeat.Time) <= peerStale {
 			addr[n.Name] = b
@@ -129,39 +177,49 @@ func (f *Fleet) clusterPeers(ds api.Desire, revision string, now time.Time) (pee
 			}
 		}
 	}
-	for _, n := range append(rendezvous(f.self, fetching), recordedOrigins(ds)...) {
+	for _, n := range rendezvous(f.self, fetching) {
 		if b := addr[n]; b != "" && n != f.self && !slices.Contains(peers, b) && len(peers) < MaxPeersAsked {
 			peers = append(peers, b)
 		}
 	}
 	// Only the nodes that could go to the origin are looked up (not every
-	// node of the cluster: this runs at each poll of each waiting file).
+	// node of the cluster: this runs at each plan of each waiting file).
 	for _, n := range append(slices.Clone(members), recordedOrigins(ds)...) {
-		if b := addr[n]; b != "" && f.fetcher != nil && n != f.self {
-			if avoided, why := f.fetcher.Avoided(b); avoided && why == p2p.AvoidNetwork {
-				passed[n] = true
-			}
+		if b := addr[n]; b != "" && n != f.self && f.passedOver(b) {
+			passed[n] = true
 		}
 	}
 	members = slices.DeleteFunc(members, func(n string) bool { return passed[n] })
-	return peers, members, passed, listed
+	return peers, members, passed, listed, addr
 }
 
 // rendezvous orders items by the hash of (key, item) (k8ssync.Rendezvous:
 // the elected daemon ranks origin nodes by the same hash).
 var rendezvous = k8ssync.Rendezvous
 
-// wait blocks until the statuses change, Poll passes, or until; idle
-// runs the wait (the pull's slot is free meanwhile).
-func (f *Fleet) wait(ctx context.Context, idle func(context.Context, func() error) error, until time.Time) error {
+// changes is a channel closed at the next change of the statuses.
+func (f *Fleet) changes() <-chan struct{} {
 	f.mu.Lock()
-	changed := f.changed
-	f.mu.Unlock()
+	defer f.mu.Unlock()
+	return f.changed
+}
+
+// wait blocks until next, or until until if that is sooner; when wake
+// is set (the round asked nobody: a change may bring a peer), a change
+// of the statuses (changed) ends it sooner too. idle runs the wait (the
+// pull's slot is free meanwhile).
+func (f *Fleet) wait(ctx context.Context, idle func(context.Context, func() error) error, changed <-chan struct{}, wake bool, next, until time.Time) error {
 	if idle == nil {
 		idle = func(_ context.Context, fn func() error) error { return fn() }
 	}
+	if until.Before(next) {
+		next = until
+	}
+	if !wake {
+		changed = nil // a nil channel never fires
+	}
 	return idle(ctx, func() error {
-		t := time.NewTimer(min(f.cfg.Poll, max(time.Until(until), 0)))
+		t := time.NewTimer(max(time.Until(next), 0))
 		defer t.Stop()
 		select {
 		case <-changed:

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"testing"
@@ -59,12 +59,27 @@ func TestFanOutPlanFromStatuses(t *testing.T) {
 		t.Fatal("the origin before this node's status has listed the artifact for the settle time")
 	}
 	pl := f.Plan(ds, "r1", "sha256:b1", now, now.Add(time.Minute))
-	if want := []string{"http://10.0.0.1:7435", "http://10.0.0.3:7435"}; !slices.Equal(pl.Peers, want) {
-		t.Fatalf("peers %v, want %v (the holder, then the node downloading)", pl.Peers, want)
-	}
 	want := rendezvous("llama", []string{"me", "fetching", "pending"})[:2]
 	if !slices.Equal(pl.First, want) {
 		t.Fatalf("origin first %v, want %v", pl.First, want)
+	}
+	// The first nodes other than this one are asked first (the blob's
+	// owner before the others), then the holder, then the nodes
+	// downloading.
+	addr := map[string]string{"fetching": "http://10.0.0.3:7435", "pending": "http://10.0.0.4:7435"}
+	var peers []string
+	for _, n := range rendezvous("llama\x00sha256:b1", want) {
+		if n != "me" {
+			peers = append(peers, addr[n])
+		}
+	}
+	for _, b := range []string{"http://10.0.0.1:7435", "http://10.0.0.3:7435"} {
+		if !slices.Contains(peers, b) {
+			peers = append(peers, b)
+		}
+	}
+	if !slices.Equal(pl.Peers, peers) {
+		t.Fatalf("peers %v, want %v (the first nodes, the holder, then the nodes downloading)", pl.Peers, peers)
 	}
 	if owner := rendezvous("llama\x00sha256:b1", want)[0]; pl.Origin != (owner == "me") {
 		t.Fatalf("origin %v, want %v: of the first nodes, %s fetches this blob", pl.Origin, owner == "me", owner)
@@ -215,14 +230,7 @@ func TestFanOutPlanPassesOverAGoneOriginNode(t *testing.T) {
 	}
 	gone := "http://" + ln.Addr().String()
 	ln.Close() // nothing listens there now: connection refused
-	tok := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tok, []byte("secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	fetcher, err := p2p.NewFetcher(p2p.NewTokenFile(tok))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fetcher := testFetcher(t)
 	now := time.Now()
 	var o1, me k8ssync.ModelCacheNode
 	o1.Name, o1.Status.PeerAddress, o1.Status.Heartbeat = "o1", gone, metav1.NewTime(now.Add(-time.Minute))
@@ -263,4 +271,121 @@ func (discardPartial) Close() error                        { return nil }
 func (discardPartial) Abort()                              {}
 func (discardPartial) Commit(context.Context, int64, string) (string, error) {
 	return "", errors.New("discardPartial keeps nothing")
+}
+
+// TestPlanAsksTheOriginNodesFirst: however many nodes are downloading,
+// a waiting node asks the recorded origin nodes first, the blob's owner
+// before the other, and no more than MaxPeersAsked peers in all.
+func TestPlanAsksTheOriginNodesFirst(t *testing.T) {
+	now := time.Now()
+	var nodes []k8ssync.ModelCacheNode
+	add := func(name, phase string) {
+		var n k8ssync.ModelCacheNode
+		n.Name, n.Status.PeerAddress, n.Status.Heartbeat = name, "http://"+name+":7435", metav1.NewTime(now)
+		n.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: phase}}
+		nodes = append(nodes, n)
+	}
+	for i := range 40 {
+		add("d"+strconv.Itoa(i), "Downloading")
+	}
+	add("o1", "Downloading")
+	add("o2", "Pending")
+	add("me", "Pending")
+	pc := DefaultConfig()
+	pc.Wait = time.Hour
+	f := &Fleet{cfg: pc, cluster: true, self: "me", changed: make(chan struct{}), listed: map[string]time.Time{}}
+	f.SetNodes(nodes)
+	ds := api.Desire{Name: "llama", OriginNodes: []string{"o1", "o2"}}
+	for i := range 20 {
+		d := "sha256:b" + strconv.Itoa(i)
+		pl := f.Plan(ds, "r1", d, now, now)
+		owners := rendezvous("llama\x00"+d, []string{"o1", "o2"})
+		want := []string{"http://" + owners[0] + ":7435", "http://" + owners[1] + ":7435"}
+		if pl.Origin || len(pl.Peers) > MaxPeersAsked || !slices.Equal(pl.Peers[:2], want) {
+			t.Fatalf("blob %s: peers %v origin %v; want %v first (the owner, then the other origin node), at most %d, no origin", d, pl.Peers, pl.Origin, want, MaxPeersAsked)
+		}
+	}
+}
+
+// TestPlanPassesOverAnOriginNodeThatLied: an origin node whose bytes
+// failed the check (set aside for digest) loses its share to the other
+// origin nodes at once, as a gone one does; one that is only busy keeps
+// it.
+func TestPlanPassesOverAnOriginNodeThatLied(t *testing.T) {
+	fetcher := testFetcher(t)
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "60")
+		http.Error(w, "busy", http.StatusServiceUnavailable)
+	}))
+	defer busy.Close()
+	now := time.Now()
+	var o1 k8ssync.ModelCacheNode
+	o1.Name, o1.Status.PeerAddress, o1.Status.Heartbeat = "o1", busy.URL, metav1.NewTime(now)
+	pc := DefaultConfig()
+	pc.Wait = time.Hour
+	f := &Fleet{cfg: pc, cluster: true, self: "me", fetcher: fetcher, changed: make(chan struct{}), listed: map[string]time.Time{}}
+	f.SetNodes([]k8ssync.ModelCacheNode{o1})
+	ds := api.Desire{Name: "llama", OriginNodes: []string{"o1", "me"}}
+	var digest string // a blob o1 owns
+	for i := 0; digest == ""; i++ {
+		if d := "sha256:b" + strconv.Itoa(i); rendezvous("llama\x00"+d, ds.OriginNodes)[0] == "o1" {
+			digest = d
+		}
+	}
+	if pl := f.Plan(ds, "r1", digest, now, now); pl.Origin || !slices.Equal(pl.First, []string{"o1", "me"}) {
+		t.Fatalf("first %v origin %v: want o1's share left to o1", pl.First, pl.Origin)
+	}
+	blob := p2p.Blob{Digest: "sha256:1111111111111111111111111111111111111111111111111111111111111111", Size: 1}
+	if _, err := fetcher.Fetch(context.Background(), blob, []string{busy.URL}, discardPartial{}, nil); err == nil {
+		t.Fatal("a fetch from a busy peer succeeded")
+	}
+	if avoided, why := fetcher.Avoided(busy.URL); !avoided || why != p2p.AvoidBusy {
+		t.Fatalf("o1 avoided %v (%s), want busy", avoided, why)
+	}
+	if pl := f.Plan(ds, "r1", digest, now, now); pl.Origin || !slices.Equal(pl.First, []string{"o1", "me"}) {
+		t.Fatalf("o1 busy: first %v origin %v: want o1's share left to o1", pl.First, pl.Origin)
+	}
+	fetcher.Distrust(p2p.Result{Spans: []p2p.Span{{Source: busy.URL, Bytes: 1}}}, errors.New("digest mismatch"))
+	if pl := f.Plan(ds, "r1", digest, now, now); !pl.Origin || !slices.Equal(pl.First, []string{"me"}) {
+		t.Fatalf("first %v origin %v: o1's bytes failed the check, yet it keeps its share", pl.First, pl.Origin)
+	}
+}
+
+// TestPlanStaticFleetRanksItsOriginNodes: the nodes of a static fleet
+// that start a pull at once agree on who goes to the origin for each
+// blob (the first --origin-concurrency of the list by rendezvous hashing,
+// the blob's owner among them): one node, not all; the others ask it
+// first, and go to the origin themselves once Settle has passed.
+func TestPlanStaticFleetRanksItsOriginNodes(t *testing.T) {
+	tok := tokenFile(t)
+	list := []string{"http://10.0.0.1:7435", "http://10.0.0.2:7435", "http://10.0.0.3:7435", "http://10.0.0.4:7435"}
+	var fleet []*Fleet
+	for _, self := range list {
+		pc := DefaultConfig()
+		pc.Addr, pc.Advertise, pc.StaticTokenFile, pc.Peers = ":0", self, tok, list
+		pc.OriginConcurrency, pc.Settle = 1, time.Minute
+		f, err := New(pc, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fleet = append(fleet, f)
+	}
+	now := time.Now()
+	ds := api.Desire{Name: "llama"}
+	first := rendezvous("llama", list)[0]
+	for i := range 10 {
+		d := "sha256:b" + strconv.Itoa(i)
+		for _, f := range fleet {
+			pl := f.Plan(ds, "", d, now, now)
+			if pl.Origin != (f.Self() == first) {
+				t.Fatalf("blob %s, node %s: origin %v; want the origin for %s alone", d, f.Self(), pl.Origin, first)
+			}
+			if f.Self() != first && (len(pl.Peers) == 0 || pl.Peers[0] != first) {
+				t.Fatalf("blob %s, node %s: peers %v, want %s first", d, f.Self(), pl.Peers, first)
+			}
+			if !f.Plan(ds, "", d, now, now.Add(time.Minute)).Origin {
+				t.Fatalf("blob %s, node %s: no origin once Settle has passed", d, f.Self())
+			}
+		}
+	}
 }
