@@ -86,6 +86,10 @@ func dialUnix(ctx context.Context, sock string) (net.Conn, error) {
 type UnavailableError struct {
 	Socket string
 	Err    error
+	// Accepted says the daemon had answered the request (a stream had
+	// begun) before the connection was lost: a restart, not a daemon
+	// that was never reached.
+	Accepted bool
 }
 
 func (e *UnavailableError) Error() string {
@@ -187,10 +191,13 @@ func (c *Client) stream(ctx context.Context, method, path string, in any, fn fun
 			return last, nil
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return last, &UnavailableError{Socket: c.socket(), Err: err}
+	if ctx.Err() != nil {
+		return last, ctx.Err()
 	}
-	return last, &UnavailableError{Socket: c.socket(), Err: errors.New("stream ended before the artifact settled (daemon restarted?)")}
+	if err := sc.Err(); err != nil {
+		return last, &UnavailableError{Socket: c.socket(), Err: err, Accepted: true}
+	}
+	return last, &UnavailableError{Socket: c.socket(), Err: errors.New("the stream ended before the artifact settled (modelcached stopped or restarted)"), Accepted: true}
 }
 
 // Health returns nil when the daemon serves.

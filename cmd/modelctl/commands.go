@@ -125,7 +125,9 @@ func pullCommand() *cli.Command {
 				return output(c, a, func(w io.Writer) { fmt.Fprintf(w, "%s: %s\n", a.Name, a.Phase) })
 			}
 			p := newProgress(c.App.ErrWriter)
-			a, err := client(c).Pull(c.Context, req, true, p.event)
+			// A daemon that restarts once it took the desire resumes the
+			// pull: follow it when it is back.
+			a, err := client(c).PullFollow(c.Context, req, p.event, p.outage("(the pull resumes; Ctrl-C detaches)"))
 			p.finish()
 			if err != nil && c.Context.Err() != nil && a != nil {
 				// Interrupted once the daemon took the desire: it pulls on.
@@ -204,16 +206,42 @@ func waitCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			name := c.Args().First()
 			cl := client(c)
+			timeout := c.Generic("timeout").(*cliutil.Duration).D
+			until := "(no --timeout: until it does)"
+			if timeout > 0 {
+				until = "until --timeout " + timeout.String() + " passes"
+			}
+			p := newProgress(c.App.ErrWriter)
+			defer p.finish()
+			start := time.Now()
 			if !c.Bool("for-create") {
-				if _, err := cl.Get(c.Context, name); errors.Is(err, api.ErrNotFound) {
+				// A daemon that is not up yet (a node booting, a DaemonSet
+				// rollout) is waited for like one that restarts.
+				_, err := cl.Get(c.Context, name)
+				if api.Lost(err) {
+					var ua *api.UnavailableError
+					errors.As(err, &ua)
+					o := p.outage(until)
+					o.Lost(err, false)
+					err = cl.AwaitDaemon(c.Context, timeout)
+					if err == nil {
+						o.Back(time.Since(start))
+						_, err = cl.Get(c.Context, name)
+					} else if api.Lost(err) {
+						return fmt.Errorf("%s: modelcached did not answer within --timeout %s\n  %s", name, timeout, unreachable(ua))
+					}
+				}
+				if errors.Is(err, api.ErrNotFound) {
 					return fmt.Errorf("%s: nothing desires it and the cache does not hold it\n"+
 						"  Pull it ('modelctl pull URI --name %s'), or wait for a models.d file or ModelCache to ask for it with --for-create.", name, name)
 				} else if err != nil {
 					return err
 				}
 			}
-			p := newProgress(c.App.ErrWriter)
-			a, err := cl.Wait(c.Context, name, c.Generic("timeout").(*cliutil.Duration).D, p.event)
+			if timeout > 0 {
+				timeout = max(time.Millisecond, timeout-time.Since(start))
+			}
+			a, err := cl.WaitFollow(c.Context, name, timeout, p.event, p.outage(until))
 			p.finish()
 			if err != nil {
 				return err
