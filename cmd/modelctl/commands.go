@@ -136,11 +136,30 @@ func pullCommand() *cli.Command {
 			if err != nil {
 				return pullFailed(req.Name, a, err)
 			}
-			return output(c, a, func(w io.Writer) {
-				fmt.Fprintf(w, "%s: Ready at %s (revision %s, %s)\n", a.Name, a.Path, short(a.Revision), api.FormatBytes(a.Bytes))
-			})
+			return output(c, a, func(w io.Writer) { pulledText(w, a) })
 		},
 	}
+}
+
+// pulledText is a pull's last word: Ready where, or already Ready with
+// nothing read, and what was evicted to make room for it.
+func pulledText(w io.Writer, a *api.Artifact) {
+	l := a.LastPull
+	if l != nil && l.Unchanged {
+		fmt.Fprintf(w, "%s: already Ready at %s (revision %s, %s): the source is unchanged; nothing was read or fetched\n", a.Name, a.Path, short(a.Revision), api.FormatBytes(a.Bytes))
+	} else {
+		fmt.Fprintf(w, "%s: Ready at %s (revision %s, %s)\n", a.Name, a.Path, short(a.Revision), api.FormatBytes(a.Bytes))
+	}
+	if l == nil || len(l.Evicted) == 0 {
+		return
+	}
+	var parts []string
+	var freed int64
+	for _, v := range l.Evicted {
+		parts = append(parts, fmt.Sprintf("%s@%s (%s)", v.Name, short(v.Revision), api.FormatBytes(v.Bytes)))
+		freed += v.Bytes
+	}
+	fmt.Fprintf(w, "  To make room it evicted %s of ad-hoc entries: %s ('modelctl list' shows them Evicted; a model pulled with --keep or --pin is never evicted for another pull).\n", api.FormatBytes(freed), strings.Join(parts, ", "))
 }
 
 func manCommand() *cli.Command {

@@ -64,3 +64,19 @@ func fakeDaemon(t *testing.T, h http.HandlerFunc) string {
 	t.Cleanup(func() { srv.Close() })
 	return sock
 }
+
+// TestPulledText: a pull says when nothing changed, and what it evicted.
+func TestPulledText(t *testing.T) {
+	var b strings.Builder
+	pulledText(&b, &api.Artifact{Name: "m", Path: "/c/models/m/current", Revision: "0123456789abcdef", Bytes: 1 << 20,
+		LastPull: &api.PullStats{Unchanged: true}})
+	if !strings.Contains(b.String(), "m: already Ready at /c/models/m/current") || !strings.Contains(b.String(), "nothing was read") {
+		t.Fatalf("unchanged: %q", b.String())
+	}
+	b.Reset()
+	pulledText(&b, &api.Artifact{Name: "w40", Path: "/c/models/w40/current", Revision: "aaaaaaaaaaaaaaaa", Bytes: 40 << 20,
+		LastPull: &api.PullStats{Evicted: []api.EvictedVersion{{Name: "big2", Revision: "bbbbbbbbbbbbbbbb", Bytes: 2 << 30}}}})
+	if !strings.Contains(b.String(), "w40: Ready at") || !strings.Contains(b.String(), "evicted 2.0 GiB of ad-hoc entries: big2@bbbbbbbbbbbb (2.0 GiB)") {
+		t.Fatalf("evicted: %q", b.String())
+	}
+}
