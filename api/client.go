@@ -303,6 +303,20 @@ func (c *Client) Pull(ctx context.Context, req PullRequest, wait bool, fn func(E
 	return c.stream(ctx, "POST", "/v1/pull?wait=true", req, fn)
 }
 
+// Retry pulls the Failed desire of name again now, whatever its origin
+// (a pull, a models.d file, a ModelCache). Without wait it returns at once;
+// with wait it streams progress to fn until that pull ends, as Pull.
+// CodeConflict when the artifact is not Failed, CodeNotFound when nothing
+// desires it.
+func (c *Client) Retry(ctx context.Context, name string, wait bool, fn func(Event)) (*Artifact, error) {
+	path := "/v1/artifacts/" + url.PathEscape(name) + "/retry"
+	if !wait {
+		var a Artifact
+		return &a, c.call(ctx, "POST", path, nil, &a)
+	}
+	return c.stream(ctx, "POST", path+"?wait=true", nil, fn)
+}
+
 // Wait streams progress until name is Ready or Failed, or timeout passes
 // (0: no limit; the daemon answers CodeTimeout).
 func (c *Client) Wait(ctx context.Context, name string, timeout time.Duration, fn func(Event)) (*Artifact, error) {

@@ -91,6 +91,18 @@ func (c *Client) WaitFollow(ctx context.Context, name string, timeout time.Durat
 // that cannot be reached before it took the request is an error, as Pull.
 func (c *Client) PullFollow(ctx context.Context, req PullRequest, fn func(Event), o Outage) (*Artifact, error) {
 	a, err := c.Pull(ctx, req, true, fn)
+	return c.rideOut(ctx, req.Name, a, err, fn, o)
+}
+
+// RetryFollow is Retry with wait that rides out the daemon going away
+// once it took the retry, as PullFollow does.
+func (c *Client) RetryFollow(ctx context.Context, name string, fn func(Event), o Outage) (*Artifact, error) {
+	a, err := c.Retry(ctx, name, true, fn)
+	return c.rideOut(ctx, name, a, err, fn, o)
+}
+
+// rideOut follows name once a stream the daemon had accepted was lost.
+func (c *Client) rideOut(ctx context.Context, name string, a *Artifact, err error, fn func(Event), o Outage) (*Artifact, error) {
 	var ue *UnavailableError
 	if !errors.As(err, &ue) || !ue.Accepted {
 		return a, err
@@ -98,7 +110,7 @@ func (c *Client) PullFollow(ctx context.Context, req PullRequest, fn func(Event)
 	if o.Lost != nil {
 		o.Lost(err, true)
 	}
-	b, err := c.follow(ctx, req.Name, time.Time{}, 0, true, fn, o)
+	b, err := c.follow(ctx, name, time.Time{}, 0, true, fn, o)
 	if b == nil {
 		b = a
 	}

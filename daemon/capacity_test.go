@@ -258,7 +258,7 @@ func TestRePullCountsOnlyWhatTheStoreLacks(t *testing.T) {
 	cfg.Capacity = capacity.Policy{QuotaBytes: 3 << 20, HighPercent: 85, LowPercent: 80}
 	h := start(t, cfg)
 	src := t.TempDir()
-	os.WriteFile(filepath.Join(src, "big.bin"), data(3<<19, 70), 0o644)   // 1.5 MiB
+	os.WriteFile(filepath.Join(src, "big.bin"), data(3<<19, 70), 0o644)     // 1.5 MiB
 	os.WriteFile(filepath.Join(src, "small.bin"), data(200<<10, 71), 0o644) // 200 KiB
 	req := api.PullRequest{Name: "m", URI: "file://" + src, Pin: true}
 	first, err := h.pull(req)

@@ -270,6 +270,42 @@ func waitCommand() *cli.Command {
 	}
 }
 
+func retryCommand() *cli.Command {
+	return &cli.Command{
+		Name: "retry", Usage: "pull a Failed artifact again now, whatever declared it (pull, models.d file, ModelCache)", ArgsUsage: "NAME",
+		Description: "A Failed artifact is retried with backoff, or, after a failure the same desire cannot fix (a source\n" +
+			"that does not exist or refuses access), not until its desire changes. Once the cause is fixed elsewhere\n" +
+			"(a permission, a token, a file put in place), retry pulls it again now, its source resolved anew.\n" +
+			"Touching a models.d file (touch FILE) retries that file's Failed artifacts too.",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "no-wait", Usage: "return once the retry is queued"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return usagef("retry takes exactly one NAME (got %d)", c.NArg())
+			}
+			name := c.Args().First()
+			if c.Bool("no-wait") {
+				a, err := client(c).Retry(c.Context, name, false, nil)
+				if err != nil {
+					return err
+				}
+				return output(c, a, func(w io.Writer) { fmt.Fprintf(w, "%s: retrying\n", a.Name) })
+			}
+			p := newProgress(c.App.ErrWriter)
+			a, err := client(c).RetryFollow(c.Context, name, p.event, p.outage("(the pull resumes; Ctrl-C detaches)"))
+			p.finish()
+			if err != nil && c.Context.Err() != nil && a != nil {
+				return detachedError{fmt.Sprintf("detached; the pull continues — `modelctl wait %s` to follow", name)}
+			}
+			if err != nil {
+				return pullFailed(name, a, err)
+			}
+			return output(c, a, func(w io.Writer) { pulledText(w, a) })
+		},
+	}
+}
+
 func evictCommand() *cli.Command {
 	return &cli.Command{
 		Name: "evict", Aliases: []string{"rm", "delete"}, Usage: "remove artifacts (or one revision) and their desires, then free unused blobs", ArgsUsage: "[NAME...]",

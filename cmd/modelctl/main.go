@@ -239,6 +239,7 @@ func commands() []*cli.Command {
 		gpuCommand(),
 		envCommand(),
 		waitCommand(),
+		retryCommand(),
 		pinCommand("pin", "protect an artifact's current version from eviction", true),
 		pinCommand("unpin", "let an artifact's current version be evicted again", false),
 		evictCommand(),

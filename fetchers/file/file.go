@@ -236,7 +236,7 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 		return nil
 	})
 	if err != nil {
-		return nil, fetchers.Permanent(err)
+		return nil, fetchers.Permanent(withRefusal(err, src.As))
 	}
 	if len(res.Files) == 0 {
 		return nil, fetchers.Permanent(fmt.Errorf("source %q: %w: the directory holds no files", src.URI, fetchers.ErrNotFound))
@@ -297,7 +297,7 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 		return nil
 	})
 	if err != nil {
-		return nil, fetchers.Permanent(err)
+		return nil, fetchers.Permanent(withRefusal(err, l.as))
 	}
 	if offset > 0 {
 		if _, err := fh.Seek(offset, io.SeekStart); err != nil {
