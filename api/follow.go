@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"syscall"
 	"time"
 )
 
@@ -20,10 +21,12 @@ type Outage struct {
 }
 
 // Lost reports whether err says the daemon could not be reached or the
-// connection to it closed (an *UnavailableError), as opposed to an answer.
+// connection to it closed (an *UnavailableError), as opposed to an answer
+// or a socket this user may not open (EACCES, EPERM: waiting cannot fix
+// that).
 func Lost(err error) bool {
 	var ue *UnavailableError
-	return errors.As(err, &ue)
+	return errors.As(err, &ue) && !errors.Is(ue.Err, syscall.EACCES) && !errors.Is(ue.Err, syscall.EPERM)
 }
 
 // reconnectPause is the longest pause between tries to reach a daemon
@@ -48,8 +51,12 @@ func (c *Client) awaitDaemon(ctx context.Context, deadline time.Time) error {
 	pause := 50 * time.Millisecond
 	for {
 		err := c.Health(ctx)
-		if err == nil || !Lost(err) {
+		var ue *UnavailableError
+		if err == nil || !errors.As(err, &ue) {
 			return ctx.Err() // an answer, even an error, means it is back
+		}
+		if !Lost(err) {
+			return err // a socket this user may not open
 		}
 		wait := pause
 		if !deadline.IsZero() {
@@ -124,7 +131,7 @@ func (c *Client) follow(ctx context.Context, name string, deadline time.Time, ti
 		if lost {
 			since := time.Now()
 			if err := c.awaitDaemon(ctx, deadline); err != nil {
-				if ctx.Err() != nil {
+				if ctx.Err() != nil || !Lost(err) {
 					return last, err
 				}
 				return last, Errorf(CodeTimeout, "%s: not settled after %s: modelcached has not answered for the last %s (%v)",
@@ -150,7 +157,7 @@ func (c *Client) follow(ctx context.Context, name string, deadline time.Time, ti
 			last = a
 		}
 		var ue *UnavailableError
-		if !errors.As(err, &ue) || ctx.Err() != nil {
+		if !Lost(err) || !errors.As(err, &ue) || ctx.Err() != nil {
 			if errors.Is(err, ErrTimeout) && last != nil && lost {
 				// The daemon counted only the time since it came back.
 				err = Errorf(CodeTimeout, "artifact %s is still %s after %s (modelcached restarted meanwhile)", name, last.Phase, timeout)

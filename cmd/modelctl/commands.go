@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -117,6 +119,7 @@ func pullCommand() *cli.Command {
 			default:
 				return usagef("pull: --kind %q: use model or kernelcache", c.String("kind"))
 			}
+			credentialNote(c, req.URI)
 			if c.Bool("no-wait") {
 				a, err := client(c).Pull(c.Context, req, false, nil)
 				if err != nil {
@@ -139,6 +142,51 @@ func pullCommand() *cli.Command {
 			return output(c, a, func(w io.Writer) { pulledText(w, a) })
 		},
 	}
+}
+
+// userCredentials are the variables of the user's environment that
+// name credentials for a scheme, and the name the daemon's status gives
+// its own (api.Status.Credentials).
+var userCredentials = map[string]struct {
+	vars   []string
+	daemon string
+}{
+	"hf":  {[]string{"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}, "HF_TOKEN"},
+	"ngc": {[]string{"NGC_API_KEY", "NGC_CLI_API_KEY"}, "NGC_API_KEY"},
+	"s3":  {[]string{"AWS_ACCESS_KEY_ID", "AWS_PROFILE"}, "AWS_ACCESS_KEY_ID"},
+}
+
+// credentialNote warns, before a pull, that a credential in the user's
+// own environment does not reach the daemon: credentials are the
+// daemon's (its environment, a models.d credentialsFile, a ModelCache's
+// secretRef), and whether the daemon has one of its own.
+func credentialNote(c *cli.Context, uri string) {
+	scheme, _, ok := strings.Cut(uri, "://")
+	uc, known := userCredentials[scheme]
+	if !ok || !known {
+		return
+	}
+	var set []string
+	for _, v := range uc.vars {
+		if os.Getenv(v) != "" {
+			set = append(set, v)
+		}
+	}
+	if len(set) == 0 {
+		return
+	}
+	has := false
+	if st, err := client(c).Status(c.Context); err == nil {
+		has = slices.Contains(st.Credentials, uc.daemon)
+	}
+	w := c.App.ErrWriter
+	if has {
+		fmt.Fprintf(w, "modelctl: note: %s in your environment is not used: modelctl sends no credentials; modelcached fetches %s:// with its own %s.\n", strings.Join(set, ", "), scheme, uc.daemon)
+		return
+	}
+	fmt.Fprintf(w, "modelctl: warning: %s is set in your environment, but modelcached does not see it (modelctl sends no credentials), and the daemon has no %s of its own.\n"+
+		"  Give the daemon the credential: its environment ('sudo systemctl edit modelcached': Environment=%s=…), a models.d entry's credentialsFile, or a ModelCache's secretRef (docs/operator.md, Credentials).\n",
+		strings.Join(set, ", "), uc.daemon, uc.daemon)
 }
 
 // pulledText is a pull's last word: Ready where, or already Ready with

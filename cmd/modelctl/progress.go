@@ -75,8 +75,8 @@ func (p *progress) resize() {
 
 func (p *progress) event(ev api.Event) {
 	a := ev.Artifact
-	if a == nil {
-		return
+	if a == nil || ev.Error != nil {
+		return // the error is the command's to report, not a phase to show
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

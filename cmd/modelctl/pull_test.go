@@ -27,8 +27,13 @@ func TestPullFailureSaysTheDesireStays(t *testing.T) {
 		{"retried", api.Artifact{Name: "typo", Phase: api.PhaseFailed, Reason: api.ReasonPullFailed, NextRetry: &next},
 			[]string{"desire for typo stays", "retries it with backoff", "modelctl evict typo"}},
 		// A new name whose first pull failed for good: the daemon kept nothing.
-		{"dropped", api.Artifact{Name: "typo", Phase: api.PhasePending, Message: "not desired yet"},
-			[]string{"pull of typo failed", "Fix the URI and pull again", "--keep keeps the desire"}},
+		{"dropped", api.Artifact{Name: "typo", Phase: api.PhasePending, Message: "not desired yet", Reason: api.ReasonSourceNotFound},
+			[]string{"pull of typo failed", "Fix the URI (or create what it names), and pull again", "--keep keeps the desire"}},
+		// The remedy follows the failure's kind and the desire's origin.
+		{"access", api.Artifact{Name: "typo", Phase: api.PhaseFailed, Reason: api.ReasonAccessDenied, Desire: &api.Desire{Origin: "file:/etc/modelcached/models.d/typo.yaml"}},
+			[]string{"credentials are the daemon's, not modelctl's", "then 'modelctl retry typo'", "removing it from /etc/modelcached/models.d/typo.yaml"}},
+		{"capacity", api.Artifact{Name: "typo", Phase: api.PhaseFailed, Reason: api.ReasonInsufficientCapacity, NextRetry: &next},
+			[]string{"Make room", "'modelctl retry typo' tries now"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sock := fakeDaemon(t, func(w http.ResponseWriter, r *http.Request) {
@@ -43,6 +48,9 @@ func TestPullFailureSaysTheDesireStays(t *testing.T) {
 				if !strings.Contains(stderr.String(), w) {
 					t.Errorf("stderr lacks %q:\n%s", w, stderr.String())
 				}
+			}
+			if tc.art.Reason != api.ReasonSourceNotFound && strings.Contains(stderr.String(), "Fix the URI") {
+				t.Errorf("a %s failure is told to fix the URI:\n%s", tc.art.Reason, stderr.String())
 			}
 			if tc.art.Phase != api.PhaseFailed && strings.Contains(stderr.String(), "stays") {
 				t.Errorf("nothing was kept, yet stderr says the desire stays:\n%s", stderr.String())

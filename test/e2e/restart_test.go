@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -148,5 +151,36 @@ func TestWaitAndPullRideOutRestart(t *testing.T) {
 	r := e.ctl(nil, "wait", "big", "--timeout", "2s")
 	if r.code != 1 || !strings.Contains(r.stderr, "did not answer within --timeout 2s") {
 		t.Fatalf("wait with the daemon away past its timeout: exit %d\n%s", r.code, r.stderr)
+	}
+}
+
+// TestCredentialsAreTheDaemons: HF_TOKEN in modelctl's environment does
+// not reach the daemon; modelctl warns so before the pull, and the
+// daemon's refusal says where the daemon reads its token.
+func TestCredentialsAreTheDaemons(t *testing.T) {
+	hub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Error-Code", "GatedRepo")
+		http.Error(w, "gated", http.StatusUnauthorized)
+	}))
+	t.Cleanup(hub.Close)
+	e := newEnv(t)
+	e.start("HF_ENDPOINT="+hub.URL, "HF_TOKEN=", "HF_HOME="+e.dir)
+	cmd := exec.Command(filepath.Join(binDir, "modelctl"), "--socket", e.socket, "pull", "hf://acme/gated", "--name", "gated")
+	cmd.Env = append(os.Environ(), "HF_TOKEN=hf_users_own_token")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("pull of a gated repo: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"warning: HF_TOKEN is set in your environment, but modelcached does not see it",
+		"modelcached has no Hugging Face token: the daemon reads HF_TOKEN from its own environment, not modelctl's",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "hf_users_own_token") {
+		t.Fatalf("the user's token was printed:\n%s", out)
 	}
 }
