@@ -95,6 +95,7 @@ func TestModelsDirBadKeys(t *testing.T) {
 	}{
 		{"typo.yaml", "name: m\nuir: file:///x\n", []string{`line 2: unknown key "uir" (did you mean "uri"?); a model's keys are: ` + strings.Join(modelsKeys(reflect.TypeFor[modelsFile]()), ", ")}},
 		{"list.yaml", "models:\n- name: a\n  uri: file:///a\n  pinn: true\n", []string{`line 4: unknown key "pinn" (did you mean "pin"?)`}},
+		{"pinned.yaml", "name: m\nuri: file:///x\npinned: true\n", []string{`line 3: unknown key "pinned" (did you mean "pin"?)`}},
 		{"kc.yaml", "name: m\nuri: file:///x\nkernelCaches:\n- uri: oci://r/k:1\n  signatur:\n    polcy: off\n",
 			[]string{`line 5: unknown key "signatur" (did you mean "signature"?); a kernel cache's keys are: name, uri, signature`}},
 		{"sig.yaml", "name: m\nuri: oci://r/k:1\nkind: kernelcache\nsignature:\n  polcy: off\n",

@@ -195,6 +195,9 @@ func (p *pull) resolve(ctx context.Context) error {
 		p.setPhase(api.PhaseDownloading, fmt.Sprintf("resolving %s: attempt %d failed (%v); retrying in %s", p.src.redacted, n, redactedError{err}, wait.Round(time.Second)))
 	})
 	if err != nil {
+		if strings.Contains(err.Error(), ds.URI) || strings.Contains(err.Error(), p.src.redacted) {
+			return fmt.Errorf("resolve: %w", err) // the fetcher named the source already
+		}
 		return fmt.Errorf("resolve %s: %w", ds.URI, err)
 	}
 	if ds.Revision != "" && p.res.Revision != ds.Revision {

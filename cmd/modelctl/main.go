@@ -229,7 +229,11 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 					return usagef("-o name: only list prints names; want table, wide, json or yaml")
 				}
 			default:
-				return usagef("-o %q: want table, wide, json, yaml or name (list)", c.String("output"))
+				hint := ""
+				if s := cliutil.Suggest([]string{"table", "wide", "json", "yaml", "name"}, c.String("output")); s != "" {
+					hint = fmt.Sprintf(" (did you mean -o %s?)", s)
+				}
+				return usagef("-o %q%s: want table, wide, json, yaml or name (list)", c.String("output"), hint)
 			}
 			c.App.Metadata["socket"] = c.String("socket")
 			return nil
@@ -364,12 +368,13 @@ func short(rev string) string {
 }
 
 func progressText(p *api.Progress) string {
-	s := fmt.Sprintf("%d/%d files, %s", p.FilesDone, p.FilesTotal, api.FormatBytes(p.BytesDone))
+	have := p.BytesDone + p.BytesSkipped // the amount and the percentage count the same bytes
+	s := fmt.Sprintf("%d/%d files, %s", p.FilesDone, p.FilesTotal, api.FormatBytes(have))
 	if p.BytesTotal > 0 {
-		s += fmt.Sprintf(" of %s (%.0f%%)", api.FormatBytes(p.BytesTotal), 100*float64(p.BytesDone+p.BytesSkipped)/float64(p.BytesTotal))
+		s += fmt.Sprintf(" of %s (%.0f%%)", api.FormatBytes(p.BytesTotal), 100*float64(have)/float64(p.BytesTotal))
 	}
 	if p.BytesSkipped > 0 {
-		s += fmt.Sprintf(", %s already cached", api.FormatBytes(p.BytesSkipped))
+		s += fmt.Sprintf(", %s of it already cached", api.FormatBytes(p.BytesSkipped))
 	}
 	return s + fmt.Sprintf(", %s/s", api.FormatBytes(int64(p.BytesPerSecond)))
 }

@@ -199,7 +199,9 @@ func statusLine(a *api.Artifact, width int, now time.Time) string {
 	}
 	rate := api.FormatBytes(int64(pr.BytesPerSecond)) + "/s"
 	eta := "ETA --"
-	if pr.BytesPerSecond > 0 {
+	// The rate of the first seconds says little (a connection's slow
+	// start, a file that was cached): no ETA before etaAfter.
+	if pr.BytesPerSecond > 0 && (pr.Started.IsZero() || now.Sub(pr.Started) >= etaAfter) {
 		eta = "ETA " + humanDuration(time.Duration(float64(pr.BytesTotal-have)/pr.BytesPerSecond*float64(time.Second)))
 	}
 	if width <= 0 { // a log, not a terminal: words, no bar
@@ -208,6 +210,9 @@ func statusLine(a *api.Artifact, width int, now time.Time) string {
 	// As the width shrinks the sizes go first, then the ETA, then the rate.
 	return barLine(a.Name, frac, width, pct, []string{size, rate, eta}, []string{rate, eta}, []string{eta})
 }
+
+// etaAfter is how long a download runs before its bar shows an ETA.
+const etaAfter = 2 * time.Second
 
 // doneLine is the bar of a finished pull: 100 %, the size, the time and
 // the mean rate.

@@ -44,7 +44,7 @@ type Fetcher struct {
 	// is no token).
 	tokenFile string
 	client    *nethttp.Client
-	get      *httpfetcher.Fetcher
+	get       *httpfetcher.Fetcher
 }
 
 type options struct {
