@@ -189,6 +189,20 @@ func credentialNote(c *cli.Context, uri string) {
 		strings.Join(set, ", "), uc.daemon, uc.daemon)
 }
 
+// capacityText is the capacity policy as status shows it: the quota, the
+// watermarks and what pulls in flight reserve.
+func capacityText(s *api.Status) string {
+	quota := "no quota"
+	if s.QuotaBytes > 0 {
+		quota = "quota " + api.FormatBytes(s.QuotaBytes)
+	}
+	t := fmt.Sprintf("capacity: %s, watermarks %d%% (eviction starts) and %d%% (it stops), %s reserved by pulls in flight", quota, s.HighWatermark, s.LowWatermark, api.FormatBytes(s.ReservedBytes))
+	if s.DiskPressure {
+		t += "; under disk pressure now"
+	}
+	return t
+}
+
 // pulledText is a pull's last word: Ready where, or already Ready with
 // nothing read, and what was evicted to make room for it.
 func pulledText(w io.Writer, a *api.Artifact) {
@@ -566,6 +580,10 @@ func statusCommand() *cli.Command {
 				fmt.Fprintf(w, "modelcached %s, up %s\nroot %s, socket %s, models dir %s, direct I/O %v\n", s.Version, time.Since(s.Started).Round(time.Second), s.Root, s.Socket, s.ModelsDir, s.DirectIO)
 				fmt.Fprintf(w, "artifacts: %d ready, %d downloading, %d pending, %d failed\n", s.Phases[api.PhaseReady], s.Phases[api.PhaseDownloading], s.Phases[api.PhasePending], s.Phases[api.PhaseFailed])
 				fmt.Fprintf(w, "store %s; filesystem %s free\n", api.FormatBytes(s.StoreBytes), api.FormatBytes(s.FSFreeBytes))
+				fmt.Fprintln(w, capacityText(s))
+				if len(s.Credentials) > 0 {
+					fmt.Fprintf(w, "credentials of the daemon's own: %s\n", strings.Join(s.Credentials, ", "))
+				}
 				if s.DiskPressure {
 					fmt.Fprintln(w, "disk pressure: over the quota or above the high watermark")
 				}

@@ -88,3 +88,21 @@ func TestPulledText(t *testing.T) {
 		t.Fatalf("evicted: %q", b.String())
 	}
 }
+
+// TestStatusShowsTheCapacityPolicy: status's table says the policy in
+// force (packaging/deb/config.yaml sends operators there) and the
+// daemon's own credentials by name.
+func TestStatusShowsTheCapacityPolicy(t *testing.T) {
+	sock := fakeDaemon(t, func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(api.Status{Version: "v", QuotaBytes: 500 << 30, HighWatermark: 85, LowWatermark: 80, Credentials: []string{"HF_TOKEN"}, Phases: map[api.Phase]int{}})
+	})
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"modelctl", "--socket", sock, "status"}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("status: exit %d\n%s", code, stderr.String())
+	}
+	for _, want := range []string{"capacity: quota 500.0 GiB, watermarks 85% (eviction starts) and 80% (it stops)", "credentials of the daemon's own: HF_TOKEN"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, stdout.String())
+		}
+	}
+}
