@@ -132,14 +132,7 @@ func pullCommand() *cli.Command {
 			// pull: follow it when it is back.
 			a, err := client(c).PullFollow(c.Context, req, p.event, p.outage("(the pull resumes; Ctrl-C detaches)"))
 			p.finish()
-			if err != nil && c.Context.Err() != nil && a != nil {
-				// Interrupted once the daemon took the desire: it pulls on.
-				return detachedError{fmt.Sprintf("detached; the pull continues — `modelctl wait %s` to follow, `modelctl evict %s` to cancel", req.Name, req.Name)}
-			}
-			if err != nil {
-				return pullFailed(req.Name, a, err)
-			}
-			return output(c, a, func(w io.Writer) { pulledText(w, a) })
+			return pulled(c, req.Name, a, err)
 		},
 	}
 }
@@ -201,6 +194,19 @@ func capacityText(s *api.Status) string {
 		t += "; under disk pressure now"
 	}
 	return t
+}
+
+// pulled ends a pull or a retry that was followed: detached when
+// interrupted once the daemon took it (it pulls on), the failure with its
+// remedy, or the Ready line.
+func pulled(c *cli.Context, name string, a *api.Artifact, err error) error {
+	if err != nil && c.Context.Err() != nil && a != nil {
+		return detachedError{fmt.Sprintf("detached; the pull continues — `modelctl wait %s` to follow, `modelctl evict %s` to cancel", name, name)}
+	}
+	if err != nil {
+		return pullFailed(name, a, err)
+	}
+	return output(c, a, func(w io.Writer) { pulledText(w, a) })
 }
 
 // pulledText is a pull's last word: Ready where, or already Ready with
@@ -357,13 +363,7 @@ func retryCommand() *cli.Command {
 			p := newProgress(c.App.ErrWriter)
 			a, err := client(c).RetryFollow(c.Context, name, p.event, p.outage("(the pull resumes; Ctrl-C detaches)"))
 			p.finish()
-			if err != nil && c.Context.Err() != nil && a != nil {
-				return detachedError{fmt.Sprintf("detached; the pull continues — `modelctl wait %s` to follow", name)}
-			}
-			if err != nil {
-				return pullFailed(name, a, err)
-			}
-			return output(c, a, func(w io.Writer) { pulledText(w, a) })
+			return pulled(c, name, a, err)
 		},
 	}
 }
