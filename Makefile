@@ -5,7 +5,7 @@ LDFLAGS  := -s -w -X main.version=$(VERSION)
 ROOT     ?= ./.modelcache
 BIN      := bin
 
-.PHONY: build run test test-short bench bench-store bench-peer bench-daemon bench-fanout bench-pull fmt vet clean deb fuzz image bundle
+.PHONY: build run test test-short bench bench-store bench-peer bench-daemon bench-fanout bench-pull fmt vet clean deb fuzz image bundle need-image
 
 # Debian's versions must start with a digit: 0.1.0~git<commit> unless tagged.
 DEB_VERSION ?= $(shell v=$$(git describe --tags --exact-match 2>/dev/null | sed 's/^v//'); [ -n "$$v" ] && echo $$v || echo 0.1.0~git$$(git rev-parse --short HEAD 2>/dev/null || echo 0))
@@ -96,18 +96,23 @@ deb: build
 # The daemon image without a container engine (internal/mkimage, with
 # go-containerregistry): both binaries on a glibc base of this Debian host's
 # libc6 files, as an OCI image archive (docs/install.md: Install on a cluster).
-IMAGE     ?= ghcr.io/modelcache/modelcached:$(VERSION)
+# IMAGE is a required value: the reference your nodes pull, which make
+# bundle puts in the DaemonSet (make image bundle IMAGE=registry.example.com/modelcached:v1).
 IMAGE_TAR ?= $(BIN)/modelcached.oci.tar
-image: build
+need-image:
+	@[ -n "$(IMAGE)" ] || { echo "make: IMAGE is a required value: the reference your nodes pull the daemon from, e.g. make image bundle IMAGE=registry.example.com/modelcached:v1 (docs/install.md, Install on a cluster)" >&2; exit 2; }
+image: need-image build
 	$(GO) run ./internal/mkimage -out $(IMAGE_TAR) -ref $(IMAGE) -base "$$(dpkg -L libc6)" $(BIN)/modelcached $(BIN)/modelctl
 
-# The DaemonSet bundle (deploy/daemonset, kustomize) running the image
-# make image builds (the same IMAGE), for kubectl apply -f; the bundle
-# itself names a placeholder tag this repository never builds.
+# The DaemonSet bundle (deploy/daemonset, kustomize) and its examples,
+# running the image make image built (the same IMAGE), for kubectl apply -f:
+# kubectl apply -k deploy/daemonset refuses to render without it.
 BUNDLE ?= $(BIN)/modelcache.yaml
-bundle:
+EXAMPLES ?= $(BIN)/modelcache-examples.yaml
+bundle: need-image
 	mkdir -p $(BIN)
 	$(GO) run ./internal/mkbundle -image $(IMAGE) -out $(BUNDLE) deploy/daemonset
+	$(GO) run ./internal/mkbundle -image $(IMAGE) -out $(EXAMPLES) deploy/daemonset/examples
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

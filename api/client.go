@@ -86,6 +86,10 @@ func dialUnix(ctx context.Context, sock string) (net.Conn, error) {
 type UnavailableError struct {
 	Socket string
 	Err    error
+	// Accepted says the daemon had answered the request (a stream had
+	// begun) before the connection was lost: a restart, not a daemon
+	// that was never reached.
+	Accepted bool
 }
 
 func (e *UnavailableError) Error() string {
@@ -187,10 +191,13 @@ func (c *Client) stream(ctx context.Context, method, path string, in any, fn fun
 			return last, nil
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return last, &UnavailableError{Socket: c.socket(), Err: err}
+	if ctx.Err() != nil {
+		return last, ctx.Err()
 	}
-	return last, &UnavailableError{Socket: c.socket(), Err: errors.New("stream ended before the artifact settled (daemon restarted?)")}
+	if err := sc.Err(); err != nil {
+		return last, &UnavailableError{Socket: c.socket(), Err: err, Accepted: true}
+	}
+	return last, &UnavailableError{Socket: c.socket(), Err: errors.New("the stream ended before the artifact settled (modelcached stopped or restarted)"), Accepted: true}
 }
 
 // Health returns nil when the daemon serves.
@@ -294,6 +301,20 @@ func (c *Client) Pull(ctx context.Context, req PullRequest, wait bool, fn func(E
 		return &a, c.call(ctx, "POST", "/v1/pull", req, &a)
 	}
 	return c.stream(ctx, "POST", "/v1/pull?wait=true", req, fn)
+}
+
+// Retry pulls the Failed desire of name again now, whatever its origin
+// (a pull, a models.d file, a ModelCache). Without wait it returns at once;
+// with wait it streams progress to fn until that pull ends, as Pull.
+// CodeConflict when the artifact is not Failed, CodeNotFound when nothing
+// desires it.
+func (c *Client) Retry(ctx context.Context, name string, wait bool, fn func(Event)) (*Artifact, error) {
+	path := "/v1/artifacts/" + url.PathEscape(name) + "/retry"
+	if !wait {
+		var a Artifact
+		return &a, c.call(ctx, "POST", path, nil, &a)
+	}
+	return c.stream(ctx, "POST", path+"?wait=true", nil, fn)
 }
 
 // Wait streams progress until name is Ready or Failed, or timeout passes

@@ -84,6 +84,11 @@ type Status struct {
 	LowWatermark    int           `json:"lowWatermarkPercent,omitempty"`
 	LastEviction    *Eviction     `json:"lastEviction,omitempty"`
 	DirectIO        bool          `json:"directIO"`
+	// Credentials names the credentials the daemon's own environment
+	// holds (never their values): HF_TOKEN (or the hub's token file),
+	// NGC_API_KEY, AWS_ACCESS_KEY_ID (or AWS_PROFILE, a web identity).
+	// Credentials are the daemon's: modelctl sends none.
+	Credentials []string `json:"credentials,omitempty"`
 }
 
 // Eviction summarises the last eviction pass that removed something or

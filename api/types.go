@@ -287,6 +287,23 @@ type PullStats struct {
 	// FilesFromPeers names the files whose bytes came (wholly or partly)
 	// from peers, each with the peers' base URLs; at most 1024 files.
 	FilesFromPeers map[string][]string `json:"filesFromPeers,omitempty"`
+	// Unchanged says the source was as the Ready version holds it (the
+	// same files, by digest or by the validator the source gave, such as
+	// a file:// file's inode, size and times): nothing was read or
+	// committed; the version stays as it was.
+	Unchanged bool `json:"unchanged,omitempty"`
+	// BytesReused is what the pull did not fetch because the store held
+	// it already (a blob of the same digest, a file:// file unchanged).
+	BytesReused int64 `json:"bytesReused,omitempty"`
+	// Evicted are the versions evicted to make room for this pull.
+	Evicted []EvictedVersion `json:"evicted,omitempty"`
+}
+
+// EvictedVersion is one version an eviction took.
+type EvictedVersion struct {
+	Name     string `json:"name"`
+	Revision string `json:"revision"`
+	Bytes    int64  `json:"bytes"`
 }
 
 // Metadata of a model version.

@@ -109,7 +109,7 @@
 //	                            annotations: opaque JSON of the committer (the
 //	                             daemon's api.KernelCacheInfo for a kernel cache)
 //	        manifests/       (bucket; since schema 2)
-//	            <revision>   -> JSON Manifest [{path, digest, size, mode, etag, streamed, peers}], sorted by path
+//	            <revision>   -> JSON Manifest [{path, digest, size, mode, etag, streamed, peers, validator}], sorted by path
 //	desires/             (kept by Records, never read by Store)
 //	    <name>               -> opaque to the store: the daemon's JSON api.Desire
 //	                            (source URIs with credentials redacted) of a

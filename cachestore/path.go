@@ -108,6 +108,12 @@ type Entry struct {
 	// sent them all, or the store held the blob already. Not part of the
 	// digest: the bytes are checked alike whoever sent them.
 	Peers []string `json:"peers,omitempty"`
+	// Validator is the source's name for the version of the file it
+	// read (fetchers.File.Validator: a file:// file's device, inode, size
+	// and times; an HTTP strong ETag): a later pull of the same source
+	// that sees the same validator reuses the blob instead of reading the
+	// file again. Not part of the digest.
+	Validator string `json:"validator,omitempty"`
 }
 
 // Manifest is the file list of an artifact version.

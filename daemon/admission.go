@@ -166,7 +166,14 @@ func (s *space) evictPass(ctx context.Context, extra int64, protect ...string) (
 // partial downloads and then evicting first when that can make it fit,
 // and reserves the space until release. A pull with files of unknown size
 // (unknown) gets what is usable beyond need as their budget (prog.budget).
-func (s *space) admit(ctx context.Context, name string, need int64, unknown bool, prog *progress) (func(), error) {
+func (s *space) admit(ctx context.Context, name string, need int64, unknown bool, prog *progress) (func(), []capacity.Victim, error) {
+	var evicted []capacity.Victim
+	release, err := s.admitting(ctx, name, need, unknown, prog, &evicted)
+	return release, evicted, err
+}
+
+// admitting is admit; what it evicts goes to evicted.
+func (s *space) admitting(ctx context.Context, name string, need int64, unknown bool, prog *progress, evicted *[]capacity.Victim) (func(), error) {
 	s.capMu.Lock()
 	defer s.capMu.Unlock()
 	room, err := s.room()
@@ -206,7 +213,11 @@ func (s *space) admit(ctx context.Context, name string, need int64, unknown bool
 			return nil, &capacityError{fmt.Sprintf("%s: %s needs %s more; %s free on the filesystem (%s usable under the policy, %s reserved by pulls in flight); evictable now %s (pinned, in-use, declared and younger-than-%s versions are not)%s; free space, raise the quota, or evict or unpin artifacts (modelctl evict, modelctl unpin)",
 				api.ReasonInsufficientCapacity, name, api.FormatBytes(need), api.FormatBytes(free), api.FormatBytes(max(room, 0)), api.FormatBytes(s.reservedLocked()), api.FormatBytes(evictable), s.cfg.Capacity.MinAge, takersText(in))}
 		}
-		if _, err := s.evictPass(ctx, need-max(room, 0), name); err != nil {
+		rep, err := s.evictPass(ctx, need-max(room, 0), name)
+		if rep != nil {
+			*evicted = rep.Evicted
+		}
+		if err != nil {
 			return nil, err
 		}
 		s.metrics.admissions.WithLabelValues("evicted_first").Inc()

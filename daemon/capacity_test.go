@@ -233,13 +233,56 @@ func TestAdmissionScansBeforeEvicting(t *testing.T) {
 	defer f.Close()
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "w.bin"), data(2<<20, 62), 0o644)
-	if _, err := h.pull(api.PullRequest{Name: "c", URI: "file://" + src}); err != nil {
+	c, err := h.pull(api.PullRequest{Name: "c", URI: "file://" + src})
+	if err != nil {
 		t.Fatal(err)
+	}
+	// The pull says what it evicted to make room.
+	if l := c.LastPull; l == nil || len(l.Evicted) != 1 || l.Evicted[0].Name != "b" || l.Evicted[0].Bytes != 2<<20 {
+		t.Fatalf("c's pull reports evictions %+v; want b (2 MiB)", c.LastPull)
 	}
 	if a, err := h.c.Get(context.Background(), "a"); err != nil || a.Phase != api.PhaseReady {
 		t.Fatalf("a, open when c was admitted: %+v %v; want it kept", a, err)
 	}
 	if _, err := h.d.store.Summary("b"); !errors.Is(err, cachestore.ErrNotFound) {
 		t.Fatalf("b: %v; want it evicted to make room for c", err)
+	}
+}
+
+// TestRePullCountsOnlyWhatTheStoreLacks: pulling a Ready, pinned file://
+// model again under a quota that could not hold it twice is a no-op that
+// says so and reads nothing; after one of its files changed, admission
+// counts only that file's bytes and the pull reads only it.
+func TestRePullCountsOnlyWhatTheStoreLacks(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Capacity = capacity.Policy{QuotaBytes: 3 << 20, HighPercent: 85, LowPercent: 80}
+	h := start(t, cfg)
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "big.bin"), data(3<<19, 70), 0o644)     // 1.5 MiB
+	os.WriteFile(filepath.Join(src, "small.bin"), data(200<<10, 71), 0o644) // 200 KiB
+	req := api.PullRequest{Name: "m", URI: "file://" + src, Pin: true}
+	first, err := h.pull(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := h.pull(req)
+	if err != nil {
+		t.Fatalf("re-pull of a Ready model: %v", err)
+	}
+	if l := again.LastPull; l == nil || !l.Unchanged || l.BytesFetched != 0 || again.Revision != first.Revision {
+		t.Fatalf("re-pull: %+v (revision %s, was %s); want unchanged, nothing read", again.LastPull, again.Revision, first.Revision)
+	}
+	// small.bin changes (new content, same size): only it is read, and
+	// admission does not count big.bin, which would not fit twice.
+	os.WriteFile(filepath.Join(src, "small.bin"), data(200<<10, 72), 0o644)
+	changed, err := h.pull(req)
+	if err != nil {
+		t.Fatalf("re-pull after one file changed: %v", err)
+	}
+	if l := changed.LastPull; l == nil || l.Unchanged || l.BytesFetched != 200<<10 || l.BytesReused != 3<<19 || changed.Revision == first.Revision {
+		t.Fatalf("re-pull after a change: %+v, revision %s; want 200 KiB read, 1.5 MiB reused, a new revision", changed.LastPull, changed.Revision)
+	}
+	if h.read("m", "small.bin") != string(data(200<<10, 72)) {
+		t.Fatal("the new version does not hold the changed file")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
@@ -70,6 +71,10 @@ type desireSet struct {
 	// peer port (package fanout), which reads it without the daemon lock:
 	// publish replaces it after each change of the maps.
 	access fanout.AccessTable
+
+	// fileStamps are the models.d files' mtimes at the last load: a file
+	// touched since retries its Failed desires (modelsdir.go).
+	fileStamps map[string]time.Time
 }
 
 // publish gives the peer port what the desires now say of each artifact

@@ -103,9 +103,43 @@ type evictRequest struct {
 	kernels   []string // the kernel caches the model's desire lists go with it
 }
 
+// revisionByPrefix is the revision of name that rev names in full or as
+// the unique prefix list and inspect show (12 characters); an error lists
+// the revisions when none or several match.
+func revisionByPrefix(store *cachestore.Store, name, rev string) (string, error) {
+	a, err := store.Summary(name)
+	if err != nil {
+		return rev, nil // the evict says what is missing
+	}
+	var all, match []string
+	for _, v := range a.Versions {
+		all = append(all, v.Revision)
+		if v.Revision == rev {
+			return rev, nil
+		}
+		if strings.HasPrefix(v.Revision, rev) {
+			match = append(match, v.Revision)
+		}
+	}
+	switch {
+	case len(match) == 1:
+		return match[0], nil
+	case len(match) > 1:
+		return "", api.Errorf(api.CodeInvalid, "artifact %s: revision %q is the prefix of %d revisions (%s); give more of it", name, rev, len(match), strings.Join(match, ", "))
+	}
+	return "", api.Errorf(api.CodeNotFound, "artifact %s has no revision %q; its revisions are %s (a unique prefix will do)", name, rev, strings.Join(all, ", "))
+}
+
 func (e evictions) handleEvict(w http.ResponseWriter, r *http.Request) error {
 	d := e
 	q := evictRequest{name: r.PathValue("name"), rev: r.URL.Query().Get("revision"), force: r.URL.Query().Get("force") == "true"}
+	if q.rev != "" {
+		rev, err := revisionByPrefix(d.store, q.name, q.rev)
+		if err != nil {
+			return err
+		}
+		q.rev = rev
+	}
 	// Every refusal comes before anything changes: a refused evict leaves
 	// the desire and a pull in flight alone.
 	if err := e.refusal(&q); err != nil {

@@ -79,7 +79,8 @@ func (p *pull) finish(ctx, pctx context.Context, err error) {
 		st.phase, st.message, st.attempts, st.reason = api.PhaseReady, "", 0, ""
 		st.nextRetry = time.Time{}
 		el := time.Since(p.prog.started).Seconds()
-		st.last = &api.PullStats{Seconds: el, BytesFetched: p.prog.done.Load(), At: time.Now().UTC()}
+		st.last = &api.PullStats{Seconds: el, BytesFetched: p.prog.done.Load(), At: time.Now().UTC(),
+			Unchanged: p.unchanged, BytesReused: p.prog.skipped.Load(), Evicted: p.evicted}
 		p.prog.peerStats(st.last)
 		if el > 0 {
 			st.last.BytesPerSecond = float64(st.last.BytesFetched) / el

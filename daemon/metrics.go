@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/modelcache/modelcache/daemon/capacity"
 	p2p "github.com/modelcache/modelcache/peer"
 )
 
@@ -30,6 +31,10 @@ type metrics struct {
 
 // newMetrics makes the daemon's series and registers them with state,
 // the collector that reads the daemon at scrape time.
+// evictionReasons are the reason labels of modelcache_evictions_total
+// (docs/metrics.md names each: TestDocsNameRoutesAndEvictionReasons).
+var evictionReasons = []string{capacity.ReasonSpace, capacity.ReasonAge, capacity.ReasonAbsent, capacity.ReasonManual, capacity.ReasonAdmission}
+
 func newMetrics(state prometheus.Collector) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
@@ -96,7 +101,7 @@ func newMetrics(state prometheus.Collector) *metrics {
 	for _, r := range []string{"ok", "mismatch", "corrupt", "missing"} {
 		m.verifications.WithLabelValues(r)
 	}
-	for _, r := range []string{"space", "age", "absent", "manual"} {
+	for _, r := range evictionReasons {
 		m.evictions.WithLabelValues(r)
 	}
 	for _, r := range []string{"admitted", "evicted_first", "rejected"} {

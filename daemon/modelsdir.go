@@ -45,6 +45,7 @@ func (m modelsDir) load() {
 	d := m.d
 	dir := d.cfg.ModelsDir
 	desires := map[string]api.Desire{}
+	stamps := map[string]time.Time{}
 	var problems []string
 	if dir != "" {
 		ents, err := os.ReadDir(dir)
@@ -61,6 +62,9 @@ func (m modelsDir) load() {
 			if !e.Type().IsRegular() {
 				problems = append(problems, fmt.Sprintf("%s: %s, not a regular file; skipped (models.d reads only regular files)", path, "a "+fetchers.TypeName(e.Type())))
 				continue
+			}
+			if fi, err := e.Info(); err == nil {
+				stamps[path] = fi.ModTime()
 			}
 			list, err := m.parse(path)
 			if err != nil {
@@ -84,6 +88,17 @@ func (m modelsDir) load() {
 	defer d.desires.writeMu.Unlock()
 	d.mu.Lock()
 	d.desires.file, d.desires.fileErrors = desires, problems
+	// A file touched (its mtime moved) retries its Failed desires, as
+	// modelctl retry does: the fix was elsewhere (a permission, a token).
+	for name, ds := range desires {
+		path := strings.TrimPrefix(ds.Origin, "file:")
+		before, seen := d.desires.fileStamps[path]
+		if st := d.arts[name]; seen && !before.Equal(stamps[path]) && st != nil && st.cancel == nil && st.phase == api.PhaseFailed {
+			st.force = true
+			d.log.Info("models.d file touched; retrying its failed desire", "artifact", name, "file", path)
+		}
+	}
+	d.desires.fileStamps = stamps
 	d.desires.publish()
 	d.notify()
 	d.mu.Unlock()

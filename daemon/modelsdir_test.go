@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/internal/testenv"
 )
 
 // models.d holds what is not a regular file: a FIFO (which blocked the
@@ -94,6 +95,7 @@ func TestModelsDirBadKeys(t *testing.T) {
 	}{
 		{"typo.yaml", "name: m\nuir: file:///x\n", []string{`line 2: unknown key "uir" (did you mean "uri"?); a model's keys are: ` + strings.Join(modelsKeys(reflect.TypeFor[modelsFile]()), ", ")}},
 		{"list.yaml", "models:\n- name: a\n  uri: file:///a\n  pinn: true\n", []string{`line 4: unknown key "pinn" (did you mean "pin"?)`}},
+		{"pinned.yaml", "name: m\nuri: file:///x\npinned: true\n", []string{`line 3: unknown key "pinned" (did you mean "pin"?)`}},
 		{"kc.yaml", "name: m\nuri: file:///x\nkernelCaches:\n- uri: oci://r/k:1\n  signatur:\n    polcy: off\n",
 			[]string{`line 5: unknown key "signatur" (did you mean "signature"?); a kernel cache's keys are: name, uri, signature`}},
 		{"sig.yaml", "name: m\nuri: oci://r/k:1\nkind: kernelcache\nsignature:\n  polcy: off\n",
@@ -137,5 +139,66 @@ func TestModelsDirBadKeys(t *testing.T) {
 		if _, ok := modelsField(dt, k); !ok {
 			t.Errorf("notInModelsDir names %q, no field of api.Desire", k)
 		}
+	}
+}
+
+// TestRetryFailedModelsDirDesire: a models.d desire that failed for good
+// (its source behind a 0700 directory, read as nobody) names the
+// directory that refused and the identity; once the cause is fixed,
+// modelctl retry pulls it again, and so does touching its file.
+func TestRetryFailedModelsDirDesire(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (models.d reads as nobody; the test makes a directory nobody may not search)", "run the tests as root, as CI does")
+	}
+	base := t.TempDir()
+	traversable(t, base)
+	src := filepath.Join(base, "closed", "deep", "m")
+	os.MkdirAll(src, 0o755)
+	os.WriteFile(filepath.Join(src, "w.bin"), []byte("weights"), 0o644)
+	os.Chmod(filepath.Join(base, "closed"), 0o700)
+	cfg := testConfig(t)
+	os.MkdirAll(cfg.ModelsDir, 0o755)
+	file := filepath.Join(cfg.ModelsDir, "m.yaml")
+	os.WriteFile(file, []byte("name: m\nuri: file://"+src+"\n"), 0o644)
+	h := start(t, cfg)
+	a := h.waitPhase("m", api.PhaseFailed)
+	for _, want := range []string{"the directory " + filepath.Join(base, "closed") + " (drwx------ root:root) on the way to " + src, "uid 65534", "search (x)"} {
+		if !strings.Contains(a.Message, want) {
+			t.Errorf("failure %q lacks %q", a.Message, want)
+		}
+	}
+	if a.NextRetry != nil {
+		t.Fatalf("an access refusal is retried by itself (%v); the test wants one that is not", a.NextRetry)
+	}
+	ctx := context.Background()
+	if _, err := h.c.Retry(ctx, "nothing", false, nil); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("retry of an undesired name: %v", err)
+	}
+	os.Chmod(filepath.Join(base, "closed"), 0o755) // the fix, made elsewhere
+	got, err := h.c.Retry(ctx, "m", true, nil)
+	if err != nil || got.Phase != api.PhaseReady {
+		t.Fatalf("retry after the fix: %+v %v", got, err)
+	}
+	if _, err := h.c.Retry(ctx, "m", false, nil); !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), "is Ready, not Failed") {
+		t.Fatalf("retry of a Ready artifact: %v", err)
+	}
+
+	// It fails again (the file changes, the directory closes); touching
+	// the models.d file, its content unchanged, retries it.
+	os.WriteFile(filepath.Join(src, "w.bin"), []byte("new weights"), 0o644)
+	os.Chmod(filepath.Join(base, "closed"), 0o700)
+	h.d.mu.Lock()
+	h.d.arts["m"].force = true // as a rollout would: pull m again, now refused
+	h.d.mu.Unlock()
+	h.d.kick()
+	h.waitPhase("m", api.PhaseFailed)
+	os.Chmod(filepath.Join(base, "closed"), 0o755)
+	later := time.Now().Add(time.Second)
+	if err := os.Chtimes(file, later, later); err != nil { // touch
+		t.Fatal(err)
+	}
+	h.waitPhase("m", api.PhaseReady)
+	if h.read("m", "w.bin") != "new weights" {
+		t.Fatal("the retry after the touch did not pull the file anew")
 	}
 }

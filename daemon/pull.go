@@ -42,6 +42,13 @@ type pull struct {
 	kc      *api.KernelCacheInfo // resolve, for a kernel cache
 	lease   *cachestore.Lease    // holds what the pull wrote until commit
 	fetched time.Time            // when the first byte was asked for
+	// reused names the files of digest-less sources (file://) whose
+	// validator matched the current version's: their blobs are reused.
+	reused map[string]bool
+	// unchanged: the source is as the current Ready version holds it;
+	// nothing is fetched or committed (reuse).
+	unchanged bool
+	evicted   []api.EvictedVersion // admission evicted these to make room
 }
 
 // source is a desire's URI parsed once: scheme picks the fetcher and
@@ -124,6 +131,9 @@ func (p *pull) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if p.unchanged = p.reuse(files); p.unchanged {
+		return nil // finish says so: Ready, nothing read, nothing committed
+	}
 	release, err := p.admit(ctx, files)
 	if err != nil {
 		return err
@@ -186,6 +196,9 @@ func (p *pull) resolve(ctx context.Context) error {
 		p.setPhase(api.PhaseDownloading, fmt.Sprintf("resolving %s: attempt %d failed (%v); retrying in %s", p.src.redacted, n, redactedError{err}, wait.Round(time.Second)))
 	})
 	if err != nil {
+		if strings.Contains(err.Error(), ds.URI) || strings.Contains(err.Error(), p.src.redacted) {
+			return fmt.Errorf("resolve: %w", err) // the fetcher named the source already
+		}
 		return fmt.Errorf("resolve %s: %w", ds.URI, err)
 	}
 	if ds.Revision != "" && p.res.Revision != ds.Revision {
@@ -224,6 +237,62 @@ func (p *pull) files() ([]fetchers.File, error) {
 	return files, nil
 }
 
+// reuse finds the files the artifact's current Ready version already
+// holds from this same source: a file without a digest (file://) whose
+// validator (its inode, size and times) and size match the version's entry
+// gets that entry's digest, so the pull neither counts nor reads it. It
+// reports whether the pull is a no-op: the same desire, and every file
+// (by digest) as the current version holds it.
+func (p *pull) reuse(files []fetchers.File) bool {
+	if p.ds.Kind == api.KindKernelCache || p.ds.Stage {
+		return false
+	}
+	a, err := p.d.store.Get(p.ds.Name)
+	if err != nil {
+		return false
+	}
+	var cur *cachestore.Version
+	for i := range a.Versions {
+		if v := &a.Versions[i]; v.Revision == a.Current && v.State == cachestore.StateReady {
+			cur = v
+		}
+	}
+	if cur == nil || cur.Source != p.src.redacted {
+		return false
+	}
+	byPath := make(map[string]cachestore.Entry, len(cur.Manifest))
+	for _, e := range cur.Manifest {
+		byPath[e.Path] = e
+	}
+	same := len(files) == len(cur.Manifest) && (p.res.Revision == "" || p.res.Revision == cur.Revision) && cur.Spec == p.spec
+	for i, fl := range files {
+		e, ok := byPath[fl.Path]
+		if fl.Archive != nil || !ok || e.Size != fl.Size || !p.d.store.HasBlob(e.Digest) {
+			same = false
+			continue
+		}
+		if fl.Digest == "" && fl.Validator != "" && e.Validator == fl.Validator {
+			files[i].Digest = e.Digest
+			if p.reused == nil {
+				p.reused = map[string]bool{}
+			}
+			p.reused[fl.Path] = true
+		}
+		if files[i].Digest != e.Digest || fl.Mode&0o777 != e.Mode&0o777 && fl.Mode != 0 {
+			same = false
+		}
+	}
+	if same {
+		var n int64
+		for _, fl := range files {
+			n += fl.Size
+		}
+		p.prog.skipped.Add(n)
+		p.prog.filesDone.Store(int32(len(files)))
+	}
+	return same
+}
+
 // admit asks admission (admission.go) for the space the pull needs: what
 // the store lacks must fit in free space plus what eviction can free, and
 // stays reserved while it downloads. (An archive counts by its layer
@@ -240,7 +309,11 @@ func (p *pull) admit(ctx context.Context, files []fetchers.File) (release func()
 		need += max(fl.Size, 0)
 		unknown = unknown || fl.Size < 0
 	}
-	return p.d.space.admit(ctx, p.ds.Name, need, unknown, p.prog)
+	release, evicted, err := p.d.space.admit(ctx, p.ds.Name, need, unknown, p.prog)
+	for _, v := range evicted {
+		p.evicted = append(p.evicted, api.EvictedVersion{Name: v.Name, Revision: v.Revision, Bytes: v.Bytes})
+	}
+	return release, err
 }
 
 // fetchAll fetches the plain files, FilesPerPull at a time, under the
@@ -265,7 +338,7 @@ func (p *pull) fetchAll(ctx context.Context, files []fetchers.File) (cachestore.
 					errs <- fmt.Errorf("%s: %w", fl.Path, err)
 					continue
 				}
-				entries[i] = cachestore.Entry{Path: fl.Path, Digest: digest, Size: size, Mode: fl.Mode, Etag: fl.Etag, Streamed: fl.Digest == "", Peers: p.prog.peersOf(fl.Path)}
+				entries[i] = cachestore.Entry{Path: fl.Path, Digest: digest, Size: size, Mode: fl.Mode, Etag: fl.Etag, Streamed: fl.Digest == "" || p.reused[fl.Path], Peers: p.prog.peersOf(fl.Path), Validator: fl.Validator}
 				p.prog.filesDone.Add(1)
 			}
 		}()

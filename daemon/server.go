@@ -31,6 +31,7 @@ func (d *Daemon) routeTable() []route {
 		{"GET /v1/artifacts/{name}/env", false, d.handleEnv},
 		{"GET /v1/gpu", false, d.handleGPU},
 		{"POST /v1/pull", true, d.handlePull},
+		{"POST /v1/artifacts/{name}/retry", true, d.handleRetry},
 		{"POST /v1/artifacts/{name}/pin", true, d.handlePin(true)},
 		{"POST /v1/artifacts/{name}/unpin", true, d.handlePin(false)},
 		{"DELETE /v1/artifacts/{name}", true, evictionsOf(d).handleEvict},
@@ -211,6 +212,54 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 				dropping = true
 				go d.dropFailedPull(ds.Name, fp, func(err error) { outcome = err })
 			}
+			return false, nil
+		}
+		return true, st.lastErr
+	})
+}
+
+// handleRetry is modelctl retry: the Failed desire of name, whatever its
+// origin (a pull, a models.d file, a ModelCache), is pulled again now, its
+// source resolved anew, instead of at its next attempt or never (a
+// failure no retry of the same desire could fix: the fix was made
+// elsewhere, a permission, a token, a file put in place). With wait=true
+// the reply streams until that pull ends.
+func (d *Daemon) handleRetry(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	d.mu.Lock()
+	ds, ok := d.desires.merged()[name]
+	st := d.arts[name]
+	switch {
+	case !ok || ds.State == api.StateAbsent:
+		d.mu.Unlock()
+		return api.Errorf(api.CodeNotFound, "artifact %s: nothing desires it, so there is nothing to retry; pull it (modelctl pull URI --name %s)", name, name)
+	case st == nil || st.cancel != nil || st.phase != api.PhaseFailed:
+		phase := api.PhasePending
+		if st != nil {
+			phase = st.phase
+		}
+		if st != nil && st.cancel != nil {
+			phase = api.PhaseDownloading
+		}
+		d.mu.Unlock()
+		return api.Errorf(api.CodeConflict, "artifact %s is %s, not Failed: nothing to retry (modelctl wait %s follows it)", name, phase, name)
+	}
+	st.force = true
+	since := st.completed
+	d.notify()
+	d.mu.Unlock()
+	d.log.Info("retry asked", "artifact", name, "origin", ds.Origin, "requester", requester(r))
+	d.kick()
+	if r.URL.Query().Get("wait") != "true" {
+		a, err := viewsOf(d).view(name, false)
+		if err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusAccepted)
+		return writeJSON(w, a)
+	}
+	return viewsOf(d).streamUntil(w, r, name, 0, nil, nil, func(st *artState) (bool, error) {
+		if st == nil || st.completed <= since || st.cancel != nil {
 			return false, nil
 		}
 		return true, st.lastErr

@@ -11,6 +11,7 @@ import (
 	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore"
 	"github.com/modelcache/modelcache/daemon/kernels"
+	"github.com/modelcache/modelcache/daemon/sources"
 )
 
 // views are the read side of the daemon (list, inspect, status, usage
@@ -51,7 +52,7 @@ func (vw views) status() (*api.Status, error) {
 	}
 	s := api.Status{
 		Version: d.cfg.Version, Root: d.store.Root(), Socket: d.cfg.Socket, ModelsDir: d.cfg.ModelsDir,
-		Started: d.started, Phases: map[api.Phase]int{}, DirectIO: d.cfg.DirectIO,
+		Started: d.started, Phases: map[api.Phase]int{}, DirectIO: d.cfg.DirectIO, Credentials: sources.Ambient(),
 	}
 	for _, a := range list {
 		s.Phases[a.Phase]++

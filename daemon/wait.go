@@ -102,6 +102,9 @@ func (vw views) streamUntil(w http.ResponseWriter, r *http.Request, name string,
 			if a.Path != "" { // an older version is Ready
 				msg += fmt.Sprintf(" (revision %s is still served)", a.Revision)
 			}
+			if a.Reason == "" { // its desire was dropped (dropFailedPull): the remedy still depends on why
+				a.Reason = permanentReason(pullErr)
+			}
 			enc.Encode(api.Event{Artifact: a, Error: api.Errorf(api.CodeFailed, "%s", msg)})
 			rc.Flush()
 			return nil

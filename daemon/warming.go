@@ -165,7 +165,7 @@ func (wm *warming) begin(parent context.Context, id string, ttl time.Duration, n
 		wm.named[id] = h
 	}
 	wm.mu.Unlock()
-	run, joined, err := wm.w.Start(ctx, warm.Request{Key: h.key, Dir: wm.store.TreePath(v.Kind, name, rev), Caller: caller})
+	run, joined, err := wm.w.Start(ctx, warm.Request{Key: h.key, Dir: wm.store.TreePath(v.Kind, name, rev), Caller: caller, Unlimited: caller == "uid:0"})
 	if err != nil {
 		wm.drop(h)
 		if errors.Is(err, warm.ErrRateLimited) {

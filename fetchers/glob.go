@@ -97,7 +97,14 @@ func Filter(files []File, include, exclude []string) ([]File, error) {
 		}
 	}
 	if len(out) == 0 && len(files) > 0 {
-		return nil, fmt.Errorf("include %q / exclude %q leave none of the source's %d files", include, exclude, len(files))
+		var some []string
+		for _, f := range files[:min(3, len(files))] {
+			some = append(some, f.Path)
+		}
+		// Asking again cannot help: a source that does not have what the
+		// globs name (ErrNotFound, not retried until the desire changes).
+		return nil, fmt.Errorf("%w: include %q / exclude %q leave none of the source's %d files (they are named like %s); fix the globs",
+			ErrNotFound, include, exclude, len(files), strings.Join(some, ", "))
 	}
 	return out, nil
 }

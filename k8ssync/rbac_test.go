@@ -38,7 +38,7 @@ import (
 	"github.com/modelcache/modelcache/k8ssync"
 )
 
-// applyBundle creates the objects of the given files of deploy/daemonset
+// applyBundle creates the objects of the given files of deploy/daemonset/base
 // (namespace included) as the cluster's admin.
 func applyBundle(t *testing.T, cfg *rest.Config, files ...string) {
 	t.Helper()
@@ -46,7 +46,7 @@ func applyBundle(t *testing.T, cfg *rest.Config, files ...string) {
 	dyn := dynamic.NewForConfigOrDie(cfg)
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(cfg)))
 	for _, f := range files {
-		raw, err := os.ReadFile(filepath.Join("..", "deploy", "daemonset", f))
+		raw, err := os.ReadFile(filepath.Join("..", "deploy", "daemonset", "base", f))
 		if err != nil {
 			t.Fatal(err)
 		}

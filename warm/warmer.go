@@ -58,6 +58,9 @@ type Request struct {
 	// Caller is who asked (e.g. "uid:1000", "csi"), for the rate limit on
 	// starts.
 	Caller string
+	// Unlimited: the rate limit does not apply (root on the node, who may
+	// fill the page cache anyway).
+	Unlimited bool
 }
 
 // config is what the options set; New fills the defaults.
@@ -241,9 +244,9 @@ func (w *Warmer) Start(ctx context.Context, req Request) (run *Run, joined bool,
 		r.hold(ctx)
 		return r, true, nil
 	}
-	if !w.limiter(req.Caller).Allow() {
+	if !req.Unlimited && !w.limiter(req.Caller).Allow() {
 		w.cfg.metrics.refused()
-		return nil, false, fmt.Errorf("warm %s for %s: %w (at most %d at once, then one every %v)", req.Key, req.Caller, ErrRateLimited, w.cfg.burst, w.cfg.every)
+		return nil, false, fmt.Errorf("warm %s for %s: %w (a caller starts at most %d warms in a burst, then one every %v, whether or not the earlier ones still run)", req.Key, req.Caller, ErrRateLimited, w.cfg.burst, w.cfg.every)
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	r := &Run{w: w, ctx: runCtx, cancel: cancel, done: make(chan struct{}), start: time.Now(), key: req.Key}

@@ -237,19 +237,34 @@ func (f *sizeFlag) String() string {
 
 func size(c *cli.Context, name string) int64 { return c.Generic(name).(*sizeFlag).n }
 
+// usageExit reports every problem on a line of its own, then where to
+// look, and exits 2.
+func usageExit(problems []string) error {
+	var b strings.Builder
+	for _, p := range problems {
+		b.WriteString("modelcached: " + p + "\n")
+	}
+	b.WriteString("Run 'modelcached --help' for usage.")
+	return cli.Exit(b.String(), 2)
+}
+
 func run(c *cli.Context) error {
 	if f := c.String("config"); f != "" {
 		if err := applyConfigFile(c, c.App.Flags, f); err != nil {
 			return cli.Exit("modelcached: "+err.Error(), 2)
 		}
 	}
+	// Every value refused is reported, one line each, before any starts
+	// the daemon (usageExit).
+	var problems []string
 	logger, err := newLogger(c.String("log-format"), c.String("log-level"))
 	if err != nil {
-		return cli.Exit("modelcached: "+err.Error(), 2)
+		problems = append(problems, strings.Split(err.Error(), "\n")...)
 	}
 	mode, err := strconv.ParseUint(strings.TrimPrefix(c.String("socket-mode"), "0o"), 8, 32)
 	if err != nil {
-		return cli.Exit(fmt.Sprintf("modelcached: --socket-mode %q: want octal bits such as 0666 or 0660", c.String("socket-mode")), 2)
+		problems = append(problems, fmt.Sprintf("--socket-mode %q: want octal bits such as 0666 or 0660", c.String("socket-mode")))
+		mode = 0o666 // reported: not again by Validate
 	}
 	cfg := daemon.DefaultConfig()
 	cfg.Capacity.QuotaBytes = size(c, "quota")
@@ -303,7 +318,7 @@ func run(c *cli.Context) error {
 		return err
 	}
 	if cfg.Peer, err = peerConfig(c); err != nil {
-		return cli.Exit("modelcached: "+err.Error(), 2)
+		problems = append(problems, err.Error())
 	}
 	if p := c.String("csi-socket"); p != "" {
 		cfg.CSI = &csi.Config{Socket: p, PodsDir: c.String("csi-pods-dir"), RegistrationDir: c.String("csi-registration-dir"), NodeID: c.String("node-name")}
@@ -312,7 +327,10 @@ func run(c *cli.Context) error {
 	cfg.Version = version
 	cfg.Hook = faultHook(logger)
 	if err := cfg.Validate(); err != nil {
-		return cli.Exit("modelcached: invalid configuration:\n  "+strings.ReplaceAll(err.Error(), "\n", "\n  "), 2)
+		problems = append(problems, strings.Split(err.Error(), "\n")...)
+	}
+	if len(problems) > 0 {
+		return usageExit(problems)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -348,8 +366,15 @@ func setPullsAndWarming(c *cli.Context, cfg *daemon.Config) {
 
 func newLogger(format, level string) (*slog.Logger, error) {
 	var lv slog.Level
+	var lerr error
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+		lerr = fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	if format != "text" && format != "json" {
+		return nil, errors.Join(lerr, fmt.Errorf("--log-format %q: want text or json", format))
+	}
+	if lerr != nil {
+		return nil, lerr
 	}
 	opts := &slog.HandlerOptions{Level: lv}
 	// Credentials in source URIs never reach the log (the daemon wraps its

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -117,6 +119,7 @@ func pullCommand() *cli.Command {
 			default:
 				return usagef("pull: --kind %q: use model or kernelcache", c.String("kind"))
 			}
+			credentialNote(c, req.URI)
 			if c.Bool("no-wait") {
 				a, err := client(c).Pull(c.Context, req, false, nil)
 				if err != nil {
@@ -125,20 +128,106 @@ func pullCommand() *cli.Command {
 				return output(c, a, func(w io.Writer) { fmt.Fprintf(w, "%s: %s\n", a.Name, a.Phase) })
 			}
 			p := newProgress(c.App.ErrWriter)
-			a, err := client(c).Pull(c.Context, req, true, p.event)
+			// A daemon that restarts once it took the desire resumes the
+			// pull: follow it when it is back.
+			a, err := client(c).PullFollow(c.Context, req, p.event, p.outage("(the pull resumes; Ctrl-C detaches)"))
 			p.finish()
-			if err != nil && c.Context.Err() != nil && a != nil {
-				// Interrupted once the daemon took the desire: it pulls on.
-				return detachedError{fmt.Sprintf("detached; the pull continues — `modelctl wait %s` to follow, `modelctl evict %s` to cancel", req.Name, req.Name)}
-			}
-			if err != nil {
-				return pullFailed(req.Name, a, err)
-			}
-			return output(c, a, func(w io.Writer) {
-				fmt.Fprintf(w, "%s: Ready at %s (revision %s, %s)\n", a.Name, a.Path, short(a.Revision), api.FormatBytes(a.Bytes))
-			})
+			return pulled(c, req.Name, a, err)
 		},
 	}
+}
+
+// userCredentials are the variables of the user's environment that
+// name credentials for a scheme, and the name the daemon's status gives
+// its own (api.Status.Credentials).
+var userCredentials = map[string]struct {
+	vars   []string
+	daemon string
+}{
+	"hf":  {[]string{"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}, "HF_TOKEN"},
+	"ngc": {[]string{"NGC_API_KEY", "NGC_CLI_API_KEY"}, "NGC_API_KEY"},
+	"s3":  {[]string{"AWS_ACCESS_KEY_ID", "AWS_PROFILE"}, "AWS_ACCESS_KEY_ID"},
+}
+
+// credentialNote warns, before a pull, that a credential in the user's
+// own environment does not reach the daemon: credentials are the
+// daemon's (its environment, a models.d credentialsFile, a ModelCache's
+// secretRef), and whether the daemon has one of its own.
+func credentialNote(c *cli.Context, uri string) {
+	scheme, _, ok := strings.Cut(uri, "://")
+	uc, known := userCredentials[scheme]
+	if !ok || !known {
+		return
+	}
+	var set []string
+	for _, v := range uc.vars {
+		if os.Getenv(v) != "" {
+			set = append(set, v)
+		}
+	}
+	if len(set) == 0 {
+		return
+	}
+	has := false
+	if st, err := client(c).Status(c.Context); err == nil {
+		has = slices.Contains(st.Credentials, uc.daemon)
+	}
+	w := c.App.ErrWriter
+	if has {
+		fmt.Fprintf(w, "modelctl: note: %s in your environment is not used: modelctl sends no credentials; modelcached fetches %s:// with its own %s.\n", strings.Join(set, ", "), scheme, uc.daemon)
+		return
+	}
+	fmt.Fprintf(w, "modelctl: warning: %s is set in your environment, but modelcached does not see it (modelctl sends no credentials), and the daemon has no %s of its own.\n"+
+		"  Give the daemon the credential: its environment ('sudo systemctl edit modelcached': Environment=%s=…), a models.d entry's credentialsFile, or a ModelCache's secretRef (docs/operator.md, Credentials).\n",
+		strings.Join(set, ", "), uc.daemon, uc.daemon)
+}
+
+// capacityText is the capacity policy as status shows it: the quota, the
+// watermarks and what pulls in flight reserve.
+func capacityText(s *api.Status) string {
+	quota := "no quota"
+	if s.QuotaBytes > 0 {
+		quota = "quota " + api.FormatBytes(s.QuotaBytes)
+	}
+	t := fmt.Sprintf("capacity: %s, watermarks %d%% (eviction starts) and %d%% (it stops), %s reserved by pulls in flight", quota, s.HighWatermark, s.LowWatermark, api.FormatBytes(s.ReservedBytes))
+	if s.DiskPressure {
+		t += "; under disk pressure now"
+	}
+	return t
+}
+
+// pulled ends a pull or a retry that was followed: detached when
+// interrupted once the daemon took it (it pulls on), the failure with its
+// remedy, or the Ready line.
+func pulled(c *cli.Context, name string, a *api.Artifact, err error) error {
+	if err != nil && c.Context.Err() != nil && a != nil {
+		return detachedError{fmt.Sprintf("detached; the pull continues — `modelctl wait %s` to follow, `modelctl evict %s` to cancel", name, name)}
+	}
+	if err != nil {
+		return pullFailed(name, a, err)
+	}
+	return output(c, a, func(w io.Writer) { pulledText(w, a) })
+}
+
+// pulledText is a pull's last word: Ready where, or already Ready with
+// nothing read, and what was evicted to make room for it.
+func pulledText(w io.Writer, a *api.Artifact) {
+	l := a.LastPull
+	if l != nil && l.Unchanged {
+		fmt.Fprintf(w, "%s: already Ready at %s (revision %s, %s): the source is unchanged; nothing was read or fetched\n", a.Name, a.Path, short(a.Revision), api.FormatBytes(a.Bytes))
+	} else {
+		fmt.Fprintf(w, "%s: Ready at %s (revision %s, %s)\n", a.Name, a.Path, short(a.Revision), api.FormatBytes(a.Bytes))
+	}
+	if l == nil || len(l.Evicted) == 0 {
+		return
+	}
+	var parts []string
+	var freed int64
+	for _, v := range l.Evicted {
+		parts = append(parts, fmt.Sprintf("%s@%s (%s)", v.Name, short(v.Revision), api.FormatBytes(v.Bytes)))
+		freed += v.Bytes
+	}
+	fmt.Fprintf(w, "  To make room it evicted %s of ad-hoc entries: %s ('modelctl list' shows them Evicted; a model pulled with --keep or --pin is never evicted for another pull).\n", api.FormatBytes(freed), strings.Join(parts, ", "))
 }
 
 func manCommand() *cli.Command {
@@ -207,25 +296,51 @@ func waitCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			name := c.Args().First()
 			cl := client(c)
+			timeout := c.Generic("timeout").(*cliutil.Duration).D
+			until := "(no --timeout: until it does)"
+			if timeout > 0 {
+				until = "until --timeout " + timeout.String() + " passes"
+			}
+			p := newProgress(c.App.ErrWriter)
+			defer p.finish()
+			start := time.Now()
 			if !c.Bool("for-create") {
-				if _, err := cl.Get(c.Context, name); errors.Is(err, api.ErrNotFound) {
+				// A daemon that is not up yet (a node booting, a DaemonSet
+				// rollout) is waited for like one that restarts.
+				_, err := cl.Get(c.Context, name)
+				if api.Lost(err) {
+					var ua *api.UnavailableError
+					errors.As(err, &ua)
+					o := p.outage(until)
+					o.Lost(err, false)
+					err = cl.AwaitDaemon(c.Context, timeout)
+					if err == nil {
+						o.Back(time.Since(start))
+						_, err = cl.Get(c.Context, name)
+					} else if api.Lost(err) {
+						return fmt.Errorf("%s: modelcached did not answer within --timeout %s\n  %s", name, timeout, unreachable(ua))
+					}
+				}
+				if errors.Is(err, api.ErrNotFound) {
 					return fmt.Errorf("%s: nothing desires it and the cache does not hold it\n"+
 						"  Pull it ('modelctl pull URI --name %s'), or wait for a models.d file or ModelCache to ask for it with --for-create.", name, name)
 				} else if err != nil {
 					return err
 				}
 			}
-			p := newProgress(c.App.ErrWriter)
+			if timeout > 0 {
+				timeout = max(time.Millisecond, timeout-time.Since(start))
+			}
 			var notes []string
 			waiting := ""
-			a, err := cl.WaitWith(c.Context, name, api.WaitOptions{Timeout: c.Generic("timeout").(*cliutil.Duration).D, SkipKernelCaches: c.Bool("skip-kernel-caches")},
+			a, err := cl.WaitFollow(c.Context, name, api.WaitOptions{Timeout: timeout, SkipKernelCaches: c.Bool("skip-kernel-caches")},
 				func(e api.Event) {
 					if notes = e.Notes; !e.Done && len(notes) > 0 && waiting == "" { // Ready, its kernel caches on their way: say so once
 						waiting = notes[0]
 						fmt.Fprintln(c.App.ErrWriter, "\n"+name+" is Ready, "+waiting)
 					}
 					p.event(e)
-				})
+				}, p.outage(until))
 			p.finish()
 			for _, n := range notes { // what a model's kernel caches left undone: a GPU without one, a failure
 				if n != waiting {
@@ -236,6 +351,36 @@ func waitCommand() *cli.Command {
 				return err
 			}
 			return output(c, a, func(w io.Writer) { fmt.Fprintf(w, "%s: Ready at %s\n", a.Name, a.Path) })
+		},
+	}
+}
+
+func retryCommand() *cli.Command {
+	return &cli.Command{
+		Name: "retry", Usage: "pull a Failed artifact again now, whatever declared it (pull, models.d file, ModelCache)", ArgsUsage: "NAME",
+		Description: "A Failed artifact is retried with backoff, or, after a failure the same desire cannot fix (a source\n" +
+			"that does not exist or refuses access), not until its desire changes. Once the cause is fixed elsewhere\n" +
+			"(a permission, a token, a file put in place), retry pulls it again now, its source resolved anew.\n" +
+			"Touching a models.d file (touch FILE) retries that file's Failed artifacts too.",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "no-wait", Usage: "return once the retry is queued"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return usagef("retry takes exactly one NAME (got %d)", c.NArg())
+			}
+			name := c.Args().First()
+			if c.Bool("no-wait") {
+				a, err := client(c).Retry(c.Context, name, false, nil)
+				if err != nil {
+					return err
+				}
+				return output(c, a, func(w io.Writer) { fmt.Fprintf(w, "%s: retrying\n", a.Name) })
+			}
+			p := newProgress(c.App.ErrWriter)
+			a, err := client(c).RetryFollow(c.Context, name, p.event, p.outage("(the pull resumes; Ctrl-C detaches)"))
+			p.finish()
+			return pulled(c, name, a, err)
 		},
 	}
 }
@@ -452,6 +597,10 @@ func statusCommand() *cli.Command {
 				fmt.Fprintf(w, "modelcached %s, up %s\nroot %s, socket %s, models dir %s, direct I/O %v\n", s.Version, time.Since(s.Started).Round(time.Second), s.Root, s.Socket, s.ModelsDir, s.DirectIO)
 				fmt.Fprintf(w, "artifacts: %d ready, %d downloading, %d pending, %d failed\n", s.Phases[api.PhaseReady], s.Phases[api.PhaseDownloading], s.Phases[api.PhasePending], s.Phases[api.PhaseFailed])
 				fmt.Fprintf(w, "store %s; filesystem %s free\n", api.FormatBytes(s.StoreBytes), api.FormatBytes(s.FSFreeBytes))
+				fmt.Fprintln(w, capacityText(s))
+				if len(s.Credentials) > 0 {
+					fmt.Fprintf(w, "credentials of the daemon's own: %s\n", strings.Join(s.Credentials, ", "))
+				}
 				if s.DiskPressure {
 					fmt.Fprintln(w, "disk pressure: over the quota or above the high watermark")
 				}

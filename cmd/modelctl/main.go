@@ -151,24 +151,62 @@ func explain(err error, socket any) string {
 	return err.Error()
 }
 
-// pullFailed says what a failed pull leaves behind: the desire stays (the
-// daemon keeps trying, or waits for it to change), and how to drop it; or,
+// pullFailed says what a failed pull leaves behind and what fixes it,
+// by the failure's kind: the desire stays (the daemon retries it, or
+// waits for it to change or for modelctl retry), and how to drop it; or,
 // where the daemon dropped a new name's desire after a failure no retry
 // can fix (the artifact is no longer Failed), that nothing stays.
 func pullFailed(name string, a *api.Artifact, err error) error {
 	if !errors.Is(err, api.ErrFailed) {
 		return err
 	}
+	reason := ""
+	if a != nil {
+		reason = a.Reason
+	}
 	if a != nil && a.Phase != api.PhaseFailed {
-		return fmt.Errorf("%w\n  Fix the URI and pull again; --keep keeps the desire (Failed, shown by list) when a pull fails.", err)
+		return fmt.Errorf("%w\n  %s, and pull again; --keep keeps the desire (Failed, shown by list) when a pull fails.", err, remedy(reason, false))
 	}
 	next := "the daemon retries it with backoff"
 	if a != nil && a.NextRetry == nil {
-		next = "the daemon does not retry it (" + a.Reason + ") until the desire changes or you pull again"
+		next = "the daemon does not retry it (" + a.Reason + ") until the desire changes or 'modelctl retry " + name + "' asks"
 	} else if a != nil {
-		next += " (next attempt " + a.NextRetry.Local().Format("15:04:05") + ")"
+		next += " (next attempt " + a.NextRetry.Local().Format("15:04:05") + "; 'modelctl retry " + name + "' tries now)"
 	}
-	return fmt.Errorf("%w\n  The desire for %s stays: %s.\n  Fix the URI and pull again, or drop the desire with 'modelctl evict %s'.", err, name, next, name)
+	drop := "drop the desire with 'modelctl evict " + name + "'"
+	if a != nil && a.Desire != nil {
+		switch o := a.Desire.Origin; {
+		case strings.HasPrefix(o, "file:"):
+			drop = "drop it by removing it from " + strings.TrimPrefix(o, "file:")
+		case o != "" && o != "api":
+			drop = "the cluster declares it (" + o + "): change or delete its ModelCache to drop it"
+		}
+	}
+	return fmt.Errorf("%w\n  The desire for %s stays: %s.\n  %s, then 'modelctl retry %s'; or %s.", err, name, next, remedy(reason, true), name, drop)
+}
+
+// remedy is what fixes a failure of the given reason (api.Reason*);
+// stays says the desire stays (the fix is followed by a retry, not a new
+// pull).
+func remedy(reason string, stays bool) string {
+	switch reason {
+	case api.ReasonSourceNotFound, api.ReasonInvalidSource:
+		return "Fix the URI (or create what it names)"
+	case api.ReasonDigestMismatch:
+		return "Check the expected digest (#sha256=, --digest) against the source"
+	case api.ReasonAccessDenied:
+		return "Give modelcached access: credentials are the daemon's, not modelctl's (its environment, a models.d credentialsFile, a ModelCache's secretRef: docs/operator.md, Credentials); a file:// path must be readable by the identity the message names"
+	case api.ReasonInsufficientCapacity:
+		return "Make room: free space, raise the quota, or evict or unpin artifacts (modelctl evict, modelctl unpin)"
+	case api.ReasonSignatureFailed:
+		return "Sign the image with a key the policy trusts, or fix the policy (--key, --identity, --issuer)"
+	case api.ReasonSourceInconsistent, api.ReasonSourceChanged:
+		return "The source contradicts itself or changed under its recorded digest; fix the source"
+	}
+	if stays {
+		return "If the cause persists, fix it"
+	}
+	return "Fix the cause"
 }
 
 func newApp(stdout, stderr io.Writer) *cli.App {
@@ -193,7 +231,11 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 					return usagef("-o name: only list prints names; want table, wide, json or yaml")
 				}
 			default:
-				return usagef("-o %q: want table, wide, json, yaml or name (list)", c.String("output"))
+				hint := ""
+				if s := cliutil.Suggest([]string{"table", "wide", "json", "yaml", "name"}, c.String("output")); s != "" {
+					hint = fmt.Sprintf(" (did you mean -o %s?)", s)
+				}
+				return usagef("-o %q%s: want table, wide, json, yaml or name (list)", c.String("output"), hint)
 			}
 			c.App.Metadata["socket"] = c.String("socket")
 			return nil
@@ -241,6 +283,7 @@ func commands() []*cli.Command {
 		gpuCommand(),
 		envCommand(),
 		waitCommand(),
+		retryCommand(),
 		pinCommand("pin", "protect an artifact's current version from eviction", true),
 		pinCommand("unpin", "let an artifact's current version be evicted again", false),
 		evictCommand(),
@@ -328,12 +371,13 @@ func short(rev string) string {
 }
 
 func progressText(p *api.Progress) string {
-	s := fmt.Sprintf("%d/%d files, %s", p.FilesDone, p.FilesTotal, api.FormatBytes(p.BytesDone))
+	have := p.BytesDone + p.BytesSkipped // the amount and the percentage count the same bytes
+	s := fmt.Sprintf("%d/%d files, %s", p.FilesDone, p.FilesTotal, api.FormatBytes(have))
 	if p.BytesTotal > 0 {
-		s += fmt.Sprintf(" of %s (%.0f%%)", api.FormatBytes(p.BytesTotal), 100*float64(p.BytesDone+p.BytesSkipped)/float64(p.BytesTotal))
+		s += fmt.Sprintf(" of %s (%.0f%%)", api.FormatBytes(p.BytesTotal), 100*float64(have)/float64(p.BytesTotal))
 	}
 	if p.BytesSkipped > 0 {
-		s += fmt.Sprintf(", %s already cached", api.FormatBytes(p.BytesSkipped))
+		s += fmt.Sprintf(", %s of it already cached", api.FormatBytes(p.BytesSkipped))
 	}
 	return s + fmt.Sprintf(", %s/s", api.FormatBytes(int64(p.BytesPerSecond)))
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -34,6 +35,8 @@ type progress struct {
 	line    string // the last line written (plain mode: written once)
 	drew    bool
 	stop    chan struct{}
+	// finished: finish ran (it may be called again, as a deferred call).
+	finished bool
 }
 
 func newProgress(w io.Writer) *progress {
@@ -72,8 +75,8 @@ func (p *progress) resize() {
 
 func (p *progress) event(ev api.Event) {
 	a := ev.Artifact
-	if a == nil {
-		return
+	if a == nil || ev.Error != nil {
+		return // the error is the command's to report, not a phase to show
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -106,14 +109,54 @@ func (p *progress) drawLocked(a *api.Artifact) {
 	p.line, p.drew = line, true
 }
 
+// note writes a line between progress lines (a daemon that went away and
+// came back): on a terminal it ends the line drawn, and the next event
+// draws again below it.
+func (p *progress) note(msg string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tty && p.drew {
+		fmt.Fprint(p.w, "\r\033[K")
+		p.drew = false
+	}
+	fmt.Fprintln(p.w, "modelctl: "+msg)
+	p.line = ""
+}
+
+// outage tells the user what happens while the daemon is away: a restart
+// (or a daemon not up yet) is waited out, not reported as a failure.
+func (p *progress) outage(until string) api.Outage {
+	return api.Outage{
+		Lost: func(err error, answered bool) {
+			var ua *api.UnavailableError
+			why := err.Error()
+			if errors.As(err, &ua) {
+				why = ua.Err.Error()
+			}
+			if answered {
+				p.note(fmt.Sprintf("modelcached restarted or stopped (%s); waiting for it to come back %s…", why, until))
+			} else {
+				p.note(fmt.Sprintf("cannot reach modelcached at %s (%s); waiting for it %s…", ua.Socket, why, until))
+			}
+		},
+		Back: func(away time.Duration) {
+			p.note(fmt.Sprintf("modelcached is back (after %s); following again", humanDuration(away)))
+		},
+	}
+}
+
 // finish ends the display: on a terminal a pull that became Ready shows
 // its bar at 100 % with what it took; any drawn line is ended.
 func (p *progress) finish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.finished {
+		return
+	}
+	p.finished = true
 	if p.stop != nil {
 		close(p.stop)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	if !p.tty {
 		return
 	}
@@ -156,7 +199,9 @@ func statusLine(a *api.Artifact, width int, now time.Time) string {
 	}
 	rate := api.FormatBytes(int64(pr.BytesPerSecond)) + "/s"
 	eta := "ETA --"
-	if pr.BytesPerSecond > 0 {
+	// The rate of the first seconds says little (a connection's slow
+	// start, a file that was cached): no ETA before etaAfter.
+	if pr.BytesPerSecond > 0 && (pr.Started.IsZero() || now.Sub(pr.Started) >= etaAfter) {
 		eta = "ETA " + humanDuration(time.Duration(float64(pr.BytesTotal-have)/pr.BytesPerSecond*float64(time.Second)))
 	}
 	if width <= 0 { // a log, not a terminal: words, no bar
@@ -165,6 +210,9 @@ func statusLine(a *api.Artifact, width int, now time.Time) string {
 	// As the width shrinks the sizes go first, then the ETA, then the rate.
 	return barLine(a.Name, frac, width, pct, []string{size, rate, eta}, []string{rate, eta}, []string{eta})
 }
+
+// etaAfter is how long a download runs before its bar shows an ETA.
+const etaAfter = 2 * time.Second
 
 // doneLine is the bar of a finished pull: 100 %, the size, the time and
 // the mean rate.

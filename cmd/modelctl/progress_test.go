@@ -56,3 +56,21 @@ func TestProgressEndsAt100(t *testing.T) {
 		t.Errorf("plain progress:\n%s", buf.String())
 	}
 }
+
+// The amount counts what the percentage counts (cached bytes too); a
+// download younger than etaAfter shows no ETA from its first rate.
+func TestProgressAmountsAndEarlyETA(t *testing.T) {
+	now := time.Now()
+	pr := &api.Progress{BytesDone: 100 << 20, BytesSkipped: 500 << 20, BytesTotal: 1000 << 20, FilesDone: 1, FilesTotal: 2, BytesPerSecond: 100 << 10, Started: now.Add(-300 * time.Millisecond)}
+	if got := progressText(pr); !strings.Contains(got, "600.0 MiB of 1000.0 MiB (60%)") || !strings.Contains(got, "500.0 MiB of it already cached") {
+		t.Errorf("progress text: %q", got)
+	}
+	a := &api.Artifact{Name: "m", Phase: api.PhaseDownloading, Progress: pr}
+	if got := statusLine(a, 0, now); !strings.Contains(got, "ETA --") {
+		t.Errorf("a 0.3 s old download: %q; want no ETA yet", got)
+	}
+	pr.Started = now.Add(-10 * time.Second)
+	if got := statusLine(a, 0, now); strings.Contains(got, "ETA --") {
+		t.Errorf("a 10 s old download: %q; want an ETA", got)
+	}
+}

@@ -33,6 +33,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"list", "--otput", "json"}, []string{"unknown flag --otput (did you mean --output?)", "Run 'modelctl --help'"}},
 		{[]string{"inspect", "m", "--sokcet=/s"}, []string{"unknown flag --sokcet (did you mean --socket?)"}},
 		{[]string{"-o", "xml", "list"}, []string{`-o "xml": want table, wide, json, yaml or name (list)`}},
+		{[]string{"-o", "jsn", "list"}, []string{`-o "jsn" (did you mean -o json?)`}},
 		{[]string{"inspect", "m", "-o", "name"}, []string{"-o name: only list prints names"}},
 		// Every bad flag, not only the first.
 		{[]string{"evict", "m", "--revison", "r", "--forse"}, []string{"unknown flag --revison (did you mean --revision?)", "unknown flag --forse (did you mean --force?)"}},

@@ -3,10 +3,12 @@ package sources
 import (
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/hf"
 )
 
 // credentialKeys are the keys a credentials file (and a ModelCache's
@@ -14,6 +16,32 @@ import (
 var credentialKeys = map[string]bool{
 	"HF_TOKEN": true, "AWS_ACCESS_KEY_ID": true, "AWS_SECRET_ACCESS_KEY": true, "AWS_SESSION_TOKEN": true, "HTTP_AUTHORIZATION": true,
 	"NGC_API_KEY": true,
+}
+
+// Ambient names the credentials the daemon's own environment holds, one
+// name per source kind (never a value): HF_TOKEN (the variable or the
+// hub's token file), NGC_API_KEY (or NGC_CLI_API_KEY, NGC_API_KEY_FILE),
+// AWS_ACCESS_KEY_ID (or AWS_PROFILE, AWS_WEB_IDENTITY_TOKEN_FILE).
+func Ambient() []string {
+	var out []string
+	if hf.HasToken() {
+		out = append(out, "HF_TOKEN")
+	}
+	set := func(keys ...string) bool {
+		for _, k := range keys {
+			if os.Getenv(k) != "" {
+				return true
+			}
+		}
+		return false
+	}
+	if set("NGC_API_KEY", "NGC_CLI_API_KEY", "NGC_API_KEY_FILE") {
+		out = append(out, "NGC_API_KEY")
+	}
+	if set("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE") {
+		out = append(out, "AWS_ACCESS_KEY_ID")
+	}
+	return out
 }
 
 // ReadCredentialsFile reads a models.d desire's credentialsFile: KEY=VALUE

@@ -153,10 +153,19 @@ func (s *Set) SetCredentials(creds map[string]map[string]string) map[string]bool
 }
 
 // Known returns nil when uri's scheme has a fetcher here, else an error
-// naming the schemes this daemon knows.
+// naming the schemes this daemon knows; an http(s) URL must also parse
+// (its #sha256= fragment), so that a mistyped digest is refused with the
+// request, not as a failed pull.
 func (s *Set) Known(uri string) error {
-	_, err := s.shared.For(uri)
-	return err
+	if _, err := s.shared.For(uri); err != nil {
+		return err
+	}
+	if sc, _ := fetchers.Scheme(uri); sc == "http" || sc == "https" {
+		if _, _, _, err := httpfetcher.ParseURI(uri); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // OCI is the shared oci:// fetcher.

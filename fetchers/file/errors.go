@@ -19,7 +19,7 @@ func explain(uri, p string, err error) error {
 	case errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("source %q: %w: %s does not exist (%s)", uri, fetchers.ErrNotFound, p, missingHint(p))
 	case errors.Is(err, fs.ErrPermission):
-		return fmt.Errorf("source %q: %w: %s is not readable, or holds what is not readable, by the user this pull reads as; a file:// pull reads only what its requester may read (a socket pull: the peer's uid and groups; a ModelCache or models.d source: modelcached --file-identity)", uri, fetchers.ErrUnauthorized, p)
+		return &permError{uri: uri, p: p} // withRefusal names the component and the identity
 	case errors.Is(err, unix.ELOOP):
 		return fmt.Errorf("source %q: %w: the path %s crosses a symlink; give the real path (realpath %s)", uri, fetchers.ErrBadSource, p, p)
 	case errors.Is(err, unix.EXDEV):

@@ -208,7 +208,7 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 				return err
 			}
 			l := loc{dir: filepath.Clean(parent), rel: base, dirID: idOf(&pst), fileID: idOf(&st), as: src.As}
-			res.Files = []fetchers.File{{Path: base, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String()}}
+			res.Files = []fetchers.File{{Path: base, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String(), Validator: validator(&st)}}
 			return nil
 		case unix.S_IFDIR:
 		case unix.S_IFLNK:
@@ -236,7 +236,7 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 		return nil
 	})
 	if err != nil {
-		return nil, fetchers.Permanent(err)
+		return nil, fetchers.Permanent(withRefusal(err, src.As))
 	}
 	if len(res.Files) == 0 {
 		return nil, fetchers.Permanent(fmt.Errorf("source %q: %w: the directory holds no files", src.URI, fetchers.ErrNotFound))
@@ -289,11 +289,15 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 			unix.Close(fd)
 			return fmt.Errorf("source %q: %w: %s was replaced during the pull (it is not the file listed when the pull began); nothing was committed, pull again once it stays put", uri, fetchers.ErrBadSource, filepath.Join(l.dir, l.rel))
 		}
+		if offset > 0 && file.Validator != "" && validator(&st) != file.Validator {
+			unix.Close(fd)
+			return fmt.Errorf("source %q: %s changed since it was listed: %w", uri, filepath.Join(l.dir, l.rel), fetchers.ErrCannotResume)
+		}
 		fh = os.NewFile(uintptr(fd), filepath.Join(l.dir, l.rel))
 		return nil
 	})
 	if err != nil {
-		return nil, fetchers.Permanent(err)
+		return nil, fetchers.Permanent(withRefusal(err, l.as))
 	}
 	if offset > 0 {
 		if _, err := fh.Seek(offset, io.SeekStart); err != nil {
@@ -302,4 +306,12 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 		}
 	}
 	return fh, nil
+}
+
+// validator names the version of a file as stat sees it (device, inode,
+// size, modification and change times, as git's index does): a pull that
+// sees it again reuses the blob it committed instead of reading the file,
+// and partial data of one version is never continued with another.
+func validator(st *unix.Stat_t) string {
+	return fmt.Sprintf("dev=%d,ino=%d,size=%d,mtime=%d.%09d,ctime=%d.%09d", st.Dev, st.Ino, st.Size, st.Mtim.Sec, st.Mtim.Nsec, st.Ctim.Sec, st.Ctim.Nsec)
 }

@@ -88,6 +88,16 @@ func TestReadsAsRequester(t *testing.T) {
 			t.Errorf("%s: %v; want the message to say the requester may not read it", uri, err)
 		}
 	}
+	// The refusal names the component that refused and the identity: a
+	// directory on the way that nobody may not search.
+	write(t, filepath.Join(dir, "deep/sub/w.bin"), "two levels down")
+	os.Chmod(filepath.Join(dir, "deep"), 0o700)
+	_, err := readAll(t, f, fetchers.Source{URI: "file://" + dir + "/deep/sub/w.bin", As: nobody})
+	for _, want := range []string{"the directory " + dir + "/deep (drwx------ root:root) on the way to", "uid 65534", "search (x)"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("behind a 0700 directory: %v; want %q", err, want)
+		}
+	}
 	// A group the requester is in opens a group-readable file.
 	os.Chown(filepath.Join(dir, "private/w.bin"), 0, 4242)
 	os.Chmod(filepath.Join(dir, "private/w.bin"), 0o640)

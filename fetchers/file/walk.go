@@ -116,7 +116,7 @@ func (w *walker) walk(dirfd int, rel string, depth int) error {
 			return fmt.Errorf("source %q: %w: the tree holds more than %d files; point the source at a smaller directory", w.uri, fetchers.ErrBadSource, maxFiles)
 		}
 		l := loc{dir: w.root, rel: crel, dirID: w.rootID, fileID: idOf(&st), as: w.as}
-		w.files = append(w.files, fetchers.File{Path: crel, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String()})
+		w.files = append(w.files, fetchers.File{Path: crel, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String(), Validator: validator(&st)})
 	}
 	for _, crel := range dirs {
 		fd, err := openBeneath(w.rootfd, crel, unix.O_DIRECTORY|unix.O_NOFOLLOW)

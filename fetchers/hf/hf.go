@@ -40,8 +40,11 @@ type Fetcher struct {
 	opts     fetchers.HTTPOptions
 	endpoint string
 	token    string
-	client   *nethttp.Client
-	get      *httpfetcher.Fetcher
+	// tokenFile is the token file that was looked for (named when there
+	// is no token).
+	tokenFile string
+	client    *nethttp.Client
+	get       *httpfetcher.Fetcher
 }
 
 type options struct {
@@ -70,6 +73,35 @@ func WithToken(t string) Option { return func(o *options) { o.token = t } }
 // ~/.cache/huggingface/token. A missing file means no token.
 func WithTokenFile(p string) Option { return func(o *options) { o.tokenFile = p } }
 
+// TokenFile is the token file a process reads when no token is given:
+// file when set, else $HF_TOKEN_PATH, else $HF_HOME/token, else
+// ~/.cache/huggingface/token ("" when there is no home).
+func TokenFile(file string) string {
+	if file == "" {
+		file = os.Getenv("HF_TOKEN_PATH")
+	}
+	if file != "" {
+		return file
+	}
+	if h := os.Getenv("HF_HOME"); h != "" {
+		return filepath.Join(h, "token")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".cache", "huggingface", "token")
+	}
+	return ""
+}
+
+// HasToken says whether this process has a hub token of its own: $HF_TOKEN
+// or a non-empty token file (what New reads by default).
+func HasToken() bool {
+	if os.Getenv("HF_TOKEN") != "" {
+		return true
+	}
+	b, err := os.ReadFile(TokenFile(""))
+	return err == nil && strings.TrimSpace(string(b)) != ""
+}
+
 // New returns a hub fetcher.
 func New(opts ...Option) (*Fetcher, error) {
 	o := options{HTTPOptions: fetchers.DefaultHTTPOptions(), endpoint: os.Getenv("HF_ENDPOINT"), token: os.Getenv("HF_TOKEN"), tokenFile: os.Getenv("HF_TOKEN_PATH")}
@@ -83,15 +115,8 @@ func New(opts ...Option) (*Fetcher, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("HF_ENDPOINT %q: want http(s)://host[:port]", o.endpoint)
 	}
+	p := TokenFile(o.tokenFile)
 	if o.token == "" {
-		p := o.tokenFile
-		if p == "" {
-			if h := os.Getenv("HF_HOME"); h != "" {
-				p = filepath.Join(h, "token")
-			} else if home, err := os.UserHomeDir(); err == nil {
-				p = filepath.Join(home, ".cache", "huggingface", "token")
-			}
-		}
 		if b, err := os.ReadFile(p); err == nil {
 			o.token = strings.TrimSpace(string(b))
 		}
@@ -99,7 +124,7 @@ func New(opts ...Option) (*Fetcher, error) {
 	if err := o.CheckRanges(); err != nil {
 		return nil, fmt.Errorf("hf: %w", err)
 	}
-	f := &Fetcher{endpoint: strings.TrimRight(o.endpoint, "/"), token: o.token, opts: o.HTTPOptions, client: o.Client()}
+	f := &Fetcher{endpoint: strings.TrimRight(o.endpoint, "/"), token: o.token, tokenFile: p, opts: o.HTTPOptions, client: o.Client()}
 	f.get = httpfetcher.New(httpfetcher.WithClient(f.client), httpfetcher.WithHTTP(fetchers.WithIdleTimeout(o.IdleTimeout), fetchers.WithUserAgent(o.UserAgent)))
 	return f, nil
 }
@@ -146,7 +171,7 @@ func (f *Fetcher) hubError(repo, rev, what string) func(*nethttp.Response) error
 		msg := resp.Header.Get("X-Error-Message")
 		switch {
 		case resp.StatusCode == 401 || resp.StatusCode == 403 || code == "GatedRepo":
-			auth := "no token is set: set HF_TOKEN (or a token file) to a token with read access"
+			auth := "modelcached has no Hugging Face token: the daemon reads HF_TOKEN from its own environment, not modelctl's (systemd: 'sudo systemctl edit modelcached', Environment=HF_TOKEN=…), or its token file " + f.tokenFile + ", or a models.d entry's credentialsFile, or a ModelCache's secretRef; give it a token with read access, then 'modelctl retry NAME'"
 			if f.token != "" {
 				auth = "the token lacks access: accept the model's terms on the hub, or use a token that can read it"
 			}

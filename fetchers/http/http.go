@@ -78,7 +78,7 @@ func ParseURI(uri string) (fetchURL, name, digest string, err error) {
 	}
 	if u.Fragment != "" {
 		k, v, ok := strings.Cut(u.Fragment, "=")
-		if !ok || k != "sha256" || len(v) != 64 || strings.Trim(strings.ToLower(v), "0123456789abcdef") != "" {
+		if !ok || !strings.EqualFold(k, "sha256") || len(v) != 64 || strings.Trim(strings.ToLower(v), "0123456789abcdef") != "" {
 			return "", "", "", fmt.Errorf("source %q: %w: fragment %q; the only fragment understood is #sha256=<64 hex>", uri, fetchers.ErrBadSource, u.Fragment)
 		}
 		digest = "sha256:" + strings.ToLower(v)

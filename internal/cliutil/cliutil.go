@@ -181,6 +181,9 @@ func Suggest(candidates []string, s string) string {
 		if strings.HasPrefix(c, s) && len(s) >= 2 {
 			d = min(d, 1)
 		}
+		if strings.HasPrefix(strings.ToLower(s), strings.ToLower(c)) && len(c) >= 3 {
+			d = min(d, 1) // the word with an ending: pinned for pin
+		}
 		if best == "" || d < bestD {
 			best, bestD = c, d
 		}

@@ -13,7 +13,7 @@ import (
 
 func TestSuggest(t *testing.T) {
 	names := []string{"list", "inspect", "pull", "pin", "unpin", "evict", "verify", "status"}
-	for in, want := range map[string]string{"lsit": "list", "pul": "pull", "evcit": "evict", "stauts": "status", "insp": "inspect", "xyz": "", "delete": ""} {
+	for in, want := range map[string]string{"lsit": "list", "pul": "pull", "evcit": "evict", "stauts": "status", "insp": "inspect", "xyz": "", "delete": "", "pinned": "pin", "Pinned": "pin"} {
 		if got := Suggest(names, in); got != want {
 			t.Errorf("Suggest(%q) = %q, want %q", in, got, want)
 		}

@@ -1,8 +1,11 @@
 package deploy
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -20,6 +24,7 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
+	"github.com/modelcache/modelcache/internal/bundle"
 	"github.com/modelcache/modelcache/internal/kubetest"
 	"github.com/modelcache/modelcache/internal/testenv"
 )
@@ -42,7 +47,7 @@ var podMonitorCRD = map[string]any{
 // symbols (the daemon) must stay out of it.
 
 // TestDeployBundleServerSideDryRun builds deploy/daemonset (and its
-// monitoring and examples) with kustomize and applies every object with
+// monitoring and examples) as make bundle does and applies every object with
 // server-side apply in dry-run mode against the real API server of the
 // Kubernetes tests: schemas, RBAC, the DaemonSet and the examples must be
 // what that server accepts.
@@ -57,18 +62,38 @@ func TestDeployBundleServerSideDryRun(t *testing.T) {
 	if _, err := crds.Create(ctx, &unstructured.Unstructured{Object: podMonitorCRD}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
+	// The bundle and examples as make bundle IMAGE=… renders them (the
+	// kustomizations themselves refuse to render without the image).
+	const image = "registry.example.com/modelcached:v1"
 	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
 	var objs []*unstructured.Unstructured
 	kinds := map[string]int{}
 	for _, dir := range []string{"daemonset", "daemonset/monitoring", "daemonset/examples"} {
-		res, err := k.Run(filesys.MakeFsOnDisk(), filepath.Join("..", "..", "deploy", dir))
-		if err != nil {
-			t.Fatalf("kustomize build deploy/%s: %v", dir, err)
-		}
-		for _, r := range res.Resources() {
-			m, err := r.Map()
+		path := filepath.Join("..", "..", "deploy", dir)
+		var y []byte
+		if dir == "daemonset/monitoring" {
+			res, err := k.Run(filesys.MakeFsOnDisk(), path)
 			if err != nil {
+				t.Fatalf("kustomize build deploy/%s: %v", dir, err)
+			}
+			if y, err = res.AsYaml(); err != nil {
 				t.Fatal(err)
+			}
+		} else {
+			var err error
+			if y, err = bundle.Render(path, image); err != nil {
+				t.Fatalf("make bundle deploy/%s: %v", dir, err)
+			}
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(y), 4096)
+		for {
+			var m map[string]any
+			if err := dec.Decode(&m); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("deploy/%s: %v", dir, err)
+			} else if m == nil {
+				continue
 			}
 			u := &unstructured.Unstructured{Object: m}
 			objs = append(objs, u)
@@ -116,8 +141,8 @@ func TestDeployBundleServerSideDryRun(t *testing.T) {
 		v, _, _ := unstructured.NestedFieldNoCopy(u.Object, "spec", "template", "spec", "containers")
 		c := v.([]any)[0].(map[string]any)
 		img, _ := c["image"].(string)
-		if !strings.HasPrefix(img, "ghcr.io/modelcache/modelcached") {
-			t.Errorf("image %q: the kustomization's images entry did not apply", img)
+		if img != image {
+			t.Errorf("image %q: want the one make bundle was given, %s", img, image)
 		}
 		env, _ := c["env"].([]any)
 		found := false

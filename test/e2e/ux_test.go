@@ -36,6 +36,17 @@ func TestDaemonUsageErrors(t *testing.T) {
 	if strings.Contains(out, "USAGE:") || strings.Contains(out, "OPTIONS:") {
 		t.Errorf("a usage error printed the whole help:\n%s", out)
 	}
+	// Values that parse but that the daemon refuses: every one, each on a
+	// line of its own, exit 2.
+	out = e.startFail("--log-level", "bogus", "--log-format", "xml", "--socket-mode", "999", "--high-watermark", "200", "--file-identity", "abc")
+	for _, w := range []string{
+		`modelcached: --log-level "bogus"`, `modelcached: --log-format "xml"`, `modelcached: --socket-mode "999"`,
+		"modelcached: capacity policy: watermarks 200/", `modelcached: --file-identity "abc"`, "Run 'modelcached --help' for usage.",
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
 	cmd := exec.Command(filepath.Join(binDir, "modelcached"), "--high-watermark", "x")
 	if err := cmd.Run(); err == nil || cmd.ProcessState.ExitCode() != 2 {
 		t.Errorf("modelcached --high-watermark x: %v, want exit 2", err)
