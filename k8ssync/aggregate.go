@@ -199,7 +199,11 @@ func aggregate(mc *ModelCache, nodes []ModelCacheNode, now time.Time) (ModelCach
 	var flips []flip
 	st.Active, st.Rollout, flips = rollouts(mc, st.Resolved, nodes, now)
 	st.Versions = versionStatuses(mc, statuses)
-	st.Peers, st.PeerAddresses = peerSets(mc, nodes, now)
+	var origins []string
+	for _, e := range append(slices.Clone(st.Resolved), st.Active...) {
+		origins = append(origins, e.OriginNodes...)
+	}
+	st.Peers, st.PeerAddresses = peerSets(mc, nodes, origins, now)
 	st.Nodes = st.Versions[0].Nodes
 	if len(st.Versions[0].Revisions) > 0 {
 		st.Revision = st.Versions[0].Revisions[0].Revision // the most common Ready revision

@@ -40,8 +40,11 @@ const MaxPeerStatusBytes = 384 << 10
 // peerSets are mc's status.peers and peerAddresses from the nodes'
 // statuses at now: each artifact of mc on each live node with a peer
 // port (Live), its current version and its prefetch, grouped by
-// (artifact, revision, digest, phase, next), sorted.
-func peerSets(mc *ModelCache, nodes []ModelCacheNode, now time.Time) ([]PeerSet, []PeerAddress) {
+// (artifact, revision, digest, phase, next), sorted; and the addresses of
+// those nodes and of the live origin nodes recorded with its resolutions
+// (origins), listed or not (a recorded node that never pulls must still
+// be asked, to be found gone).
+func peerSets(mc *ModelCache, nodes []ModelCacheNode, origins []string, now time.Time) ([]PeerSet, []PeerAddress) {
 	type key struct {
 		artifact, revision, digest, phase string
 		next                              bool
@@ -51,6 +54,9 @@ func peerSets(mc *ModelCache, nodes []ModelCacheNode, now time.Time) ([]PeerSet,
 	for _, n := range nodes {
 		if !Live(n, now) {
 			continue
+		}
+		if slices.Contains(origins, n.Name) {
+			addr[n.Name] = clip(n.Status.PeerAddress, MaxStatusField)
 		}
 		for _, a := range n.Status.Artifacts {
 			if a.ModelCache != mc.Name {
@@ -65,7 +71,7 @@ func peerSets(mc *ModelCache, nodes []ModelCacheNode, now time.Time) ([]PeerSet,
 			}
 		}
 	}
-	if len(sets) == 0 {
+	if len(sets) == 0 && len(addr) == 0 {
 		return nil, nil
 	}
 	var out []PeerSet
@@ -105,7 +111,7 @@ func peerSets(mc *ModelCache, nodes []ModelCacheNode, now time.Time) ([]PeerSet,
 			}
 		}
 		for n := range addr {
-			if !listed[n] {
+			if !listed[n] && !slices.Contains(origins, n) {
 				delete(addr, n)
 			}
 		}
@@ -141,6 +147,9 @@ func PeerView(mcs []*ModelCache, self string, own ModelCacheNodeStatus, now time
 		addr := map[string]string{}
 		for _, a := range mc.Status.PeerAddresses {
 			addr[a.Node] = a.Address
+			if a.Node != self && a.Address != "" {
+				get(a.Node, a.Address) // listed or not: a recorded origin node
+			}
 		}
 		for _, set := range mc.Status.Peers {
 			for _, name := range set.Nodes {

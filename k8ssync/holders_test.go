@@ -46,9 +46,14 @@ func TestPeerViewFromPublishedStatus(t *testing.T) {
 		node("stale", "http://127.0.0.7:7435", 4*time.Hour, art("Ready", "r1", "d-r1")),
 		node("noport", "", time.Minute, art("Ready", "r1", "d-r1")),
 		node("self", "http://127.0.0.9:7435", time.Minute, art("Pending", "", "")),
+		node("idle", "http://127.0.0.10:7435", time.Minute),
 	}
 	mc := &k8ssync.ModelCache{}
 	mc.Name = "llama"
+	// A recorded origin node that lists nothing yet (its daemon may never
+	// pull): its address is published, so that it is asked and found
+	// gone.
+	mc.Status.Resolved = []k8ssync.ResolvedSource{{Artifact: "llama", Source: "hf://org/llama", URI: "hf://org/llama@r1", Revision: "r1", OriginNodes: []string{"idle"}}}
 	st := k8ssync.Aggregate(mc, nodes, now)
 	if len(st.Peers) == 0 {
 		t.Fatal("no status.peers published")
@@ -70,6 +75,9 @@ func TestPeerViewFromPublishedStatus(t *testing.T) {
 	byName := map[string]k8ssync.ModelCacheNode{}
 	for _, n := range view {
 		byName[n.Name] = n
+	}
+	if n, ok := byName["idle"]; !ok || n.Status.PeerAddress != "http://127.0.0.10:7435" || len(n.Status.Artifacts) != 0 {
+		t.Errorf("the recorded origin node in the view: %+v (present %v)", n.Status, ok)
 	}
 	if _, ok := byName["stale"]; ok {
 		t.Error("a stale node is in the view")

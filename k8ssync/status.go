@@ -32,7 +32,7 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 	since := time.Since(s.lastWrite)
 	same := string(body) == string(s.lastStatus)
 	sameRest := rest == s.lastRest
-	due := since >= s.cfg.StatusInterval && (!sameRest || since >= s.cfg.CapacityInterval)
+	due := since >= s.cfg.StatusInterval && (!sameRest || (since >= s.cfg.CapacityInterval && s.capacityMoved(st)))
 	heartbeat := since >= s.cfg.Heartbeat
 	backoff := s.cfg.StatusInterval << min(s.writeErrs, 6) // 10s, 20s, … while writes fail
 	if s.writeErrs > 0 && since < backoff {
@@ -93,7 +93,29 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 		s.log.Info("k8s sync: node status written again", "after_failures", s.writeErrs)
 	}
 	s.writeErrs = 0
-	s.lastStatus, s.lastRest = body, rest
+	s.lastStatus, s.lastRest, s.lastCapacity = body, rest, st
+}
+
+// capacityMoved says whether st's used or free bytes moved by
+// capacityStep of the capacity since the last write: worth a write of
+// its own (at most every CapacityInterval); a smaller drift waits for the
+// next other change or the heartbeat, so a node at rest writes nothing
+// more often than hourly. Called with s.mu held.
+func (s *Syncer) capacityMoved(st ModelCacheNodeStatus) bool {
+	last := s.lastCapacity
+	step := max(st.CapacityBytes/capacityStep, 1)
+	return abs(st.FreeBytes-last.FreeBytes) >= step || abs(st.UsedBytes-last.UsedBytes) >= step || abs(st.ReservedBytes-last.ReservedBytes) >= step ||
+		st.CapacityBytes != last.CapacityBytes
+}
+
+// capacityStep: a move of 1/20 (5%) of the capacity is written on its own.
+const capacityStep = 20
+
+func abs(n int64) int64 {
+	if n < 0 {
+		return -n
+	}
+	return n
 }
 
 // withoutCapacity is st as JSON without the figures that move through

@@ -108,8 +108,9 @@ type Config struct {
 	// writes a minute during a rollout); Heartbeat is the most (default
 	// an hour: a request an hour at steady state). A change of the
 	// capacity figures alone (used, free bytes: they move through every
-	// download) is written at most every CapacityInterval (default 5m),
-	// or with the next other change.
+	// download) is written with the next other change or the heartbeat,
+	// or on its own at most every CapacityInterval (default 5m) once it
+	// passes 5% of the capacity.
 	StatusInterval   time.Duration
 	Heartbeat        time.Duration
 	CapacityInterval time.Duration
@@ -193,7 +194,8 @@ type Syncer struct {
 
 	mu           sync.Mutex
 	lastStatus   []byte
-	lastRest     string // lastStatus without its capacity figures (withoutCapacity)
+	lastRest     string               // lastStatus without its capacity figures (withoutCapacity)
+	lastCapacity ModelCacheNodeStatus // lastStatus as written (its capacity figures)
 	lastWrite    time.Time
 	phases       map[string]string     // artifact → phase at the last pass (for Events)
 	owners       map[string]string     // artifact → ModelCache
