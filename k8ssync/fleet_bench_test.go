@@ -284,6 +284,7 @@ func fleetRollout(b *testing.B, nodes int, dl time.Duration) {
 		}
 		wg.Add(1)
 		go func() { defer wg.Done(); s.Run(ctx) }()
+		time.Sleep(10 * time.Millisecond) // agents that start over seconds, as a DaemonSet's do
 	}
 	// Every agent has written its (empty) status once and one holds the
 	// Lease: the fleet is up.
