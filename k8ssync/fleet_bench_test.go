@@ -278,7 +278,7 @@ func fleetRollout(b *testing.B, nodes int, dl time.Duration) {
 		l := logs[i]
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return loggingRT{rt, l} }
 		s, err := k8ssync.New(k8ssync.Config{NodeName: name, Kube: cfg, Namespace: "modelcache-system", Aggregate: true,
-			PeerAddress: fmt.Sprintf("http://127.%d.%d.%d:7435", 1+i>>16, (i>>8)&255, 1+i&254)}, sims[i])
+			PeerAddress: fmt.Sprintf("http://127.%d.%d.%d:7435", 1+i>>16, (i>>8)&255, i&255)}, sims[i])
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -313,11 +313,16 @@ func fleetRollout(b *testing.B, nodes int, dl time.Duration) {
 	}
 	all := fmt.Sprintf("%d/%d", nodes, nodes)
 	var aggregated time.Duration
+	var told time.Time
 	testenv.Eventually(b, "the fleet Ready, and every peer view showing it", 20*time.Minute, func() error {
 		if aggregated == 0 {
 			m := getMC(b, dyn, "fleet")
 			if m == nil || m.Status.Nodes.ReadyText != all {
-				return fmt.Errorf("aggregated %+v", m)
+				if m != nil && time.Since(told) > 30*time.Second { // progress, on a run that takes minutes
+					told = time.Now()
+					fmt.Fprintf(os.Stderr, "fleet of %d, %.0fs: aggregated %+v\n", nodes, time.Since(t0).Seconds(), m.Status.Nodes)
+				}
+				return fmt.Errorf("aggregated %+v", m.Status.Nodes)
 			}
 			aggregated = time.Since(t0)
 		}
