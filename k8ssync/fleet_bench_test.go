@@ -322,6 +322,9 @@ func fleetRollout(b *testing.B, nodes int, dl time.Duration) {
 					told = time.Now()
 					fmt.Fprintf(os.Stderr, "fleet of %d, %.0fs: aggregated %+v\n", nodes, time.Since(t0).Seconds(), m.Status.Nodes)
 				}
+				if m == nil {
+					return fmt.Errorf("no ModelCache fleet")
+				}
 				return fmt.Errorf("aggregated %+v", m.Status.Nodes)
 			}
 			aggregated = time.Since(t0)
