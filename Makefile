@@ -5,7 +5,7 @@ LDFLAGS  := -s -w -X main.version=$(VERSION)
 ROOT     ?= ./.modelcache
 BIN      := bin
 
-.PHONY: build run test test-short bench bench-store bench-peer bench-daemon bench-fanout bench-pull fmt vet clean deb fuzz image bundle need-image
+.PHONY: build run test test-short bench bench-store bench-peer bench-daemon bench-fanout bench-fleet bench-pull fmt vet clean deb fuzz image bundle need-image
 
 # Debian's versions must start with a digit: 0.1.0~git<commit> unless tagged.
 DEB_VERSION ?= $(shell v=$$(git describe --tags --exact-match 2>/dev/null | sed 's/^v//'); [ -n "$$v" ] && echo $$v || echo 0.1.0~git$$(git rev-parse --short HEAD 2>/dev/null || echo 0))
@@ -54,6 +54,7 @@ vet:
 # bench/pullbench against curl, crane and the other peers; each bench-* target runs one part alone.
 # warm/ and daemon/'s BenchmarkWarmCSI read WARM_BENCH_MIB, WARM_BENCH_DELAY and WARM_BENCH_PULL_MIB.
 # daemon/'s BenchmarkFanOut reads BENCH_FANOUT_MIB and BENCH_FANOUT_MIBPS.
+# k8ssync's BenchmarkFleet (10, 100 and 1,000 node agents against one kube-apiserver) reads FLEET_BENCH_NODES and FLEET_BENCH_PULL.
 # test/fanout's BenchmarkFanOutNetns (root: network namespaces) reads FANOUT_BENCH_MIB, FANOUT_BENCH_MIBPS and FANOUT_LOG_DIR.
 # bench/pullbench: BENCH_SIZE_MIB sets the model size (README.md, Benchmarks).
 # docs_test.go's TestMakeBenchRunsEveryBenchmark fails when a benchmark is in no bench-* target.
@@ -62,6 +63,7 @@ bench: build
 	$(MAKE) --no-print-directory bench-peer
 	$(MAKE) --no-print-directory bench-daemon
 	$(MAKE) --no-print-directory bench-fanout
+	$(MAKE) --no-print-directory bench-fleet
 	$(MAKE) --no-print-directory bench-pull
 
 # The store, the capacity planner and /proc scan, warming.
@@ -83,6 +85,11 @@ bench-daemon:
 # Fan-out between real processes in network namespaces (root).
 bench-fanout: build
 	FANOUT_MODELCACHED=$(CURDIR)/$(BIN)/modelcached $(GO) test -run '^$$' -bench FanOutNetns -benchtime 1x -timeout 30m ./test/fanout/
+
+# The sync loops of 10, 100 and 1,000 node agents against one kube-apiserver: what a rollout
+# costs the API server per node (docs/fan-out.md: What a node costs the API server).
+bench-fleet:
+	$(GO) test -run '^$$' -bench Fleet -benchtime 1x -timeout 40m ./k8ssync/
 
 # Pulls against curl, crane | tar and the other peers (docs/benchmarks.md: The last run).
 bench-pull: build

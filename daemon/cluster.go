@@ -154,9 +154,11 @@ func (c clusterNode) syncConfig() *k8ssync.Config {
 	return &cfg
 }
 
-// SetPeerNodes takes the cluster's ModelCacheNodes (k8ssync, with a peer
-// address): the peers a pull asks for the blobs of a revision the
-// cluster resolved, and the nodes that want it (package fanout).
+// SetPeerNodes takes the nodes k8ssync learned from the ModelCaches'
+// status.peers (the elected daemon publishes them; no daemon watches
+// every ModelCacheNode) and this node's own: the peers a pull asks for
+// the blobs of a revision the cluster resolved, and the nodes that want
+// it (daemon/fanout).
 func (c clusterNode) SetPeerNodes(nodes []k8ssync.ModelCacheNode) {
 	if c.d.fanout != nil {
 		c.d.fanout.SetNodes(nodes)

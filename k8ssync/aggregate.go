@@ -111,11 +111,18 @@ func (s *Syncer) lead(ctx context.Context) {
 	s.mcInf.AddEventHandler(h)
 	go mcn.Run(ctx.Done())
 	written := map[string]ModelCacheStatus{}
+	// A ModelCache's status goes to every daemon: at most one write per
+	// PublishInterval each, the changes in between merged (holders.go).
+	published := map[string]time.Time{}
+	var due <-chan time.Time
+	var dueAt time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-kick:
+		case <-due:
+			due, dueAt = nil, time.Time{}
 		case <-time.After(time.Minute):
 		}
 		if !mcn.HasSynced() {
@@ -138,6 +145,13 @@ func (s *Syncer) lead(ctx context.Context) {
 				written[mc.Name] = st
 				continue
 			}
+			if at := published[mc.Name].Add(s.cfg.PublishInterval); time.Now().Before(at) {
+				if due == nil || at.Before(dueAt) {
+					due, dueAt = time.After(time.Until(at)), at
+				}
+				continue
+			}
+			published[mc.Name] = time.Now()
 			if err := s.writeMCStatus(ctx, mc, st); err != nil {
 				s.log.Warn("k8s sync: ModelCache status", "modelcache", mc.Name, "err", err)
 				go func() { time.Sleep(2 * time.Second); poke() }()
@@ -185,6 +199,11 @@ func aggregate(mc *ModelCache, nodes []ModelCacheNode, now time.Time) (ModelCach
 	var flips []flip
 	st.Active, st.Rollout, flips = rollouts(mc, st.Resolved, nodes, now)
 	st.Versions = versionStatuses(mc, statuses)
+	var origins []string
+	for _, e := range append(slices.Clone(st.Resolved), st.Active...) {
+		origins = append(origins, e.OriginNodes...)
+	}
+	st.Peers, st.PeerAddresses = peerSets(mc, nodes, origins, now)
 	st.Nodes = st.Versions[0].Nodes
 	if len(st.Versions[0].Revisions) > 0 {
 		st.Revision = st.Versions[0].Revisions[0].Revision // the most common Ready revision

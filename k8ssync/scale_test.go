@@ -220,8 +220,31 @@ func TestTwentyNodes(t *testing.T) {
 	t.Logf("%d nodes, one API server: change → aggregated Ready %s in %.2fs (first ModelCache, with the election) and %.2fs (second)", nodes, all, first.Seconds(), second.Seconds())
 	t.Logf("%d nodes: spec change → all nodes current on the new revision (prefetch on every node, flip at 100%%) in %.2fs", nodes, rollout.Seconds())
 	t.Logf("steady state over %s: %d requests from %d nodes (%s each) = %.1f requests per node per hour; with what is rarer than the window (watch renewals, heartbeat) about %.1f", window, total, nodes, strings.Join(per, " "), perHour, perHour+slow)
-	if perHour > 60 {
-		t.Errorf("%.0f requests per node per hour at steady state: the loop polls", perHour)
+	// docs/operator.md promises under 10 requests per node per hour at
+	// steady state. A window of seconds cannot count that rate directly
+	// (one request of one node in 20 s is 9 per node per hour at 20
+	// nodes), so hold what makes it up: no node but the elected one
+	// sends anything in the window, the elected one renews its Lease
+	// once a minute, and that renewal shared by the fleet plus what is
+	// rarer than the window stays under 10.
+	leader, most := 0, int64(-1)
+	deltas := make([]int64, nodes)
+	for i := range counts {
+		deltas[i] = counts[i].Load() - before[i]
+		if deltas[i] > most {
+			leader, most = i, deltas[i]
+		}
+	}
+	for i, d := range deltas {
+		if i != leader && d > 0 {
+			t.Errorf("sim-%02d sent %d requests at steady state (in %s) without being the elected one: the loop polls", i, d, window)
+		}
+	}
+	if renewals := int64(window/time.Minute) + 2; most > renewals {
+		t.Errorf("the elected node sent %d requests in %s, more than its Lease renewals (one a minute, %d at most): it polls", most, window, renewals)
+	}
+	if budget := 60/float64(nodes) + slow; budget >= 10 {
+		t.Errorf("at steady state a node costs about %.1f requests an hour (the Lease renewals shared by %d nodes, watch renewals, heartbeat): the docs promise under 10", budget, nodes)
 	}
 }
 

@@ -19,21 +19,27 @@ import (
 )
 
 // writeStatus applies this node's ModelCacheNode when it changed, at most
-// once per StatusInterval, and at least once per Heartbeat. Server-side
-// apply: no read, no conflict.
+// once per StatusInterval, and at least once per Heartbeat; a change of
+// the capacity figures alone waits for CapacityInterval. Server-side
+// apply: no read, no conflict. Progress is not in the status (metrics,
+// modelctl and the socket API have it): a pull writes its phases.
 func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners map[string]string, want map[string]api.Desire, pending map[string]string) {
 	st := s.nodeStatus(arts, owners, want, pending)
 	body, _ := json.Marshal(st)
+	rest := withoutCapacity(st)
 	s.mu.Lock()
+	s.ownStatus = st
+	since := time.Since(s.lastWrite)
 	same := string(body) == string(s.lastStatus)
-	due := time.Since(s.lastWrite) >= s.cfg.StatusInterval
-	heartbeat := time.Since(s.lastWrite) >= s.cfg.Heartbeat
-	backoff := s.cfg.StatusInterval << min(s.writeErrs, 6) // 2s, 4s, … 128s while writes fail
-	if s.writeErrs > 0 && time.Since(s.lastWrite) < backoff {
+	sameRest := rest == s.lastRest
+	due := since >= s.cfg.StatusInterval && (!sameRest || (since >= s.cfg.CapacityInterval && s.capacityMoved(st)))
+	heartbeat := since >= s.cfg.Heartbeat
+	backoff := s.cfg.StatusInterval << min(s.writeErrs, 6) // 10s, 20s, … while writes fail
+	if s.writeErrs > 0 && since < backoff {
 		due = false
 	}
 	s.mu.Unlock()
-	if (same && !heartbeat) || !due {
+	if (same && !heartbeat) || (!due && !heartbeat) {
 		if !same {
 			s.later(s.cfg.StatusInterval)
 		}
@@ -87,7 +93,38 @@ func (s *Syncer) writeStatus(ctx context.Context, arts []api.Artifact, owners ma
 		s.log.Info("k8s sync: node status written again", "after_failures", s.writeErrs)
 	}
 	s.writeErrs = 0
-	s.lastStatus = body
+	s.lastStatus, s.lastRest, s.lastCapacity = body, rest, st
+}
+
+// capacityMoved says whether st's used or free bytes moved by
+// capacityStep of the capacity since the last write: worth a write of
+// its own (at most every CapacityInterval); a smaller drift waits for the
+// next other change or the heartbeat, so a node at rest writes nothing
+// more often than hourly. Called with s.mu held.
+func (s *Syncer) capacityMoved(st ModelCacheNodeStatus) bool {
+	last := s.lastCapacity
+	step := max(st.CapacityBytes/capacityStep, 1)
+	return abs(st.FreeBytes-last.FreeBytes) >= step || abs(st.UsedBytes-last.UsedBytes) >= step || abs(st.ReservedBytes-last.ReservedBytes) >= step ||
+		st.CapacityBytes != last.CapacityBytes
+}
+
+// capacityStep: a move of 1/20 (5%) of the capacity is written on its own.
+const capacityStep = 20
+
+func abs(n int64) int64 {
+	if n < 0 {
+		return -n
+	}
+	return n
+}
+
+// withoutCapacity is st as JSON without the figures that move through
+// every download (used, reserved, free bytes), to tell a change worth a
+// write from one that can wait for CapacityInterval.
+func withoutCapacity(st ModelCacheNodeStatus) string {
+	st.UsedBytes, st.ReservedBytes, st.FreeBytes, st.CapacityBytes = 0, 0, 0, 0
+	b, _ := json.Marshal(st)
+	return string(b)
 }
 
 // nodeStatus is this node's ModelCacheNode status: every string clipped

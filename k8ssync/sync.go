@@ -25,8 +25,11 @@
 //	              a revision (atRevision); forged entries are refused
 //	rollout.go    coordinated rollouts: status.active vs status.resolved,
 //	              prefetch of the target, the flip at minReadyPercent, retainOld
-//	peers.go      every ModelCacheNode handed to the daemon, for fan-out
-//	              between nodes (with Config.PeerAddress)
+//	peers.go      watched ModelCacheNode objects converted (the leader's)
+//	holders.go    who holds what for fan-out: the leader publishes the
+//	              nodes of each revision in the ModelCache status at a
+//	              bounded rate; every daemon hands them to the planner
+//	              (with Config.PeerAddress), watching no ModelCacheNode
 //	selection.go  whether a ModelCache selects a given node (NodeSelection,
 //	              for the peer port's authorizer), whether a request comes
 //	              from the pod or Node its token is bound to (From), and
@@ -82,9 +85,13 @@ type Node interface {
 	// resolution for the cluster), with the ModelCache Secret's
 	// credentials: the immutable revision and the URI that names it.
 	Resolve(ctx context.Context, ds api.Desire, creds map[string]string) (revision, pinnedURI string, err error)
-	// SetPeerNodes hands over every ModelCacheNode of the cluster, as the
-	// watch sees them (only with Config.PeerAddress): where the other
-	// daemons serve blobs and what they hold (peers.go).
+	// SetPeerNodes hands over the nodes that hold, fetch, want or failed
+	// the artifacts of the ModelCaches, as the elected daemon published
+	// them (status.peers), and this node's own artifacts (only with
+	// Config.PeerAddress): where the other daemons serve blobs and what
+	// they hold (holders.go). Only the fields the planner reads are set:
+	// name, peer address, heartbeat (the hand-over's time), and per
+	// artifact name, ModelCache, phase, revision, digest and next.
 	SetPeerNodes(nodes []ModelCacheNode)
 }
 
@@ -97,10 +104,21 @@ type Config struct {
 	// (credentials.go).
 	Namespace string
 	// StatusInterval is the least time between two writes of this node's
-	// status (changes in between are merged); Heartbeat is the most
-	// (default an hour: a request an hour at steady state).
-	StatusInterval time.Duration
-	Heartbeat      time.Duration
+	// status (changes in between are merged; default 10s: at most 6
+	// writes a minute during a rollout); Heartbeat is the most (default
+	// an hour: a request an hour at steady state). A change of the
+	// capacity figures alone (used, free bytes: they move through every
+	// download) is written with the next other change or the heartbeat,
+	// or on its own at most every CapacityInterval (default 5m) once it
+	// passes 5% of the capacity.
+	StatusInterval   time.Duration
+	Heartbeat        time.Duration
+	CapacityInterval time.Duration
+	// PublishInterval is the least time between two writes of one
+	// ModelCache's status by the elected daemon (default 5s): the counts
+	// and the nodes of each revision (holders.go) that every daemon
+	// receives.
+	PublishInterval time.Duration
 	// LocalPVs makes a read-only local PersistentVolume of StorageClass for
 	// each Ready model; PVQPS and PVBurst bound their creation and deletion.
 	LocalPVs     bool
@@ -116,8 +134,8 @@ type Config struct {
 	Self string
 	// PeerAddress, when set, is this daemon's peer port as the others
 	// reach it (http://10.0.0.7:7435): written to status.peerAddress, and
-	// with it the loop watches every ModelCacheNode (one long watch) and
-	// hands them to Node.SetPeerNodes.
+	// with it the loop hands the nodes the ModelCaches' status.peers list
+	// to Node.SetPeerNodes (holders.go).
 	PeerAddress string
 	// OriginConcurrency is how many nodes the elected daemon records as
 	// the origin nodes of a model resolution (default 2, at most
@@ -128,6 +146,12 @@ type Config struct {
 	// time.Now; tests move it on).
 	Now func() time.Time
 }
+
+// Defaults of Config.StatusInterval and PublishInterval.
+const (
+	DefaultStatusInterval  = 10 * time.Second
+	DefaultPublishInterval = 5 * time.Second
+)
 
 // Labels on what the loop makes.
 const (
@@ -170,6 +194,8 @@ type Syncer struct {
 
 	mu           sync.Mutex
 	lastStatus   []byte
+	lastRest     string               // lastStatus without its capacity figures (withoutCapacity)
+	lastCapacity ModelCacheNodeStatus // lastStatus as written (its capacity figures)
 	lastWrite    time.Time
 	phases       map[string]string     // artifact → phase at the last pass (for Events)
 	owners       map[string]string     // artifact → ModelCache
@@ -182,10 +208,13 @@ type Syncer struct {
 	nexts        map[string]string      // artifact → the phase of its prefetch at the last pass (for Events)
 	refused      map[string]bool        // the status entries this node refused at the last pass (one Event each)
 	writeErrs    int
-	timer        bool   // a later poke is pending
-	created      bool   // this node's ModelCacheNode exists
-	aggProblem   string // why this node cannot take part in aggregation ("" when it can)
-	leading      bool   // this daemon is the elected one
+	timer        bool                 // a later poke is pending
+	created      bool                 // this node's ModelCacheNode exists
+	aggProblem   string               // why this node cannot take part in aggregation ("" when it can)
+	leading      bool                 // this daemon is the elected one
+	ownStatus    ModelCacheNodeStatus // this node's status at the last pass (written or not)
+	peersKey     string               // the peer view last handed over, without heartbeats, and when
+	peersAt      time.Time
 }
 
 // New prepares the loop; Run starts it.
@@ -194,7 +223,13 @@ func New(cfg Config, node Node) (*Syncer, error) {
 		return nil, errors.New("k8s sync: no node name: set NODE_NAME from the downward API (spec.nodeName) or --node-name")
 	}
 	if cfg.StatusInterval <= 0 {
-		cfg.StatusInterval = 2 * time.Second
+		cfg.StatusInterval = DefaultStatusInterval
+	}
+	if cfg.CapacityInterval <= 0 {
+		cfg.CapacityInterval = 5 * time.Minute
+	}
+	if cfg.PublishInterval <= 0 {
+		cfg.PublishInterval = DefaultPublishInterval
 	}
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = time.Hour
@@ -310,9 +345,6 @@ func (s *Syncer) Run(ctx context.Context) error {
 	if s.cfg.Aggregate {
 		go s.aggregate(ctx)
 	}
-	if s.cfg.PeerAddress != "" {
-		go s.watchPeers(ctx)
-	}
 	synced := false
 	tick := time.NewTicker(s.cfg.StatusInterval)
 	defer tick.Stop()
@@ -368,6 +400,9 @@ func (s *Syncer) pass(ctx context.Context) {
 	}
 	s.events(arts, owners, mcs)
 	s.writeStatus(ctx, arts, owners, want, pending)
+	if s.cfg.PeerAddress != "" {
+		s.handPeers(mcs)
+	}
 	s.syncLabels(ctx, node, arts, mcs, want)
 	if s.cfg.LocalPVs {
 		s.syncPVs(ctx, arts, owners, want)

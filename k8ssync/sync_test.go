@@ -63,7 +63,7 @@ func startNodeIn(t *testing.T, kcfg *rest.Config, name string, gpus string, loca
 	os.WriteFile(inv, []byte(gpus), 0o644)
 	cfg.GPUInventory = inv
 	cfg.Cluster = &k8ssync.Config{NodeName: name, Kube: kcfg, Namespace: namespace, Self: namespace + "/modelcached-" + name, StatusInterval: 200 * time.Millisecond,
-		LocalPVs: localPVs, PVQPS: 1, PVBurst: 1, Aggregate: true}
+		PublishInterval: 200 * time.Millisecond, LocalPVs: localPVs, PVQPS: 1, PVBurst: 1, Aggregate: true}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -93,7 +93,7 @@ func mc(name string, spec map[string]any) *unstructured.Unstructured {
 	}}
 }
 
-func getMC(t *testing.T, dyn dynamic.Interface, name string) *k8ssync.ModelCache {
+func getMC(t testing.TB, dyn dynamic.Interface, name string) *k8ssync.ModelCache {
 	u, err := dyn.Resource(k8ssync.ModelCacheGVR).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
 		return nil

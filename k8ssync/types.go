@@ -188,6 +188,36 @@ type ModelCacheStatus struct {
 	// revisions and folder checksums seen, the pods that use it and when
 	// it was last used anywhere.
 	Versions []VersionStatus `json:"versions,omitempty"`
+	// Peers are, per artifact revision of this ModelCache, the nodes
+	// that hold it or fetch it (or want or failed it), grouped by
+	// phase; PeerAddresses says where each serves blobs. The elected
+	// daemon publishes them from the nodes' statuses at most every
+	// Config.PublishInterval, so that a daemon learns who holds what
+	// from the ModelCaches it watches anyway, without watching every
+	// ModelCacheNode (holders.go). Only nodes whose ModelCacheNode is
+	// live and advertises a peer port are listed.
+	Peers         []PeerSet     `json:"peers,omitempty"`
+	PeerAddresses []PeerAddress `json:"peerAddresses,omitempty"`
+}
+
+// PeerSet is the nodes in one phase of one revision of an artifact, as
+// their statuses report it: their current version, or (Next) the one
+// they prefetch for a rollout. Nodes are sorted; Total counts them all
+// when the list was cut to keep the status within MaxPeerStatusBytes.
+type PeerSet struct {
+	Artifact string   `json:"artifact"`
+	Revision string   `json:"revision,omitempty"`
+	Digest   string   `json:"digest,omitempty"`
+	Phase    string   `json:"phase"`
+	Next     bool     `json:"next,omitempty"`
+	Nodes    []string `json:"nodes"`
+	Total    int      `json:"total,omitempty"`
+}
+
+// PeerAddress is where a node listed in status.peers serves blobs.
+type PeerAddress struct {
+	Node    string `json:"node"`
+	Address string `json:"address"`
 }
 
 // Bounds of status.versions, which must stay small (one object, written

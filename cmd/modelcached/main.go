@@ -19,7 +19,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/urfave/cli/v2"
 	"k8s.io/client-go/rest"
@@ -163,7 +162,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "pv-storage-class", Value: "modelcache-local", Usage: "storage class of those PVs"},
 			&cli.Float64Flag{Name: "pv-qps", Value: 1, Usage: "PV creations and deletions per second (token bucket)"},
 			&cli.IntFlag{Name: "pv-burst", Value: 5, Usage: "burst of that bucket"},
-			&cli.DurationFlag{Name: "status-interval", Value: 2 * time.Second, Usage: "least time between two writes of this node's ModelCacheNode status"},
+			&cli.DurationFlag{Name: "status-interval", Value: k8ssync.DefaultStatusInterval, Usage: "least time between two writes of this node's ModelCacheNode status (its phases; the capacity figures alone at most every 5m)"},
 			&cli.DurationFlag{Name: "idle-timeout", Value: def.IdleTimeout, Usage: "a download that delivers nothing this long is resumed on a new request"},
 			&cli.GenericFlag{Name: "progress-floor", Value: &sizeFlag{n: 1 << 20, set: true}, DefaultText: "1Mi", Usage: "a download that delivers less than this in a --progress-window of reading fails the attempt as too slow (retried, its pull slot given up meanwhile); 0 = off"},
 			&cli.DurationFlag{Name: "progress-window", Value: def.ProgressWindow, Usage: "the window of --progress-floor"},
