@@ -38,6 +38,8 @@
 //	             the opens beneath a directory through no symlink (openat2)
 //	walk.go      the walk of a source tree: depth and entry caps, denied
 //	             directories inside it, only regular files
+//	refusal.go   a read the kernel refused: which component of the path
+//	             refused, the permission it lacked and the identity that asked
 //	errors.go    explain: an open's error as the source's, naming the path
 //	             and the remedy
 //	identity.go  a read with the requester's filesystem credentials (fsuid,
