@@ -6,7 +6,8 @@
 //	main.go        the app, its global flags and the command table; how an error
 //	               is reported (exit codes, the remedy)
 //	args.go        a command line taken apart and checked whole before anything runs
-//	commands.go    the commands: list, inspect, pull, wait, evict, verify, gc, du, pin, ...
+//	commands.go    the commands: list, inspect, wait, retry, evict, verify, gc, du, pin, ...
+//	pull.go        modelctl pull: the credentials note, how a followed pull (or retry) ends
 //	lease.go       modelctl lease: hold an artifact while modelctl or a command runs
 //	warm.go        modelctl warm: read an artifact into the page cache ahead of its consumer
 //	gpu.go         the gpu command's output and the signature policy flags
