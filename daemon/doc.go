@@ -73,8 +73,9 @@
 //	reconcile.go   the reconcile loop: which desire needs a pull
 //	pullstates.go  pullStates: each artifact's state beyond the index (artState);
 //	               how far a pull got (progress); a blob's download in flight (flight)
-//	pull.go        one pull as one value (pull): resolve, admit, fetch, commit; a
-//	               kernel cache's checks before and after its layers (package kernels)
+//	pull.go        one pull as one value (pull): resolve, admit, fetch, commit
+//	kernelpull.go  a kernel cache pull's checks before and after its layers (package
+//	               kernels): signature, summary label, extracted tree, compatibility
 //	download.go    one file's download: single flight per blob, metering, the
 //	               budget of files of unknown size
 //	slot.go        a pull's share of the node's pull slots: held while transferring,
