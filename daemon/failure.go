@@ -105,7 +105,7 @@ func (p *pull) finish(ctx, pctx context.Context, err error) {
 		d.log.Info("kernel cache incompatible with this node's GPUs; not downloaded", "artifact", ds.Name, "uri", ds.URI, "why", err)
 	default:
 		st.attempts++
-		delay := d.retry().Delay(st.attempts, err)
+		delay := retryBackoff(&d.cfg).Delay(st.attempts, err)
 		st.phase, st.message, st.reason = api.PhaseFailed, err.Error(), retryReason(err)
 		st.nextRetry = time.Now().Add(delay)
 		st.lastErr = err
@@ -118,10 +118,11 @@ func (p *pull) finish(ctx, pctx context.Context, err error) {
 	d.space.kickPass()
 }
 
-// retry is the backoff between the attempts of one desire's pulls (each
-// attempt retries its own requests with d.backoff first).
-func (d *Daemon) retry() fetchers.Backoff {
-	return fetchers.Backoff{Initial: d.cfg.RetryInitial, Max: d.cfg.RetryMax, MaxRetryAfter: d.cfg.RetryMax}
+// retryBackoff is the backoff between the attempts of one desire's pulls
+// (each attempt retries its own requests with d.backoff first), as cfg
+// sets it.
+func retryBackoff(cfg *Config) fetchers.Backoff {
+	return fetchers.Backoff{Initial: cfg.RetryInitial, Max: cfg.RetryMax, MaxRetryAfter: cfg.RetryMax}
 }
 
 // retryReason is the reason of a failure that is retried.
