@@ -8,6 +8,11 @@
 //   - Every open happens with the requester's credentials (Source.As): a
 //     socket peer reads only what its own uid and groups may read, by the
 //     kernel's own checks (modes, ACLs, LSMs), however much the daemon may.
+//     It asks what the kernel asks of a plain open: search on each
+//     directory of the path, read on the file, and read on a directory
+//     only where the pull lists it (a 0711 parent refuses nothing). A
+//     refusal names the component that refused, the permission it lacks
+//     and the identity the read used.
 //   - The source path crosses no symlink (openat2 RESOLVE_NO_SYMLINKS), and
 //     the tree is walked and opened relative to one directory handle
 //     (RESOLVE_BENEATH): a symlink inside the tree that leads out of it is
@@ -173,9 +178,11 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 		if base == "" { // the filesystem root
 			parent, base = "/", "."
 		}
-		pfd, err := openDir(filepath.Clean(parent))
+		// The parent is not listed: opening it O_PATH asks what the
+		// kernel asks of a path through it (search, not read).
+		pfd, err := openPath(filepath.Clean(parent))
 		if err != nil {
-			return explain(src.URI, parent, err)
+			return explain(src.URI, p, err)
 		}
 		defer unix.Close(pfd)
 		if err := kernelFD(src.URI, parent, pfd); err != nil {
@@ -260,9 +267,9 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 	}
 	var fh *os.File
 	err = asIdentity(l.as, func() error {
-		dfd, err := openDir(l.dir)
+		dfd, err := openPath(l.dir)
 		if err != nil {
-			return explain(uri, l.dir, err)
+			return explain(uri, filepath.Join(l.dir, l.rel), err)
 		}
 		defer unix.Close(dfd)
 		var st unix.Stat_t
