@@ -19,7 +19,10 @@
 //     refused by the kernel, not by a check that a swap can race. Each Open
 //     re-opens the source directory and requires the device and inode that
 //     Resolve listed, and the file's own, so a directory or a file swapped
-//     during the pull fails it with nothing committed.
+//     during the pull fails it with nothing committed. One exception: a
+//     source in a Hugging Face hub cache snapshot follows the links that
+//     lead to a file directly in its repository's blobs/ (hfcache.go),
+//     opened beneath that directory as the requester.
 //   - Only regular files are opened, with O_NONBLOCK: a FIFO, a socket or a
 //     device is refused by name instead of blocking or streaming forever.
 //
@@ -45,6 +48,7 @@
 //	             directories inside it, only regular files
 //	refusal.go   a read the kernel refused: which component of the path
 //	             refused, the permission it lacked and the identity that asked
+//	hfcache.go   a hub cache snapshot: its links into blobs/ followed
 //	errors.go    explain: an open's error as the source's, naming the path
 //	             and the remedy
 //	identity.go  a read with the requester's filesystem credentials (fsuid,
@@ -221,7 +225,25 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 			return nil
 		case unix.S_IFDIR:
 		case unix.S_IFLNK:
-			return fmt.Errorf("source %q: %w: %s is a symlink; give the real path (realpath %s)", src.URI, fetchers.ErrBadSource, p, p)
+			// A file of a hub cache snapshot is a link into its blobs/.
+			blobs, err := f.openHFBlobs(src.URI, p, denied)
+			if err != nil {
+				return err
+			}
+			defer blobs.close()
+			bn, bst, ok, err := blobs.blob(pfd, filepath.Clean(parent), base)
+			if err != nil {
+				return explain(src.URI, p, err)
+			}
+			if !ok || bst.Mode&unix.S_IFMT != unix.S_IFREG {
+				return fmt.Errorf("source %q: %w: %s is a symlink; give the real path (realpath %s)", src.URI, fetchers.ErrBadSource, p, p)
+			}
+			if d, ok := denied[idOf(&bst)]; ok {
+				return deniedError(src.URI, p, d)
+			}
+			l := loc{dir: blobs.path, rel: bn, dirID: blobs.id, fileID: idOf(&bst), as: src.As}
+			res.Files = []fetchers.File{{Path: base, Size: bst.Size, Mode: bst.Mode & 0o777, Locator: l.String(), Validator: validator(&bst)}}
+			return nil
 		default:
 			return fmt.Errorf("source %q: %w: %s is a %s, not a regular file or directory", src.URI, fetchers.ErrBadSource, p, fetchers.TypeName(fs.FileMode(0)|modeType(st.Mode)))
 		}
@@ -237,7 +259,12 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 		if d, ok := denied[idOf(&rst)]; ok {
 			return deniedError(src.URI, p, d)
 		}
-		w := walker{ctx: ctx, uri: src.URI, root: p, rootfd: rfd, rootID: idOf(&rst), as: src.As, denied: denied}
+		blobs, err := f.openHFBlobs(src.URI, p, denied)
+		if err != nil {
+			return err
+		}
+		defer blobs.close()
+		w := walker{ctx: ctx, uri: src.URI, root: p, rootfd: rfd, rootID: idOf(&rst), as: src.As, denied: denied, blobs: blobs}
 		if err := w.walk(rfd, "", 0); err != nil {
 			return err
 		}
