@@ -177,99 +177,10 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 		return nil, fetchers.Permanent(err)
 	}
 	res := &fetchers.Resolved{URI: src.URI}
-	err = asIdentity(src.As, func() error {
-		parent, base := filepath.Split(p)
-		if base == "" { // the filesystem root
-			parent, base = "/", "."
-		}
-		// The parent is not listed: opening it O_PATH asks what the
-		// kernel asks of a path through it (search, not read).
-		pfd, err := openPath(filepath.Clean(parent))
-		if err != nil {
-			return explain(src.URI, p, err)
-		}
-		defer unix.Close(pfd)
-		if err := kernelFD(src.URI, parent, pfd); err != nil {
-			return err
-		}
-		var st unix.Stat_t
-		if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return explain(src.URI, p, err)
-		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFREG:
-			var pst unix.Stat_t
-			if err := unix.Fstat(pfd, &pst); err != nil {
-				return explain(src.URI, parent, err)
-			}
-			// Opening proves the requester may read it.
-			fd, err := openBeneath(pfd, base, unix.O_NOFOLLOW)
-			if err != nil {
-				return explain(src.URI, p, err)
-			}
-			defer unix.Close(fd)
-			if err := unix.Fstat(fd, &st); err != nil {
-				return explain(src.URI, p, err)
-			}
-			if st.Mode&unix.S_IFMT != unix.S_IFREG {
-				return fmt.Errorf("source %q: %w: %s changed while it was listed", src.URI, fetchers.ErrBadSource, p)
-			}
-			if d, ok := denied[idOf(&st)]; ok {
-				return deniedError(src.URI, p, d)
-			}
-			if err := kernelFD(src.URI, p, fd); err != nil { // a procfs or sysfs file bind-mounted here
-				return err
-			}
-			l := loc{dir: filepath.Clean(parent), rel: base, dirID: idOf(&pst), fileID: idOf(&st), as: src.As}
-			res.Files = []fetchers.File{{Path: base, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String(), Validator: validator(&st)}}
-			return nil
-		case unix.S_IFDIR:
-		case unix.S_IFLNK:
-			// A file of a hub cache snapshot is a link into its blobs/.
-			blobs, err := f.openHFBlobs(src.URI, p, denied)
-			if err != nil {
-				return err
-			}
-			defer blobs.close()
-			bn, bst, ok, err := blobs.blob(pfd, filepath.Clean(parent), base)
-			if err != nil {
-				return explain(src.URI, p, err)
-			}
-			if !ok || bst.Mode&unix.S_IFMT != unix.S_IFREG {
-				return fmt.Errorf("source %q: %w: %s is a symlink; give the real path (realpath %s)", src.URI, fetchers.ErrBadSource, p, p)
-			}
-			if d, ok := denied[idOf(&bst)]; ok {
-				return deniedError(src.URI, p, d)
-			}
-			l := loc{dir: blobs.path, rel: bn, dirID: blobs.id, fileID: idOf(&bst), as: src.As}
-			res.Files = []fetchers.File{{Path: base, Size: bst.Size, Mode: bst.Mode & 0o777, Locator: l.String(), Validator: validator(&bst)}}
-			return nil
-		default:
-			return fmt.Errorf("source %q: %w: %s is a %s, not a regular file or directory", src.URI, fetchers.ErrBadSource, p, fetchers.TypeName(fs.FileMode(0)|modeType(st.Mode)))
-		}
-		rfd, err := openDir(p)
-		if err != nil {
-			return explain(src.URI, p, err)
-		}
-		defer unix.Close(rfd)
-		var rst unix.Stat_t
-		if err := unix.Fstat(rfd, &rst); err != nil {
-			return explain(src.URI, p, err)
-		}
-		if d, ok := denied[idOf(&rst)]; ok {
-			return deniedError(src.URI, p, d)
-		}
-		blobs, err := f.openHFBlobs(src.URI, p, denied)
-		if err != nil {
-			return err
-		}
-		defer blobs.close()
-		w := walker{ctx: ctx, uri: src.URI, root: p, rootfd: rfd, rootID: idOf(&rst), as: src.As, denied: denied, blobs: blobs}
-		if err := w.walk(rfd, "", 0); err != nil {
-			return err
-		}
-		res.Files = w.files
-		return nil
+	ls := listing{f: f, ctx: ctx, uri: src.URI, p: p, as: src.As, denied: denied}
+	err = asIdentity(src.As, func() (err error) {
+		res.Files, err = ls.list()
+		return err
 	})
 	if err != nil {
 		return nil, fetchers.Permanent(withRefusal(err, src.As))
@@ -278,6 +189,126 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 		return nil, fetchers.Permanent(fmt.Errorf("source %q: %w: the directory holds no files", src.URI, fetchers.ErrNotFound))
 	}
 	return res, nil
+}
+
+// listing is one Resolve's listing of the source path p, run as its
+// requester (inside asIdentity).
+type listing struct {
+	f      *Fetcher
+	ctx    context.Context
+	uri, p string
+	as     *fetchers.Identity
+	denied map[fileID]string
+}
+
+// list lists p: a regular file, a hub cache snapshot's link to a blob, or
+// a directory tree.
+func (ls listing) list() ([]fetchers.File, error) {
+	parent, base := filepath.Split(ls.p)
+	if base == "" { // the filesystem root
+		parent, base = "/", "."
+	}
+	parent = filepath.Clean(parent)
+	// The parent is not listed: opening it O_PATH asks what the kernel
+	// asks of a path through it (search, not read).
+	pfd, err := openPath(parent)
+	if err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	defer unix.Close(pfd)
+	if err := kernelFD(ls.uri, parent, pfd); err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return ls.file(pfd, parent, base)
+	case unix.S_IFDIR:
+		return ls.tree()
+	case unix.S_IFLNK:
+		return ls.snapshotFile(pfd, parent, base)
+	}
+	return nil, fmt.Errorf("source %q: %w: %s is a %s, not a regular file or directory", ls.uri, fetchers.ErrBadSource, ls.p, fetchers.TypeName(fs.FileMode(0)|modeType(st.Mode)))
+}
+
+// file lists the regular file base of the directory pfd (at parent).
+func (ls listing) file(pfd int, parent, base string) ([]fetchers.File, error) {
+	var pst, st unix.Stat_t
+	if err := unix.Fstat(pfd, &pst); err != nil {
+		return nil, explain(ls.uri, parent, err)
+	}
+	// Opening proves the requester may read it.
+	fd, err := openBeneath(pfd, base, unix.O_NOFOLLOW)
+	if err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("source %q: %w: %s changed while it was listed", ls.uri, fetchers.ErrBadSource, ls.p)
+	}
+	if d, ok := ls.denied[idOf(&st)]; ok {
+		return nil, deniedError(ls.uri, ls.p, d)
+	}
+	if err := kernelFD(ls.uri, ls.p, fd); err != nil { // a procfs or sysfs file bind-mounted here
+		return nil, err
+	}
+	l := loc{dir: parent, rel: base, dirID: idOf(&pst), fileID: idOf(&st), as: ls.as}
+	return []fetchers.File{{Path: base, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String(), Validator: validator(&st)}}, nil
+}
+
+// snapshotFile lists the symlink base of the directory pfd (at parent)
+// where it is a file of a hub cache snapshot: a link into its blobs/.
+// Any other symlink is refused.
+func (ls listing) snapshotFile(pfd int, parent, base string) ([]fetchers.File, error) {
+	blobs, err := ls.f.openHFBlobs(ls.uri, ls.p, ls.denied)
+	if err != nil {
+		return nil, err
+	}
+	defer blobs.close()
+	bn, bst, ok, err := blobs.blob(pfd, parent, base)
+	if err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	if !ok || bst.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("source %q: %w: %s is a symlink; give the real path (realpath %s)", ls.uri, fetchers.ErrBadSource, ls.p, ls.p)
+	}
+	if d, ok := ls.denied[idOf(&bst)]; ok {
+		return nil, deniedError(ls.uri, ls.p, d)
+	}
+	l := loc{dir: blobs.path, rel: bn, dirID: blobs.id, fileID: idOf(&bst), as: ls.as}
+	return []fetchers.File{{Path: base, Size: bst.Size, Mode: bst.Mode & 0o777, Locator: l.String(), Validator: validator(&bst)}}, nil
+}
+
+// tree lists the directory p, which the requester must be able to list.
+func (ls listing) tree() ([]fetchers.File, error) {
+	rfd, err := openDir(ls.p)
+	if err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	defer unix.Close(rfd)
+	var rst unix.Stat_t
+	if err := unix.Fstat(rfd, &rst); err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	if d, ok := ls.denied[idOf(&rst)]; ok {
+		return nil, deniedError(ls.uri, ls.p, d)
+	}
+	blobs, err := ls.f.openHFBlobs(ls.uri, ls.p, ls.denied)
+	if err != nil {
+		return nil, err
+	}
+	defer blobs.close()
+	w := walker{ctx: ls.ctx, uri: ls.uri, root: ls.p, rootfd: rfd, rootID: idOf(&rst), as: ls.as, denied: ls.denied, blobs: blobs}
+	if err := w.walk(rfd, "", 0); err != nil {
+		return nil, err
+	}
+	return w.files, nil
 }
 
 // Open re-opens the source directory as the requester, checks that it is
