@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/modelcache/modelcache/api"
@@ -90,6 +91,41 @@ func TestCredentialedPullIsPrivate(t *testing.T) {
 	}
 	if m := treeMode(t, h, "fpub"); m != 0o755 {
 		t.Errorf("models.d with credentialsFile and public: true: tree %o, want 0755", m)
+	}
+}
+
+// TestCredentialedURIAndCluster: credentials in a source URI make a
+// socket pull private; a ModelCache's desire fetched with the daemon's own
+// token is private unless spec.public (Desire.Public) says otherwise.
+func TestCredentialedURIAndCluster(t *testing.T) {
+	gatedHub(t, "daemon-token")
+	t.Setenv("HF_TOKEN", "daemon-token")
+	w := data(3000, 8)
+	srv := newFileServer(t, map[string][]byte{"w.bin": w})
+	h := start(t, testConfig(t))
+	withUser := strings.Replace(srv.URL, "http://", "http://user:secret@", 1)
+	if _, err := h.pull(api.PullRequest{Name: "userinfo", URI: withUser + "/w.bin#sha256=" + sha(w)}); err != nil {
+		t.Fatal(err)
+	}
+	if m := treeMode(t, h, "userinfo"); m != 0o700 {
+		t.Errorf("credentials in the URI: tree %o, want 0700", m)
+	}
+	if _, err := h.pull(api.PullRequest{Name: "plain", URI: srv.URL + "/w.bin#sha256=" + sha(w)}); err != nil {
+		t.Fatal(err)
+	}
+	if m := treeMode(t, h, "plain"); m != 0o755 {
+		t.Errorf("no credentials: tree %o, want 0755", m)
+	}
+	priv, pub := clusterDesire("cpriv", "hf://acme/gate"), clusterDesire("cpub", "hf://acme/gate")
+	pub.Public = true
+	if err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"cpriv": priv, "cpub": pub}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if m := treeMode(t, h, "cpriv"); m != 0o700 {
+		t.Errorf("a ModelCache fetched with the daemon's token: tree %o, want 0700", m)
+	}
+	if m := treeMode(t, h, "cpub"); m != 0o755 {
+		t.Errorf("a ModelCache with spec.public: tree %o, want 0755", m)
 	}
 }
 
