@@ -22,6 +22,16 @@ func treeMode(t *testing.T, h *harness, name string) os.FileMode {
 	return fi.Mode().Perm()
 }
 
+// wantModes checks the tree modes of artifacts (name → mode) once each is Ready.
+func wantModes(t *testing.T, h *harness, what string, want map[string]os.FileMode) {
+	t.Helper()
+	for name, mode := range want {
+		if m := treeMode(t, h, name); m != mode {
+			t.Errorf("%s, %s: tree %o, want %o", what, name, m, mode)
+		}
+	}
+}
+
 // hfViewOf reports whether the hf/ view serves repo.
 func hfViewOf(h *harness, repo string) bool {
 	_, err := os.Stat(filepath.Join(h.cfg.Root, "hf", "models--"+repo[:4]+"--"+repo[5:]))
@@ -86,12 +96,7 @@ func TestCredentialedPullIsPrivate(t *testing.T) {
 	os.WriteFile(creds, []byte("HF_TOKEN=daemon-token\n"), 0o600)
 	os.WriteFile(filepath.Join(cfg.ModelsDir, "f.yaml"), []byte("models:\n- name: fpriv\n  uri: hf://acme/gate\n  credentialsFile: "+creds+
 		"\n- name: fpub\n  uri: hf://acme/gate\n  credentialsFile: "+creds+"\n  public: true\n"), 0o644)
-	if m := treeMode(t, h, "fpriv"); m != 0o700 {
-		t.Errorf("models.d with credentialsFile: tree %o, want 0700", m)
-	}
-	if m := treeMode(t, h, "fpub"); m != 0o755 {
-		t.Errorf("models.d with credentialsFile and public: true: tree %o, want 0755", m)
-	}
+	wantModes(t, h, "models.d with credentialsFile (fpub: and public: true)", map[string]os.FileMode{"fpriv": 0o700, "fpub": 0o755})
 }
 
 // TestCredentialedURIAndCluster: credentials in a source URI make a
@@ -104,29 +109,18 @@ func TestCredentialedURIAndCluster(t *testing.T) {
 	srv := newFileServer(t, map[string][]byte{"w.bin": w})
 	h := start(t, testConfig(t))
 	withUser := strings.Replace(srv.URL, "http://", "http://user:secret@", 1)
-	if _, err := h.pull(api.PullRequest{Name: "userinfo", URI: withUser + "/w.bin#sha256=" + sha(w)}); err != nil {
-		t.Fatal(err)
+	for name, uri := range map[string]string{"userinfo": withUser + "/w.bin#sha256=" + sha(w), "plain": srv.URL + "/w.bin#sha256=" + sha(w)} {
+		if _, err := h.pull(api.PullRequest{Name: name, URI: uri}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if m := treeMode(t, h, "userinfo"); m != 0o700 {
-		t.Errorf("credentials in the URI: tree %o, want 0700", m)
-	}
-	if _, err := h.pull(api.PullRequest{Name: "plain", URI: srv.URL + "/w.bin#sha256=" + sha(w)}); err != nil {
-		t.Fatal(err)
-	}
-	if m := treeMode(t, h, "plain"); m != 0o755 {
-		t.Errorf("no credentials: tree %o, want 0755", m)
-	}
+	wantModes(t, h, "credentials in the URI (plain: none)", map[string]os.FileMode{"userinfo": 0o700, "plain": 0o755})
 	priv, pub := clusterDesire("cpriv", "hf://acme/gate"), clusterDesire("cpub", "hf://acme/gate")
 	pub.Public = true
 	if err := (clusterNode{h.d}).SetClusterDesires(map[string]api.Desire{"cpriv": priv, "cpub": pub}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if m := treeMode(t, h, "cpriv"); m != 0o700 {
-		t.Errorf("a ModelCache fetched with the daemon's token: tree %o, want 0700", m)
-	}
-	if m := treeMode(t, h, "cpub"); m != 0o755 {
-		t.Errorf("a ModelCache with spec.public: tree %o, want 0755", m)
-	}
+	wantModes(t, h, "a ModelCache fetched with the daemon's token (cpub: spec.public)", map[string]os.FileMode{"cpriv": 0o700, "cpub": 0o755})
 }
 
 // TestCredentialedMigration: an artifact an older daemon fetched with
