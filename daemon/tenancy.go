@@ -59,17 +59,16 @@ func private(ds api.Desire) bool {
 // credentialsFile.
 func credentialed(ds api.Desire) bool { return ds.Credentialed || ds.CredentialsFile != "" }
 
-// credentialedAtLoad marks the kept desires fetched with credentials
-// (New): a desire kept by an older daemon, which did not record it, is
-// judged by the rule of today, so an artifact it fetched with the
-// daemon's credentials becomes private at the first pass after the
-// upgrade (the migration, docs: Tenancy). A desire once marked stays so:
-// what it fetched then was fetched with them.
-func (d *Daemon) credentialedAtLoad() {
-	ctx := context.Background()
-	for _, m := range []map[string]api.Desire{d.desires.api, d.desires.cluster} {
+// markCredentialed marks the kept desires fetched with credentials
+// (New, with the sources' Credentialed): a desire kept by an older
+// daemon, which did not record it, is judged by the rule of today, so an
+// artifact it fetched with the daemon's credentials becomes private at
+// the first pass after the upgrade (the migration, docs/tenancy.md). A
+// desire once marked stays so: what it fetched then was fetched with them.
+func (s *desireSet) markCredentialed(credentialed func(context.Context, api.Desire) bool) {
+	for _, m := range []map[string]api.Desire{s.api, s.cluster} {
 		for n, ds := range m {
-			if !ds.Credentialed && d.sources.Credentialed(ctx, ds) {
+			if !ds.Credentialed && credentialed(context.Background(), ds) {
 				ds.Credentialed = true
 				m[n] = ds
 			}
