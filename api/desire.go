@@ -88,6 +88,20 @@ type Desire struct {
 	// consumers. It makes the artifact private too (no pod of a namespace
 	// AllowedNamespaces does not list mounts it).
 	LocalGroup string `json:"localGroup,omitempty"`
+	// Public is the operator's word that an artifact fetched with
+	// credentials may be public on the node anyway (every local user
+	// reads its trees, every pod mounts it, it gets an hf/ view): without
+	// it such an artifact is private (root only, unless AllowedNamespaces
+	// or LocalGroup say who else). It does not open an artifact that
+	// AllowedNamespaces or LocalGroup make private. modelctl pull
+	// --public, models.d public: true.
+	Public bool `json:"public,omitempty"`
+	// Credentialed says the artifact is fetched with credentials: a
+	// models.d credentialsFile, a ModelCache's Secret, credentials in the
+	// source URI, or the daemon's own for the source (HF_TOKEN, AWS keys,
+	// NGC_API_KEY, a registry login). Set only by the daemon, at every
+	// pull and when it loads the desires it keeps.
+	Credentialed bool `json:"credentialed,omitempty"`
 }
 
 // Requester is the identity of a socket peer (SO_PEERCRED and the
@@ -178,11 +192,14 @@ type PullRequest struct {
 	// Replace allows a pull that names another source than the name's
 	// desire has; without it such a pull is refused (CodeConflict).
 	Replace bool `json:"replace,omitempty"`
+	// Public keeps the artifact public though the daemon fetches it with
+	// credentials (Desire.Public).
+	Public bool `json:"public,omitempty"`
 }
 
 // Desire is the desire the request asks for, before the daemon fills in
 // its origin and requester.
 func (r PullRequest) Desire() Desire {
 	return Desire{Name: r.Name, URI: r.URI, Digest: r.Digest, Pin: r.Pin, Keep: r.Keep, State: r.State, Include: r.Include,
-		Exclude: r.Exclude, Kind: r.Kind, Signature: r.Signature, KernelCaches: r.KernelCaches}
+		Exclude: r.Exclude, Kind: r.Kind, Signature: r.Signature, KernelCaches: r.KernelCaches, Public: r.Public}
 }

@@ -144,6 +144,21 @@ func (s *Store) SetPinned(name, rev string, pinned bool) error {
 	return s.updateVersions(name, rev, func(v *Version) error { v.Pinned = pinned; return nil })
 }
 
+// HideHFView takes a version out of the hf/ view, which is world-readable
+// (an artifact that became private: tenancy): its record forgets the hub
+// repo, and that repo's view is synced without it. No-op for a version
+// that has no view.
+func (s *Store) HideHFView(name, rev string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var repo string
+	err := s.updateVersions(name, rev, func(v *Version) error { repo, v.HFRepo, v.HFRef = v.HFRepo, "", ""; return nil })
+	if err != nil || repo == "" {
+		return err
+	}
+	return s.syncHFView(repo)
+}
+
 // Touch records a use of a version (the current one when rev is empty).
 func (s *Store) Touch(name, rev string) error {
 	return s.updateVersions(name, rev, func(v *Version) error { v.LastUsed = s.now().UTC(); return nil })

@@ -53,3 +53,50 @@ func TestHFRefsThatCannotCoexist(t *testing.T) {
 		})
 	}
 }
+
+// TestHideHFView: a version taken out of the hf/ view leaves it (its
+// snapshot, and its ref), the other artifact of the same repo stays, and
+// a store opened again does not bring it back.
+func TestHideHFView(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _, err := cachestore.Open(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo := filepath.Join(root, "hf", "models--org--repo")
+	for i, name := range []string{"private", "public"} {
+		b := storetest.Data(1000+i, byte(i))
+		d, err := s.Ingest(ctx, name, bytes.NewReader(b), int64(len(b)), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref := []string{"v1", "v2"}[i]
+		spec := cachestore.VersionSpec{Name: name, Source: "hf://org/repo@" + ref, Revision: strings.Repeat("ab"[i:i+1], 40), HFRepo: "org/repo", HFRef: ref,
+			Manifest: cachestore.Manifest{{Path: "w.bin", Digest: d, Size: int64(len(b))}}}
+		if _, err := s.CommitVersion(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.HideHFView("private", ""); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		if _, err := os.Stat(filepath.Join(repo, "snapshots", strings.Repeat("a", 40))); !os.IsNotExist(err) {
+			t.Errorf("%s: the hidden version's snapshot: %v", when, err)
+		}
+		if _, err := os.Stat(filepath.Join(repo, "refs", "v1")); !os.IsNotExist(err) {
+			t.Errorf("%s: the hidden version's ref: %v", when, err)
+		}
+		if _, err := os.Stat(filepath.Join(repo, "snapshots", strings.Repeat("b", 40), "w.bin")); err != nil {
+			t.Errorf("%s: the other version's snapshot: %v", when, err)
+		}
+	}
+	check("hidden")
+	s.Close()
+	if s, _, err = cachestore.Open(ctx, root); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	check("reopened")
+}

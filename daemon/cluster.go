@@ -56,6 +56,7 @@ func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[str
 	rejected := map[string]string{}
 	var errs []error
 	for name, ds := range want {
+		ds.Credentialed = d.sources.Credentialed(context.Background(), ds) // private unless spec.public (tenancy.go)
 		if o, ok := old[name]; ok && reflect.DeepEqual(o, ds) {
 			valid[name] = ds
 			continue

@@ -174,7 +174,8 @@ func expandKernelCaches(out map[string]api.Desire, model api.Desire) {
 			continue // an explicit desire of that name wins, unless a socket pull took a declared model's name
 		}
 		out[name] = api.Desire{Name: name, URI: kc.URI, Kind: api.KindKernelCache, Signature: kc.Signature,
-			Serves: model.Name, State: model.State, Pin: model.Pin, Origin: model.Origin, AllowedNamespaces: model.AllowedNamespaces}
+			Serves: model.Name, State: model.State, Pin: model.Pin, Origin: model.Origin, AllowedNamespaces: model.AllowedNamespaces,
+			LocalGroup: model.LocalGroup, Public: model.Public, Credentialed: credentialed(model)}
 	}
 }
 

@@ -108,3 +108,32 @@ func TestOfficialClientAgreesWithHubAndView(t *testing.T) {
 	sort.Strings(got)
 	t.Logf("scanCacheDir sees %v", got)
 }
+
+// TestFilePullOfOfficialClientCache: a snapshot the official client wrote
+// into a hub cache (files as symlinks into ../../blobs) is pulled with
+// file://, and the artifact's tree holds the bytes as regular files, not
+// the links.
+func TestFilePullOfOfficialClientCache(t *testing.T) {
+	h, hub := startWithHub(t)
+	files := hubModel(1, 9)
+	hub.Commit("acme/js-cache", files, "main")
+	cache := t.TempDir()
+	var dl struct{ Path string }
+	json.Unmarshal(hfjs(t, "download", hub.URL(), "acme/js-cache", "main", cache), &dl)
+	if fi, err := os.Lstat(filepath.Join(dl.Path, "config.json")); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("the official client's snapshot holds no link at config.json (%v): not the layout under test", err)
+	}
+	if _, err := h.pull(api.PullRequest{Name: "cached", URI: "file://" + dl.Path}); err != nil {
+		t.Fatal(err)
+	}
+	for p, b := range files {
+		tp := filepath.Join(h.cfg.Root, "models", "cached", "current", p)
+		fi, err := os.Lstat(tp)
+		if err != nil || !fi.Mode().IsRegular() {
+			t.Fatalf("%s in the tree: %v %v; want a regular file", p, fi, err)
+		}
+		if got, _ := os.ReadFile(tp); !bytes.Equal(got, b) {
+			t.Fatalf("%s in the tree: other bytes than the hub's", p)
+		}
+	}
+}

@@ -60,7 +60,7 @@ func newMetrics(state prometheus.Collector) *metrics {
 			Name: "modelcache_verifications_total", Help: "Blob verifications, at ingest and by scrub, by result (ok, mismatch, corrupt, missing).",
 		}, []string{"result"}),
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "modelcache_evictions_total", Help: "Artifact versions evicted, by reason (space, age, absent, manual).",
+			Name: "modelcache_evictions_total", Help: "Artifact versions evicted, by reason (space, age, absent, manual, admission).",
 		}, []string{"reason"}),
 		apiRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "modelcache_api_requests_total", Help: "Socket API requests, by route and HTTP status code.",

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/modelcache/modelcache/api"
 )
@@ -70,6 +71,17 @@ func TestMetricsExposition(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	lintExposition(t, body)
+	resp, err = http.Get("http://" + h.d.MetricsAddr() + "/healthz")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("healthz: %v %v", resp, err)
+	}
+}
+
+// lintExposition lints a /metrics body with client_golang's promlint
+// and with promtool check metrics.
+func lintExposition(t *testing.T, body []byte) {
+	t.Helper()
 	problems, err := promlint.New(bytes.NewReader(body)).Lint()
 	if err != nil {
 		t.Fatal(err)
@@ -83,9 +95,130 @@ func TestMetricsExposition(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("promtool check metrics: %v\n%s", err, out)
 	}
-	resp, err = http.Get("http://" + h.d.MetricsAddr() + "/healthz")
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("healthz: %v %v", resp, err)
+}
+
+// scrape returns the daemon's /metrics body.
+func (h *harness) scrape() string {
+	h.t.Helper()
+	resp, err := http.Get("http://" + h.d.MetricsAddr() + "/metrics")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
+}
+
+// TestMetricsPerArtifact: each artifact has its phase and bytes, a pull
+// in flight its progress (done and size), a Failed one its reason and
+// whether a retry is scheduled: retry="none" for one that failed for
+// good. The exposition lints clean with them.
+func TestMetricsPerArtifact(t *testing.T) {
+	ok, slow := data(5000, 1), data(4<<20, 2)
+	release := make(chan struct{})
+	srv := newFileServer(t, map[string][]byte{"ok.bin": ok, "slow.bin": slow})
+	srv.hook = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != "/slow.bin" || r.Method != http.MethodGet {
+			return false
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(slow)))
+		w.WriteHeader(http.StatusOK)
+		w.Write(slow[:len(slow)/2])
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		return true
+	}
+	h := start(t, testConfig(t))
+	defer close(release)
+	if _, err := h.pull(api.PullRequest{Name: "ready", URI: srv.URL + "/ok.bin#sha256=" + sha(ok)}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := h.c.Pull(ctx, api.PullRequest{Name: "gone", URI: srv.URL + "/missing.bin"}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.c.Pull(ctx, api.PullRequest{Name: "slow", URI: srv.URL + "/slow.bin#sha256=" + sha(slow)}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.waitPhase("gone", api.PhaseFailed)
+	var body string
+	testenv.Eventually(t, "the slow pull's progress in the metrics", 30*time.Second, func() error {
+		body = h.scrape()
+		for _, want := range []string{
+			`modelcache_artifact_phase{artifact="ready",kind="model",phase="Ready"} 1`,
+			fmt.Sprintf(`modelcache_artifact_bytes{artifact="ready",kind="model"} %d`, len(ok)),
+			`modelcache_artifact_phase{artifact="gone",kind="model",phase="Failed"} 1`,
+			`modelcache_artifact_phase{artifact="slow",kind="model",phase="Downloading"} 1`,
+			`modelcache_artifact_pull_size_bytes{artifact="slow",kind="model"} 4.194304e+06`,
+			`modelcache_artifact_series_omitted 0`,
+		} {
+			if !strings.Contains(body, want) {
+				return fmt.Errorf("no %s in\n%s", want, grepLines(body, "modelcache_artifact"))
+			}
+		}
+		m := regexp.MustCompile(`modelcache_artifact_pull_done_bytes\{artifact="slow",kind="model"\} (\S+)`).FindStringSubmatch(body)
+		if m == nil || m[1] == "0" {
+			return fmt.Errorf("the slow pull's done bytes: %v", m)
+		}
+		return nil
+	})
+	if !regexp.MustCompile(`modelcache_artifact_failed\{artifact="gone",kind="model",reason="[A-Za-z]+",retry="none"\} 1`).MatchString(body) {
+		t.Errorf("no failed-for-good series of gone with its reason:\n%s", grepLines(body, "modelcache_artifact_failed"))
+	}
+	if strings.Contains(body, `modelcache_artifact_failed{artifact="ready"`) {
+		t.Errorf("a Ready artifact has a failed series")
+	}
+	lintExposition(t, []byte(body))
+}
+
+func grepLines(body, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestArtifactSeriesBound: over the bound, the per-artifact series keep
+// the failing and pulling artifacts and omit the others, counting them.
+func TestArtifactSeriesBound(t *testing.T) {
+	var list []api.Artifact
+	for i := range maxArtifactSeries + 50 {
+		list = append(list, api.Artifact{Name: fmt.Sprintf("a%03d", i), Kind: api.KindModel, Phase: api.PhaseReady})
+	}
+	list = append(list, api.Artifact{Name: "zz-failed", Kind: api.KindModel, Phase: api.PhaseFailed, Reason: api.ReasonAccessDenied},
+		api.Artifact{Name: "zz-pulling", Kind: api.KindModel, Phase: api.PhaseDownloading, Progress: &api.Progress{BytesDone: 1, BytesTotal: 2}})
+	ch := make(chan prometheus.Metric, 10*len(list))
+	perArtifact(ch, list)
+	close(ch)
+	names := map[string]bool{}
+	phases, omitted := 0, -1.0
+	for m := range ch {
+		var pb dto.Metric
+		m.Write(&pb)
+		desc := m.Desc().String()
+		switch {
+		case strings.Contains(desc, `"modelcache_artifact_series_omitted"`):
+			omitted = pb.GetGauge().GetValue()
+		case strings.Contains(desc, `"modelcache_artifact_phase"`):
+			phases++
+			for _, l := range pb.GetLabel() {
+				if l.GetName() == "artifact" {
+					names[l.GetValue()] = true
+				}
+			}
+		}
+	}
+	if phases != maxArtifactSeries || omitted != 52 {
+		t.Fatalf("%d artifacts with series, %v omitted; want %d and 52", phases, omitted, maxArtifactSeries)
+	}
+	if !names["zz-failed"] || !names["zz-pulling"] || names[fmt.Sprintf("a%03d", maxArtifactSeries+49)] {
+		t.Fatalf("the bound kept the wrong artifacts: failed %v, pulling %v", names["zz-failed"], names["zz-pulling"])
 	}
 }
 

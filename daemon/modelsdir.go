@@ -149,6 +149,7 @@ func (m modelsDir) parse(path string) ([]api.Desire, error) {
 			return nil, fmt.Errorf("%s: %v", path, err)
 		}
 		v.Origin = "file:" + path
+		v.Credentialed = d.sources.Credentialed(context.Background(), v) // private unless public: true (tenancy.go)
 		out = append(out, v)
 	}
 	return out, nil
@@ -160,6 +161,7 @@ var notInModelsDir = map[string]string{
 	"clusterDigest": "the cluster sync", "ref": "the cluster sync", "revision": "the cluster sync (a ModelCache's rollout)",
 	"stage": "the cluster sync (a ModelCache's rollout)", "retain": "the cluster sync (a ModelCache's rollout)",
 	"policy": "the cluster sync", "origin": "the daemon", "serves": "the daemon", "requester": "the daemon (a socket peer's identity)",
+	"credentialed": "the daemon (whether the source is fetched with credentials)",
 }
 
 // refusedBy says who sets key if models.d may not, in any case of its

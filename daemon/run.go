@@ -113,6 +113,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		st.Close()
 		return nil, err
 	}
+	d.desires.markCredentialed(d.sources.Credentialed) // before the desires are published: who may read what depends on it
 	d.mu.Lock()
 	d.desires.publish()
 	d.mu.Unlock()

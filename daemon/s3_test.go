@@ -26,6 +26,11 @@ func TestS3PullAndCrossSourceDedup(t *testing.T) {
 	if h.read("s3m", "w.safetensors") != string(w) || h.read("s3m", "config.json") != `{"model_type":"llama"}` {
 		t.Fatal("s3 content differs")
 	}
+	// The daemon signs with the server's keys (its environment): what it
+	// fetches so is private unless pulled --public (tenancy.go).
+	if m := treeMode(t, h, "s3m"); m != 0o700 {
+		t.Errorf("an s3 pull signed with the daemon's keys: tree %o, want 0700", m)
+	}
 	hs := newFileServer(t, map[string][]byte{"w.safetensors": w})
 	sent := hs.sent.Load()
 	if _, err := h.pull(api.PullRequest{Name: "httpm", URI: hs.URL + "/w.safetensors#sha256=" + sha(w)}); err != nil {

@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"cmp"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +29,12 @@ var (
 		[]string{"index", "name", "uuid", "compute_capability", "architecture", "driver_version", "cuda_driver_version", "source"}, nil)
 	descGPUs        = prometheus.NewDesc("modelcache_gpus", "GPUs in this node's inventory, by source (nvml, simulated, none).", []string{"source"}, nil)
 	descKernelBytes = prometheus.NewDesc("modelcache_kernelcache_bytes", "Bytes of the current Ready kernel cache versions (shared blobs counted in each).", nil, nil)
+	descArtPhase    = prometheus.NewDesc("modelcache_artifact_phase", "1 for each artifact's current phase (Pending, Downloading, Ready, Failed, Incompatible, Evicted), one series per artifact; at most 100 artifacts have series of their own, failing and pulling ones first (modelcache_artifact_series_omitted counts the rest, modelcache_artifacts{phase} counts all).", []string{"artifact", "kind", "phase"}, nil)
+	descArtBytes    = prometheus.NewDesc("modelcache_artifact_bytes", "Bytes of the artifact's current version (0 while it has none).", []string{"artifact", "kind"}, nil)
+	descArtPullDone = prometheus.NewDesc("modelcache_artifact_pull_done_bytes", "Bytes of the pull in flight that the store holds: fetched, or held already and skipped. Only while a pull runs.", []string{"artifact", "kind"}, nil)
+	descArtPullSize = prometheus.NewDesc("modelcache_artifact_pull_size_bytes", "Bytes the pull in flight needs in all (left out while a size is unknown); done/size is its progress.", []string{"artifact", "kind"}, nil)
+	descArtFailed   = prometheus.NewDesc("modelcache_artifact_failed", "1 for a Failed artifact, with its reason and whether a retry is scheduled (retry=scheduled) or not (retry=none: it failed for good, until its cause is fixed and it is pulled again).", []string{"artifact", "kind", "reason", "retry"}, nil)
+	descArtOmitted  = prometheus.NewDesc("modelcache_artifact_series_omitted", "Artifacts left out of the per-artifact series (modelcache_artifact_*): those beyond the bound of 100.", nil, nil)
 	descSourceOK    = prometheus.NewDesc("modelcache_scrape_collector_success", "1 when a source read at scrape time answered, 0 when it failed and its series are left out (artifacts, store, filesystem, pressure, versions).", []string{"collector"}, nil)
 )
 
@@ -37,7 +45,8 @@ var (
 type stateCollector struct{ d *Daemon }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descArtifacts, descStoreBytes, descBlobs, descFSCap, descFSFree, descInfo, descReserved, descPinned, descInUse, descPressure, descQuota, descWatermark, descGPU, descGPUs, descKernelBytes, descSourceOK} {
+	for _, d := range []*prometheus.Desc{descArtifacts, descStoreBytes, descBlobs, descFSCap, descFSFree, descInfo, descReserved, descPinned, descInUse, descPressure, descQuota, descWatermark, descGPU, descGPUs, descKernelBytes, descSourceOK,
+		descArtPhase, descArtBytes, descArtPullDone, descArtPullSize, descArtFailed, descArtOmitted} {
 		ch <- d
 	}
 }
@@ -53,6 +62,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		for p, n := range counts {
 			ch <- prometheus.MustNewConstMetric(descArtifacts, prometheus.GaugeValue, float64(n), string(p))
 		}
+		perArtifact(ch, list)
 	}
 	c.answered(ch, "artifacts", err)
 	n, count, err := c.d.store.BlobStats() // blob records only: no manifests per scrape
@@ -114,6 +124,54 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for k, n := range byKind {
 		ch <- prometheus.MustNewConstMetric(descInUse, prometheus.GaugeValue, float64(n), k)
 	}
+}
+
+// maxArtifactSeries bounds the artifacts that get series of their own:
+// a scrape costs at most this many artifacts' few series, whatever the
+// node holds (its names are labels, and every scrape carries them).
+const maxArtifactSeries = 100
+
+// seriesRank orders artifacts for the bound: failing ones first (the
+// alerts need them), then pulls in flight, then the rest; by name within.
+func seriesRank(p api.Phase) int {
+	switch p {
+	case api.PhaseFailed, api.PhaseIncompatible:
+		return 0
+	case api.PhaseDownloading:
+		return 1
+	case api.PhasePending:
+		return 2
+	}
+	return 3
+}
+
+// perArtifact sends the per-artifact series of at most maxArtifactSeries
+// artifacts (seriesRank's first) and how many were left out.
+func perArtifact(ch chan<- prometheus.Metric, list []api.Artifact) {
+	list = slices.Clone(list)
+	slices.SortFunc(list, func(a, b api.Artifact) int {
+		return cmp.Or(cmp.Compare(seriesRank(a.Phase), seriesRank(b.Phase)), cmp.Compare(a.Name, b.Name))
+	})
+	omitted := max(0, len(list)-maxArtifactSeries)
+	list = list[:len(list)-omitted]
+	for _, a := range list {
+		ch <- prometheus.MustNewConstMetric(descArtPhase, prometheus.GaugeValue, 1, a.Name, a.Kind, string(a.Phase))
+		ch <- prometheus.MustNewConstMetric(descArtBytes, prometheus.GaugeValue, float64(a.Bytes), a.Name, a.Kind)
+		if pr := a.Progress; pr != nil {
+			ch <- prometheus.MustNewConstMetric(descArtPullDone, prometheus.GaugeValue, float64(pr.BytesDone+pr.BytesSkipped), a.Name, a.Kind)
+			if pr.BytesTotal >= 0 {
+				ch <- prometheus.MustNewConstMetric(descArtPullSize, prometheus.GaugeValue, float64(pr.BytesTotal), a.Name, a.Kind)
+			}
+		}
+		if a.Phase == api.PhaseFailed {
+			retry := "none"
+			if a.NextRetry != nil {
+				retry = "scheduled"
+			}
+			ch <- prometheus.MustNewConstMetric(descArtFailed, prometheus.GaugeValue, 1, a.Name, a.Kind, a.Reason, retry)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(descArtOmitted, prometheus.GaugeValue, float64(omitted))
 }
 
 // answered reports whether the source name answered this scrape. The

@@ -140,6 +140,7 @@ func (d *Daemon) handlePull(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	ds.Credentialed = d.sources.Credentialed(r.Context(), ds) // private unless --public (tenancy.go)
 	d.mu.Lock()
 	err = d.pullConflicts(ds)
 	if err == nil && !req.Replace {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -46,9 +47,34 @@ import (
 // which files it has; a private artifact's blob that no public tree links
 // is reachable by root only.
 
-// private says whether ds's artifacts are private: to some namespaces, or
-// to a local group.
-func private(ds api.Desire) bool { return len(ds.AllowedNamespaces) > 0 || ds.LocalGroup != "" }
+// private says whether ds's artifacts are private: to some namespaces, to
+// a local group, or, fetched with credentials and not declared public, to
+// root alone.
+func private(ds api.Desire) bool {
+	return len(ds.AllowedNamespaces) > 0 || ds.LocalGroup != "" || (credentialed(ds) && !ds.Public)
+}
+
+// credentialed says whether ds is fetched with credentials: the daemon
+// found some (Desire.Credentialed), or a models.d file names a
+// credentialsFile.
+func credentialed(ds api.Desire) bool { return ds.Credentialed || ds.CredentialsFile != "" }
+
+// markCredentialed marks the kept desires fetched with credentials
+// (New, with the sources' Credentialed): a desire kept by an older
+// daemon, which did not record it, is judged by the rule of today, so an
+// artifact it fetched with the daemon's credentials becomes private at
+// the first pass after the upgrade (the migration, docs/tenancy.md). A
+// desire once marked stays so: what it fetched then was fetched with them.
+func (s *desireSet) markCredentialed(credentialed func(context.Context, api.Desire) bool) {
+	for _, m := range []map[string]api.Desire{s.api, s.cluster} {
+		for n, ds := range m {
+			if !ds.Credentialed && credentialed(context.Background(), ds) {
+				ds.Credentialed = true
+				m[n] = ds
+			}
+		}
+	}
+}
 
 // localGroupID is the gid of a group named by name or number.
 func localGroupID(name string) (int, error) {
@@ -161,7 +187,7 @@ func modesKey(want map[string]api.Desire, mounted map[string]bool) string {
 	var parts []string
 	for n, ds := range want {
 		if ds.State != api.StateAbsent && private(ds) {
-			parts = append(parts, n+"\x00"+strings.Join(ds.AllowedNamespaces, ",")+"\x00"+ds.LocalGroup)
+			parts = append(parts, n+"\x00"+strings.Join(ds.AllowedNamespaces, ",")+"\x00"+ds.LocalGroup+"\x00private")
 		}
 	}
 	for k := range mounted {
@@ -191,6 +217,13 @@ func (m *treeModes) apply(a *cachestore.Artifact, want map[string]api.Desire, mo
 		}
 	}
 	for _, v := range a.Versions {
+		if mode != 0o755 && v.HFRepo != "" {
+			// Its hf/ view is world-readable: a version kept from when the
+			// artifact was public (an upgrade that made it private) leaves it.
+			if err := m.store.HideHFView(a.Name, v.Revision); err != nil {
+				m.log.Error("taking a private artifact out of the hf/ view", "artifact", a.Name, "revision", v.Revision, "err", err)
+			}
+		}
 		if mode != 0o755 && mounted[a.Name+"@"+v.Revision] {
 			continue
 		}

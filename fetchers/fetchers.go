@@ -71,6 +71,16 @@ type Source struct {
 	As *Identity
 }
 
+// CredentialSender is implemented by a fetcher that can say whether its
+// requests for uri carry credentials of its own configuration (a token,
+// keys, a registry login): what it fetches with them may be gated or
+// private at the source, so the daemon keeps it private on the node
+// unless its operator says otherwise. A fetcher that does not implement
+// it sends none.
+type CredentialSender interface {
+	SendsCredentials(ctx context.Context, uri string) bool
+}
+
 // Identity is a local user: a uid, its primary gid and its groups.
 type Identity struct {
 	UID    uint32

@@ -50,7 +50,9 @@ func (s *Syncer) credentialsOf(mc *ModelCache) (u credentialsUse, ok bool) {
 	}
 	u = credentialsUse{ns: ref.Namespace, name: ref.Name}
 	if ref.Namespace == s.cfg.Namespace {
-		u.allowed = namespaces(s.cfg.Namespace, mc.Spec.AllowedNamespaces)
+		if !mc.Spec.Public { // the operator's own Secret: public only where spec.public says so
+			u.allowed = namespaces(s.cfg.Namespace, mc.Spec.AllowedNamespaces)
+		}
 		return u, true
 	}
 	g, why := s.grant(mc, ref.Namespace, ref.Name)

@@ -11,7 +11,8 @@ import (
 // TestCredentialsOfTheDaemonsNamespace: a Secret of the daemon's
 // namespace is used as named, and what it fetches may be mounted by that
 // namespace and the ModelCache's allowedNamespaces (deduplicated); no
-// secretRef is no credentials (public); a Secret of another namespace
+// secretRef is no credentials (public); spec.public opens what the
+// daemon namespace's Secret fetches; a Secret of another namespace
 // without the grants listed is refused, naming the migration.
 func TestCredentialsOfTheDaemonsNamespace(t *testing.T) {
 	s := &Syncer{cfg: Config{Namespace: "modelcache-system"}}
@@ -21,6 +22,17 @@ func TestCredentialsOfTheDaemonsNamespace(t *testing.T) {
 	if !ok || u.refused != "" || u.key() != "modelcache-system/hf" || !slices.Equal(u.allowed, []string{"eval", "ml", "modelcache-system"}) {
 		t.Fatalf("%+v %v", u, ok)
 	}
+	// spec.public: the operator's own Secret, and the artifacts public.
+	mc.Spec.Public = true
+	if u, ok := s.credentialsOf(mc); !ok || u.refused != "" || u.key() != "modelcache-system/hf" || u.allowed != nil {
+		t.Fatalf("spec.public with the daemon namespace's Secret: %+v %v; want it used and no allow-list", u, ok)
+	}
+	// spec.public lends nothing to another namespace's Secret: without a grant it is refused as before.
+	mc.Spec.SecretRef = &SecretRef{Namespace: "team-a", Name: "hf"}
+	if u, _ := s.credentialsOf(mc); u.allowed != nil || u.refused == "" {
+		t.Fatalf("spec.public with another namespace's Secret: %+v", u)
+	}
+	mc.Spec.Public = false
 	mc.Spec.SecretRef = nil
 	if u, ok := s.credentialsOf(mc); ok || u.allowed != nil {
 		t.Fatalf("no secretRef: %+v %v", u, ok)

@@ -54,6 +54,13 @@ type ModelCacheSpec struct {
 	// without credentials mount in any namespace; with a
 	// ModelCacheCredentials, its own list governs.
 	AllowedNamespaces []string `json:"allowedNamespaces,omitempty"`
+	// Public is the operator's word that what the nodes fetch with
+	// credentials may be public there: with the daemon's own credentials
+	// or a Secret of the daemon's namespace, every pod may mount the
+	// artifacts (api.Desire.Public). Without it they are private. A
+	// Secret granted by a ModelCacheCredentials stays private to the
+	// grant's namespaces.
+	Public bool `json:"public,omitempty"`
 	// NodeSelector selects nodes by their labels; empty selects every node.
 	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
 	// State is Present (default) or Absent (evicted from every node).

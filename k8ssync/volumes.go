@@ -51,8 +51,10 @@ func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[st
 	}
 	wantPV := map[string]api.Artifact{}
 	for _, a := range arts {
-		if ds, ok := want[a.Name]; !ok || ds.State == api.StateAbsent || len(ds.AllowedNamespaces) > 0 {
-			// A private model gets no PV: a claim of any namespace could
+		if ds, ok := want[a.Name]; !ok || ds.State == api.StateAbsent || len(ds.AllowedNamespaces) > 0 ||
+			(a.Desire != nil && a.Desire.Credentialed && !a.Desire.Public) {
+			// A private model (or one the daemon fetches with its own
+			// credentials, not declared public) gets no PV: a claim of any namespace could
 			// bind it; its pods mount it through the CSI driver, which
 			// checks their namespace (credentials.go).
 			continue

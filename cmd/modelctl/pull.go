@@ -28,6 +28,7 @@ func pullCommand() *cli.Command {
 			&cli.StringFlag{Name: "name", Usage: "artifact name (letters, digits, '.', '_', '-')"},
 			&cli.BoolFlag{Name: "pin", Usage: "never evict it by policy"},
 			&cli.BoolFlag{Name: "keep", Usage: "declare it: never evicted to make room for another pull (disk pressure still may; --pin never)"},
+			&cli.BoolFlag{Name: "public", Usage: "keep it public on the node though the daemon fetches it with credentials (its HF_TOKEN, AWS keys, NGC key, a registry login, credentials in the URI): without it such an artifact is root's only"},
 			&cli.BoolFlag{Name: "replace", Usage: "replace the source of an existing artifact of this name (refused without it)"},
 			&cli.StringFlag{Name: "digest", Usage: "expected manifest digest (sha256:…), the folder checksum; a mismatch fails the pull"},
 			&cli.StringSliceFlag{Name: "include", Usage: "only files matching this glob (repeatable)"},
@@ -48,7 +49,7 @@ func pullCommand() *cli.Command {
 				return usagef("pull: --name NAME is required (the name the model will have under models/)")
 			}
 			req := api.PullRequest{
-				Name: c.String("name"), URI: c.Args().First(), Digest: c.String("digest"), Pin: c.Bool("pin"), Keep: c.Bool("keep"), Replace: c.Bool("replace"),
+				Name: c.String("name"), URI: c.Args().First(), Digest: c.String("digest"), Pin: c.Bool("pin"), Keep: c.Bool("keep"), Replace: c.Bool("replace"), Public: c.Bool("public"),
 				Include: c.StringSlice("include"), Exclude: c.StringSlice("exclude"),
 			}
 			sig, err := signatureFlags(c)

@@ -60,6 +60,36 @@ func (s *Set) ReadAs(ds api.Desire) *fetchers.Identity {
 	return s.fileAs
 }
 
+// Credentialed says whether ds is fetched with credentials: a models.d
+// credentialsFile, the cluster's Secret for it, credentials in its URI
+// (or in one of its kernel caches'), or the daemon's own for its source
+// (the shared fetcher sends some: HF_TOKEN, AWS keys, NGC_API_KEY, a
+// registry login). An s3:// source asks the SDK's credential chain,
+// bounded by ctx and a few seconds.
+func (s *Set) Credentialed(ctx context.Context, ds api.Desire) bool {
+	if ds.CredentialsFile != "" || len(s.CredentialsFor(ds.Name)) > 0 {
+		return true
+	}
+	uris := []string{ds.URI}
+	for _, kc := range ds.KernelCaches {
+		uris = append(uris, kc.URI)
+	}
+	for _, uri := range uris {
+		if fetchers.RedactURI(uri) != uri || strings.Contains(uri, fetchers.Redacted) {
+			return true
+		}
+		scheme, err := fetchers.Scheme(uri)
+		if err != nil {
+			continue
+		}
+		f, err := s.sharedFetcher(api.Desire{URI: uri, Origin: ds.Origin}, scheme)
+		if cs, ok := f.(fetchers.CredentialSender); ok && err == nil && cs.SendsCredentials(ctx, uri) {
+			return true
+		}
+	}
+	return false
+}
+
 // CheckClusterSource refuses, before it is persisted, a ModelCache's
 // file:// source this node never reads for the cluster: any while
 // --file-roots is unset, one outside them, one under kubelet's or the

@@ -74,9 +74,18 @@ func parseLoc(s string) (loc, error) {
 	return l, nil
 }
 
-// openDir opens the directory at the absolute path p, crossing no symlink.
+// openDir opens the directory at the absolute path p to list it (which
+// needs read permission on it), crossing no symlink.
 func openDir(p string) (int, error) {
 	return openat2(unix.AT_FDCWD, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, unix.RESOLVE_NO_SYMLINKS|unix.RESOLVE_NO_MAGICLINKS)
+}
+
+// openPath opens the directory at the absolute path p to open beneath it,
+// not to list it (O_PATH): the kernel asks search permission on the
+// directories on the way and nothing of p itself, as it does of a plain
+// open of a path through p. Crossing no symlink.
+func openPath(p string) (int, error) {
+	return openat2(unix.AT_FDCWD, p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, unix.RESOLVE_NO_SYMLINKS|unix.RESOLVE_NO_MAGICLINKS)
 }
 
 // openBeneath opens rel under dirfd, never leaving it (in-tree symlinks

@@ -8,13 +8,21 @@
 //   - Every open happens with the requester's credentials (Source.As): a
 //     socket peer reads only what its own uid and groups may read, by the
 //     kernel's own checks (modes, ACLs, LSMs), however much the daemon may.
+//     It asks what the kernel asks of a plain open: search on each
+//     directory of the path, read on the file, and read on a directory
+//     only where the pull lists it (a 0711 parent refuses nothing). A
+//     refusal names the component that refused, the permission it lacks
+//     and the identity the read used.
 //   - The source path crosses no symlink (openat2 RESOLVE_NO_SYMLINKS), and
 //     the tree is walked and opened relative to one directory handle
 //     (RESOLVE_BENEATH): a symlink inside the tree that leads out of it is
 //     refused by the kernel, not by a check that a swap can race. Each Open
 //     re-opens the source directory and requires the device and inode that
 //     Resolve listed, and the file's own, so a directory or a file swapped
-//     during the pull fails it with nothing committed.
+//     during the pull fails it with nothing committed. One exception: a
+//     source in a Hugging Face hub cache snapshot follows the links that
+//     lead to a file directly in its repository's blobs/ (hfcache.go),
+//     opened beneath that directory as the requester.
 //   - Only regular files are opened, with O_NONBLOCK: a FIFO, a socket or a
 //     device is refused by name instead of blocking or streaming forever.
 //
@@ -40,6 +48,7 @@
 //	             directories inside it, only regular files
 //	refusal.go   a read the kernel refused: which component of the path
 //	             refused, the permission it lacked and the identity that asked
+//	hfcache.go   a hub cache snapshot: its links into blobs/ followed
 //	errors.go    explain: an open's error as the source's, naming the path
 //	             and the remedy
 //	identity.go  a read with the requester's filesystem credentials (fsuid,
@@ -168,74 +177,10 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 		return nil, fetchers.Permanent(err)
 	}
 	res := &fetchers.Resolved{URI: src.URI}
-	err = asIdentity(src.As, func() error {
-		parent, base := filepath.Split(p)
-		if base == "" { // the filesystem root
-			parent, base = "/", "."
-		}
-		pfd, err := openDir(filepath.Clean(parent))
-		if err != nil {
-			return explain(src.URI, parent, err)
-		}
-		defer unix.Close(pfd)
-		if err := kernelFD(src.URI, parent, pfd); err != nil {
-			return err
-		}
-		var st unix.Stat_t
-		if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return explain(src.URI, p, err)
-		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFREG:
-			var pst unix.Stat_t
-			if err := unix.Fstat(pfd, &pst); err != nil {
-				return explain(src.URI, parent, err)
-			}
-			// Opening proves the requester may read it.
-			fd, err := openBeneath(pfd, base, unix.O_NOFOLLOW)
-			if err != nil {
-				return explain(src.URI, p, err)
-			}
-			defer unix.Close(fd)
-			if err := unix.Fstat(fd, &st); err != nil {
-				return explain(src.URI, p, err)
-			}
-			if st.Mode&unix.S_IFMT != unix.S_IFREG {
-				return fmt.Errorf("source %q: %w: %s changed while it was listed", src.URI, fetchers.ErrBadSource, p)
-			}
-			if d, ok := denied[idOf(&st)]; ok {
-				return deniedError(src.URI, p, d)
-			}
-			if err := kernelFD(src.URI, p, fd); err != nil { // a procfs or sysfs file bind-mounted here
-				return err
-			}
-			l := loc{dir: filepath.Clean(parent), rel: base, dirID: idOf(&pst), fileID: idOf(&st), as: src.As}
-			res.Files = []fetchers.File{{Path: base, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String(), Validator: validator(&st)}}
-			return nil
-		case unix.S_IFDIR:
-		case unix.S_IFLNK:
-			return fmt.Errorf("source %q: %w: %s is a symlink; give the real path (realpath %s)", src.URI, fetchers.ErrBadSource, p, p)
-		default:
-			return fmt.Errorf("source %q: %w: %s is a %s, not a regular file or directory", src.URI, fetchers.ErrBadSource, p, fetchers.TypeName(fs.FileMode(0)|modeType(st.Mode)))
-		}
-		rfd, err := openDir(p)
-		if err != nil {
-			return explain(src.URI, p, err)
-		}
-		defer unix.Close(rfd)
-		var rst unix.Stat_t
-		if err := unix.Fstat(rfd, &rst); err != nil {
-			return explain(src.URI, p, err)
-		}
-		if d, ok := denied[idOf(&rst)]; ok {
-			return deniedError(src.URI, p, d)
-		}
-		w := walker{ctx: ctx, uri: src.URI, root: p, rootfd: rfd, rootID: idOf(&rst), as: src.As, denied: denied}
-		if err := w.walk(rfd, "", 0); err != nil {
-			return err
-		}
-		res.Files = w.files
-		return nil
+	ls := listing{f: f, ctx: ctx, uri: src.URI, p: p, as: src.As, denied: denied}
+	err = asIdentity(src.As, func() (err error) {
+		res.Files, err = ls.list()
+		return err
 	})
 	if err != nil {
 		return nil, fetchers.Permanent(withRefusal(err, src.As))
@@ -244,6 +189,126 @@ func (f *Fetcher) Resolve(ctx context.Context, src fetchers.Source) (*fetchers.R
 		return nil, fetchers.Permanent(fmt.Errorf("source %q: %w: the directory holds no files", src.URI, fetchers.ErrNotFound))
 	}
 	return res, nil
+}
+
+// listing is one Resolve's listing of the source path p, run as its
+// requester (inside asIdentity).
+type listing struct {
+	f      *Fetcher
+	ctx    context.Context
+	uri, p string
+	as     *fetchers.Identity
+	denied map[fileID]string
+}
+
+// list lists p: a regular file, a hub cache snapshot's link to a blob, or
+// a directory tree.
+func (ls listing) list() ([]fetchers.File, error) {
+	parent, base := filepath.Split(ls.p)
+	if base == "" { // the filesystem root
+		parent, base = "/", "."
+	}
+	parent = filepath.Clean(parent)
+	// The parent is not listed: opening it O_PATH asks what the kernel
+	// asks of a path through it (search, not read).
+	pfd, err := openPath(parent)
+	if err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	defer unix.Close(pfd)
+	if err := kernelFD(ls.uri, parent, pfd); err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return ls.file(pfd, parent, base)
+	case unix.S_IFDIR:
+		return ls.tree()
+	case unix.S_IFLNK:
+		return ls.snapshotFile(pfd, parent, base)
+	}
+	return nil, fmt.Errorf("source %q: %w: %s is a %s, not a regular file or directory", ls.uri, fetchers.ErrBadSource, ls.p, fetchers.TypeName(fs.FileMode(0)|modeType(st.Mode)))
+}
+
+// file lists the regular file base of the directory pfd (at parent).
+func (ls listing) file(pfd int, parent, base string) ([]fetchers.File, error) {
+	var pst, st unix.Stat_t
+	if err := unix.Fstat(pfd, &pst); err != nil {
+		return nil, explain(ls.uri, parent, err)
+	}
+	// Opening proves the requester may read it.
+	fd, err := openBeneath(pfd, base, unix.O_NOFOLLOW)
+	if err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("source %q: %w: %s changed while it was listed", ls.uri, fetchers.ErrBadSource, ls.p)
+	}
+	if d, ok := ls.denied[idOf(&st)]; ok {
+		return nil, deniedError(ls.uri, ls.p, d)
+	}
+	if err := kernelFD(ls.uri, ls.p, fd); err != nil { // a procfs or sysfs file bind-mounted here
+		return nil, err
+	}
+	l := loc{dir: parent, rel: base, dirID: idOf(&pst), fileID: idOf(&st), as: ls.as}
+	return []fetchers.File{{Path: base, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String(), Validator: validator(&st)}}, nil
+}
+
+// snapshotFile lists the symlink base of the directory pfd (at parent)
+// where it is a file of a hub cache snapshot: a link into its blobs/.
+// Any other symlink is refused.
+func (ls listing) snapshotFile(pfd int, parent, base string) ([]fetchers.File, error) {
+	blobs, err := ls.f.openHFBlobs(ls.uri, ls.p, ls.denied)
+	if err != nil {
+		return nil, err
+	}
+	defer blobs.close()
+	bn, bst, ok, err := blobs.blob(pfd, parent, base)
+	if err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	if !ok || bst.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("source %q: %w: %s is a symlink; give the real path (realpath %s)", ls.uri, fetchers.ErrBadSource, ls.p, ls.p)
+	}
+	if d, ok := ls.denied[idOf(&bst)]; ok {
+		return nil, deniedError(ls.uri, ls.p, d)
+	}
+	l := loc{dir: blobs.path, rel: bn, dirID: blobs.id, fileID: idOf(&bst), as: ls.as}
+	return []fetchers.File{{Path: base, Size: bst.Size, Mode: bst.Mode & 0o777, Locator: l.String(), Validator: validator(&bst)}}, nil
+}
+
+// tree lists the directory p, which the requester must be able to list.
+func (ls listing) tree() ([]fetchers.File, error) {
+	rfd, err := openDir(ls.p)
+	if err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	defer unix.Close(rfd)
+	var rst unix.Stat_t
+	if err := unix.Fstat(rfd, &rst); err != nil {
+		return nil, explain(ls.uri, ls.p, err)
+	}
+	if d, ok := ls.denied[idOf(&rst)]; ok {
+		return nil, deniedError(ls.uri, ls.p, d)
+	}
+	blobs, err := ls.f.openHFBlobs(ls.uri, ls.p, ls.denied)
+	if err != nil {
+		return nil, err
+	}
+	defer blobs.close()
+	w := walker{ctx: ls.ctx, uri: ls.uri, root: ls.p, rootfd: rfd, rootID: idOf(&rst), as: ls.as, denied: ls.denied, blobs: blobs}
+	if err := w.walk(rfd, "", 0); err != nil {
+		return nil, err
+	}
+	return w.files, nil
 }
 
 // Open re-opens the source directory as the requester, checks that it is
@@ -260,9 +325,9 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 	}
 	var fh *os.File
 	err = asIdentity(l.as, func() error {
-		dfd, err := openDir(l.dir)
+		dfd, err := openPath(l.dir)
 		if err != nil {
-			return explain(uri, l.dir, err)
+			return explain(uri, filepath.Join(l.dir, l.rel), err)
 		}
 		defer unix.Close(dfd)
 		var st unix.Stat_t

@@ -3,6 +3,7 @@ package file
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -477,5 +478,51 @@ func TestBindMountedKernelAndStateFilesRefused(t *testing.T) {
 				t.Errorf("%s as %v: read %v, err %v; want the daemon's index.db refused through its bind mount", uri, as, got, err)
 			}
 		}
+	}
+}
+
+// TestKernelTraversalRules: file:// asks of the requester what the kernel
+// asks: search on each directory of the path, read on the file, read on a
+// directory only where the pull lists it. A directory that may be
+// traversed but not listed (0711) does not refuse a file or a
+// subdirectory under it; a refusal names the component that refused, the
+// permission it lacks and the identity the read used.
+func TestKernelTraversalRules(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	openTree(t, dir)
+	write(t, filepath.Join(dir, "m/w.bin"), "weights through a 0711 directory")
+	write(t, filepath.Join(dir, "m/sub/config.json"), "{}")
+	os.Chmod(filepath.Join(dir, "m"), 0o711)
+	os.Chmod(filepath.Join(dir, "m/sub"), 0o755)
+	write(t, filepath.Join(dir, "closed/inner/w.bin"), "x")
+	openTree(t, filepath.Join(dir, "closed/inner"))
+	os.Chmod(filepath.Join(dir, "closed"), 0o700)
+	f := New()
+
+	if got, err := readAll(t, f, fetchers.Source{URI: "file://" + dir + "/m/w.bin", As: nobody}); err != nil || got["w.bin"] != "weights through a 0711 directory" {
+		t.Fatalf("a file through a traversable, unlistable directory: %v %v", got, err)
+	}
+	if got, err := readAll(t, f, fetchers.Source{URI: "file://" + dir + "/m/sub", As: nobody}); err != nil || got["config.json"] != "{}" {
+		t.Fatalf("a listable tree under a traversable, unlistable directory: %v %v", got, err)
+	}
+	for _, c := range []struct{ uri, want string }{
+		{"file://" + dir + "/m", "the path " + dir + "/m (drwx--x--x root:root) refuses uid 65534 (nobody)"},
+		{"file://" + dir + "/closed/inner/w.bin", "the directory " + dir + "/closed (drwx------ root:root) on the way to " + dir + "/closed/inner/w.bin refuses uid 65534 (nobody)"},
+		{"file://" + dir + "/closed/inner", "the directory " + dir + "/closed (drwx------ root:root) on the way to " + dir + "/closed/inner refuses uid 65534 (nobody)"},
+	} {
+		_, err := readAll(t, f, fetchers.Source{URI: c.uri, As: nobody})
+		if !errors.Is(err, fetchers.ErrUnauthorized) || !strings.Contains(fmt.Sprint(err), c.want) {
+			t.Errorf("%s as nobody: %v; want access denied saying %q", c.uri, err, c.want)
+		}
+	}
+	if _, err := readAll(t, f, fetchers.Source{URI: "file://" + dir + "/m", As: nobody}); !strings.Contains(fmt.Sprint(err), "list (r)") {
+		t.Errorf("listing a 0711 directory: %v; want it to say list (r) is what it lacks", err)
+	}
+	// The file itself unreadable: the file is named, and read is what it lacks.
+	os.Chmod(filepath.Join(dir, "m/w.bin"), 0o600)
+	_, err := readAll(t, f, fetchers.Source{URI: "file://" + dir + "/m/w.bin", As: nobody})
+	if want := "the path " + dir + "/m/w.bin (-rw------- root:root) refuses uid 65534 (nobody)"; !strings.Contains(fmt.Sprint(err), want) || !strings.Contains(fmt.Sprint(err), "read (r)") {
+		t.Errorf("an unreadable file: %v; want %q and read (r)", err, want)
 	}
 }

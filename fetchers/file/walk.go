@@ -23,7 +23,10 @@ type walker struct {
 	rootID fileID
 	as     *fetchers.Identity
 	denied map[fileID]string
-	files  []fetchers.File
+	// blobs: the source is in a hub cache snapshot whose links into
+	// blobs/ are followed (nil otherwise).
+	blobs *hfBlobs
+	files []fetchers.File
 }
 
 // deniedInTree: the tree holds a denied directory (the source is a
@@ -92,7 +95,23 @@ func (w *walker) walk(dirfd int, rel string, depth int) error {
 			// Its target is not printed: it is the link's content.
 			fd, err := openat2(w.rootfd, crel, unix.O_PATH|unix.O_CLOEXEC, unix.RESOLVE_BENEATH|unix.RESOLVE_NO_MAGICLINKS)
 			if errors.Is(err, unix.EXDEV) {
-				return fmt.Errorf("source %q: %w: symlink %s points outside the source tree; copy the file into the tree or point the source at a directory that contains it", w.uri, fetchers.ErrBadSource, short(crel))
+				bn, bst, ok, err := w.blobs.blob(dirfd, filepath.Join(w.root, rel), name)
+				if err != nil {
+					return explain(w.uri, w.at(crel), err)
+				}
+				if !ok {
+					return outsideError(w.uri, crel, w.blobs)
+				}
+				if d, ok := w.denied[idOf(&bst)]; ok {
+					return w.deniedInTree(crel, d)
+				}
+				if bst.Mode&unix.S_IFMT != unix.S_IFREG {
+					return fmt.Errorf("source %q: %w: symlink %s leads to a %s in %s, not a regular file", w.uri, fetchers.ErrBadSource, short(crel), fetchers.TypeName(modeType(bst.Mode)), w.blobs.path)
+				}
+				if err := w.add(crel, &bst, loc{dir: w.blobs.path, rel: bn, dirID: w.blobs.id, fileID: idOf(&bst), as: w.as}); err != nil {
+					return err
+				}
+				continue
 			}
 			if err != nil {
 				return explain(w.uri, w.at(crel), err)
@@ -112,11 +131,9 @@ func (w *walker) walk(dirfd int, rel string, depth int) error {
 		if st.Mode&unix.S_IFMT != unix.S_IFREG {
 			return fmt.Errorf("source %q: %w: %s is a %s, not a regular file; remove it from the tree or exclude it (--exclude)", w.uri, fetchers.ErrBadSource, crel, fetchers.TypeName(modeType(st.Mode)))
 		}
-		if len(w.files) >= maxFiles {
-			return fmt.Errorf("source %q: %w: the tree holds more than %d files; point the source at a smaller directory", w.uri, fetchers.ErrBadSource, maxFiles)
+		if err := w.add(crel, &st, loc{dir: w.root, rel: crel, dirID: w.rootID, fileID: idOf(&st), as: w.as}); err != nil {
+			return err
 		}
-		l := loc{dir: w.root, rel: crel, dirID: w.rootID, fileID: idOf(&st), as: w.as}
-		w.files = append(w.files, fetchers.File{Path: crel, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String(), Validator: validator(&st)})
 	}
 	for _, crel := range dirs {
 		fd, err := openBeneath(w.rootfd, crel, unix.O_DIRECTORY|unix.O_NOFOLLOW)
@@ -129,6 +146,15 @@ func (w *walker) walk(dirfd int, rel string, depth int) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// add lists the regular file st at crel, read through l.
+func (w *walker) add(crel string, st *unix.Stat_t, l loc) error {
+	if len(w.files) >= maxFiles {
+		return fmt.Errorf("source %q: %w: the tree holds more than %d files; point the source at a smaller directory", w.uri, fetchers.ErrBadSource, maxFiles)
+	}
+	w.files = append(w.files, fetchers.File{Path: crel, Size: st.Size, Mode: st.Mode & 0o777, Locator: l.String(), Validator: validator(st)})
 	return nil
 }
 

@@ -153,6 +153,10 @@ func ParseURI(uri string) (repo, rev string, err error) {
 	return repo, rev, nil
 }
 
+// SendsCredentials reports whether the fetcher sends a token (its own,
+// from WithToken, $HF_TOKEN or the token file).
+func (f *Fetcher) SendsCredentials(context.Context, string) bool { return f.token != "" }
+
 // IsCommit reports whether rev is a full commit sha.
 func IsCommit(rev string) bool { return shaRe.MatchString(rev) }
 

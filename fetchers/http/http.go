@@ -30,6 +30,10 @@ type Fetcher struct {
 	authorization string
 }
 
+// SendsCredentials reports whether the fetcher sends an Authorization
+// header of its own (WithAuthorization).
+func (f *Fetcher) SendsCredentials(context.Context, string) bool { return f.authorization != "" }
+
 // Option configures New.
 type Option func(*Fetcher)
 

@@ -99,6 +99,7 @@
 package ngc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -178,9 +179,14 @@ func WithAPIEndpoint(u string) Option { return func(o *options) { o.api = u } }
 // else DefaultAuthEndpoint.
 func WithAuthEndpoint(u string) Option { return func(o *options) { o.auth = u } }
 
+// SendsCredentials reports whether the fetcher has an API key (its own,
+// from WithAPIKey or the environment).
+func (f *Fetcher) SendsCredentials(context.Context, string) bool { return f.key != "" }
+
 // WithAPIKey sets the NGC API key; default $NGC_CLI_API_KEY (the ngc
 // CLI's name, which the CLI prefers), else $NGC_API_KEY, else the key
 // file. Empty: public models only, through NGC's guest paths.
+
 func WithAPIKey(k string) Option { return func(o *options) { o.key = k } }
 
 // WithAPIKeyFile sets the file the key is read from when no key is given;

@@ -110,6 +110,18 @@ func (f *Fetcher) ParseURI(uri string) (name.Reference, error) {
 	return r, nil
 }
 
+// SendsCredentials reports whether the fetcher's keychain (the docker
+// config and credential helpers, or WithKeychain's) holds a login for the
+// registry of uri.
+func (f *Fetcher) SendsCredentials(ctx context.Context, uri string) bool {
+	ref, err := f.ParseURI(uri)
+	if err != nil {
+		return false
+	}
+	auth, err := authn.Resolve(ctx, f.keychain, ref.Context())
+	return err == nil && auth != authn.Anonymous
+}
+
 func (f *Fetcher) remote(ctx context.Context) []remote.Option {
 	return []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(f.keychain), remote.WithTransport(f.rt)}
 }

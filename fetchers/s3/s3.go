@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
@@ -48,6 +49,12 @@ type Fetcher struct {
 	once   sync.Once
 	client *s3.Client
 	err    error
+
+	// signs caches SendsCredentials' answer for a while (each asks the
+	// chain, which may wait on the instance metadata service).
+	signsMu sync.Mutex
+	signs   bool
+	signsAt time.Time
 }
 
 type options struct {
@@ -113,6 +120,31 @@ func (f *Fetcher) s3(ctx context.Context) (*s3.Client, error) {
 		f.client = s3.NewFromConfig(cfg, func(o *s3.Options) { o.UsePathStyle = pathStyle })
 	})
 	return f.client, f.err
+}
+
+// SendsCredentials reports whether requests are signed with credentials:
+// static ones (WithStaticCredentials), or what the SDK's chain finds (the
+// environment, a profile, a web identity, the instance's role). It asks
+// the chain, bounded to a few seconds, and keeps its answer for ten
+// minutes; a chain that finds none sends none.
+func (f *Fetcher) SendsCredentials(ctx context.Context, _ string) bool {
+	if f.static != nil {
+		return true
+	}
+	f.signsMu.Lock()
+	defer f.signsMu.Unlock()
+	if !f.signsAt.IsZero() && time.Since(f.signsAt) < 10*time.Minute {
+		return f.signs
+	}
+	c, err := f.s3(ctx)
+	if err != nil || c.Options().Credentials == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	creds, err := c.Options().Credentials.Retrieve(ctx)
+	f.signs, f.signsAt = err == nil && creds.AccessKeyID != "", time.Now()
+	return f.signs
 }
 
 // checkRedirect follows only 307 and 308, which keep the method and

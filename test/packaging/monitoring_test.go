@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,8 +55,15 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 	c := &api.Client{Socket: cfg.Socket}
 	// One API request: modelcache_api_requests_total.
 	testenv.Eventually(t, "daemon healthy", 5*time.Second, func() error { return c.Health(ctx) })
+	// An artifact that failed for good: the per-artifact failed series
+	// (ModelcacheArtifactFailed) exists only while one does.
+	gone := httptest.NewServer(http.NotFoundHandler())
+	defer gone.Close()
+	if _, err := c.Pull(ctx, api.PullRequest{Name: "gone", URI: gone.URL + "/w.bin"}, false, nil); err != nil {
+		t.Fatal(err)
+	}
 	var body []byte
-	testenv.Eventually(t, "/metrics", 5*time.Second, func() error {
+	testenv.Eventually(t, "/metrics with a failed artifact", 30*time.Second, func() error {
 		addr := d.MetricsAddr()
 		if addr == "" {
 			return errors.New("no metrics address yet")
@@ -66,6 +74,9 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 		}
 		body, _ = io.ReadAll(resp.Body)
 		resp.Body.Close()
+		if !strings.Contains(string(body), `modelcache_artifact_failed{artifact="gone"`) {
+			return errors.New("no modelcache_artifact_failed series of the failed artifact yet")
+		}
 		return nil
 	})
 	exported := map[string]bool{}
