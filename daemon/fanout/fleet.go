@@ -109,8 +109,11 @@ func New(cfg Config, o Options) (*Fleet, error) {
 		f.cluster, f.self = true, o.NodeName
 	}
 	var err error
-	f.fetcher, err = p2p.NewFetcher(p2p.NewTokenFile(tokens), p2p.WithHTTP(fetchers.WithTransport(peerTransport())),
-		p2p.WithFetcherLogger(f.log), p2p.WithFetcherMetrics(o.Metrics))
+	fopts := []p2p.FetcherOption{p2p.WithHTTP(fetchers.WithTransport(peerTransport())), p2p.WithFetcherLogger(f.log), p2p.WithFetcherMetrics(o.Metrics)}
+	if cfg.Wait > 0 { // a peer's Retry-After sets it aside no longer than this node waits for peers
+		fopts = append(fopts, p2p.WithMaxRetryAfter(cfg.Wait))
+	}
+	f.fetcher, err = p2p.NewFetcher(p2p.NewTokenFile(tokens), fopts...)
 	return f, err
 }
 
