@@ -97,6 +97,7 @@ func (c clusterNode) SetClusterDesires(want map[string]api.Desire, creds map[str
 		}
 	}
 	d.mu.Lock()
+	retryOnNewClusterDigest(d.arts, old, valid)
 	d.desires.cluster = valid
 	d.desires.publish()
 	d.notify()
@@ -262,4 +263,29 @@ func (d *Daemon) kube() *rest.Config {
 		return nil
 	}
 	return d.cfg.Cluster.Kube
+}
+
+// retryOnNewClusterDigest clears the "not retried" of a pull that failed
+// SourceChanged on the cluster's folder checksum when the cluster's
+// record of that checksum changes (the elected daemon dropped a forged
+// one, or the nodes agreed on another): the next reconcile pulls again,
+// from the blobs already held. Called with the daemon lock held.
+func retryOnNewClusterDigest(arts pullStates, old, now map[string]api.Desire) {
+	for name, ds := range now {
+		o, ok := old[name]
+		if !ok || (o.Digest == ds.Digest && o.ClusterDigest == ds.ClusterDigest) {
+			continue
+		}
+		if st := arts[name]; st != nil && st.phase == api.PhaseFailed && st.reason == api.ReasonSourceChanged && st.cancel == nil {
+			st.permanent, st.nextRetry = false, time.Time{}
+		}
+	}
+}
+
+// clusterDigestMoved says whether the cluster's desire of ds's name
+// (among cluster, the cluster's desires) now records another folder
+// checksum than ds was pulled with. Called with the daemon lock held.
+func clusterDigestMoved(cluster map[string]api.Desire, ds api.Desire) bool {
+	cd, ok := cluster[ds.Name]
+	return ok && ds.ClusterDigest && (cd.Digest != ds.Digest || !cd.ClusterDigest)
 }

@@ -48,7 +48,7 @@ func TestClusterDigestError(t *testing.T) {
 	commitErr := fmt.Errorf("artifact x: %w: manifest digest is …", cachestore.ErrDigestMismatch)
 	err := clusterDigestError(api.Desire{Digest: want, ClusterDigest: true}, m, commitErr)
 	if !errors.Is(err, errSourceChanged) || permanentReason(err) != api.ReasonSourceChanged ||
-		err.Error() != "source changed since the cluster resolved it: digest "+m.Digest()+", cluster has "+want {
+		!strings.HasPrefix(err.Error(), "source changed since the cluster resolved it: digest "+m.Digest()+", cluster has "+want+" (this node keeps what it serves") {
 		t.Fatalf("%v (%s)", err, permanentReason(err))
 	}
 	if err := clusterDigestError(api.Desire{Digest: want}, m, commitErr); err != commitErr {

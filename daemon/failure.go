@@ -92,6 +92,15 @@ func (p *pull) finish(ctx, pctx context.Context, err error) {
 	case pctx.Err() != nil:
 		st.phase, st.message = api.PhasePending, "restarting: the desire changed"
 		d.kick()
+	case errors.Is(err, errSourceChanged) && clusterDigestMoved(d.desires.cluster, ds):
+		// The cluster's record moved while this pull ran (a forged
+		// checksum dropped): pull again now, against the new record.
+		st.attempts++
+		st.phase, st.message, st.reason = api.PhaseFailed, err.Error(), api.ReasonSourceChanged
+		st.nextRetry, st.lastErr = time.Time{}, err
+		d.metrics.pulls.WithLabelValues(scheme, "failed").Inc()
+		d.log.Warn("pull failed on a folder checksum the cluster no longer records; pulling again", "artifact", ds.Name, "err", err)
+		d.kick()
 	case failureReason(err, st.attempts+1) != "":
 		st.attempts++
 		st.phase, st.message, st.reason = api.PhaseFailed, err.Error(), failureReason(err, st.attempts)
@@ -150,5 +159,6 @@ func clusterDigestError(ds api.Desire, m cachestore.Manifest, err error) error {
 	if m.Validate() != nil { // it sorts and normalizes as the commit did
 		return err
 	}
-	return fmt.Errorf("%w: digest %s, cluster has %s", errSourceChanged, m.Digest(), ds.Digest)
+	return fmt.Errorf("%w: digest %s, cluster has %s (this node keeps what it serves; it pulls again when the cluster's record changes, "+
+		"as the elected modelcached makes it when no two Ready nodes report that checksum)", errSourceChanged, m.Digest(), ds.Digest)
 }

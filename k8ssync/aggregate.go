@@ -131,18 +131,21 @@ func (s *Syncer) lead(ctx context.Context) {
 		time.Sleep(200 * time.Millisecond) // merge bursts
 		nodes, _ := peerNodes(mcn.GetStore().List())
 		for _, mc := range s.modelCaches() {
-			resolved, again := s.resolveAll(ctx, mc)
+			fm := s.withFounded(mc, nodes) // what the nodes bear out of another leader's record (trust.go)
+			resolved, again := s.resolveAll(ctx, fm)
 			if again {
 				go func() { time.Sleep(resolveRetry); poke() }()
 			}
-			m := *mc
+			m := *fm
 			m.Status.Resolved = s.recordOrigins(ctx, mc, resolved, nodes, time.Now())
 			st, flips := aggregate(&m, nodes, time.Now())
+			s.endorsed.add(mc.Name, st.Resolved) // this leader's, written or about to be
 			if old, ok := written[mc.Name]; ok && reflect.DeepEqual(old, st) {
 				continue
 			}
 			if reflect.DeepEqual(stripTimes(mc.Status), stripTimes(st)) {
 				written[mc.Name] = st
+				s.endorsed.add(activeKey(mc.Name), st.Active)
 				continue
 			}
 			if at := published[mc.Name].Add(s.cfg.PublishInterval); time.Now().Before(at) {
@@ -158,6 +161,7 @@ func (s *Syncer) lead(ctx context.Context) {
 				continue
 			}
 			written[mc.Name] = st
+			s.endorsed.add(activeKey(mc.Name), st.Active)
 			s.announce(mc, flips)
 		}
 	}
@@ -198,6 +202,7 @@ func aggregate(mc *ModelCache, nodes []ModelCacheNode, now time.Time) (ModelCach
 	st := ModelCacheStatus{ObservedGeneration: mc.Generation, Resolved: recordDigests(mc.Status.Resolved, nodes)}
 	var flips []flip
 	st.Active, st.Rollout, flips = rollouts(mc, st.Resolved, nodes, now)
+	st.Active = recordDigests(st.Active, nodes) // a forged checksum of the active revision goes too
 	st.Versions = versionStatuses(mc, statuses)
 	var origins []string
 	for _, e := range append(slices.Clone(st.Resolved), st.Active...) {

@@ -90,7 +90,9 @@ type originsMemo struct {
 }
 
 // recordOrigins fills the origin nodes of each model resolution of mc
-// that has none (a kernel cache's stays without: see above). The
+// that has none (a kernel cache's stays without: see above), and checks
+// a list another leader recorded (originsBorneOut): one this leader would
+// not assign now is assigned again. The
 // candidates are the live ModelCacheNodes of the nodes mc selects: one
 // LIST of Nodes by mc's selector, done only when an entry lacks its
 // list and the live nodes, or those of them whose status lists the
@@ -111,7 +113,11 @@ func (s *Syncer) recordOrigins(ctx context.Context, mc *ModelCache, resolved []R
 		}
 	}
 	if len(live) == 0 || mc.Spec.State == StateAbsent {
-		return resolved
+		return ownOriginsOnly(resolved, func(artifact string) []string {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.origins[mc.Name+"/"+artifact].nodes
+		})
 	}
 	slices.Sort(live)
 	kernel := map[string]bool{}
@@ -119,10 +125,27 @@ func (s *Syncer) recordOrigins(ctx context.Context, mc *ModelCache, resolved []R
 		kernel[src.artifact] = src.ds.Kind == api.KindKernelCache
 	}
 	var selected map[string]bool
+	candidates := func() ([]string, error) {
+		if selected == nil {
+			var err error
+			if selected, err = s.selectedNodes(ctx, mc); err != nil {
+				s.log.Warn("k8s sync: listing the nodes the ModelCache selects, for its origin nodes (retried at the next pass)", "modelcache", mc.Name, "err", err)
+				return nil, err
+			}
+		}
+		var cand []string
+		for _, n := range live {
+			if selected[n] {
+				cand = append(cand, n)
+			}
+		}
+		return cand, nil
+	}
 	out := append([]ResolvedSource(nil), resolved...)
 	for i := range out {
 		e := &out[i]
-		if len(e.OriginNodes) > 0 || e.URI == "" || e.Error != "" || kernel[e.Artifact] {
+		if e.URI == "" || e.Error != "" || kernel[e.Artifact] {
+			e.OriginNodes = nil // none is ever assigned to these (a forged list goes)
 			continue
 		}
 		memoKey := mc.Name + "/" + e.Artifact
@@ -130,19 +153,30 @@ func (s *Syncer) recordOrigins(ctx context.Context, mc *ModelCache, resolved []R
 		s.mu.Lock()
 		m, ok := s.origins[memoKey]
 		s.mu.Unlock()
-		if !ok || m.key != key {
-			if selected == nil {
-				var err error
-				if selected, err = s.selectedNodes(ctx, mc); err != nil {
-					s.log.Warn("k8s sync: listing the nodes the ModelCache selects, for its origin nodes (retried at the next pass)", "modelcache", mc.Name, "err", err)
-					return out
-				}
+		if len(e.OriginNodes) > 0 {
+			if ok && slices.Equal(m.nodes, e.OriginNodes) {
+				continue // this leader's own
 			}
-			var cand []string
-			for _, n := range live {
-				if selected[n] {
-					cand = append(cand, n)
-				}
+			// Another leader's (trust.go): kept when it is what this one
+			// would assign now.
+			cand, err := candidates()
+			if err != nil {
+				return out
+			}
+			if originsBorneOut(e.Artifact, e.OriginNodes, cand, s.cfg.OriginConcurrency) {
+				s.mu.Lock()
+				s.origins[memoKey] = originsMemo{key: key, nodes: slices.Clone(e.OriginNodes)}
+				s.mu.Unlock()
+				continue
+			}
+			s.log.Warn("k8s sync: dropping recorded origin nodes this daemon would not assign (written by an earlier leader)", "modelcache", mc.Name,
+				"artifact", e.Artifact, "recorded", clipList(e.OriginNodes), "candidates", len(cand))
+			e.OriginNodes, ok = nil, false
+		}
+		if !ok || m.key != key {
+			cand, err := candidates()
+			if err != nil {
+				return out
 			}
 			m = originsMemo{key: key, nodes: OriginNodes(e.Artifact, cand, s.cfg.OriginConcurrency)}
 			s.mu.Lock()
@@ -179,4 +213,24 @@ func (s *Syncer) selectedNodes(ctx context.Context, mc *ModelCache) (map[string]
 		out[n.Name] = true
 	}
 	return out, nil
+}
+
+// ownOriginsOnly is resolved without the origin-node lists the leader
+// did not assign (own: its last assignment of an artifact; trust.go):
+// with no live node, or nothing to pull, it would assign none.
+func ownOriginsOnly(resolved []ResolvedSource, own func(artifact string) []string) []ResolvedSource {
+	var out []ResolvedSource
+	for i, e := range resolved {
+		if len(e.OriginNodes) == 0 || slices.Equal(own(e.Artifact), e.OriginNodes) {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(resolved)
+		}
+		out[i].OriginNodes = nil
+	}
+	if out == nil {
+		return resolved
+	}
+	return out
 }

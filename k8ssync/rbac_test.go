@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,6 +79,22 @@ func applyBundle(t *testing.T, cfg *rest.Config, files ...string) {
 	}
 }
 
+// bundleCluster is a real API server with the bundle's namespace,
+// service account, RBAC and admission policies, and the named Nodes
+// (each labelled with its hostname).
+func bundleCluster(t *testing.T, nodes ...string) (*kubetest.Cluster, kubernetes.Interface, dynamic.Interface) {
+	t.Helper()
+	cl := kubetest.Start(t)
+	kc := kubernetes.NewForConfigOrDie(cl.Config)
+	applyBundle(t, cl.Config, "namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "admission.yaml")
+	for _, n := range nodes {
+		if _, err := kc.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{corev1.LabelHostname: n}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cl, kc, dynamic.NewForConfigOrDie(cl.Config)
+}
+
 // nodeToken is a token of the daemon's service account bound to a pod
 // on node (as kubelet projects it into the DaemonSet's pod), and a
 // client config that uses it and nothing else.
@@ -108,7 +125,7 @@ func tokenConfig(cl *kubetest.Cluster, token string) *rest.Config {
 
 func localPV(name, node, path string) *corev1.PersistentVolume {
 	return &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{k8ssync.LabelNode: node}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{k8ssync.LabelNode: node, k8ssync.LabelModel: "m"}},
 		Spec: corev1.PersistentVolumeSpec{
 			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Mi")},
 			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadOnlyMany},
@@ -136,16 +153,8 @@ func localPV(name, node, path string) *corev1.PersistentVolume {
 // with that token: it reports its ModelCacheNode, takes the Lease,
 // aggregates and labels its Node.
 func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
-	cl := kubetest.Start(t)
+	cl, kc, dyn := bundleCluster(t, "node-a", "node-b")
 	ctx := context.Background()
-	kc := kubernetes.NewForConfigOrDie(cl.Config)
-	dyn := dynamic.NewForConfigOrDie(cl.Config)
-	applyBundle(t, cl.Config, "namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "admission.yaml")
-	for _, n := range []string{"node-a", "node-b"} {
-		if _, err := kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{corev1.LabelHostname: n}}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	cfg := nodeToken(t, cl, kc, "node-a")
 	nc := kubernetes.NewForConfigOrDie(cfg)
 	ndyn := dynamic.NewForConfigOrDie(cfg)
@@ -325,6 +334,37 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 	refused("a PV of another storage class", err)
 	_, err = pvs.Create(ctx, localPV("team-b-data", "node-a", path), metav1.CreateOptions{})
 	refused("a PV of node A named outside its names", err)
+	// Read-only, exactly: each other shape is refused naming its rule.
+	for _, c := range []struct {
+		what, rule string
+		shape      func(pv *corev1.PersistentVolume)
+	}{
+		{"mountOptions [ro, rw]", "mountOptions are exactly [ro]", func(pv *corev1.PersistentVolume) { pv.Spec.MountOptions = []string{"ro", "rw"} }},
+		{"mountOptions [rw, ro]", "mountOptions are exactly [ro]", func(pv *corev1.PersistentVolume) { pv.Spec.MountOptions = []string{"rw", "ro"} }},
+		{"mountOptions [rw]", "mountOptions are exactly [ro]", func(pv *corev1.PersistentVolume) { pv.Spec.MountOptions = []string{"rw"} }},
+		{"mountOptions [ro, remount]", "mountOptions are exactly [ro]", func(pv *corev1.PersistentVolume) { pv.Spec.MountOptions = []string{"ro", "remount"} }},
+		{"no mountOptions", "mountOptions are exactly [ro]", func(pv *corev1.PersistentVolume) { pv.Spec.MountOptions = nil }},
+		{"ReadWriteMany", "accessModes are exactly [ReadOnlyMany]", func(pv *corev1.PersistentVolume) {
+			pv.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}
+		}},
+		{"ReadOnlyMany and ReadWriteOnce", "accessModes are exactly [ReadOnlyMany]", func(pv *corev1.PersistentVolume) {
+			pv.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadOnlyMany, corev1.ReadWriteOnce}
+		}},
+		{"the store's models/ directory", "local volume under /var/lib/modelcache/models/", func(pv *corev1.PersistentVolume) { pv.Spec.Local.Path = "/var/lib/modelcache/models" }},
+		{"models/ itself", "the tree of one artifact revision", func(pv *corev1.PersistentVolume) { pv.Spec.Local.Path = "/var/lib/modelcache/models/" }},
+		{"an artifact's directory of every revision", "the tree of one artifact revision", func(pv *corev1.PersistentVolume) { pv.Spec.Local.Path = "/var/lib/modelcache/models/m" }},
+		{"a directory inside a revision", "the tree of one artifact revision", func(pv *corev1.PersistentVolume) { pv.Spec.Local.Path = path + "/sub" }},
+		{"another artifact's tree than its label names", "the tree of one artifact revision", func(pv *corev1.PersistentVolume) { pv.Spec.Local.Path = "/var/lib/modelcache/models/private/current" }},
+		{"no modelcache.io/model label", "the tree of one artifact revision", func(pv *corev1.PersistentVolume) { delete(pv.Labels, k8ssync.LabelModel) }},
+	} {
+		pv := localPV("modelcache-node-a-shape", "node-a", path)
+		c.shape(pv)
+		_, err = pvs.Create(ctx, pv, metav1.CreateOptions{})
+		refused("a PV of node A with "+c.what, err)
+		if err != nil && !strings.Contains(err.Error(), c.rule) {
+			t.Errorf("a PV of node A with %s: %v; want the rule %q named", c.what, err, c.rule)
+		}
+	}
 	_, err = pvs.Create(ctx, localPV(k8ssync.PVName("node-a", "m"), "node-a", path), metav1.CreateOptions{})
 	allowed("node A's local PV", err)
 	if _, err := kc.CoreV1().PersistentVolumes().Create(ctx, localPV("modelcache-node-b-m", "node-b", path), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {

@@ -190,37 +190,22 @@ const digestQuorum = 2
 // none once digestQuorum nodes hold its revision Ready with the same one
 // (each node counts once; were several checksums to reach it at once,
 // the most common, then the least). Until then nodes pull without it.
-// Once recorded it stays for as long as the resolution does.
+// A recorded one stays while digestQuorum nodes bear it out; one they do
+// not (written while a node held the Lease: trust.go) is dropped, or
+// replaced by the one they do agree on.
 func recordDigests(resolved []ResolvedSource, nodes []ModelCacheNode) []ResolvedSource {
 	out := append([]ResolvedSource(nil), resolved...)
 	for i := range out {
 		e := &out[i]
-		if e.Digest != "" || e.URI == "" {
+		if e.URI == "" || e.Error != "" {
+			e.Digest = ""
 			continue
 		}
-		seen := map[string]map[string]bool{} // digest → the nodes that report it
-		vote := func(d, node string) {
-			if seen[d] == nil {
-				seen[d] = map[string]bool{}
-			}
-			seen[d][node] = true
+		seen := readyDigestVotes(*e, nodes)
+		if e.Digest != "" && len(seen[e.Digest]) >= digestQuorum {
+			continue
 		}
-		for _, n := range nodes {
-			for _, a := range n.Status.Artifacts {
-				// The revision, from the pinned URI: an old pull of the
-				// same name (a source without revisions, another source)
-				// does not count.
-				if a.Name != e.Artifact {
-					continue
-				}
-				if api.Phase(a.Phase) == api.PhaseReady && a.Digest != "" && (e.Revision == "" || a.Revision == e.Revision) &&
-					a.Source == fetchers.RedactURI(e.URI) {
-					vote(a.Digest, n.Name)
-				} else if x := a.Next; x != nil && api.Phase(x.Phase) == api.PhaseReady && x.Digest != "" && (served{x.Revision, x.Source}).is(*e) {
-					vote(x.Digest, n.Name) // prefetched for a rollout
-				}
-			}
-		}
+		e.Digest = ""
 		best := digestQuorum - 1
 		for d, by := range seen {
 			if c := len(by); c > best || (c == best && c >= digestQuorum && d < e.Digest) {

@@ -23,6 +23,9 @@
 //	              source once into status.resolved; nodes pull what it recorded
 //	pinned.go     a recorded URI is pulled only when it is the spec's source at
 //	              a revision (atRevision); forged entries are refused
+//	trust.go      what a seized Lease cannot make last: each pass keeps only
+//	              the checksums, resolutions, active revisions and origin
+//	              nodes the nodes' own reports bear out
 //	rollout.go    coordinated rollouts: status.active vs status.resolved,
 //	              prefetch of the target, the flip at minReadyPercent, retainOld
 //	peers.go      watched ModelCacheNode objects converted (the leader's)
@@ -215,6 +218,8 @@ type Syncer struct {
 	ownStatus    ModelCacheNodeStatus // this node's status at the last pass (written or not)
 	peersKey     string               // the peer view last handed over, without heartbeats, and when
 	peersAt      time.Time
+
+	endorsed endorsements // the resolutions this leader wrote or kept (trust.go)
 }
 
 // New prepares the loop; Run starts it.

@@ -309,12 +309,13 @@ func TestClusterSync(t *testing.T) {
 		}
 		return nil
 	})
-	// A PV as a daemon made it before PVs were read-only gets "ro".
+	// A PV as a daemon made it before PVs were read-only, or with "rw"
+	// beside "ro", gets exactly "ro".
 	old, err := kc.CoreV1().PersistentVolumes().Get(ctx, k8ssync.PVName("node-a", "h100only"), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	old.Spec.MountOptions = nil
+	old.Spec.MountOptions = []string{"ro", "rw"}
 	if _, err := kc.CoreV1().PersistentVolumes().Update(ctx, old, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -66,9 +66,10 @@ func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[st
 	throttled := false
 	for name, a := range wantPV {
 		if pv, ok := existing[name]; ok {
-			// A PV made before the PVs were read-only (an older daemon)
-			// gets "ro"; mountOptions may change on a live PV.
-			if pv.DeletionTimestamp == nil && !slices.Contains(pv.Spec.MountOptions, "ro") {
+			// A PV made before the PVs were read-only (an older daemon),
+			// or with anything beside "ro" ("ro,rw" mounts read-write),
+			// gets exactly "ro"; mountOptions may change on a live PV.
+			if pv.DeletionTimestamp == nil && !slices.Equal(pv.Spec.MountOptions, []string{"ro"}) {
 				if !s.pvRL.TryAccept() {
 					throttled = true
 					break

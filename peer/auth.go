@@ -4,12 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/singleflight"
@@ -132,32 +132,71 @@ func (a StaticTokenAuthenticator) Authenticate(_ context.Context, token string) 
 // one service account (the daemon's own: only daemons of this cluster are
 // peers, never pods or users) for one audience, checked with a
 // TokenReview. The caller it accepts carries the node its token is bound
-// to (Identity.Node, from the review's user.extra NodeNameExtra). A token
-// that is not a JWT with an exp claim still ahead is refused without
-// asking the API server. A positive answer (with the caller) is cached
-// until the token expires (its exp claim, read without verification: the
-// TokenReview verified it), a
-// negative one for NegativeTTL; the cache holds at most MaxEntries tokens
-// (by their SHA-256, never the token itself). Use
-// NewTokenReviewAuthenticator.
+// to (Identity.Node, from the review's user.extra NodeNameExtra).
+//
+// The peer port is open to any pod that can reach it, so what a caller
+// sends must cost the API server nothing unless it could be a daemon's
+// token:
+//   - a token whose claims (read without verifying them: the review
+//     does) cannot be a daemon's is refused without a review: not a JWT,
+//     no exp ahead, not for the audience, not of the daemon's service
+//     account, not of Issuer (when set: the daemon's own token's), over
+//     MaxTokenBytes;
+//   - the reviews of tokens the cache does not know are limited per
+//     source address (ReviewBurst at once, one per ReviewEvery after;
+//     a review that accepts its token gives its share back, so the
+//     daemons behind one address are limited only in how many of
+//     their new tokens are reviewed at once);
+//     past that a caller is told to come back later (an error that is
+//     not ErrUnauthenticated: the server answers 503 with Retry-After);
+//   - acceptances (until the token's exp) and refusals (for NegativeTTL)
+//     are cached apart, each least recently used first out, so a flood
+//     of refused tokens never pushes out an accepted one. The
+//     acceptances hold max(MaxEntries, AcceptedPerNode × the fleet's
+//     node count, SetFleetSize) tokens, by their SHA-256, never the token
+//     itself.
+//
+// Use NewTokenReviewAuthenticator; set the fields before first use.
 type TokenReviewAuthenticator struct {
 	reviews  authv1client.TokenReviewInterface
 	audience string
 	user     string
-	// NegativeTTL is how long a rejection is remembered; MaxEntries
-	// bounds the cache; Now is the clock. Set before first use.
-	NegativeTTL time.Duration
-	MaxEntries  int
-	Now         func() time.Time
+	// Issuer, when set, is the iss claim every daemon's token carries
+	// (IssuerOf the daemon's own token): a token of another issuer is
+	// refused without a review.
+	Issuer string
+	// NegativeTTL is how long a refusal is remembered; MaxEntries is
+	// the least the acceptance cache holds (the floor of the fleet's
+	// size); RefusedEntries bounds the refusal cache; ReviewBurst and
+	// ReviewEvery limit each source address's reviews; Now is the clock.
+	NegativeTTL    time.Duration
+	MaxEntries     int
+	RefusedEntries int
+	ReviewBurst    int
+	ReviewEvery    time.Duration
+	Now            func() time.Time
 
-	cache  expiring.Map[[32]byte, verdict]
-	flight singleflight.Group
+	fleet    atomic.Int64
+	accepted expiring.Map[[32]byte, Identity]
+	refused  expiring.Map[[32]byte, string]
+	limits   sourceLimits
+	flight   singleflight.Group
 }
 
-type verdict struct {
-	ok  bool
-	who Identity
-}
+// AcceptedPerNode is how many tokens of each node the acceptance cache
+// has room for: a daemon's projected token is replaced before it
+// expires, and a node's daemon restarts now and then.
+const AcceptedPerNode = 4
+
+// MaxTokenBytes bounds a token that may be reviewed: a projected
+// service-account token is a couple of KiB.
+const MaxTokenBytes = 16 << 10
+
+// ErrTooManyReviews is returned by TokenReviewAuthenticator for a token
+// it does not know from a source address that has had its reviews for
+// now: it is neither accepted nor refused (the server answers 503 with
+// Retry-After, and caches nothing).
+var ErrTooManyReviews = errors.New("too many unknown tokens from this address; try again later")
 
 // NewTokenReviewAuthenticator checks tokens with reviews (a clientset's
 // AuthenticationV1().TokenReviews(); the daemon's service account needs
@@ -172,38 +211,61 @@ func NewTokenReviewAuthenticator(reviews authv1client.TokenReviewInterface, audi
 		audience = DefaultAudience
 	}
 	return &TokenReviewAuthenticator{reviews: reviews, audience: audience, user: "system:serviceaccount:" + namespace + ":" + name,
-		NegativeTTL: 10 * time.Second, MaxEntries: 1024, Now: time.Now}, nil
+		NegativeTTL: 10 * time.Second, MaxEntries: 1024, RefusedEntries: 4096, ReviewBurst: 5, ReviewEvery: 5 * time.Second,
+		Now: time.Now}, nil
 }
 
-// Authenticate answers from the cache or asks the API server.
+// SetFleetSize sizes the acceptance cache for a fleet of n nodes
+// (AcceptedPerNode tokens each, at least MaxEntries): every daemon of a
+// large fleet may ask one origin node at once. Safe to call at any time.
+func (a *TokenReviewAuthenticator) SetFleetSize(n int) { a.fleet.Store(int64(max(n, 0))) }
+
+func (a *TokenReviewAuthenticator) capacity() int {
+	return max(a.MaxEntries, int(min(a.fleet.Load(), 1<<24))*AcceptedPerNode, 1)
+}
+
+// Authenticate answers from the caches, refuses a token that cannot be
+// a daemon's, or asks the API server (within the limit of the request's
+// source: WithSource).
 func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token string) (Identity, error) {
 	if token == "" {
 		return Identity{}, fmt.Errorf("%w: no token", ErrUnauthenticated)
 	}
 	key, now := sha256.Sum256([]byte(token)), a.Now()
-	if v, hit := a.cache.Get(key, now); hit {
-		if v.ok {
-			return v.who, nil
-		}
-		return Identity{}, fmt.Errorf("%w: rejected recently", ErrUnauthenticated)
+	if who, hit := a.accepted.Get(key, now); hit {
+		return who, nil
 	}
-	// Only a JWT whose exp is ahead can pass a review: anything else is
-	// refused here, so garbage costs the API server nothing.
-	exp, ok := expiry(token)
-	if !ok || !now.Before(exp) {
-		a.cache.Put(key, verdict{}, now.Add(a.NegativeTTL), now, a.MaxEntries)
-		return Identity{}, fmt.Errorf("%w: not a service-account token that is still valid", ErrUnauthenticated)
+	if why, hit := a.refused.Get(key, now); hit {
+		return Identity{}, fmt.Errorf("%w: %s (refused recently)", ErrUnauthenticated, why)
+	}
+	// Only a token whose claims are a daemon's can pass a review:
+	// anything else is refused here, so garbage and forgeries cost the
+	// API server nothing.
+	exp, why := a.plausible(token, now)
+	if why != "" {
+		a.refuse(key, why, now)
+		return Identity{}, fmt.Errorf("%w: %s", ErrUnauthenticated, why)
 	}
 	// One review per token at a time: the uploads a new peer starts at
-	// once share it.
+	// once share it (and its source's limit is taken once).
+	src := SourceOf(ctx)
 	res, err, _ := a.flight.Do(string(key[:]), func() (any, error) {
+		if !a.limits.take(src, now, a.ReviewBurst, a.ReviewEvery) {
+			return nil, ErrTooManyReviews
+		}
 		tr, err := a.reviews.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{
 			Token: token, Audiences: []string{a.audience}}}, metav1.CreateOptions{})
 		if err != nil {
 			return nil, err
 		}
+		if tr.Status.Authenticated && tr.Status.User.Username == a.user {
+			a.limits.give(src, a.ReviewBurst) // a daemon's token: its review costs its address nothing
+		}
 		return tr.Status, nil
 	})
+	if errors.Is(err, ErrTooManyReviews) {
+		return Identity{}, fmt.Errorf("peer authentication from %s: %w", src, err)
+	}
 	if err != nil {
 		return Identity{}, fmt.Errorf("peer authentication: TokenReview: %w", err)
 	}
@@ -213,22 +275,24 @@ func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token strin
 	case !st.Authenticated:
 		reject = "the API server does not accept the token"
 		if st.Error != "" {
-			reject += " (" + st.Error + ")"
+			reject += " (" + clipText(st.Error, 200) + ")"
 		}
 	case !hasAudience(st.Audiences, a.audience):
 		reject = "the token is not for audience " + a.audience
 	case st.User.Username != a.user:
-		reject = "the token is " + st.User.Username + "'s, not " + a.user + "'s"
+		reject = "the token is " + clipText(st.User.Username, 200) + "'s, not " + a.user + "'s"
 	}
-	v, until := verdict{ok: reject == ""}, now.Add(a.NegativeTTL)
-	if v.ok {
-		v.who, until = identity(st.User), exp
-	}
-	a.cache.Put(key, v, until, now, a.MaxEntries)
-	if !v.ok {
+	if reject != "" {
+		a.refuse(key, reject, now)
 		return Identity{}, fmt.Errorf("%w: %s", ErrUnauthenticated, reject)
 	}
-	return v.who, nil
+	who := identity(st.User)
+	a.accepted.Put(key, who, exp, now, a.capacity())
+	return who, nil
+}
+
+func (a *TokenReviewAuthenticator) refuse(key [32]byte, why string, now time.Time) {
+	a.refused.Put(key, why, now.Add(a.NegativeTTL), now, max(a.RefusedEntries, 1))
 }
 
 // identity is the caller a reviewed token names: its account, and the
@@ -252,37 +316,11 @@ func extraOf(extra map[string]authenticationv1.ExtraValue, key string) string {
 	return ""
 }
 
-// Cached is how many verdicts the cache holds.
-func (a *TokenReviewAuthenticator) Cached() int { return a.cache.Len() }
+// Cached is how many verdicts the caches hold, acceptances and
+// refusals.
+func (a *TokenReviewAuthenticator) Cached() int { return a.accepted.Len() + a.refused.Len() }
 
-func hasAudience(auds []string, want string) bool {
-	for _, a := range auds {
-		if a == want {
-			return true
-		}
-	}
-	return false
-}
+// CachedAccepted is how many acceptances the cache holds.
+func (a *TokenReviewAuthenticator) CachedAccepted() int { return a.accepted.Len() }
 
-// expiry reads the exp claim of a JWT without verifying it.
-func expiry(token string) (time.Time, bool) {
-	parts := strings.Split(token, ".")
-	if len(parts) != 3 {
-		return time.Time{}, false
-	}
-	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		return time.Time{}, false
-	}
-	var claims struct {
-		Exp *json.Number `json:"exp"`
-	}
-	if json.Unmarshal(payload, &claims) != nil || claims.Exp == nil {
-		return time.Time{}, false
-	}
-	sec, err := claims.Exp.Int64()
-	if err != nil || sec <= 0 {
-		return time.Time{}, false
-	}
-	return time.Unix(sec, 0), true
-}
+func hasAudience(auds []string, want string) bool { return slices.Contains(auds, want) }

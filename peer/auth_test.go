@@ -5,6 +5,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -125,6 +130,7 @@ func TestTokenReviewAuthenticator(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Now = func() time.Time { return now }
+	a.ReviewBurst = 100 // this test is of verdicts, not of the limit (TestTokenFloodCostsNoReviews)
 	good := token("modelcached", peer.DefaultAudience)
 	for _, tc := range []struct {
 		name, token string
@@ -222,13 +228,13 @@ func TestTokenReviewAuthenticator(t *testing.T) {
 	if d := reviews.n.Load() - before; d != 1 {
 		t.Errorf("8 concurrent checks of one token sent %d reviews, want 1", d)
 	}
-	// The cache is bounded.
-	a.MaxEntries = 3
+	// The caches are bounded.
+	a.MaxEntries, a.RefusedEntries = 3, 3
 	for i := range 10 {
 		a.Authenticate(ctx, fmt.Sprintf("garbage-%d", i))
 	}
-	if c := a.Cached(); c > 3 {
-		t.Errorf("the cache holds %d verdicts, more than MaxEntries 3", c)
+	if c := a.Cached() - a.CachedAccepted(); c > 3 {
+		t.Errorf("the refusal cache holds %d verdicts, more than RefusedEntries 3", c)
 	}
 	if _, err := peer.NewTokenReviewAuthenticator(reviews, "", "", "modelcached"); err == nil {
 		t.Error("an authenticator without the namespace was made")
@@ -245,4 +251,221 @@ func forgedJWT() string {
 func expiredJWT() string {
 	enc := base64.RawURLEncoding.EncodeToString
 	return enc([]byte(`{"alg":"RS256"}`)) + "." + enc([]byte(`{"exp":1000}`)) + "." + enc([]byte("sig"))
+}
+
+// jwt is a token with the given header and claims and a made-up
+// signature.
+func jwt(header, claims string) string {
+	enc := base64.RawURLEncoding.EncodeToString
+	return enc([]byte(header)) + "." + enc([]byte(claims)) + "." + enc([]byte("not-a-signature"))
+}
+
+// daemonCluster is a real kube-apiserver with the daemon's namespace and
+// service account, and a TokenReview counter.
+func daemonCluster(t *testing.T) (kubernetes.Interface, *countingReviews) {
+	cl := kubetest.Start(t)
+	kc := kubernetes.NewForConfigOrDie(cl.Config)
+	ctx := context.Background()
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "modelcache-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kc.CoreV1().ServiceAccounts("modelcache-system").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "modelcached"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return kc, &countingReviews{TokenReviewInterface: kc.AuthenticationV1().TokenReviews()}
+}
+
+func peerToken(t *testing.T, kc kubernetes.Interface) string {
+	tr, err := kc.CoreV1().ServiceAccounts("modelcache-system").CreateToken(context.Background(), "modelcached",
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: []string{peer.DefaultAudience}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr.Status.Token
+}
+
+// A token whose claims cannot be a daemon's is refused without a
+// TokenReview, whatever its signature: another issuer, subject or
+// audience, no exp ahead, a nbf to come, no algorithm, too long.
+func TestImplausibleTokensCostNoReview(t *testing.T) {
+	kc, reviews := daemonCluster(t)
+	a, err := peer.NewTokenReviewAuthenticator(reviews, "", "modelcache-system", "modelcached")
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := peerToken(t, kc)
+	a.Issuer = peer.IssuerOf(good)
+	if a.Issuer == "" {
+		t.Fatalf("the API server's token has no issuer: %q", good)
+	}
+	const sub = `"sub":"system:serviceaccount:modelcache-system:modelcached"`
+	iss := `"iss":"` + a.Issuer + `"`
+	const head, exp, aud = `{"alg":"RS256","kid":"k"}`, `"exp":99999999999`, `"aud":["modelcache-peer"]`
+	for name, tok := range map[string]string{
+		"another issuer":      jwt(head, `{"iss":"https://evil.example",`+sub+`,`+aud+`,`+exp+`}`),
+		"another subject":     jwt(head, `{`+iss+`,"sub":"system:serviceaccount:default:default",`+aud+`,`+exp+`}`),
+		"another audience":    jwt(head, `{`+iss+`,`+sub+`,"aud":["https://kubernetes.default.svc"],`+exp+`}`),
+		"no audience":         jwt(head, `{`+iss+`,`+sub+`,`+exp+`}`),
+		"no exp":              jwt(head, `{`+iss+`,`+sub+`,`+aud+`}`),
+		"expired":             jwt(head, `{`+iss+`,`+sub+`,`+aud+`,"exp":1000}`),
+		"not valid for years": jwt(head, `{`+iss+`,`+sub+`,`+aud+`,`+exp+`,"nbf":99999999990}`),
+		"alg none":            jwt(`{"alg":"none"}`, `{`+iss+`,`+sub+`,`+aud+`,`+exp+`}`),
+		"no header":           "." + strings.SplitN(jwt(head, `{`+iss+`,`+sub+`,`+aud+`,`+exp+`}`), ".", 2)[1],
+		"a claims array":      jwt(head, `[1,2]`),
+		"too long":            jwt(head, `{`+iss+`,`+sub+`,`+aud+`,`+exp+`,"x":"`+strings.Repeat("x", peer.MaxTokenBytes)+`"}`),
+		"two parts":           "a.b",
+	} {
+		if _, err := a.Authenticate(context.Background(), tok); !errors.Is(err, peer.ErrUnauthenticated) {
+			t.Errorf("%s: %v, want ErrUnauthenticated", name, err)
+		}
+	}
+	if n := reviews.n.Load(); n != 0 {
+		t.Errorf("implausible tokens sent %d TokenReviews, want none", n)
+	}
+	if _, err := a.Authenticate(context.Background(), good); err != nil || reviews.n.Load() != 1 {
+		t.Errorf("the daemon's token: %v after %d reviews, want accepted after 1", err, reviews.n.Load())
+	}
+}
+
+// The flood of the issue: forged tokens that look like a daemon's (the
+// right issuer, subject, audience and a far exp; a made-up signature)
+// sent at a real peer server from one address. 1,000 of them cost at
+// most 10 TokenReviews (the address's budget), a legitimate peer's
+// request from another address during the flood is answered (its time is
+// reported, not asserted), and 4,000 more unique tokens evict no cached
+// acceptance.
+func TestTokenFloodCostsNoReviews(t *testing.T) {
+	kc, reviews := daemonCluster(t)
+	a, err := peer.NewTokenReviewAuthenticator(reviews, "", "modelcache-system", "modelcached")
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, fresh := peerToken(t, kc), peerToken(t, kc)
+	a.Issuer = peer.IssuerOf(good)
+	s := openStore(t)
+	data, b := blobOf(4<<10, 31)
+	commit(t, s, data)
+	srv, err := peer.NewServer(peer.StoreBlobs{Store: s}, a, peer.WithMaxUploads(64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	from := func(ip string) *http.Client {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		return &http.Client{Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 64}, Timeout: time.Minute}
+	}
+	attacker, legit := from("127.0.0.2"), from("127.0.0.3")
+	ask := func(c *http.Client, tok string) int {
+		req, _ := http.NewRequest(http.MethodGet, hs.URL+peer.BlobPath+b.Digest, nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := ask(legit, good); code != http.StatusOK {
+		t.Fatalf("the legitimate peer before the flood: %d", code)
+	}
+	forged := func(i int) string {
+		return jwt(`{"alg":"RS256","kid":"k"}`, fmt.Sprintf(`{"iss":%q,"sub":"system:serviceaccount:modelcache-system:modelcached","aud":["modelcache-peer"],"exp":99999999999,"jti":"%d"}`, a.Issuer, i))
+	}
+	before := reviews.n.Load()
+	var wg sync.WaitGroup
+	var codes sync.Map
+	next := atomic.Int64{}
+	start := time.Now()
+	for range 32 { // 32 connections at once, as the issue's attacker had 30
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1); i <= 1000; i = next.Add(1) {
+				code := ask(attacker, forged(int(i)))
+				n, _ := codes.LoadOrStore(code, new(atomic.Int64))
+				n.(*atomic.Int64).Add(1)
+			}
+		}()
+	}
+	// During the flood: the legitimate peer with its cached token, and
+	// with a fresh one (a review of its own).
+	var cached, reviewed time.Duration
+	for next.Load() < 100 {
+		time.Sleep(time.Millisecond)
+	}
+	t0 := time.Now()
+	if code := ask(legit, good); code != http.StatusOK {
+		t.Errorf("the legitimate peer during the flood: %d", code)
+	}
+	cached = time.Since(t0)
+	t0 = time.Now()
+	if code := ask(legit, fresh); code != http.StatusOK {
+		t.Errorf("the legitimate peer with a fresh token during the flood: %d", code)
+	}
+	reviewed = time.Since(t0)
+	wg.Wait()
+	flood := time.Since(start)
+	spent := reviews.n.Load() - before - 1 // the fresh token's
+	var got []string
+	codes.Range(func(k, v any) bool {
+		got = append(got, fmt.Sprintf("%v×%d", k, v.(*atomic.Int64).Load()))
+		return true
+	})
+	t.Logf("1,000 forged tokens in %s (answers %v): %d TokenReviews; the legitimate peer answered in %s (cached token), %s (fresh token)",
+		flood.Round(time.Millisecond), got, spent, cached.Round(time.Microsecond), reviewed.Round(time.Microsecond))
+	if spent > 10 {
+		t.Errorf("1,000 forged tokens cost %d TokenReviews, want at most 10", spent)
+	}
+	// 4,000 unique tokens more (forged and garbage) push out no cached
+	// acceptance: the legitimate tokens cost no new review.
+	for i := range 4000 {
+		tok := forged(2000 + i)
+		if i%2 == 1 {
+			tok = fmt.Sprintf("garbage-%d", i)
+		}
+		a.Authenticate(peer.WithSource(context.Background(), netip.MustParseAddr("127.0.0.2")), tok)
+	}
+	n := reviews.n.Load()
+	for _, tok := range []string{good, fresh} {
+		if code := ask(legit, tok); code != http.StatusOK {
+			t.Errorf("the legitimate peer after 4,000 more tokens: %d", code)
+		}
+	}
+	if reviews.n.Load() != n {
+		t.Errorf("4,000 unique tokens evicted a cached acceptance: %d new reviews", reviews.n.Load()-n)
+	}
+}
+
+// The acceptance cache is sized by the fleet: AcceptedPerNode tokens a
+// node, never under MaxEntries.
+func TestAcceptanceCacheSizedByFleet(t *testing.T) {
+	kc, reviews := daemonCluster(t)
+	a, err := peer.NewTokenReviewAuthenticator(reviews, "", "modelcache-system", "modelcached")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.MaxEntries, a.ReviewBurst = 2, 100
+	a.SetFleetSize(1) // 4 a node, but at least 2
+	var toks []string
+	for range 6 {
+		toks = append(toks, peerToken(t, kc))
+	}
+	for _, tok := range toks {
+		if _, err := a.Authenticate(context.Background(), tok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := a.CachedAccepted(); c != peer.AcceptedPerNode {
+		t.Errorf("a fleet of one node: %d acceptances cached, want %d", c, peer.AcceptedPerNode)
+	}
+	a.SetFleetSize(0)
+	for _, tok := range toks {
+		a.Authenticate(context.Background(), tok)
+	}
+	if c := a.CachedAccepted(); c != 2 {
+		t.Errorf("no fleet known: %d acceptances cached, want MaxEntries 2", c)
+	}
 }

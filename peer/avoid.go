@@ -76,6 +76,10 @@ func (f *Fetcher) setAside(p string, err error) {
 	if errors.As(err, &pe) {
 		reason, wait = pe.reason, pe.wait
 	}
+	// A peer's word sets it aside no longer than this node would wait
+	// for it anyway: a Retry-After of a day is a Retry-After of
+	// --peer-wait.
+	wait = min(wait, f.o.maxRetryAfter)
 	f.mu.Lock()
 	now := f.o.now()
 	if len(f.peers) >= maxPeerStates { // forget peers whose time is up

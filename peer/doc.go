@@ -60,6 +60,9 @@
 //	              projected service-account token of the daemon's own account
 //	              and audience, checked with a TokenReview, cached);
 //	              StaticTokenAuthenticator (a shared token file, systemd)
+//	tokenclaims.go what a token claims, read unverified (TokenReviewAuthenticator
+//	              refuses one that cannot be a daemon's without a review), and
+//	              the review budget of each source address (WithSource)
 //	tokenfile.go  TokenFile: a token read from a file again when it changes
 //	fetch.go      Fetcher: a blob from peers, then the origin, into a
 //	              partial ingest (Fetch) and committed (Ingest)

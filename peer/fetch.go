@@ -150,6 +150,7 @@ type fetcherOptions struct {
 	floor              int64
 	window             time.Duration
 	avoidMin, avoidMax time.Duration
+	maxRetryAfter      time.Duration
 	now                func() time.Time
 	log                *slog.Logger
 	metrics            *Metrics
@@ -181,6 +182,14 @@ func AvoidFor(min, max time.Duration) FetcherOption {
 	return func(o *fetcherOptions) { o.avoidMin, o.avoidMax = min, max }
 }
 
+// WithMaxRetryAfter sets the longest a peer's Retry-After sets it aside:
+// a longer one (a peer that says "come back tomorrow") counts as d, so
+// one peer's word never keeps this node from it longer than the node
+// itself would wait (the daemon passes its --peer-wait). Default 10m.
+func WithMaxRetryAfter(d time.Duration) FetcherOption {
+	return func(o *fetcherOptions) { o.maxRetryAfter = d }
+}
+
 // WithClock sets the clock of the avoidance; default time.Now.
 func WithClock(now func() time.Time) FetcherOption { return func(o *fetcherOptions) { o.now = now } }
 
@@ -194,7 +203,7 @@ func WithFetcherMetrics(m *Metrics) FetcherOption { return func(o *fetcherOption
 // NewFetcher returns a Fetcher whose requests carry tokens' token.
 func NewFetcher(tokens TokenSource, opts ...FetcherOption) (*Fetcher, error) {
 	o := fetcherOptions{http: fetchers.DefaultHTTPOptions(), floor: 8 << 20, window: 10 * time.Second,
-		avoidMin: 30 * time.Second, avoidMax: 10 * time.Minute, now: time.Now}
+		avoidMin: 30 * time.Second, avoidMax: 10 * time.Minute, maxRetryAfter: 10 * time.Minute, now: time.Now}
 	o.http.IdleTimeout = 30 * time.Second
 	for _, opt := range opts {
 		opt(&o)
@@ -207,6 +216,8 @@ func NewFetcher(tokens TokenSource, opts ...FetcherOption) (*Fetcher, error) {
 		return nil, fmt.Errorf("peer fetcher: progress floor %d per %s: want a floor >= 0 (0 = off) and a window > 0", o.floor, o.window)
 	case o.avoidMin <= 0 || o.avoidMax < o.avoidMin:
 		return nil, fmt.Errorf("peer fetcher: avoid peers for %s to %s: want 0 < min <= max", o.avoidMin, o.avoidMax)
+	case o.maxRetryAfter <= 0:
+		return nil, fmt.Errorf("peer fetcher: longest Retry-After %s: want > 0 (the daemon's --peer-wait)", o.maxRetryAfter)
 	}
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)

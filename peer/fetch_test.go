@@ -632,3 +632,33 @@ func TestRateBoundedPeerUnderTheFloorIsLeft(t *testing.T) {
 		t.Errorf("origin asked from %v after the peer's %d bytes", o.asked(), res.Bytes(slow.URL))
 	}
 }
+
+// A peer's Retry-After longer than WithMaxRetryAfter (the daemon's
+// --peer-wait) is capped: a peer that says "come back tomorrow" is asked
+// again after the node's own wait, not a day later.
+func TestRetryAfterIsCapped(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	busy := hostile(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "86400")
+		w.WriteHeader(503)
+	})
+	data, b := blobOf(100, 22)
+	f := newFetcher(t, tokenFile(t, "secret"), nil, peer.WithMaxRetryAfter(5*time.Minute), peer.WithClock(func() time.Time { return now }))
+	if _, err := f.Fetch(context.Background(), b, []string{busy}, &bufPartial{Buffer: &bytes.Buffer{}}, (&origin{data: data}).open); err != nil {
+		t.Fatal(err)
+	}
+	if a, why := f.Avoided(busy); !a || why != peer.AvoidBusy {
+		t.Fatalf("after a 503: avoided %v (%s); want set aside as busy", a, why)
+	}
+	now = now.Add(5*time.Minute - time.Second)
+	if a, _ := f.Avoided(busy); !a {
+		t.Fatal("back before the cap of 5m")
+	}
+	now = now.Add(time.Second)
+	if a, _ := f.Avoided(busy); a {
+		t.Fatal("still set aside after 5m for a Retry-After of a day; want it capped at WithMaxRetryAfter")
+	}
+	if _, err := peer.NewFetcher(tokenFile(t, "x"), peer.WithMaxRetryAfter(0)); err == nil {
+		t.Error("a longest Retry-After of 0 was accepted")
+	}
+}

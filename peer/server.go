@@ -191,7 +191,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, RefusedUnauthorized, http.StatusUnauthorized, "no bearer token", r)
 		return
 	}
-	caller, err := s.auth.Authenticate(r.Context(), tok)
+	caller, err := s.auth.Authenticate(WithSource(r.Context(), sourceOf(r)), tok)
 	if err != nil {
 		if errors.Is(err, ErrUnauthenticated) {
 			s.refuse(w, RefusedUnauthorized, http.StatusUnauthorized, err.Error(), r)

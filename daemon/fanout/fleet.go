@@ -53,6 +53,9 @@ type Fleet struct {
 	srv     *http.Server // the peer port's, once Serve started it
 	authz   *Authz       // which node may have which blob (a cluster's); set by Serve
 	addr    atomic.Value // string: where the peer port listens, once served
+	// tokens is the peer port's TokenReview authenticator (a cluster's),
+	// sized by the fleet in SetNodes.
+	tokens atomic.Pointer[p2p.TokenReviewAuthenticator]
 
 	mu      sync.Mutex
 	nodes   []k8ssync.ModelCacheNode // the cluster's, as last handed over
@@ -109,8 +112,11 @@ func New(cfg Config, o Options) (*Fleet, error) {
 		f.cluster, f.self = true, o.NodeName
 	}
 	var err error
-	f.fetcher, err = p2p.NewFetcher(p2p.NewTokenFile(tokens), p2p.WithHTTP(fetchers.WithTransport(peerTransport())),
-		p2p.WithFetcherLogger(f.log), p2p.WithFetcherMetrics(o.Metrics))
+	fopts := []p2p.FetcherOption{p2p.WithHTTP(fetchers.WithTransport(peerTransport())), p2p.WithFetcherLogger(f.log), p2p.WithFetcherMetrics(o.Metrics)}
+	if cfg.Wait > 0 { // a peer's Retry-After sets it aside no longer than this node waits for peers
+		fopts = append(fopts, p2p.WithMaxRetryAfter(cfg.Wait))
+	}
+	f.fetcher, err = p2p.NewFetcher(p2p.NewTokenFile(tokens), fopts...)
 	return f, err
 }
 
@@ -171,9 +177,20 @@ func (f *Fleet) Serve(st *cachestore.Store, kube *rest.Config, errc chan<- error
 			return fmt.Errorf("peer port: %w", err)
 		}
 		ns, name, _ := strings.Cut(f.cfg.ServiceAccount, "/")
-		if auth, err = p2p.NewTokenReviewAuthenticator(kc.TokenReviews(), p2p.DefaultAudience, ns, name); err != nil {
+		ta, err := p2p.NewTokenReviewAuthenticator(kc.TokenReviews(), p2p.DefaultAudience, ns, name)
+		if err != nil {
 			return fmt.Errorf("peer port: %w", err)
 		}
+		// Every daemon's token has the issuer of this one's: a token of
+		// another costs the API server no review.
+		if tok, err := p2p.NewTokenFile(f.cfg.TokenFile).Token(); err == nil {
+			ta.Issuer = p2p.IssuerOf(tok)
+		}
+		f.tokens.Store(ta)
+		f.mu.Lock()
+		ta.SetFleetSize(len(f.nodes))
+		f.mu.Unlock()
+		auth = ta
 		sel, err := k8ssync.NewNodeSelection(kube)
 		if err != nil {
 			return fmt.Errorf("peer port: %w", err)
@@ -235,6 +252,9 @@ func (f *Fleet) SetNodes(nodes []k8ssync.ModelCacheNode) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.nodes = nodes
+	if ta := f.tokens.Load(); ta != nil {
+		ta.SetFleetSize(len(nodes)) // the TokenReview cache holds every node's tokens
+	}
 	if f.seen == nil {
 		f.seen = map[string]bool{}
 	}

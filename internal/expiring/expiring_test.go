@@ -40,3 +40,34 @@ func TestMapExpiresAndStaysBounded(t *testing.T) {
 		}
 	}
 }
+
+// A full map drops the least recently used entry: one asked for all the
+// time stays however many new keys come.
+func TestMapKeepsRecentlyUsed(t *testing.T) {
+	var m Map[string, int]
+	t0 := time.Unix(1000, 0)
+	end := t0.Add(time.Hour)
+	m.Put("hot", 1, end, t0, 3)
+	m.Put("a", 2, end, t0, 3)
+	m.Put("b", 3, end, t0, 3)
+	for i := range 100 {
+		if _, ok := m.Get("hot", t0); !ok {
+			t.Fatalf("after %d new keys: the entry used before each was dropped", i)
+		}
+		m.Put(fmt.Sprint("new", i), i, end, t0, 3)
+		if m.Len() > 3 {
+			t.Fatalf("%d entries, more than 3", m.Len())
+		}
+	}
+	if _, ok := m.Get("a", t0); ok {
+		t.Error("a, never used again, outlived 100 new keys")
+	}
+	// Replacing a key makes it the most recently used.
+	m.Put("x", 1, end, t0, 2)
+	m.Put("y", 2, end, t0, 2)
+	m.Put("x", 3, end, t0, 2)
+	m.Put("z", 4, end, t0, 2)
+	if v, ok := m.Get("x", t0); !ok || v != 3 {
+		t.Errorf("x = %d %v after a newer key came; want 3, kept", v, ok)
+	}
+}
