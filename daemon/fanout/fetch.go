@@ -76,7 +76,7 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 		if pl.Origin {
 			from = t.Origin
 		} else {
-			blob.Wait = min(p2p.MaxWait, pl.Until.Sub(start))
+			blob.Wait = min(p2p.MaxWait, pl.Hold.Sub(start)) // none when the plan may let this node go to the origin sooner
 		}
 		final := errNoPeerYet
 		if len(peers) > 0 || pl.Origin {
@@ -112,7 +112,11 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 						t.Path, strings.Join(pl.First, ", "), f.cfg.OriginConcurrency, pl.Until.UTC().Format(time.RFC3339)))
 				}
 			}
-			if err := f.wait(ctx, t.Idle, changed, len(peers) == 0, start.Add(f.cfg.Poll), pl.Until); err != nil {
+			until := pl.Until
+			if pl.Hold.After(start) {
+				until = pl.Hold // the plan may change then
+			}
+			if err := f.wait(ctx, t.Idle, changed, len(peers) == 0, start.Add(f.cfg.Poll), until); err != nil {
 				return "", waited, err
 			}
 		default:

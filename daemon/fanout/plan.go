@@ -16,6 +16,13 @@ type Plan struct {
 	Origin bool      // the origin may be asked (after the peers)
 	First  []string  // the nodes that go to the origin first (a cluster's)
 	Until  time.Time // when this node goes to the origin whatever happens
+	// Hold is until when a peer may hold this node's ask (p2p.Blob.Wait):
+	// Until, or sooner when the plan may let this node go to the origin
+	// with no change of the statuses (a first node whose Settle has not
+	// passed: at its end; not listed yet: now, for only a status change
+	// settles it). A held ask does not see the plan change: held past
+	// this, the first nodes would all wait on each other.
+	Hold time.Time
 }
 
 // Plan says where the blobs of ds at revision (the pull's resolution:
@@ -90,6 +97,12 @@ func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.T
 		}
 		f.mu.Unlock()
 		settled = settled || (listed && now.Sub(since) >= f.cfg.Settle)
+		if !settled && slices.Contains(pl.First, f.self) {
+			pl.Hold = now // its own status settles it: hold no ask
+			if listed {
+				pl.Hold = since.Add(f.cfg.Settle)
+			}
+		}
 	}
 	owners := rendezvous(ds.Name+"\x00"+digest, pl.First)
 	for _, n := range owners {
@@ -103,6 +116,9 @@ func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.T
 		}
 	}
 	pl.Origin = (settled && len(owners) > 0 && owners[0] == f.self) || !now.Before(pl.Until)
+	if pl.Hold.IsZero() || pl.Until.Before(pl.Hold) {
+		pl.Hold = pl.Until
+	}
 	return pl
 }
 

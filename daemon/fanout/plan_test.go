@@ -389,3 +389,43 @@ func TestPlanStaticFleetRanksItsOriginNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanHoldsNoAskPastSettle: a first node whose own status has not
+// settled yet holds no ask at a peer past the moment its plan may send
+// it to the origin (otherwise the first nodes hold asks at each other,
+// and none fetches until the asks end); a node that is not among the
+// first may be held until it goes to the origin itself.
+func TestPlanHoldsNoAskPastSettle(t *testing.T) {
+	now := time.Now()
+	node := func(name, addr string) k8ssync.ModelCacheNode {
+		var n k8ssync.ModelCacheNode
+		n.Name, n.Status.PeerAddress, n.Status.Heartbeat = name, addr, metav1.NewTime(now)
+		n.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: "Downloading"}}
+		return n
+	}
+	nodes := []k8ssync.ModelCacheNode{node("a", "http://10.0.0.1:7435"), node("b", "http://10.0.0.2:7435")}
+	pc := DefaultConfig()
+	pc.OriginConcurrency, pc.Wait, pc.Settle = 3, time.Hour, time.Minute
+	f := &Fleet{cfg: pc, cluster: true, self: "me", changed: make(chan struct{}), listed: map[string]time.Time{}}
+	f.SetNodes(nodes)
+	ds := api.Desire{Name: "llama"}
+	if pl := f.Plan(ds, "r1", "sha256:b1", now, now); pl.Origin || !slices.Contains(pl.First, "me") || !pl.Hold.Equal(now) {
+		t.Fatalf("first node, its status not listing the artifact: origin %v, first %v, hold %v; want no origin, first, no hold", pl.Origin, pl.First, pl.Hold.Sub(now))
+	}
+	f.SetNodes(append(nodes, node("me", "http://10.0.0.9:7435")))
+	if pl := f.Plan(ds, "r1", "sha256:b1", now, now); pl.Origin || !pl.Hold.Equal(now.Add(time.Minute)) {
+		t.Fatalf("first node, listed now: origin %v, hold %v; want no origin, held until Settle has passed", pl.Origin, pl.Hold.Sub(now))
+	}
+	if pl := f.Plan(ds, "r1", "sha256:b1", now, now.Add(time.Minute)); !pl.Hold.Equal(now.Add(time.Hour)) {
+		t.Fatalf("first node, settled: hold %v, want --peer-wait", pl.Hold.Sub(now))
+	}
+	// The last of three by the hash is no first node of one.
+	all := append(nodes, node("me", "http://10.0.0.9:7435"))
+	pc.OriginConcurrency = 1
+	last := rendezvous("llama", []string{"a", "b", "me"})[2]
+	other := &Fleet{cfg: pc, cluster: true, self: last, changed: make(chan struct{}), listed: map[string]time.Time{}}
+	other.SetNodes(all)
+	if pl := other.Plan(ds, "r1", "sha256:b1", now, now); slices.Contains(pl.First, last) || !pl.Hold.Equal(now.Add(time.Hour)) {
+		t.Fatalf("not a first node (first %v): hold %v, want --peer-wait", pl.First, pl.Hold.Sub(now))
+	}
+}
