@@ -20,7 +20,9 @@ type Plan struct {
 	// Until, or sooner when the plan may let this node go to the origin
 	// with no change of the statuses (a first node whose Settle has not
 	// passed: at its end; not listed yet: now, for only a status change
-	// settles it). A held ask does not see the plan change: held past
+	// settles it; now, too, when a peer holds the revision Ready: it
+	// answers at once, and an ask held at a peer before it would wait
+	// for nothing). A held ask does not see the plan change: held past
 	// this, the first nodes would all wait on each other.
 	Hold time.Time
 }
@@ -75,7 +77,11 @@ func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.T
 		var members []string
 		var passed map[string]bool
 		var listed bool
-		rest, members, passed, listed, addr = f.clusterPeers(ds, revision, now)
+		var ready int
+		rest, ready, members, passed, listed, addr = f.clusterPeers(ds, revision, now)
+		if ready > 0 {
+			pl.Hold = now // a holder answers at once: a held ask would wait at the peer asked before it
+		}
 		for _, n := range recordedOrigins(ds) {
 			if !passed[n] && !slices.Contains(pl.First, n) {
 				pl.First = append(pl.First, n)
@@ -97,7 +103,7 @@ func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.T
 		}
 		f.mu.Unlock()
 		settled = settled || (listed && now.Sub(since) >= f.cfg.Settle)
-		if !settled && slices.Contains(pl.First, f.self) {
+		if !settled && slices.Contains(pl.First, f.self) && pl.Hold.IsZero() {
 			pl.Hold = now // its own status settles it: hold no ask
 			if listed {
 				pl.Hold = since.Add(f.cfg.Settle)
@@ -135,8 +141,8 @@ func (f *Fleet) passedOver(b string) bool {
 }
 
 // clusterPeers reads the statuses: the base URLs of the nodes that hold
-// revision of ds Ready (peer.Pick's order), then of those downloading it
-// (they serve the blobs they have committed); the names of the nodes
+// revision of ds Ready (peer.Pick's order; ready of them), then of those
+// downloading it (they serve the blobs they are fetching); the names of the nodes
 // that want it and have not failed it, this one included; the nodes an
 // origin node must not be: those whose status is stale or has no peer
 // address, that failed it, or that were handed over once and are gone
@@ -145,7 +151,7 @@ func (f *Fleet) passedOver(b string) bool {
 // saw it live), and those whose peer port was set aside (passedOver);
 // whether this node's own status lists it; and the base URL of each node
 // with a fresh status.
-func (f *Fleet) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, members []string, passed map[string]bool, listed bool, addr map[string]string) {
+func (f *Fleet) clusterPeers(ds api.Desire, revision string, now time.Time) (peers []string, ready int, members []string, passed map[string]bool, listed bool, addr map[string]string) {
 	f.mu.Lock()
 	nodes := f.nodes
 	passed = map[string]bool{}
@@ -164,6 +170,7 @@ func (f *Fleet) clusterPeers(ds api.Desire, revision string, now time.Time) (pee
 	}
 	peers = p2p.Pick(nodes, p2p.PickQuery{Self: f.self, Artifact: ds.Name, Revision: revision, Digest: ds.Digest,
 		Now: now, MaxAge: peerStale, Max: MaxPeersAsked, Addr: func(n string) (string, bool) { b, ok := addr[n]; return b, ok }})
+	ready = len(peers)
 	members = []string{f.self}
 	var fetching []string
 	for _, n := range nodes {
@@ -206,7 +213,7 @@ func (f *Fleet) clusterPeers(ds api.Desire, revision string, now time.Time) (pee
 		}
 	}
 	members = slices.DeleteFunc(members, func(n string) bool { return passed[n] })
-	return peers, members, passed, listed, addr
+	return peers, ready, members, passed, listed, addr
 }
 
 // rendezvous orders items by the hash of (key, item) (k8ssync.Rendezvous:
