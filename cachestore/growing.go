@@ -67,6 +67,31 @@ func (g *Growing) Wait(ctx context.Context, have int64) (n int64, err error) {
 	}
 }
 
+// Whole waits until the writer ended: nil when it committed the whole
+// blob (its size and digest checked), else an error wrapping
+// ErrDigestMismatch or ErrSizeMismatch (the bytes were wrong) or
+// ErrIngestEnded (it stopped before committing), or ctx's. A server that
+// streams the view sends its last byte only after Whole: a receiver that
+// got every byte then got bytes the writer's commit checked.
+func (g *Growing) Whole(ctx context.Context) error {
+	for {
+		n, ended, why, changed := g.p.state()
+		switch {
+		case ended && why == nil:
+			return nil
+		case ended && (errors.Is(why, ErrDigestMismatch) || errors.Is(why, ErrSizeMismatch)):
+			return fmt.Errorf("blob %s: %w", g.p.digest, why)
+		case ended:
+			return fmt.Errorf("blob %s: %w at byte %d of %d: %v", g.p.digest, ErrIngestEnded, n, g.p.size, why)
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // ReadAt reads the bytes at off, up to what is written: a read that
 // reaches past Written returns what is before it and io.EOF.
 func (g *Growing) ReadAt(b []byte, off int64) (int, error) {

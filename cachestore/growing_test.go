@@ -94,6 +94,9 @@ func TestGrowingFollowsWriter(t *testing.T) {
 	if _, err := w.Commit(ctx, int64(len(data)), d); err != nil {
 		t.Fatal(err)
 	}
+	if err := g.Whole(wctx); err != nil {
+		t.Fatalf("Whole after the commit: %v", err)
+	}
 	if n, err = g.Wait(wctx, n); err != nil || n != int64(len(data)) {
 		t.Fatalf("after the commit: %d bytes readable (%v), want all %d", n, err, len(data))
 	}
@@ -149,6 +152,9 @@ func TestGrowingEnds(t *testing.T) {
 	if n, err := g.Wait(ctx, 70<<10); !errors.Is(err, cachestore.ErrIngestEnded) || n != 70<<10 {
 		t.Fatalf("past the end of a closed writer: %d, %v; want ErrIngestEnded", n, err)
 	}
+	if err := g.Whole(ctx); !errors.Is(err, cachestore.ErrIngestEnded) {
+		t.Fatalf("Whole of a closed writer: %v, want ErrIngestEnded", err)
+	}
 
 	w, err = s.Writer(ctx, opts) // resumes at 68 KiB (a 4 KiB boundary)
 	if err != nil {
@@ -170,6 +176,9 @@ func TestGrowingEnds(t *testing.T) {
 	}
 	if _, err := g2.Wait(ctx, 0); !errors.Is(err, cachestore.ErrDigestMismatch) {
 		t.Fatalf("a reader of bytes the commit refused: %v, want ErrDigestMismatch", err)
+	}
+	if err := g2.Whole(ctx); !errors.Is(err, cachestore.ErrDigestMismatch) {
+		t.Fatalf("Whole of bytes the commit refused: %v, want ErrDigestMismatch", err)
 	}
 	if _, err := s.OpenGrowing(d); !errors.Is(err, cachestore.ErrNotFound) {
 		t.Fatalf("after the refused commit: %v, want ErrNotFound", err)

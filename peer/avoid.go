@@ -14,6 +14,7 @@ const (
 	AvoidWrongLength  = "wrong_length" // Content-Length or Content-Range not what was asked
 	AvoidTooLong      = "too_long"     // more bytes than the blob has
 	AvoidShort        = "short"        // the body ended early
+	AvoidStreamEnded  = "stream_ended" // a streamed answer (HeaderStreamed) ended early: the sender's own fetch did (for a second, no backoff)
 	AvoidStall        = "stall"        // under the progress floor, or idle
 	AvoidNetwork      = "network"      // no connection, a reset
 	AvoidDigest       = "digest"       // bytes it sent failed the digest check at commit
@@ -95,7 +96,7 @@ func (f *Fetcher) setAside(p string, err error) {
 		f.peers[p] = st
 	}
 	var d time.Duration
-	if reason == AvoidBusy {
+	if reason == AvoidBusy || reason == AvoidStreamEnded {
 		// A full peer is no failing one: it said when to come back
 		// (its Retry-After, at least a second), and its uploads end
 		// while ours wait; backing off further would set aside, for

@@ -235,7 +235,9 @@ var ErrNoSource = errors.New("no source left")
 // midway goes on from dst's new offset at the next source. It does not
 // commit dst, nor close it. The error is the origin's, a failure of dst
 // itself (a full disk), the context's, or ErrNoSource; a peer's failure
-// is never returned while origin is there.
+// is never returned while origin is there. A streamed answer
+// (HeaderStreamed) cut short ends it (an error Ingest tells apart): dst
+// then holds bytes no sender checked, for the caller to drop.
 func (f *Fetcher) Fetch(ctx context.Context, b Blob, peers []string, dst Partial, origin Origin) (Result, error) {
 	res := Result{Resumed: dst.Offset()}
 	if _, err := cachestore.ParseDigest(b.Digest); err != nil || !strings.HasPrefix(b.Digest, cachestore.DigestPrefix) {
@@ -283,6 +285,10 @@ func (f *Fetcher) Fetch(ctx context.Context, b Blob, peers []string, dst Partial
 			continue
 		}
 		f.setAside(p, err)
+		if pe != nil && pe.streamed && n > 0 {
+			// Bytes its sender had not checked yet: dropped (Ingest).
+			return res, fmt.Errorf("%w: %v", errStreamDropped, err)
+		}
 	}
 	if dst.Offset() == b.Size {
 		return res, nil
@@ -295,7 +301,7 @@ func (f *Fetcher) Fetch(ctx context.Context, b Blob, peers []string, dst Partial
 	if err != nil {
 		return res, err
 	}
-	n, err := f.transfer(rc, b, dst, false)
+	n, err := f.transfer(rc, b, dst, originPace)
 	res.add(SourceOrigin, off, n)
 	f.o.metrics.received(SourceOrigin, n)
 	var se sinkError
@@ -317,19 +323,20 @@ func (f *Fetcher) Fetch(ctx context.Context, b Blob, peers []string, dst Partial
 // the partial blob (fetchers.ErrCannotResume) it is dropped and fetched
 // once more from byte 0. On a Permanent failure the partial ingest is
 // dropped; on any other it is closed, kept for the caller's next
-// attempt to resume.
+// attempt to resume. A streamed answer cut short drops the partial
+// ingest and fetches the blob again (its sender set aside for a moment,
+// not for a failure: its own source failed it).
 func (f *Fetcher) Ingest(ctx context.Context, b Blob, peers []string, open OpenPartial, origin Origin) (string, Result, error) {
-	d, res, err := f.ingestOnce(ctx, b, peers, open, origin)
-	if errors.Is(err, fetchers.ErrCannotResume) && res.Resumed+res.bytes() > 0 {
+	d, res, cur, err := f.ingestKept(ctx, b, peers, open, origin)
+	if errors.Is(err, fetchers.ErrCannotResume) && cur.Resumed+cur.bytes() > 0 {
 		// The origin cannot continue what is held: start the blob over.
 		f.o.log.Warn("peer fetch: the origin cannot continue the partial blob; starting it over", "digest", b.Digest, "err", err)
-		d, again, err := f.ingestOnce(ctx, b, peers, open, origin)
+		d, _, again, err := f.ingestKept(ctx, b, peers, open, origin)
 		again.Spans = append(res.Spans, again.Spans...)
 		return d, again, err
 	}
 	// Each round sets aside the peers that gave bytes (or starts over
 	// without the bytes held before): at most one more than the peers.
-	cur := res
 	for range len(peers) + 1 {
 		if err == nil || !mismatch(err) {
 			return d, res, err
@@ -345,8 +352,9 @@ func (f *Fetcher) Ingest(ctx context.Context, b Blob, peers []string, open OpenP
 		}
 		f.o.log.Warn("peer fetch: the peers' bytes failed the check; asking the others", "digest", b.Digest, "err", err)
 		b.Wait = 0 // the round that waited is over
-		d, cur, err = f.ingestOnce(ctx, b, peers, open, nil)
-		res = Result{Resumed: cur.Resumed, Spans: append(res.Spans, cur.Spans...)}
+		var all Result
+		d, all, cur, err = f.ingestKept(ctx, b, peers, open, nil)
+		res = Result{Resumed: all.Resumed, Spans: append(res.Spans, all.Spans...)}
 	}
 	if mismatch(err) {
 		err = fmt.Errorf("peer fetch %s: %w (every peer's bytes failed the check: %v)", b.Digest, ErrNoSource, err)
@@ -359,6 +367,34 @@ func mismatch(err error) bool {
 	return errors.Is(err, cachestore.ErrDigestMismatch) || errors.Is(err, cachestore.ErrSizeMismatch)
 }
 
+// errStreamDropped: a streamed answer (HeaderStreamed) ended before the
+// blob was whole, so its sender never vouched for the bytes it sent (it
+// sends the last byte only once its own commit checked them): Fetch
+// stops there, and the partial ingest is dropped and fetched again.
+var errStreamDropped = errors.New("a streamed answer ended before the blob was whole: its bytes are dropped")
+
+// ingestKept is ingestOnce, started over while a streamed answer ended
+// early (errStreamDropped: its sender is set aside for a moment, so the
+// next try asks the others first). all is every try's bytes, cur the
+// last try's (the bytes its commit checked); with no try left the error
+// is ErrNoSource.
+func (f *Fetcher) ingestKept(ctx context.Context, b Blob, peers []string, open OpenPartial, origin Origin) (d string, all, cur Result, err error) {
+	d, cur, err = f.ingestOnce(ctx, b, peers, open, origin)
+	all = cur
+	for range len(peers) {
+		if !errors.Is(err, errStreamDropped) {
+			break
+		}
+		f.o.log.Info("peer fetch: a streamed answer ended early; its unchecked bytes are dropped and the blob asked for again", "digest", b.Digest, "err", err)
+		d, cur, err = f.ingestOnce(ctx, b, peers, open, origin)
+		all = Result{Resumed: all.Resumed, Spans: append(all.Spans, cur.Spans...)}
+	}
+	if errors.Is(err, errStreamDropped) {
+		err = fmt.Errorf("peer fetch %s: %w (%v)", b.Digest, ErrNoSource, err)
+	}
+	return d, all, cur, err
+}
+
 func (f *Fetcher) ingestOnce(ctx context.Context, b Blob, peers []string, open OpenPartial, origin Origin) (string, Result, error) {
 	w, err := open(ctx)
 	if err != nil {
@@ -366,7 +402,7 @@ func (f *Fetcher) ingestOnce(ctx context.Context, b Blob, peers []string, open O
 	}
 	res, err := f.Fetch(ctx, b, peers, w, origin)
 	if err != nil {
-		if errors.Is(err, fetchers.ErrCannotResume) || (fetchers.IsPermanent(err) && ctx.Err() == nil) {
+		if errors.Is(err, fetchers.ErrCannotResume) || errors.Is(err, errStreamDropped) || (fetchers.IsPermanent(err) && ctx.Err() == nil) {
 			w.Abort() // no later attempt can continue these bytes
 		} else {
 			w.Close() // kept for the next attempt to resume

@@ -63,8 +63,20 @@ type GrowingBlob interface {
 	// or with an error when no more will come through this view (the
 	// fetch stopped or its bytes were found wrong) or ctx ended.
 	Wait(ctx context.Context, have int64) (n int64, err error)
+	// Whole waits until the fetch ended: nil when it committed the whole
+	// blob (its digest checked), else an error.
+	Whole(ctx context.Context) error
 	Close() error
 }
+
+// HeaderStreamed marks an answer whose bytes are sent as this node
+// fetches them (a GrowingBlob): it flows at its source's pace, so the
+// receiver holds it to no rate floor (the idle timeout still applies),
+// and its last byte is sent only once this node's own commit checked the
+// whole blob. One cut short, then, is not the sender's fault (its source
+// failed or lied): the receiver drops what it got and asks again,
+// without passing the sender over.
+const HeaderStreamed = "X-Modelcache-Streamed"
 
 // BlobPath is the route of one blob; a request names it as
 // BlobPath + "sha256:<hex>".
@@ -247,6 +259,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Accept-Ranges", "bytes")
 	h.Set("ETag", `"`+d+`"`)
 	h.Set("Content-Length", strconv.FormatInt(n, 10))
+	if c.growing != nil {
+		h.Set(HeaderStreamed, "1")
+	}
 	status := http.StatusOK
 	if r.Header.Get("Range") != "" {
 		status = http.StatusPartialContent
@@ -336,15 +351,24 @@ func (s *Server) open(ctx context.Context, d, rng string) (content, error) {
 
 // sendGrowing sends bytes [start, start+n) of g as they land, flushing
 // what it has before each wait; it ends with an error when g stops
-// short of them.
+// short of them. The blob's last byte waits for g's commit (Whole): a
+// receiver that gets every byte got bytes this node checked, and one
+// whose stream is cut short knows they were not (HeaderStreamed).
 func (s *Server) sendGrowing(ctx context.Context, out io.Writer, rc *http.ResponseController, g GrowingBlob, start, n int64) (int64, error) {
 	pos, end := start, start+n
 	for pos < end {
+		stop := min(end, g.Size()-1) // the last byte waits for the commit
+		if pos == stop {
+			if err := g.Whole(ctx); err != nil {
+				return pos - start, err
+			}
+			stop = end
+		}
 		have, err := g.Wait(ctx, pos)
 		if err != nil {
 			return pos - start, err
 		}
-		k, err := io.Copy(out, fetchers.RateLimited(ctx, io.NewSectionReader(g, pos, min(have, end)-pos), s.limit))
+		k, err := io.Copy(out, fetchers.RateLimited(ctx, io.NewSectionReader(g, pos, min(have, stop)-pos), s.limit))
 		pos += k
 		if err != nil {
 			return pos - start, err

@@ -85,7 +85,12 @@ func (f *Fetcher) fromPeer(ctx context.Context, p, tok string, b Blob, dst Parti
 			return fail(AvoidWrongLength, "Content-Range %q, want bytes %d-%d/%d", cr, off, b.Size-1, b.Size)
 		}
 	}
-	n, err := f.transfer(resp.Body, b, dst, true)
+	streamed := resp.Header.Get(HeaderStreamed) != ""
+	pace := peerPace
+	if streamed {
+		pace = streamedPace
+	}
+	n, err := f.transfer(resp.Body, b, dst, pace)
 	if err != nil {
 		var se sinkError
 		if errors.As(err, &se) {
@@ -95,24 +100,37 @@ func (f *Fetcher) fromPeer(ctx context.Context, p, tok string, b Blob, dst Parti
 		switch {
 		case errors.Is(err, errTooLong):
 			reason = AvoidTooLong
+		case errors.Is(err, io.ErrUnexpectedEOF) && streamed:
+			reason = AvoidStreamEnded
 		case errors.Is(err, io.ErrUnexpectedEOF):
 			reason = AvoidShort
 		case errors.Is(err, fetchers.ErrTooSlow) || errors.Is(err, fetchers.ErrIdle):
 			reason = AvoidStall
 		}
-		return n, &peerError{reason: reason, err: fmt.Errorf("peer %s: blob %s at byte %d: %w", p, b.Digest, off+n, err)}
+		return n, &peerError{reason: reason, streamed: streamed, err: fmt.Errorf("peer %s: blob %s at byte %d: %w", p, b.Digest, off+n, err)}
 	}
 	return n, nil
 }
 
+// pace is what a transfer holds its source to.
+type pace int
+
+const (
+	originPace   pace = iota // nothing: the origin's pace is its caller's to bound, as the Origin it gave does
+	peerPace                 // the idle timeout and the progress floor
+	streamedPace             // the idle timeout only: a streamed answer (HeaderStreamed) flows at its sender's source's pace
+)
+
 // transfer streams body into dst until b.Size, closing body. It refuses a
 // body that ends early (io.ErrUnexpectedEOF) or goes on past the blob
-// (errTooLong), and a peer's that stalls (fetchers.IdleTimeout, MinRate:
-// the origin's pace is its caller's to bound, as the Origin it gave
-// does); a failure of dst comes back as a sinkError.
-func (f *Fetcher) transfer(body io.ReadCloser, b Blob, dst Partial, peer bool) (int64, error) {
-	if peer {
+// (errTooLong), and one that stalls as pc says (fetchers.IdleTimeout,
+// MinRate); a failure of dst comes back as a sinkError.
+func (f *Fetcher) transfer(body io.ReadCloser, b Blob, dst Partial, pc pace) (int64, error) {
+	switch pc {
+	case peerPace:
 		body = fetchers.MinRate(fetchers.IdleTimeout(body, f.o.http.IdleTimeout), f.o.floor, f.o.window)
+	case streamedPace:
+		body = fetchers.IdleTimeout(body, f.o.http.IdleTimeout)
 	}
 	defer body.Close()
 	src := &exactReader{r: body, left: b.Size - dst.Offset()}
@@ -131,9 +149,10 @@ func (f *Fetcher) transfer(body io.ReadCloser, b Blob, dst Partial, peer bool) (
 // peerError is a peer's failure and the reason it is set aside; reason
 // "" is a 404 (the peer does not hold the blob), which sets nothing aside.
 type peerError struct {
-	reason string
-	wait   time.Duration // at least this long (a Retry-After)
-	err    error
+	reason   string
+	wait     time.Duration // at least this long (a Retry-After)
+	streamed bool          // the answer was streamed (HeaderStreamed)
+	err      error
 }
 
 func (e *peerError) Error() string { return e.err.Error() }

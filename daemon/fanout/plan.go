@@ -35,7 +35,7 @@ type Plan struct {
 // its peers, the first nodes first (the blob's owner before the others:
 // it is the one fetching that blob), and goes to the origin itself only
 // once Wait has passed. A first node whose peer port was set aside for
-// anything but being busy (no connection, wrong bytes, a stall) is
+// anything but being busy or its source failing it (no connection, wrong bytes, a stall) is
 // passed over: its share moves to the others at this node's next plan,
 // and what a peer port did is learned once per node, by whichever of
 // this node's fetches asked it.
@@ -129,7 +129,8 @@ func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.T
 }
 
 // passedOver says whether the peer port at base URL b was set aside for
-// anything but being busy: no connection (a daemon gone while its status
+// anything but being busy or a streamed answer cut short (its own
+// source failed it, p2p.HeaderStreamed): no connection (a daemon gone while its status
 // still looks fresh, for the status is written hourly at least), bytes
 // that failed the check, a stall, a refusal of this node's token.
 func (f *Fleet) passedOver(b string) bool {
@@ -137,7 +138,7 @@ func (f *Fleet) passedOver(b string) bool {
 		return false
 	}
 	avoided, why := f.fetcher.Avoided(b)
-	return avoided && why != p2p.AvoidBusy
+	return avoided && why != p2p.AvoidBusy && why != p2p.AvoidStreamEnded
 }
 
 // clusterPeers reads the statuses: the base URLs of the nodes that hold
