@@ -21,18 +21,13 @@ type Blob struct {
 	Digest string
 	Size   int64
 	// Wait, when positive, is how long the first peer a Fetch asks may
-	// hold the request of a blob it does not hold yet (WaitHeader, in
+	// hold the request of a blob it does not hold yet (HeaderWait, in
 	// whole seconds, at most MaxWait): a caller with nothing better to do
 	// than wait (the origin is not its to ask yet) asks once and is
 	// answered when the peer holds the blob, not once a second. A peer
 	// without support answers 404 at once.
 	Wait time.Duration
 }
-
-// WaitHeader carries Blob.Wait on a blob GET: the seconds the server may
-// hold a request for a blob it does not hold yet, answering as soon as it
-// holds it (or 404 at the end).
-const WaitHeader = "X-Modelcache-Wait"
 
 // MaxWait bounds Blob.Wait (below the client's 60 s response header
 // timeout).

@@ -174,7 +174,7 @@ func TestFlippedBytesWithoutOriginGoOnAtTheNextPeer(t *testing.T) {
 	}
 }
 
-// A blob's Wait goes to the first peer asked (WaitHeader, in seconds),
+// A blob's Wait goes to the first peer asked (HeaderWait, in seconds),
 // not to the next.
 func TestWaitGoesToTheFirstPeer(t *testing.T) {
 	_, b := blobOf(1000, 14)
@@ -184,7 +184,7 @@ func TestWaitGoesToTheFirstPeer(t *testing.T) {
 	lacking := func() string {
 		return hostile(t, func(w http.ResponseWriter, r *http.Request) {
 			mu.Lock()
-			waits = append(waits, r.Header.Get(peer.WaitHeader))
+			waits = append(waits, r.Header.Get(peer.HeaderWait))
 			mu.Unlock()
 			http.NotFound(w, r)
 		})

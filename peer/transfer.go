@@ -42,7 +42,7 @@ func (f *Fetcher) fromPeer(ctx context.Context, p, tok string, b Blob, dst Parti
 	req.Header.Set("Authorization", "Bearer "+tok)
 	req.Header.Set("User-Agent", f.o.http.UserAgent)
 	if b.Wait > 0 {
-		req.Header.Set(WaitHeader, strconv.Itoa(int((min(b.Wait, MaxWait)+time.Second-1)/time.Second)))
+		req.Header.Set(HeaderWait, strconv.Itoa(int((min(b.Wait, MaxWait)+time.Second-1)/time.Second)))
 	}
 	if off > 0 {
 		req.Header.Set("Range", "bytes="+strconv.FormatInt(off, 10)+"-")

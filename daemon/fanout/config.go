@@ -50,7 +50,7 @@ type Config struct {
 	// blob (default 3s): a peer that answers 404 at once is asked no
 	// faster, and a change of the statuses starts a round sooner only
 	// when the last asked nobody. A peer that holds the request
-	// (peer.WaitHeader) sets the pace itself: it answers when it holds
+	// (peer.HeaderWait) sets the pace itself: it answers when it holds
 	// the blob.
 	Poll time.Duration
 	// Settle is how long this node's status must have listed an artifact

@@ -53,7 +53,7 @@ type Transfer struct {
 // the check.
 //
 // What a waiting blob costs its peers is bounded: the first peer a round
-// asks may hold the request up to p2p.MaxWait (p2p.WaitHeader), and
+// asks may hold the request up to p2p.MaxWait (p2p.HeaderWait), and
 // answers when it holds the blob; two rounds are at least Poll apart (a
 // peer that answers 404 at once is not asked faster), and a change of the
 // statuses starts a round sooner only when the last one asked nobody. A

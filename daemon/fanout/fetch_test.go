@@ -32,7 +32,7 @@ func TestFetchWaitsWithoutReopening(t *testing.T) {
 	var waits []string
 	peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
-		waits = append(waits, r.Header.Get(p2p.WaitHeader))
+		waits = append(waits, r.Header.Get(p2p.HeaderWait))
 		n := len(waits)
 		mu.Unlock()
 		if n <= 2 {
