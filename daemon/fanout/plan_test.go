@@ -393,8 +393,9 @@ func TestPlanStaticFleetRanksItsOriginNodes(t *testing.T) {
 // TestPlanHoldsNoAskPastSettle: a first node whose own status has not
 // settled yet holds no ask at a peer past the moment its plan may send
 // it to the origin (otherwise the first nodes hold asks at each other,
-// and none fetches until the asks end); a node that is not among the
-// first may be held until it goes to the origin itself.
+// and none fetches until the asks end); no ask is held while a peer holds
+// the revision Ready; a node that is not among the first may be held
+// until it goes to the origin itself.
 func TestPlanHoldsNoAskPastSettle(t *testing.T) {
 	now := time.Now()
 	node := func(name, addr string) k8ssync.ModelCacheNode {
@@ -418,6 +419,14 @@ func TestPlanHoldsNoAskPastSettle(t *testing.T) {
 	}
 	if pl := f.Plan(ds, "r1", "sha256:b1", now, now.Add(time.Minute)); !pl.Hold.Equal(now.Add(time.Hour)) {
 		t.Fatalf("first node, settled: hold %v, want --peer-wait", pl.Hold.Sub(now))
+	}
+	// A peer that holds the revision Ready answers at once: no ask is
+	// held, even by a settled node that is no first node.
+	holder := node("holder", "http://10.0.0.5:7435")
+	holder.Status.Artifacts[0].Phase, holder.Status.Artifacts[0].Revision = "Ready", "r1"
+	f.SetNodes(append(nodes, node("me", "http://10.0.0.9:7435"), holder))
+	if pl := f.Plan(ds, "r1", "sha256:b1", now, now.Add(time.Minute)); !pl.Hold.Equal(now.Add(time.Minute)) || !slices.Contains(pl.Peers, "http://10.0.0.5:7435") {
+		t.Fatalf("with a Ready holder: hold %v, peers %v; want no hold, the holder asked", pl.Hold.Sub(now), pl.Peers)
 	}
 	// The last of three by the hash is no first node of one.
 	all := append(nodes, node("me", "http://10.0.0.9:7435"))
