@@ -87,10 +87,12 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	d.space.metrics = d.metrics
 	if cfg.Peer != nil {
 		o := fanout.Options{Access: &d.desires.access, Log: log, Metrics: d.metrics.peer}
+		pc := *cfg.Peer
 		if cfg.Cluster != nil {
 			o.NodeName = cfg.Cluster.NodeName
+			pc.Settle = max(pc.Settle, clusterViewLag(cfg.Cluster))
 		}
-		if d.fanout, err = fanout.New(*cfg.Peer, o); err != nil {
+		if d.fanout, err = fanout.New(pc, o); err != nil {
 			st.Close()
 			return nil, err
 		}
@@ -398,4 +400,22 @@ func (d *Daemon) abandoned(in cachestore.IngestInfo) bool {
 	defer d.mu.Unlock()
 	ds, ok := d.desires.merged()[in.Owner]
 	return !ok || ds.State == api.StateAbsent
+}
+
+// clusterViewLag is how old a daemon's view of who wants a revision may
+// be in a cluster: the other nodes' statuses reach it through the elected
+// daemon (one status write, then one publish of the ModelCache's
+// status.peers). A node that ranks the nodes wanting a revision itself,
+// where the cluster recorded no origin nodes yet, waits at least this
+// long (fanout.Config.Settle), or every node that got the ModelCache at
+// once sees itself alone and goes to the origin.
+func clusterViewLag(c *k8ssync.Config) time.Duration {
+	status, publish := c.StatusInterval, c.PublishInterval
+	if status <= 0 {
+		status = k8ssync.DefaultStatusInterval
+	}
+	if publish <= 0 {
+		publish = k8ssync.DefaultPublishInterval
+	}
+	return status + publish
 }

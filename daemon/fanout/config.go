@@ -57,7 +57,9 @@ type Config struct {
 	// before it ranks the nodes that want it and goes to the origin, where
 	// the cluster recorded no origin nodes for the revision (the
 	// statuses of the nodes that got the ModelCache at about the same
-	// moment land within it; default 2s: the default status interval).
+	// moment land within it; default 2s, and in a cluster at least a
+	// status write and a publish of the elected daemon's view of the
+	// nodes, --status-interval + 5s: daemon/run.go's clusterViewLag).
 	// In a static fleet it is how long a node that owns no blob of a pull
 	// waits for the nodes that do before it goes to the origin itself.
 	Settle time.Duration
