@@ -46,27 +46,13 @@ func TestBuiltKernelCachesServed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := kernelcache.Registry{}
 	tritonDir, inductorDir := fixtures.Triton(t), fixtures.Inductor(t)
 	build := func(dir, repo string) (*kernelcache.Cache, string) {
 		c, err := kernelcache.Scan(dir, kernelcache.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		ref, _ := reg.ParseRef("oci://" + host + "/" + repo)
-		b, err := kernelcache.Image(c, kernelcache.ImageOptions{Title: kernelcache.Title(ref)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer b.Close()
-		dref, err := reg.Push(ctx, ref, b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := reg.Sign(ctx, dref, signer); err != nil {
-			t.Fatal(err)
-		}
-		return c, dref.DigestStr()
+		return c, pushSigned(t, c, "oci://"+host+"/"+repo, "", signer)
 	}
 	tc, tdg := build(tritonDir, "kernels/tk:h200")
 	ic, idg := build(inductorDir, "kernels/ind:h200")
@@ -285,25 +271,12 @@ func TestCSIWritableKernelCache(t *testing.T) {
 	ctx := context.Background()
 	keys, _ := cosign.GenerateKeyPair(func(bool) ([]byte, error) { return []byte("pw"), nil })
 	signer, _ := kernelcache.KeySigner(keys.PrivateBytes, []byte("pw"))
-	reg := kernelcache.Registry{}
 	dir := fixtures.Triton(t)
 	c, err := kernelcache.Scan(dir, kernelcache.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, _ := reg.ParseRef("oci://" + host + "/kernels/tk:h200")
-	b, err := kernelcache.Image(c, kernelcache.ImageOptions{Title: "tk"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	dref, err := reg.Push(ctx, ref, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := reg.Sign(ctx, dref, signer); err != nil {
-		t.Fatal(err)
-	}
+	pushSigned(t, c, "oci://"+host+"/kernels/tk:h200", "tk", signer)
 	cfg := csiConfig(t)
 	cfg.InsecureRegistries = []string{host}
 	cfg.GPUInventory = inventoryFile(t, h100Inventory)
@@ -420,23 +393,7 @@ func TestCaptureCompiledKernels(t *testing.T) {
 	ctx := context.Background()
 	keys, _ := cosign.GenerateKeyPair(func(bool) ([]byte, error) { return []byte("pw"), nil })
 	signer, _ := kernelcache.KeySigner(keys.PrivateBytes, []byte("pw"))
-	reg := kernelcache.Registry{}
-	push := func(c *kernelcache.Cache, uri string) string {
-		ref, _ := reg.ParseRef(uri)
-		b, err := kernelcache.Image(c, kernelcache.ImageOptions{Title: kernelcache.Title(ref)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer b.Close()
-		dref, err := reg.Push(ctx, ref, b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := reg.Sign(ctx, dref, signer); err != nil {
-			t.Fatal(err)
-		}
-		return dref.DigestStr()
-	}
+	push := func(c *kernelcache.Cache, uri string) string { return pushSigned(t, c, uri, "", signer) }
 	tc, err := kernelcache.Scan(fixtures.Triton(t), kernelcache.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -563,4 +520,33 @@ func TestCaptureCompiledKernels(t *testing.T) {
 	if err := r.unpublish("vol-3", ro); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// pushSigned builds c's image (title: "" for the one the reference
+// implies), pushes it to uri and signs it with s, as modelctl kernelcache
+// build does: the pushed digest.
+func pushSigned(t *testing.T, c *kernelcache.Cache, uri, title string, s kernelcache.Signer) string {
+	t.Helper()
+	ctx := context.Background()
+	reg := kernelcache.Registry{}
+	ref, err := reg.ParseRef(uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if title == "" {
+		title = kernelcache.Title(ref)
+	}
+	b, err := kernelcache.Image(c, kernelcache.ImageOptions{Title: title})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	dref, err := reg.Push(ctx, ref, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Sign(ctx, dref, s); err != nil {
+		t.Fatal(err)
+	}
+	return dref.DigestStr()
 }
