@@ -1,0 +1,16 @@
+// Package xet reconstructs a Hugging Face Hub file from the Xet
+// content-addressed store (CAS): a read token, the file's reconstruction
+// (terms: a xorb and a chunk range each), ranged xorb reads, chunk
+// decoding, and assembly in order. Chunks this node already holds come
+// from a ChunkStore instead of the CAS, so a new revision fetches only
+// what the node lacks. The protocol follows hub-docs docs/xet/ (api.md,
+// chunking.md, xorb.md, shard.md, auth.md); each file cites the part it
+// follows.
+//
+// The package knows nothing about the store's layout: the daemon adapts
+// the store to ChunkStore (daemon/xetchunks.go).
+//
+// Where to find what:
+//
+//	chunkstore.go   ChunkStore (chunks a node holds), Placed (where a file's terms sit)
+package xet
