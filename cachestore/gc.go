@@ -117,7 +117,10 @@ func (s *Store) gc(ctx context.Context, dry bool, only map[string]bool) (*GCRepo
 				return err
 			}
 		}
-		return nil
+		// The chunk terms of blobs gone, and of blobs never committed that
+		// no pull holds any more (s.held.mu is held).
+		_, err := pruneXet(tx, func(d string) bool { return b.Get([]byte(d)) != nil || s.held.n[d] > 0 })
+		return err
 	})
 	return rep, err
 }
