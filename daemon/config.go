@@ -44,6 +44,7 @@ type Config struct {
 	IdleTimeout        time.Duration // a stream that delivers nothing this long is retried
 	BandwidthLimit     int64         // bytes/s over all pulls; 0 = unlimited
 	RangeConnections   int           // the most connections per large hub, NGC or S3 file (fetchers.AdaptiveReader)
+	Xet                bool          // hf:// files rebuilt from the Hub's Xet store where offered (xetchunks.go); a desire's xet: false overrides
 	InsecureRegistries []string      // OCI registries (host:port) reached over plain HTTP
 	RegistryMirrors    []string      // "registry=mirror": pulls from registry try mirror first
 	Capacity           capacity.Policy
@@ -133,6 +134,7 @@ func DefaultConfig() Config {
 		ProgressFloor:      1 << 20, // 1 MiB a minute, about 17 KiB/s
 		ProgressWindow:     time.Minute,
 		RangeConnections:   4,
+		Xet:                true,
 		Capacity:           capacity.DefaultPolicy(),
 		CapacityInterval:   10 * time.Second,
 		Version:            "dev",

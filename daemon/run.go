@@ -70,7 +70,9 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		defer d.mu.Unlock()
 		return d.desires.merged()
 	}
-	if d.sources, err = sources.New(cfg.sourcesConfig(), log, desired); err != nil {
+	sc := cfg.sourcesConfig()
+	sc.Xet = d.hfXetOptions
+	if d.sources, err = sources.New(sc, log, desired); err != nil {
 		st.Close()
 		return nil, err
 	}
