@@ -255,12 +255,13 @@ func parseIdentity(s string) (*fetchers.Identity, error) {
 }
 
 // sourcesConfig is what package sources needs of c; the socket API's
-// codes of errors are toAPIError's.
-func (c *Config) sourcesConfig() sources.Config {
+// codes of errors are toAPIError's; the Xet decision is hfXetOptions's,
+// with st's chunks.
+func (c *Config) sourcesConfig(st *cachestore.Store) sources.Config {
 	return sources.Config{FileRoots: c.FileRoots, FileDenied: c.fileDenied(), FileAs: c.fileIdentity(),
 		InsecureRegistries: c.InsecureRegistries, RegistryMirrors: c.RegistryMirrors, InternalAddress: c.InternalAddress,
 		IdleTimeout: c.IdleTimeout, RangeConnections: c.RangeConnections, Version: c.Version,
-		Code: func(err error) string { return toAPIError(err).Code }}
+		Code: func(err error) string { return toAPIError(err).Code }, Xet: hfXetOptions(c.Xet, st)}
 }
 
 // fileIdentity is who models.d and ModelCache file:// sources read as

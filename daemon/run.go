@@ -70,9 +70,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		defer d.mu.Unlock()
 		return d.desires.merged()
 	}
-	sc := cfg.sourcesConfig()
-	sc.Xet = d.hfXetOptions
-	if d.sources, err = sources.New(sc, log, desired); err != nil {
+	if d.sources, err = sources.New(cfg.sourcesConfig(st), log, desired); err != nil {
 		st.Close()
 		return nil, err
 	}

@@ -52,20 +52,17 @@ func (c xetChunks) Remember(ctx context.Context, oid string, terms []xet.Placed)
 	return c.store.RecordXetTerms(d, out)
 }
 
-// hfXetOptions is the one decision of how a desire's hf:// files come:
-// rebuilt from the Hub's Xet store (enabled, reusing the chunks cs holds)
-// unless the daemon's --xet is off or the desire says xet: false (a
-// models.d file, a ModelCache's spec.xet). cs is nil when not enabled,
-// and the node's one store otherwise. The hub fetchers get it through
-// sources.Config.Xet.
-func (d *Daemon) hfXetOptions(ds api.Desire) (enabled bool, cs xet.ChunkStore) {
-	if !xetWanted(d.cfg.Xet, ds) {
-		return false, nil
+// hfXetOptions is the one decision of how a desire's hf:// files come,
+// given the daemon's --xet (node) and its store: rebuilt from the Hub's
+// Xet store (enabled, reusing the chunks cs holds) unless --xet is off or
+// the desire says xet: false (a models.d file, a ModelCache's spec.xet).
+// cs is nil when not enabled, and the node's one store otherwise. The hub
+// fetchers get it through sources.Config.Xet (Config.sourcesConfig).
+func hfXetOptions(node bool, st xetIndex) func(ds api.Desire) (enabled bool, cs xet.ChunkStore) {
+	return func(ds api.Desire) (bool, xet.ChunkStore) {
+		if !node || (ds.Xet != nil && !*ds.Xet) {
+			return false, nil
+		}
+		return true, xetChunks{store: st}
 	}
-	return true, xetChunks{store: d.store}
-}
-
-// xetWanted: the node allows Xet and the desire does not refuse it.
-func xetWanted(node bool, ds api.Desire) bool {
-	return node && (ds.Xet == nil || *ds.Xet)
 }

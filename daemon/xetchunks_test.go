@@ -31,8 +31,7 @@ func TestHFXetOptions(t *testing.T) {
 		{true, nil, true}, {true, &yes, true}, {true, &no, false},
 		{false, nil, false}, {false, &yes, false}, {false, &no, false},
 	} {
-		d := &Daemon{cfg: Config{Xet: tc.node}}
-		on, cs := d.hfXetOptions(api.Desire{Name: "m", URI: "hf://org/repo", Xet: tc.xet})
+		on, cs := hfXetOptions(tc.node, nil)(api.Desire{Name: "m", URI: "hf://org/repo", Xet: tc.xet})
 		if on != tc.want || (cs != nil) != tc.want {
 			t.Errorf("--xet=%v, desire xet %v: enabled %v, chunk store %v; want enabled %v with a store only then", tc.node, tc.xet, on, cs, tc.want)
 		}
@@ -101,7 +100,7 @@ func TestXetDesireField(t *testing.T) {
 		if got := ds.Xet != nil && !*ds.Xet; got != (ds.Name == "whole") {
 			t.Errorf("%s: xet %v", ds.Name, ds.Xet)
 		}
-		if on, _ := (&Daemon{cfg: Config{Xet: true}}).hfXetOptions(ds); on != (ds.Name == "chunked") {
+		if on, _ := hfXetOptions(true, nil)(ds); on != (ds.Name == "chunked") {
 			t.Errorf("%s: Xet enabled %v", ds.Name, on)
 		}
 	}
