@@ -25,7 +25,8 @@ type GCReport struct {
 // GC removes every blob that no artifact version references and no lease
 // holds, and every partial ingest that no writer holds open and that the
 // store's abandoned predicate gives up on. Shared blobs stay while any
-// version uses them.
+// version uses them. The Xet chunk terms of blobs without a record that
+// no lease holds go too (xetchunks.go).
 func (s *Store) GC(ctx context.Context) (*GCReport, error) { return s.gc(ctx, false, nil) }
 
 // GCDryRun reports what GC would remove, removing nothing.
