@@ -62,6 +62,14 @@ type Desire struct {
 	// kernelcache capture). The node's or the cluster's configuration sets
 	// it (models.d, a ModelCache); a socket pull cannot.
 	CaptureKernelCaches bool `json:"captureKernelCaches,omitempty"`
+	// Xet (hf:// sources only) false makes the hub fetcher read every
+	// file whole through the resolve URL, never rebuilt from the Hub's
+	// Xet store; nil or true: Xet where the Hub offers it and the daemon's
+	// --xet allows it. How the bytes come, not which: it leaves the
+	// desire's fingerprint, so a change pulls nothing again. The node's
+	// or the cluster's configuration sets it (models.d, a ModelCache's
+	// spec.xet); a socket pull cannot.
+	Xet *bool `json:"xet,omitempty"`
 	// Serves names the model a kernel cache desire came from. Set only
 	// by the daemon when it expands a model's KernelCaches: never from
 	// the socket (PullRequest has no such field).

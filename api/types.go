@@ -133,7 +133,20 @@ type File struct {
 	// Peers: the peer daemons that sent bytes of the file when this
 	// version was pulled (fan-out); none, the origin sent them all.
 	Peers []string `json:"peers,omitempty"`
+	// Transport is how the source sent the file when this version was
+	// pulled, where the source says: TransportXet (an hf:// file rebuilt
+	// from the Hub's Xet store, chunks the node held taken from its own
+	// blobs) or TransportResolve (an hf:// file read whole through the
+	// resolve URL). Empty: the source does not say, or the store held the
+	// file already.
+	Transport string `json:"transport,omitempty"`
 }
+
+// How an hf:// file was fetched (File.Transport).
+const (
+	TransportXet     = "xet"
+	TransportResolve = "resolve"
+)
 
 // Version is one revision of an artifact in the store.
 type Version struct {

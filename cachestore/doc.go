@@ -45,6 +45,8 @@
 //	fsck.go        Fsck: index, blobs and trees agree, without rehashing (a fscker)
 //	verify.go      Verify: rehash blobs (scrub), quarantine what fails
 //	gc.go          GC of unreferenced blobs; usage accounting and filesystem stats
+//	xetchunks.go   the chunk index of Hugging Face Xet files: RecordXetTerms, XetChunks
+//	               (a range stitched from the blobs that hold it), its pruning in GC
 //	doc_test.go    TestDocDrawsSchema, which holds the schema below to the code
 //
 // # Content and metadata
@@ -79,7 +81,7 @@
 //	    snapshots/<commit>/<path>            relative symlinks to ../../blobs/<oid>
 //	    refs/<ref>                           the commit a ref names, no trailing newline
 //
-// # Index schema (bbolt, version 3)
+// # Index schema (bbolt, version 4)
 //
 // Every bucket, key and stored field; TestDocDrawsSchema fails when a
 // bucket or key of index.go, or a JSON field of a stored record, is
@@ -109,7 +111,8 @@
 //	                            annotations: opaque JSON of the committer (the
 //	                             daemon's api.KernelCacheInfo for a kernel cache)
 //	        manifests/       (bucket; since schema 2)
-//	            <revision>   -> JSON Manifest [{path, digest, size, mode, etag, streamed, peers, validator}], sorted by path
+//	            <revision>   -> JSON Manifest [{path, digest, size, mode, etag, streamed, peers, validator,
+//	                             transport}], sorted by path
 //	desires/             (kept by Records, never read by Store)
 //	    <name>               -> opaque to the store: the daemon's JSON api.Desire
 //	                            (source URIs with credentials redacted) of a
@@ -120,6 +123,16 @@
 //	    <key>                -> opaque to the store: the daemon's JSON record of a
 //	                            hold that outlives restarts (csi:<volume id>: a
 //	                            pod's CSI volume and the version it mounts)
+//	xet/                 (bucket; since schema 4; the chunk index of Xet files, xetchunks.go)
+//	    <xorb>/              (bucket, one per xorb: its hash as 64 lowercase hex)
+//	        <first><end><sha256:hex> -> JSON xetPlace{offset, chunkLens}: chunks
+//	                            [first, end) of the xorb (uint32s, big-endian, so
+//	                            terms sort by first chunk) sit in that blob from
+//	                            byte offset, one uncompressed length per chunk;
+//	                            answered only while the blob has its record
+//	xetblobs/            (bucket; since schema 4)
+//	    <sha256:hex>         -> JSON [xetRef{xorb, first, end}]: the blob's xet/
+//	                            entries, dropped with it (GC)
 //
 // Fields marked omitempty in the structs are absent when empty.
 //

@@ -50,6 +50,8 @@ func TestDocDrawsSchema(t *testing.T) {
 		{reflect.TypeOf(Version{}), "JSON Version", "metadata: Metadata{", "manifest"},
 		{reflect.TypeOf(Metadata{}), "metadata: Metadata{", "}", ""},
 		{reflect.TypeOf(Entry{}), "JSON Manifest [", "]", ""},
+		{reflect.TypeOf(xetPlace{}), "JSON xetPlace{", "}", ""},
+		{reflect.TypeOf(xetRef{}), "JSON [xetRef{", "}", ""},
 	} {
 		part := between(t, drawing, r.start, r.end)
 		fields := jsonFields(r.typ)

@@ -13,7 +13,11 @@ var (
 	ErrInvalidDigest  = errors.New("invalid digest")
 	ErrPinned         = errors.New("pinned")
 	ErrLocked         = errors.New("in use by another writer")
-	ErrSchemaTooNew   = errors.New("index schema is newer than this binary supports")
+	// ErrInvalidXet: a Xet chunk term out of bounds (a xorb hash that is
+	// not 64 lowercase hex, a chunk range or length too large, bytes
+	// beyond the blob).
+	ErrInvalidXet   = errors.New("invalid xet term")
+	ErrSchemaTooNew = errors.New("index schema is newer than this binary supports")
 	// ErrIndexDamaged: index.db cannot be read safely (truncated, garbled,
 	// or failing bbolt's consistency check). The message says what to do.
 	ErrIndexDamaged = errors.New("index damaged")

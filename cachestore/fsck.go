@@ -1,6 +1,7 @@
 package cachestore
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io/fs"
@@ -16,7 +17,9 @@ import (
 // their size and a record; its tree holds exactly its manifest's paths,
 // each a hardlink to its blob; `current` points at a Ready version; no
 // tree exists that the index does not know; no blob record lacks its
-// file. It holds the store's lock, so it sees no commit half-way.
+// file; every Xet chunk term of a recorded blob lies within it (terms of
+// blobs not recorded are not problems: XetChunks never answers from
+// them, and GC drops them). It holds the store's lock, so it sees no commit half-way.
 // Problems are sentences naming what is wrong; none means clean.
 func (s *Store) Fsck() ([]string, error) {
 	s.mu.Lock()
@@ -36,6 +39,9 @@ func (s *Store) Fsck() ([]string, error) {
 		f.current(a)
 	}
 	f.unknownTrees()
+	if err := f.xetTerms(); err != nil {
+		return nil, err
+	}
 	sort.Strings(f.probs)
 	return f.probs, nil
 }
@@ -171,4 +177,38 @@ func (f *fscker) unknownTrees() {
 			}
 		}
 	}
+}
+
+// xetTerms checks that the chunk terms of recorded blobs are readable and
+// lie within their blob.
+func (f *fscker) xetTerms() error {
+	return f.s.db.View(func(tx *bolt.Tx) error {
+		xb := tx.Bucket(bucketXet)
+		return xb.ForEachBucket(func(x []byte) error {
+			return xb.Bucket(x).ForEach(func(k, v []byte) error {
+				if len(k) <= 8 {
+					f.bad("xet term %x of xorb %s has a malformed key", k, x)
+					return nil
+				}
+				blob := string(k[8:])
+				size, ok := f.records[blob]
+				if !ok {
+					return nil
+				}
+				var p xetPlace
+				n, err := int64(0), json.Unmarshal(v, &p)
+				if err == nil {
+					n, err = spanLen(p.ChunkLens)
+				}
+				first, end := binary.BigEndian.Uint32(k), binary.BigEndian.Uint32(k[4:])
+				switch {
+				case err != nil || len(p.ChunkLens) != int(end-first) || p.Offset < 0:
+					f.bad("blob %s: xet term of xorb %s chunks [%d, %d) is unreadable (%v)", blob, x, first, end, err)
+				case p.Offset+n > size:
+					f.bad("blob %s: xet term of xorb %s chunks [%d, %d) ends at byte %d of a %d-byte blob", blob, x, first, end, p.Offset+n, size)
+				}
+				return nil
+			})
+		})
+	})
 }

@@ -25,7 +25,8 @@ type GCReport struct {
 // GC removes every blob that no artifact version references and no lease
 // holds, and every partial ingest that no writer holds open and that the
 // store's abandoned predicate gives up on. Shared blobs stay while any
-// version uses them.
+// version uses them. The Xet chunk terms of blobs without a record that
+// no lease holds go too (xetchunks.go).
 func (s *Store) GC(ctx context.Context) (*GCReport, error) { return s.gc(ctx, false, nil) }
 
 // GCDryRun reports what GC would remove, removing nothing.
@@ -117,7 +118,10 @@ func (s *Store) gc(ctx context.Context, dry bool, only map[string]bool) (*GCRepo
 				return err
 			}
 		}
-		return nil
+		// The chunk terms of blobs gone, and of blobs never committed that
+		// no pull holds any more (s.held.mu is held).
+		_, err := pruneXet(tx, func(d string) bool { return b.Get([]byte(d)) != nil || s.held.n[d] > 0 })
+		return err
 	})
 	return rep, err
 }

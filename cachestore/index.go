@@ -120,6 +120,17 @@ var migrations = []migration{
 		_, err := tx.CreateBucketIfNotExists(bucketHolds)
 		return err
 	},
+	// 3 → 4: the chunk index of Hugging Face Xet files (xetchunks.go):
+	// xet/ by xorb, xetblobs/ by blob. Starts empty: the files already
+	// held were fetched whole, not as chunks.
+	func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketXet, bucketXetBlobs} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	},
 }
 
 // SchemaVersion is the index schema this binary writes.

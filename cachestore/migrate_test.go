@@ -148,3 +148,34 @@ func TestSecondOpenIsLocked(t *testing.T) {
 		t.Fatalf("second open: %v", err)
 	}
 }
+
+// TestMigrationV4XetBuckets takes an index at schema 3 to 4: the chunk
+// index's buckets appear, empty, and what was there stays.
+func TestMigrationV4XetBuckets(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "index.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := migrate(db, migrations[:3]); err != nil {
+		t.Fatal(err)
+	}
+	db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketHolds).Put([]byte("csi:v"), []byte("{}")) })
+	if err := migrate(db, migrations[:4]); err != nil {
+		t.Fatal(err)
+	}
+	db.View(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketXet, bucketXetBlobs} {
+			if bk := tx.Bucket(b); bk == nil || bk.Stats().KeyN != 0 {
+				t.Errorf("bucket %s missing or not empty after migration 4", b)
+			}
+		}
+		if tx.Bucket(bucketHolds).Get([]byte("csi:v")) == nil {
+			t.Error("migration 4 lost a hold")
+		}
+		if v := schemaVersion(tx); v != 4 {
+			t.Errorf("schema %d, want 4", v)
+		}
+		return nil
+	})
+}

@@ -114,6 +114,10 @@ type Entry struct {
 	// that sees the same validator reuses the blob instead of reading the
 	// file again. Not part of the digest.
 	Validator string `json:"validator,omitempty"`
+	// Transport is how the source sent the file (the daemon's
+	// api.File.Transport: "xet", "resolve"), opaque to the store. Not part
+	// of the digest.
+	Transport string `json:"transport,omitempty"`
 }
 
 // Manifest is the file list of an artifact version.

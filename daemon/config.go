@@ -44,6 +44,7 @@ type Config struct {
 	IdleTimeout        time.Duration // a stream that delivers nothing this long is retried
 	BandwidthLimit     int64         // bytes/s over all pulls; 0 = unlimited
 	RangeConnections   int           // the most connections per large hub, NGC or S3 file (fetchers.AdaptiveReader)
+	Xet                bool          // hf:// files rebuilt from the Hub's Xet store where offered (xetchunks.go); a desire's xet: false overrides
 	InsecureRegistries []string      // OCI registries (host:port) reached over plain HTTP
 	RegistryMirrors    []string      // "registry=mirror": pulls from registry try mirror first
 	Capacity           capacity.Policy
@@ -133,6 +134,7 @@ func DefaultConfig() Config {
 		ProgressFloor:      1 << 20, // 1 MiB a minute, about 17 KiB/s
 		ProgressWindow:     time.Minute,
 		RangeConnections:   4,
+		Xet:                true,
 		Capacity:           capacity.DefaultPolicy(),
 		CapacityInterval:   10 * time.Second,
 		Version:            "dev",
@@ -253,12 +255,13 @@ func parseIdentity(s string) (*fetchers.Identity, error) {
 }
 
 // sourcesConfig is what package sources needs of c; the socket API's
-// codes of errors are toAPIError's.
-func (c *Config) sourcesConfig() sources.Config {
+// codes of errors are toAPIError's; the Xet decision is hfXetOptions's,
+// with st's chunks.
+func (c *Config) sourcesConfig(st *cachestore.Store) sources.Config {
 	return sources.Config{FileRoots: c.FileRoots, FileDenied: c.fileDenied(), FileAs: c.fileIdentity(),
 		InsecureRegistries: c.InsecureRegistries, RegistryMirrors: c.RegistryMirrors, InternalAddress: c.InternalAddress,
 		IdleTimeout: c.IdleTimeout, RangeConnections: c.RangeConnections, Version: c.Version,
-		Code: func(err error) string { return toAPIError(err).Code }}
+		Code: func(err error) string { return toAPIError(err).Code }, Xet: hfXetOptions(c.Xet, st)}
 }
 
 // fileIdentity is who models.d and ModelCache file:// sources read as

@@ -78,6 +78,8 @@
 //	               kernels): signature, summary label, extracted tree, compatibility
 //	download.go    one file's download: single flight per blob, metering, the
 //	               budget of files of unknown size
+//	xetchunks.go   the store as the hf fetcher's Xet chunk store (xet.ChunkStore), and
+//	               the one decision whether a desire's hf:// files come over Xet
 //	slot.go        a pull's share of the node's pull slots: held while transferring,
 //	               given back while waiting (a retry's backoff, another pull's blob)
 //	unpack.go      archive layers (OCI tar layers) checked and unpacked into blobs (unpacker)

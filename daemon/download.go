@@ -153,6 +153,12 @@ func (p *pull) fetchFileTee(ctx context.Context, fl fetchers.File, lease *caches
 	}
 }
 
+// transportReporter is a source's reader of one file that says how the
+// source sent it: the hf fetcher's, api.TransportXet or
+// api.TransportResolve. The pull records it in the file's manifest entry
+// (cachestore.Entry.Transport), which inspect shows.
+type transportReporter interface{ Transport() string }
+
 // download streams the file into an ingest, resuming from what is on disk
 // and after each interrupted attempt, then commits it. When the source
 // says it cannot continue from the offset (fetchers.ErrCannotResume: the
@@ -191,6 +197,9 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 		}
 		if err != nil {
 			return err
+		}
+		if tr, ok := rc.(transportReporter); ok {
+			defer func() { prog.setTransport(fl.Path, tr.Transport()) }() // once the stream has said all it will
 		}
 		rc = fetchers.MinRate(rc, d.cfg.ProgressFloor, d.cfg.ProgressWindow)
 		defer rc.Close()

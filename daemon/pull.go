@@ -334,7 +334,7 @@ func (p *pull) fetchAll(ctx context.Context, files []fetchers.File) (cachestore.
 					errs <- fmt.Errorf("%s: %w", fl.Path, err)
 					continue
 				}
-				entries[i] = cachestore.Entry{Path: fl.Path, Digest: digest, Size: size, Mode: fl.Mode, Etag: fl.Etag, Streamed: fl.Digest == "" || p.reused[fl.Path], Peers: p.prog.peersOf(fl.Path), Validator: fl.Validator}
+				entries[i] = cachestore.Entry{Path: fl.Path, Digest: digest, Size: size, Mode: fl.Mode, Etag: fl.Etag, Streamed: fl.Digest == "" || p.reused[fl.Path], Peers: p.prog.peersOf(fl.Path), Validator: fl.Validator, Transport: p.prog.transportOf(fl.Path)}
 				p.prog.filesDone.Add(1)
 			}
 		}()

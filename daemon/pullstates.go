@@ -87,6 +87,9 @@ type progress struct {
 	fromPeers atomic.Int64
 	peerMu    sync.Mutex
 	peerFiles map[string][]string
+	// transports: how the source sent each file it said so of (path →
+	// api.TransportXet or api.TransportResolve), under peerMu.
+	transports map[string]string
 }
 
 // maxPeerFiles bounds the files a pull's stats name by their peers.
@@ -114,6 +117,29 @@ func (p *progress) peersOf(path string) []string {
 	p.peerMu.Lock()
 	defer p.peerMu.Unlock()
 	return slices.Clone(p.peerFiles[path])
+}
+
+// setTransport records how the source sent file path (a reader's
+// Transport, download.go); a value other than the known ones is dropped,
+// so nothing a source says unbounded reaches the index.
+func (p *progress) setTransport(path, t string) {
+	if t != api.TransportXet && t != api.TransportResolve {
+		return
+	}
+	p.peerMu.Lock()
+	defer p.peerMu.Unlock()
+	if p.transports == nil {
+		p.transports = map[string]string{}
+	}
+	p.transports[path] = t
+}
+
+// transportOf is how the source sent file path in this pull; "" when it
+// did not say, or the file was not fetched.
+func (p *progress) transportOf(path string) string {
+	p.peerMu.Lock()
+	defer p.peerMu.Unlock()
+	return p.transports[path]
 }
 
 func (p *progress) view() *api.Progress {

@@ -70,7 +70,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		defer d.mu.Unlock()
 		return d.desires.merged()
 	}
-	if d.sources, err = sources.New(cfg.sourcesConfig(), log, desired); err != nil {
+	if d.sources, err = sources.New(cfg.sourcesConfig(st), log, desired); err != nil {
 		st.Close()
 		return nil, err
 	}

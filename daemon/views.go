@@ -286,7 +286,7 @@ func versionsView(out *api.Artifact, a *cachestore.Artifact, detail viewDetail) 
 			}
 			if detail == viewFiles {
 				for _, e := range v.Manifest {
-					av.Files = append(av.Files, api.File{Path: e.Path, Digest: e.Digest, Size: e.Size, Streamed: e.Streamed, Peers: e.Peers})
+					av.Files = append(av.Files, api.File{Path: e.Path, Digest: e.Digest, Size: e.Size, Streamed: e.Streamed, Peers: e.Peers, Transport: e.Transport})
 				}
 			}
 			out.Versions = append(out.Versions, av)

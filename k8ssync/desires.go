@@ -105,7 +105,7 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 		}
 		base := api.Desire{Name: mc.Name, URI: mc.Spec.Source, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude, Digest: mc.Spec.Digest,
 			Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name, Policy: policy, AllowedNamespaces: cu.allowed,
-			CaptureKernelCaches: mc.Spec.CaptureKernelCaches, Public: mc.Spec.Public}
+			CaptureKernelCaches: mc.Spec.CaptureKernelCaches, Public: mc.Spec.Public, Xet: mc.Spec.Xet}
 		// Every source is pulled as the cluster resolved it (resolve.go);
 		// until then the node keeps the desire it had, or waits.
 		var resolved bool
@@ -131,7 +131,7 @@ func (s *Syncer) desires(ctx context.Context, node *corev1.Node, all []*ModelCac
 			n := mc.Name + "-" + v.Suffix
 			vd := api.Desire{Name: n, URI: v.Source, Digest: v.Digest, Include: mc.Spec.Include, Exclude: mc.Spec.Exclude,
 				Pin: mc.Spec.Pin, State: state, Origin: originPrefix + mc.Name, Policy: policy, AllowedNamespaces: cu.allowed,
-				CaptureKernelCaches: mc.Spec.CaptureKernelCaches, Public: mc.Spec.Public}
+				CaptureKernelCaches: mc.Spec.CaptureKernelCaches, Public: mc.Spec.Public, Xet: mc.Spec.Xet}
 			ok, why := true, ""
 			if state == api.StatePresent {
 				vd, ok, why = rolled(mc, vd, v.Source)

@@ -73,6 +73,12 @@ type ModelCacheSpec struct {
 	// compiled into writable kernel cache volumes of this model (modelctl
 	// kernelcache capture, with the admin's credentials).
 	CaptureKernelCaches bool `json:"captureKernelCaches,omitempty"`
+	// Xet (hf:// sources) false makes the nodes read every file whole
+	// through the Hub's resolve URL instead of rebuilding it from the Xet
+	// store, which fetches only the chunks a node lacks; unset or true:
+	// Xet where the Hub offers it and the node's --xet allows it
+	// (api.Desire.Xet). It applies to spec.versions too.
+	Xet *bool `json:"xet,omitempty"`
 	// Versions keeps further revisions present besides the main one
 	// (e.g. during a rollout), each as its own artifact <name>-<suffix>.
 	Versions []VersionSpec `json:"versions,omitempty"`

@@ -145,6 +145,7 @@ func newApp() *cli.App {
 			&cli.GenericFlag{Name: "bandwidth-limit", Value: &sizeFlag{}, DefaultText: "0 (unlimited)", Usage: "bytes per second over all pulls: bytes or a size such as 500M or 1Gi; 0 = unlimited"},
 			&cli.DurationFlag{Name: "retry-initial", Value: def.RetryInitial, Usage: "first delay after a failed pull"},
 			&cli.DurationFlag{Name: "retry-max", Value: def.RetryMax, Usage: "longest delay between pull attempts"},
+			&cli.BoolFlag{Name: "xet", Value: def.Xet, Usage: "rebuild hf:// files from the Hub's Xet store where the Hub offers it, fetching only the chunks this node does not hold already (a new revision of a model it has); --xet=false: read every file whole through the resolve URL. A models.d desire or a ModelCache turns it off for its model with xet: false"},
 			&cli.IntFlag{Name: "range-connections", Value: def.RangeConnections, Usage: "the most connections per large file from a hub, NGC or S3: a file starts on one and gets parallel Range requests only when that one is the limit (1: one stream)"},
 			&cli.StringSliceFlag{Name: "insecure-registry", Usage: "an OCI registry (host:port) to reach over plain HTTP (repeatable; for local registries)"},
 			&cli.StringSliceFlag{Name: "registry-mirror", Usage: "registry=mirror: pull from the mirror first, the registry when it fails (repeatable; digests are verified either way)"},
@@ -360,6 +361,7 @@ func setPullsAndWarming(c *cli.Context, cfg *daemon.Config) {
 	cfg.RetryMax = c.Duration("retry-max")
 	cfg.IdleTimeout = c.Duration("idle-timeout")
 	cfg.RangeConnections = c.Int("range-connections")
+	cfg.Xet = c.Bool("xet")
 }
 
 func newLogger(format, level string) (*slog.Logger, error) {

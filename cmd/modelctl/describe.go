@@ -350,6 +350,12 @@ func describeVersions(w io.Writer, a *api.Artifact, now time.Time) {
 			if len(f.Peers) > 0 {
 				check += "\t(from peers: " + strings.Join(f.Peers, ", ") + ")"
 			}
+			switch f.Transport {
+			case api.TransportXet:
+				check += "\t(via xet: rebuilt from chunks)"
+			case api.TransportResolve:
+				check += "\t(via resolve URL: whole file)"
+			}
 			fmt.Fprintf(tw, "  %s\t%s\t%s%s\n", f.Path, api.FormatBytes(f.Size), f.Digest, check)
 		}
 		tw.Flush()

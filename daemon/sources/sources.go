@@ -16,6 +16,7 @@ import (
 	"github.com/modelcache/modelcache/fetchers"
 	filefetcher "github.com/modelcache/modelcache/fetchers/file"
 	hffetcher "github.com/modelcache/modelcache/fetchers/hf"
+	"github.com/modelcache/modelcache/fetchers/hf/xet"
 	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
 	ngcfetcher "github.com/modelcache/modelcache/fetchers/ngc"
 	ocifetcher "github.com/modelcache/modelcache/fetchers/oci"
@@ -45,6 +46,13 @@ type Config struct {
 	// Code is the socket API's code of an error (the daemon's one
 	// error→code table); a refused source keeps it.
 	Code func(error) string
+	// Xet decides, per desire, whether its hf:// files are rebuilt from
+	// the Hub's Xet store, and with which store of chunks the node holds
+	// (the daemon's hfXetOptions; an empty desire asks for the shared
+	// fetcher's). The store is nil when the answer is no, and the same
+	// for every desire it enables (the node's one store): hub fetchers
+	// are shared by the answer. Nil: never.
+	Xet func(ds api.Desire) (enabled bool, cs xet.ChunkStore)
 }
 
 // Set is where a desire's bytes come from: the shared fetcher of each
@@ -67,9 +75,10 @@ type Set struct {
 	// called with mu held).
 	desired func() map[string]api.Desire
 
-	mu      sync.Mutex // guards creds and byCreds; nothing is taken under it
+	mu      sync.Mutex // guards creds, byCreds and hubs; nothing is taken under it
 	creds   map[string]map[string]string
 	byCreds map[string]fetchers.Fetcher
+	hubs    map[bool]fetchers.Fetcher // the shared hf:// fetchers, by whether they use Xet
 }
 
 // New makes the shared fetchers of every scheme with cfg's settings.
@@ -81,11 +90,13 @@ func New(cfg Config, log *slog.Logger, desired func() map[string]api.Desire) (*S
 	files := filefetcher.New(filefetcher.WithRoots(cfg.FileRoots...), filefetcher.WithDenied(cfg.FileDenied...))
 	s := &Set{cfg: cfg, log: log, shared: fetchers.Registry{"file": files}, clusterFile: files.Confined(),
 		fileAs: cfg.FileAs, desired: desired, byCreds: map[string]fetchers.Fetcher{}}
-	hub, err := s.newHub()
+	on, cs := s.hubXet(api.Desire{})
+	hub, err := s.newHub(on, cs)
 	if err != nil {
 		return nil, err
 	}
 	s.shared["hf"] = hub
+	s.hubs = map[bool]fetchers.Fetcher{on: hub}
 	ngc, err := s.newNGC()
 	if err != nil {
 		return nil, err
@@ -192,7 +203,11 @@ func (s *Set) FetcherWith(ds api.Desire, scheme string, creds map[string]string)
 		return s.sharedFetcher(ds, scheme)
 	}
 	b, _ := json.Marshal(creds)
-	sum := sha256.Sum256(append([]byte(scheme+"\x00"), b...))
+	kind := scheme
+	if on, _ := s.hubXet(ds); scheme == "hf" && !on {
+		kind += "+noxet" // another fetcher for the same credentials
+	}
+	sum := sha256.Sum256(append([]byte(kind+"\x00"), b...))
 	key := hex.EncodeToString(sum[:])
 	s.mu.Lock()
 	f, ok := s.byCreds[key]
@@ -206,7 +221,8 @@ func (s *Set) FetcherWith(ds api.Desire, scheme string, creds map[string]string)
 		if tok == "" {
 			return s.sharedFetcher(ds, scheme)
 		}
-		hub, err := s.newHub(hffetcher.WithToken(tok))
+		on, cs := s.hubXet(ds)
+		hub, err := s.newHub(on, cs, hffetcher.WithToken(tok))
 		if err != nil {
 			return nil, err
 		}
@@ -263,9 +279,44 @@ func (s *Set) fetcherOptions() []fetchers.Option {
 }
 
 // newHub and newS3 make the hub and S3 fetchers with the daemon's
-// settings; extra options add credentials (FetcherFor).
-func (s *Set) newHub(extra ...hffetcher.Option) (*hffetcher.Fetcher, error) {
-	return hffetcher.New(append([]hffetcher.Option{hffetcher.WithHTTP(s.fetcherOptions()...)}, extra...)...)
+// settings; extra options add credentials (FetcherFor). A hub fetcher
+// rebuilds files from Xet when on, reusing the chunks cs holds.
+func (s *Set) newHub(on bool, cs xet.ChunkStore, extra ...hffetcher.Option) (*hffetcher.Fetcher, error) {
+	opts := []hffetcher.Option{hffetcher.WithHTTP(s.fetcherOptions()...)}
+	// TODO(xet-proto merge): opts = append(opts, hffetcher.WithXet(on), hffetcher.WithChunkStore(cs))
+	_, _ = on, cs
+	return hffetcher.New(append(opts, extra...)...)
+}
+
+// hubXet is the Xet decision for ds's hf:// fetcher (Config.Xet).
+func (s *Set) hubXet(ds api.Desire) (bool, xet.ChunkStore) {
+	if s.cfg.Xet == nil {
+		return false, nil
+	}
+	return s.cfg.Xet(ds)
+}
+
+// sharedHub is the shared hf:// fetcher of desires without credentials
+// of their own whose Xet decision is on (or off), made at first use.
+func (s *Set) sharedHub(ds api.Desire) (fetchers.Fetcher, error) {
+	on, cs := s.hubXet(ds)
+	s.mu.Lock()
+	f, ok := s.hubs[on]
+	s.mu.Unlock()
+	if ok {
+		return f, nil
+	}
+	hub, err := s.newHub(on, cs)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f, ok := s.hubs[on]; ok {
+		return f, nil // another pull made it meanwhile
+	}
+	s.hubs[on] = hub
+	return hub, nil
 }
 
 func (s *Set) newS3(extra ...s3fetcher.Option) (*s3fetcher.Fetcher, error) {
@@ -282,6 +333,9 @@ func (s *Set) newHTTP(extra ...httpfetcher.Option) *httpfetcher.Fetcher {
 func (s *Set) sharedFetcher(ds api.Desire, scheme string) (fetchers.Fetcher, error) {
 	if scheme == "file" && fromCluster(ds) && s.clusterFile != nil {
 		return s.clusterFile, nil
+	}
+	if scheme == "hf" {
+		return s.sharedHub(ds)
 	}
 	if f, ok := s.shared[scheme]; ok {
 		return f, nil
