@@ -81,4 +81,5 @@
 //	              store, and the volume IDs kubelet recorded beside them
 //	writable.go   kernelCacheWritable: the overlay of the held tree and a
 //	              volume's bounded tmpfs layer, made at publish, gone at unpublish
+//	              once a Backend that keeps layers (LayerKeeper) has copied it
 package csi

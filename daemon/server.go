@@ -41,6 +41,9 @@ func (d *Daemon) routeTable() []route {
 		{"POST /v1/verify", true, d.handleVerify},
 		{"POST /v1/gc", true, evictionsOf(d).handleGC},
 		{"GET /v1/csi/capture", true, d.handleCaptureSource},
+		{"POST /v1/csi/captured", true, d.handleCaptured},
+		{"GET /v1/csi/kept", false, d.handleKept},
+		{"DELETE /v1/csi/kept", true, d.handleDropKept},
 	}
 }
 
