@@ -10,6 +10,10 @@ import (
 	"github.com/modelcache/modelcache/daemon/kernels"
 )
 
+// captures are the capture routes, over the CSI volumes and their kept
+// layers.
+type captures struct{ *csiVolumes }
+
 // handleCaptureSource tells modelctl kernelcache capture where a volume's
 // compiled kernels are. It is a mutating route (root, the daemon's user
 // or the socket's group: the node's admin), and answers only for a
@@ -21,12 +25,12 @@ import (
 // pushes nothing: modelctl does, in the admin's process, with the admin's
 // registry credentials and key, never the node's (a tenant's pod cannot
 // push through the daemon).
-func (d *Daemon) handleCaptureSource(w http.ResponseWriter, r *http.Request) error {
+func (d captures) handleCaptureSource(w http.ResponseWriter, r *http.Request) error {
 	q, err := d.captureQuery(r)
 	if err != nil {
 		return err
 	}
-	held, _ := d.csi.Holds()
+	held, _ := d.Holds()
 	var found []csi.Volume
 	for _, v := range held {
 		if v.ID == q || v.PodNamespace+"/"+v.PodName == q || (v.Model == q && v.Writable > 0) {
@@ -59,8 +63,8 @@ func (d *Daemon) handleCaptureSource(w http.ResponseWriter, r *http.Request) err
 
 // keptSource answers a capture of a volume no longer published from its
 // kept layer.
-func (d *Daemon) keptSource(w http.ResponseWriter, q string) error {
-	found := d.csi.kept.find(q)
+func (d captures) keptSource(w http.ResponseWriter, q string) error {
+	found := d.kept.find(q)
 	switch {
 	case len(found) == 0:
 		return api.Errorf(api.CodeNotFound, "no volume %s is published on this node, and none is kept (modelctl kernelcache kept lists the kept ones)", q)
@@ -75,31 +79,31 @@ func (d *Daemon) keptSource(w http.ResponseWriter, q string) error {
 	if err := d.mayCapture(l.Model); err != nil {
 		return err
 	}
-	return writeJSON(w, api.CaptureSource{Volume: l.Volume, Model: l.Model, Pod: l.Pod, Target: d.csi.kept.tree(l.Volume),
+	return writeJSON(w, api.CaptureSource{Volume: l.Volume, Model: l.Model, Pod: l.Pod, Target: d.kept.tree(l.Volume),
 		Caches: l.Caches, GPUs: kernels.GPUView(d.kernels.GPUs()), Kept: true, KeptAt: l.KeptAt, Refused: l.Refused})
 }
 
 // handleCaptured: modelctl pushed a capture of the volume: its kept
 // layer goes (or, published, its layer is kept later only for what the
 // pod writes after).
-func (d *Daemon) handleCaptured(w http.ResponseWriter, r *http.Request) error {
+func (d captures) handleCaptured(w http.ResponseWriter, r *http.Request) error {
 	q, err := d.captureQuery(r)
 	if err != nil {
 		return err
 	}
-	_, published := d.csi.held(q)
-	if !d.csi.kept.markCaptured(q, published) && !published {
+	_, published := d.held(q)
+	if !d.kept.markCaptured(q, published) && !published {
 		return api.Errorf(api.CodeNotFound, "no volume %s is published or kept on this node", q)
 	}
 	return writeJSON(w, struct{}{})
 }
 
 // handleKept lists the kept layers.
-func (d *Daemon) handleKept(w http.ResponseWriter, _ *http.Request) error {
-	if d.csi.kept == nil {
+func (d captures) handleKept(w http.ResponseWriter, _ *http.Request) error {
+	if d.csiVolumes == nil || d.kept == nil {
 		return writeJSON(w, []api.KeptLayer{})
 	}
-	out := d.csi.kept.Layers()
+	out := d.kept.Layers()
 	if out == nil {
 		out = []api.KeptLayer{}
 	}
@@ -107,20 +111,20 @@ func (d *Daemon) handleKept(w http.ResponseWriter, _ *http.Request) error {
 }
 
 // handleDropKept removes a kept layer without capturing it.
-func (d *Daemon) handleDropKept(w http.ResponseWriter, r *http.Request) error {
+func (d captures) handleDropKept(w http.ResponseWriter, r *http.Request) error {
 	q, err := d.captureQuery(r)
 	if err != nil {
 		return err
 	}
-	if !d.csi.kept.drop(q) {
+	if !d.kept.drop(q) {
 		return api.Errorf(api.CodeNotFound, "no layer of volume %s is kept on this node", q)
 	}
 	return writeJSON(w, struct{}{})
 }
 
 // captureQuery is the volume a capture route names.
-func (d *Daemon) captureQuery(r *http.Request) (string, error) {
-	if d.csi == nil || d.cfg.CSI == nil || d.csi.kept == nil {
+func (d captures) captureQuery(r *http.Request) (string, error) {
+	if d.csiVolumes == nil || d.cfg.CSI == nil || d.kept == nil {
 		return "", api.Errorf(api.CodeInvalid, "this daemon serves no CSI volumes (--csi-socket): nothing to capture")
 	}
 	q := r.URL.Query().Get("volume")
@@ -131,11 +135,8 @@ func (d *Daemon) captureQuery(r *http.Request) (string, error) {
 }
 
 // mayCapture: the model's desire allows capture.
-func (d *Daemon) mayCapture(model string) error {
-	d.mu.Lock()
-	want := d.desires.merged()
-	d.mu.Unlock()
-	if ds, ok := want[model]; !ok || !ds.CaptureKernelCaches {
+func (d captures) mayCapture(model string) error {
+	if ds, ok := d.host.desired()[model]; !ok || !ds.CaptureKernelCaches {
 		return api.Errorf(api.CodeForbidden, "model %s does not allow capture: set captureKernelCaches: true in its models.d file or ModelCache spec", model)
 	}
 	return nil
