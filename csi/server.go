@@ -303,6 +303,7 @@ func (d *Driver) Reconcile(ctx context.Context) {
 			keepLayer[filepath.Base(d.layerDir(v.ID))] = true
 			continue
 		}
+		d.keepLayer(ctx, v.ID) // its pod went while the daemon was down: its layer may still be there
 		if err := d.backend.Release(ctx, v.ID); err != nil {
 			d.log.Error("csi: releasing the hold of a volume no longer mounted", "volume", v.ID, "err", err)
 			continue

@@ -254,7 +254,8 @@ func TestCaptureAfterUnpublish(t *testing.T) {
 // TestKeptLayersBounded: past the count limit the oldest kept layer goes;
 // a layer larger than the size limit by itself (a sparse file counts its
 // apparent size) is not kept; a layer with nothing written, or nothing
-// since its capture, is not kept; kept layers outlive a restart, and go
+// since its capture, is not kept; kept layers outlive a restart, a layer
+// whose pod went while the daemon was down is kept at start, and they go
 // past the age limit.
 func TestKeptLayersBounded(t *testing.T) {
 	r := newKeptRig(t, KeptLimits{MaxLayers: 2, MaxBytes: 32 << 20})
@@ -306,11 +307,17 @@ func TestKeptLayersBounded(t *testing.T) {
 	if err := r.c.DropKeptLayer(ctx, "vol-b"); err != nil {
 		t.Fatal(err)
 	}
+	// A pod that goes while the daemon is down: its layer is kept at start.
+	down := r.publishRW("vol-down", "mlp")
+	os.WriteFile(filepath.Join(down, "k.bin"), []byte("k"), 0o644)
 	r.stop()
+	if err := syscall.Unmount(down, 0); err != nil {
+		t.Fatal(err)
+	}
 	r.csiRig = startCSI(t, r.cfg)
 	defer r.stop()
-	if got := r.layers(); strings.Join(got, ",") != "vol-c" {
-		t.Fatalf("kept layers after a restart %v; want vol-c", got)
+	if got := r.layers(); strings.Join(got, ",") != "vol-c,vol-down" {
+		t.Fatalf("kept layers after a restart %v; want vol-c, and vol-down, whose pod went while the daemon was down", got)
 	}
 	k := r.d.csi.kept
 	k.mu.Lock()
