@@ -474,10 +474,3 @@ func FormatBytes(n int64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
-
-// CaptureSource asks where a volume's compiled kernels are (the volume
-// ID, or namespace/pod of the pod that mounts it).
-func (c *Client) CaptureSource(ctx context.Context, volume string) (*CaptureSource, error) {
-	var s CaptureSource
-	return &s, c.call(ctx, "GET", "/v1/csi/capture?volume="+url.QueryEscape(volume), nil, &s)
-}

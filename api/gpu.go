@@ -96,6 +96,31 @@ type CaptureSource struct {
 	Caches []CaptureCache `json:"caches,omitempty"`
 	// GPUs is this node's inventory: what was compiled must run on it.
 	GPUs GPUInventory `json:"gpus"`
+	// Kept: the volume is gone and Target is its kept layer (a copy, in
+	// the daemon's own area of the store root, of what the pod wrote over
+	// the kernel caches it was given); modelctl tells the daemon once it
+	// has captured it (Client.Captured), and the layer goes.
+	Kept   bool      `json:"kept,omitempty"`
+	KeptAt time.Time `json:"keptAt,omitzero"`
+	// Refused are the entries the pod wrote that were not kept, each
+	// "path (what it was)": links, devices, pipes, relative to Target. A
+	// capture of a directory that held one is refused, as it would have
+	// been while the pod ran.
+	Refused []string `json:"refused,omitempty"`
+}
+
+// KeptLayer is a writable kernel cache layer kept past its volume for
+// capture (modelctl kernelcache kept).
+type KeptLayer struct {
+	Volume string         `json:"volume"`
+	Model  string         `json:"model"`
+	Pod    string         `json:"pod,omitempty"`
+	KeptAt time.Time      `json:"keptAt"`
+	Bytes  int64          `json:"bytes"` // on disk: what the pod wrote and the kernel caches it was given
+	Files  int            `json:"files"` // what the pod wrote
+	Caches []CaptureCache `json:"caches,omitempty"`
+	// Refused: as CaptureSource.Refused.
+	Refused []string `json:"refused,omitempty"`
 }
 
 // CaptureCache is one kernel cache directory of a volume.

@@ -15,6 +15,8 @@
 //	gpu.go      the GPU inventory and what was checked of a kernel cache
 //	            (signature, compatibility per GPU)
 //	client.go   Client: the Go client over the unix socket
+//	capture.go  the Client's capture routes: where a volume's compiled kernels are,
+//	            the layers kept for capture, a capture done
 //	follow.go   WaitFollow, PullFollow, RetryFollow: a wait that rides out a
 //	            daemon restart until its timeout (Outage says what happened)
 //	errors.go   stable error codes, their sentinels and HTTP statuses, Error

@@ -58,7 +58,8 @@
 // Holds outlive the driver: the Backend records them (the daemon in its
 // index). At start, Serve drops the record of any volume whose target is
 // no longer a mount point (its pod went while the daemon was down, or the
-// node rebooted); kubelet publishes again for a pod that still runs.
+// node rebooted), handing its writable layer to a LayerKeeper first;
+// kubelet publishes again for a pod that still runs.
 // When the records are lost (the daemon's index rebuilt from its store),
 // FindBinds finds the volumes still mounted from the mount table: mounts
 // under the pods directory that show a directory of the store, with the
@@ -81,4 +82,5 @@
 //	              store, and the volume IDs kubelet recorded beside them
 //	writable.go   kernelCacheWritable: the overlay of the held tree and a
 //	              volume's bounded tmpfs layer, made at publish, gone at unpublish
+//	              once a Backend that keeps layers (LayerKeeper) has copied it
 package csi

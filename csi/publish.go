@@ -158,6 +158,7 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpubli
 			return nil, status.Errorf(codes.Internal, "removing %s: %v", target, err)
 		}
 	}
+	d.keepLayer(ctx, id)
 	if err := d.removeLayer(id); err != nil { // a writable kernel cache's layer goes with the volume
 		return nil, status.Errorf(codes.Internal, "%v", err)
 	}

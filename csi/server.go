@@ -86,6 +86,18 @@ type Backend interface {
 	Holds() ([]Volume, error)
 }
 
+// LayerKeeper is what a Backend implements to keep a volume's writable
+// layer past the volume (for a capture after the pod is gone).
+type LayerKeeper interface {
+	// KeepLayer is called at the unpublish of volume id, once nothing
+	// mounts its overlay and before its layer is removed, with the
+	// layer's upper directory: what the pod wrote, written by a tenant
+	// (links, devices, sparse or huge files, hard links; overlayfs's
+	// whiteouts). It copies what it keeps, following no link; the layer is
+	// removed once it returns. An error is logged and the unpublish goes on.
+	KeepLayer(ctx context.Context, id, upper string) error
+}
+
 // Config places the driver. Socket is required; the rest default.
 type Config struct {
 	// Socket is the CSI endpoint (a unix socket path), as kubelet will
@@ -291,6 +303,7 @@ func (d *Driver) Reconcile(ctx context.Context) {
 			keepLayer[filepath.Base(d.layerDir(v.ID))] = true
 			continue
 		}
+		d.keepLayer(ctx, v.ID) // its pod went while the daemon was down: its layer may still be there
 		if err := d.backend.Release(ctx, v.ID); err != nil {
 			d.log.Error("csi: releasing the hold of a volume no longer mounted", "volume", v.ID, "err", err)
 			continue

@@ -1,6 +1,7 @@
 package csi
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -23,7 +24,8 @@ import (
 // writes only to its upper layer (a change to a file of the tree copies
 // it up first), so the store's bytes cannot change through the volume;
 // the tree's files are read-only hardlinks of the store's blobs besides.
-// The layer goes at unpublish.
+// The layer goes at unpublish, unless the Backend keeps a copy of it
+// first (LayerKeeper: the daemon does for a model that allows capture).
 
 // Default and largest size of a writable layer.
 const (
@@ -111,6 +113,22 @@ func (d *Driver) mountWritable(t *target, tree string, v Volume) (err error) {
 		t.rmdir()
 	}
 	return err
+}
+
+// keepLayer hands volume id's writable layer, if it has one, to the
+// Backend to keep (LayerKeeper) before it goes.
+func (d *Driver) keepLayer(ctx context.Context, id string) {
+	k, ok := d.backend.(LayerKeeper)
+	if !ok || d.cfg.WritableDir == "" {
+		return
+	}
+	upper := filepath.Join(d.layerDir(id), "upper")
+	if fi, err := os.Lstat(upper); err != nil || !fi.IsDir() {
+		return
+	}
+	if err := k.KeepLayer(ctx, id, upper); err != nil {
+		d.log.Error("csi: keeping the writable layer of a volume for capture; it goes with the volume", "volume", id, "err", err)
+	}
 }
 
 // removeLayer unmounts and removes volume id's writable layer; none is

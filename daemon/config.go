@@ -100,6 +100,9 @@ type Config struct {
 	Cluster *k8ssync.Config
 	// CSI, when set, serves the CSI node plugin (csi.go); nil: off.
 	CSI *csi.Config
+	// KeptLayers bound the writable kernel cache layers kept past their
+	// volumes for capture (kept.go); zero fields take the defaults.
+	KeptLayers KeptLimits
 	// Peer, when set, serves this node's committed blobs to the other
 	// daemons of the cluster and fetches blobs from them before the
 	// origin (package fanout: fanout.Config); nil: off.

@@ -46,6 +46,9 @@ type csiVolumes struct {
 	warming *warming
 	writeMu *sync.Mutex // the desires' writers' (desires.writeMu): hold records are written under it
 	host    volumeHost
+	// kept: the writable layers kept past their volumes for capture
+	// (kept.go); nil without --csi-socket.
+	kept *keptLayers
 	// flight: one Hold per volume id at a time, outside every other lock.
 	flight singleflight.Group
 

@@ -20,7 +20,7 @@
 //	            partial downloads reclaimed, the /proc scan
 //	leaseSet    modelctl lease
 //	csiVolumes  the volumes pods hold (csi.Backend); the desires, views and
-//	            wake-ups through volumeHost
+//	            wake-ups through volumeHost; the layers kept for capture (keptLayers)
 //	treeModes   the version trees' modes as their desires want them (private: 0700)
 //	warming     what pods are about to load, read into the page cache ahead
 //	            of them (package warm): on publish, lease, wait, modelctl warm
@@ -111,7 +111,12 @@
 //	kernelwait.go  what a model's kernel caches still owe a wait or a kernelCaches: auto
 //	               volume, and the GPUs none of them runs on
 //	capture.go     where a writable kernel cache volume's compiled kernels are, for
-//	               modelctl kernelcache capture (models.d captureKernelCaches)
+//	               modelctl kernelcache capture (models.d captureKernelCaches): a
+//	               published volume, or its kept layer; the capture's end
+//	kept.go        keptLayers: writable layers kept at unpublish for a capture after
+//	               the pod went, in <root>/kept/; their limits (count, bytes, age)
+//	keptcopy.go    a tenant-written upper directory copied by descriptors, following
+//	               no link; overlayfs's whiteouts and opaque directories read
 //	evict.go       evictions: modelctl evict, absent desires, gc
 //	views.go       views: list, inspect, status, usage; wait.go the streams of them
 //	redact.go      no credential in a view, the index or the log

@@ -389,44 +389,12 @@ func TestCSIWritableKernelCache(t *testing.T) {
 // the volume, a kernel for a GPU the node lacks, a model that did not
 // opt in and a read-only volume are refused.
 func TestCaptureCompiledKernels(t *testing.T) {
-	host := testenv.Registry(t)
+	kr := newKeptRig(t, KeptLimits{})
+	r, host, keys, tc := kr.csiRig, kr.host, kr.keys, kr.served
 	ctx := context.Background()
-	keys, _ := cosign.GenerateKeyPair(func(bool) ([]byte, error) { return []byte("pw"), nil })
-	signer, _ := kernelcache.KeySigner(keys.PrivateBytes, []byte("pw"))
-	push := func(c *kernelcache.Cache, uri string) string { return pushSigned(t, c, uri, "", signer) }
-	tc, err := kernelcache.Scan(fixtures.Triton(t), kernelcache.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	push(tc, "oci://"+host+"/kernels/tk:h200")
-
-	cfg := csiConfig(t)
-	cfg.InsecureRegistries = []string{host}
-	cfg.GPUInventory = inventoryFile(t, h100Inventory)
-	pubFile := filepath.Join(t.TempDir(), "cosign.pub")
-	os.WriteFile(pubFile, keys.PublicBytes, 0o644)
-	fs := newFileServer(t, map[string][]byte{"m/config.json": []byte(`{"model_type":"llama"}`)})
-	os.MkdirAll(cfg.ModelsDir, 0o755)
-	yml := "name: mlp\nuri: " + fs.URL + "/m/config.json\ncaptureKernelCaches: true\nkernelCaches:\n  - name: mlp-tk\n    uri: oci://" + host + "/kernels/tk:h200\n    signature: {keys: [" + pubFile + "]}\n"
-	if err := os.WriteFile(filepath.Join(cfg.ModelsDir, "mlp.yaml"), []byte(yml), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r := startCSI(t, cfg)
-	r.waitPhase("mlp-tk", api.PhaseReady)
-	r.waitPhase("mlp", api.PhaseReady)
-	if _, err := r.pull(api.PullRequest{Name: "other", URI: fs.URL + "/m/config.json"}); err != nil {
-		t.Fatal(err)
-	}
-
+	push := func(c *kernelcache.Cache, uri string) string { return pushSigned(t, c, uri, "", kr.signer) }
 	publishRW := func(id, model string) string {
-		target := r.target("uid-"+id, "model")
-		vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "csi.storage.k8s.io/pod.namespace": "ml", "csi.storage.k8s.io/pod.name": "pod-" + id,
-			"modelCache": model, "kernelCaches": "auto", "kernelCacheWritable": "16Mi"}
-		if _, err := r.node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: id, TargetPath: target, VolumeContext: vc,
-			VolumeCapability: &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
-				AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}); err != nil {
-			t.Fatal(err)
-		}
+		target := kr.publishRW(id, model)
 		t.Cleanup(func() { r.unpublish(id, target) }) // its layer goes too, pass or fail
 		return target
 	}

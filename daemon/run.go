@@ -173,8 +173,12 @@ func newSpace(d *Daemon) *space {
 // newCSIVolumes wires the volumes to the daemon's desires, views and
 // wake-ups.
 func newCSIVolumes(d *Daemon, desired func() map[string]api.Desire) *csiVolumes {
+	var kept *keptLayers
+	if d.cfg.CSI != nil {
+		kept = newKeptLayers(d.store.Root(), d.cfg.KeptLayers, d.log)
+	}
 	return &csiVolumes{cfg: d.cfg, log: d.log, store: d.store, records: d.records, kernels: d.kernels, warming: d.warming,
-		writeMu: &d.desires.writeMu,
+		writeMu: &d.desires.writeMu, kept: kept,
 		host: volumeHost{desired: desired, kick: d.kick,
 			changed: func() {
 				d.mu.Lock()

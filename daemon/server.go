@@ -40,7 +40,10 @@ func (d *Daemon) routeTable() []route {
 		{"POST /v1/artifacts/{name}/warm", true, d.warming.handleWarm},
 		{"POST /v1/verify", true, d.handleVerify},
 		{"POST /v1/gc", true, evictionsOf(d).handleGC},
-		{"GET /v1/csi/capture", true, d.handleCaptureSource},
+		{"GET /v1/csi/capture", true, captures{d.csi}.handleCaptureSource},
+		{"POST /v1/csi/captured", true, captures{d.csi}.handleCaptured},
+		{"GET /v1/csi/kept", false, captures{d.csi}.handleKept},
+		{"DELETE /v1/csi/kept", true, captures{d.csi}.handleDropKept},
 	}
 }
 

@@ -182,6 +182,9 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "csi-socket", Usage: "serve the CSI node plugin csi.modelcache.io on this unix socket, e.g. /var/lib/kubelet/plugins/csi.modelcache.io/csi.sock (default off)"},
 			&cli.StringFlag{Name: "csi-pods-dir", Value: csi.DefaultPodsDir, Usage: "kubelet's pods directory: every CSI target path must lie under it"},
 			&cli.StringFlag{Name: "csi-registration-dir", Value: "/var/lib/kubelet/plugins_registry", Usage: "kubelet's plugin registration directory, where the daemon registers the CSI driver itself (empty: leave it to a node-driver-registrar)"},
+			&cli.GenericFlag{Name: "csi-kept-bytes", Value: &sizeFlag{}, Usage: "the most bytes all writable kernel cache layers kept for capture after their pods went may take in the store root, together; past it the oldest goes, and a layer larger by itself is not kept (default 4Gi)"},
+			&cli.IntFlag{Name: "csi-kept-layers", Value: daemon.DefaultKeptLayers, Usage: "the most writable kernel cache layers kept for capture; past it the oldest goes"},
+			&cli.DurationFlag{Name: "csi-kept-age", Value: daemon.DefaultKeptAge, Usage: "how long a writable kernel cache layer is kept for capture after its pod went"},
 		},
 		Action: run,
 		// Bad flags are found by checkArgs first; what urfave/cli still
@@ -321,6 +324,7 @@ func run(c *cli.Context) error {
 	}
 	if p := c.String("csi-socket"); p != "" {
 		cfg.CSI = &csi.Config{Socket: p, PodsDir: c.String("csi-pods-dir"), RegistrationDir: c.String("csi-registration-dir"), NodeID: c.String("node-name")}
+		cfg.KeptLayers = daemon.KeptLimits{MaxBytes: size(c, "csi-kept-bytes"), MaxLayers: c.Int("csi-kept-layers"), MaxAge: c.Duration("csi-kept-age")}
 	}
 	cfg.Logger = logger
 	cfg.Version = version

@@ -2,12 +2,16 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"text/tabwriter"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/gpu/mcv"
 	"github.com/modelcache/modelcache/kernelcache"
 )
@@ -18,7 +22,7 @@ import (
 func kernelcacheCommand() *cli.Command {
 	return &cli.Command{
 		Name: "kernelcache", Usage: "build, push and sign GPU kernel cache images (GKM's MCV layout) without a container engine",
-		Subcommands: []*cli.Command{kernelcacheBuildCommand(), kernelcacheCaptureCommand()},
+		Subcommands: []*cli.Command{kernelcacheBuildCommand(), kernelcacheCaptureCommand(), kernelcacheKeptCommand()},
 	}
 }
 
@@ -135,11 +139,13 @@ func kernelcacheCaptureCommand() *cli.Command {
 		Name:      "capture",
 		Usage:     "build, push and sign an image of what a pod compiled into its writable kernel cache volume",
 		ArgsUsage: "VOLUME oci://REGISTRY/REPOSITORY:TAG",
-		Description: "VOLUME is a CSI volume published with kernelCacheWritable (its ID, or namespace/pod of the pod that mounts\n" +
-			"it), of a model whose models.d file or ModelCache sets captureKernelCaches: true. Run it on the node, as root or a member of the\n" +
-			"socket's group while the pod runs: the image holds the volume's kernel cache directory as the pod sees it (what it\n" +
-			"was given and what it compiled), read with the checks of an extraction, and every kernel's target must be a GPU\n" +
-			"of this node. It is pushed with your registry credentials and signed with your key, never the node's.",
+		Description: "VOLUME is a CSI volume published with kernelCacheWritable (its ID, namespace/pod of the pod that mounts\n" +
+			"it, or its model), of a model whose models.d file or ModelCache sets captureKernelCaches: true. Run it on the node, as root,\n" +
+			"while the pod runs or after: once the pod is gone the daemon keeps what it compiled (modelctl kernelcache kept\n" +
+			"lists it) until it is captured or passes the kept layers' limits. The image holds the volume's kernel cache\n" +
+			"directory as the pod saw it (what it was given and what it compiled), read with the checks of an extraction, and\n" +
+			"every kernel's target must be a GPU of this node. It is pushed with your registry credentials and signed with your\n" +
+			"key, never the node's; a kept layer goes once it is.",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "path", Usage: "the cache directory within the volume (default: the volume's one kernel cache directory, kernels/NAME/io.triton.cache)"},
 			&cli.StringFlag{Name: "kind", Usage: "triton, vllm or torchinductor (default: the kernel cache's, or told by what the directory holds)"},
@@ -177,6 +183,9 @@ func kernelcacheCapture(c *cli.Context) error {
 	if rel = filepath.Clean(rel); filepath.IsAbs(rel) || rel == ".." || strings.HasPrefix(rel, "../") {
 		return fmt.Errorf("--path %s: give a directory inside the volume", rel)
 	}
+	if bad := refusedUnder(src.Refused, filepath.ToSlash(rel)); len(bad) > 0 {
+		return fmt.Errorf("%w: the pod wrote what a kernel cache may not hold under %s: %s", kernelcache.ErrRefused, rel, strings.Join(bad, ", "))
+	}
 	cache, err := kernelcache.Scan(filepath.Join(src.Target, rel), kernelcache.Options{Kind: kind})
 	if err != nil {
 		return err
@@ -188,6 +197,51 @@ func kernelcacheCapture(c *cli.Context) error {
 	if err := kernelcache.CheckCompiledOn(cache, gpus); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.App.ErrWriter, "capturing %s of volume %s (model %s, pod %s)\n", rel, src.Volume, src.Model, src.Pod)
-	return pushCache(c, "kernelcache capture", cache, c.Args().Get(1), nil)
+	kept := ""
+	if src.Kept {
+		kept = ", kept since " + src.KeptAt.Format(time.RFC3339)
+	}
+	fmt.Fprintf(c.App.ErrWriter, "capturing %s of volume %s (model %s, pod %s%s)\n", rel, src.Volume, src.Model, src.Pod, kept)
+	if err := pushCache(c, "kernelcache capture", cache, c.Args().Get(1), nil); err != nil {
+		return err
+	}
+	return client(c).Captured(c.Context, src.Volume)
+}
+
+// refusedUnder lists the refused entries at or under dir (relative to
+// the volume).
+func refusedUnder(refused []string, dir string) []string {
+	var out []string
+	for _, r := range refused {
+		p, _, _ := strings.Cut(r, " (")
+		if dir == "." || p == dir || strings.HasPrefix(p, dir+"/") {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func kernelcacheKeptCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "kept",
+		Usage: "list the writable kernel cache layers kept for capture after their pods went (--drop VOLUME removes one)",
+		Flags: []cli.Flag{&cli.StringFlag{Name: "drop", Usage: "remove the kept layer of this volume ID without capturing it"}},
+		Action: func(c *cli.Context) error {
+			if id := c.String("drop"); id != "" {
+				return client(c).DropKeptLayer(c.Context, id)
+			}
+			ls, err := client(c).KeptLayers(c.Context)
+			if err != nil {
+				return err
+			}
+			return output(c, ls, func(w io.Writer) {
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "VOLUME\tMODEL\tPOD\tKEPT\tFILES\tSIZE\tREFUSED")
+				for _, l := range ls {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\n", l.Volume, l.Model, l.Pod, l.KeptAt.Local().Format(time.DateTime), l.Files, api.FormatBytes(l.Bytes), len(l.Refused))
+				}
+				tw.Flush()
+			})
+		},
+	}
 }
