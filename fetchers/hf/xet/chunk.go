@@ -178,10 +178,12 @@ func ungroup4(b []byte) {
 
 // EncodeChunk appends data stored with scheme (header and body) to dst;
 // when compressing does not make it smaller it is stored with None, as
-// xorb.md says it SHOULD be. For test servers and benchmarks.
+// xorb.md says it SHOULD be. A scheme this package does not know stores
+// the bytes raw under that number (a test's "new encoding"). For test
+// servers and benchmarks.
 func EncodeChunk(dst, data []byte, scheme Scheme) []byte {
 	body := data
-	if scheme != None {
+	if scheme == LZ4 || scheme == ByteGrouping4LZ4 {
 		in := data
 		if scheme == ByteGrouping4LZ4 {
 			in = group4(data)
