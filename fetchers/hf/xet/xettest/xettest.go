@@ -11,6 +11,14 @@
 //	GET /v2/reconstructions/{file_id}   Range: bytes=a-b (optional)
 //	GET /v1/reconstructions/{file_id}   the deprecated shape (terms + fetch_info)
 //	GET /xorb/default/{xorb}?X-Xet-Signed-Range=…&Expires=…&Signature=…   Range: bytes=…
+//
+// Where to find what:
+//
+//	xettest.go   CAS: Add (chunking, dedup, xorbs), tokens, signing, knobs
+//	serve.go     the routes: reconstruction v2/v1, signed xorb ranges, injections
+//	util.go      Range parsing, counters
+//	memstore.go  MemStore: an in-memory xet.ChunkStore
+//	model.go     TokenHandler (the hub's token route), Model and Mutate (weights-like data)
 package xettest
 
 import (
