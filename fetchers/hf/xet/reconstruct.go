@@ -25,9 +25,11 @@ type Options struct {
 	OID   string
 	// Window is how many file bytes one reconstruction request covers
 	// (download-protocol.md: "request the reconstruction in batches");
-	// it bounds memory (the window's fetched chunks). Default 32 MiB.
+	// Conns windows are prepared ahead, which bounds memory (their
+	// fetched chunks). Default 16 MiB.
 	Window int64
-	// Conns is how many ranged requests run at once; default 4.
+	// Conns is how many windows are prepared at once (each with up to
+	// Conns ranged requests); default 4.
 	Conns int
 	// Attempts per window (a short range, a corrupt chunk, an expired URL
 	// or token ask a new reconstruction: new URLs); default 4.
@@ -50,7 +52,7 @@ type Stats struct {
 // caller checks the file's digest.
 func Open(ctx context.Context, o Options, offset int64, st *Stats) io.ReadCloser {
 	if o.Window <= 0 {
-		o.Window = 32 << 20
+		o.Window = 16 << 20
 	}
 	if o.Conns <= 0 {
 		o.Conns = 4
@@ -74,13 +76,45 @@ type pipeReader struct {
 
 func (p *pipeReader) Close() error { p.cancel(); return p.PipeReader.Close() }
 
+// prepared is a window ready to emit: its reconstruction, which terms
+// the store holds, the chunks fetched for the others.
+type prepared struct {
+	start, end int64
+	rec        *Reconstruction
+	held       []bool
+	chunks     map[chunkKey][]byte
+	err        error
+}
+
+// run emits the file from pos. Windows are prepared ahead, Conns at a
+// time, and emitted in order; a window that fails is prepared again
+// from the byte reached, Attempts times.
 func (o *Options) run(ctx context.Context, pos int64, w io.Writer, st *Stats) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	futures := make(chan chan prepared, o.Conns)
+	go func() {
+		defer close(futures)
+		for s := pos; s < o.Size; s += o.Window {
+			f := make(chan prepared, 1)
+			select {
+			case futures <- f:
+			case <-ctx.Done():
+				return
+			}
+			go func(s, e int64) { f <- o.prepare(ctx, s, e, st) }(s, min(s+o.Window, o.Size))
+		}
+	}()
 	var placed []Placed
-	for pos < o.Size {
-		end := min(pos+o.Window, o.Size)
-		for attempt := 1; pos < end; attempt++ {
-			n, err := o.window(ctx, pos, end, w, st, &placed)
-			pos += n
+	for f := range futures {
+		p := <-f
+		for attempt := 1; pos < p.end; attempt++ {
+			err := p.err
+			if err == nil {
+				var n int64
+				n, err = o.emit(ctx, p, w, st, &placed)
+				pos += n
+			}
 			if err == nil {
 				break
 			}
@@ -95,7 +129,11 @@ func (o *Options) run(ctx context.Context, pos int64, w io.Writer, st *Stats) er
 				return ctx.Err()
 			case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
 			}
+			p = o.prepare(ctx, pos, p.end, st)
 		}
+	}
+	if pos < o.Size {
+		return ctx.Err()
 	}
 	if o.Store != nil && o.OID != "" && len(placed) > 0 {
 		// Best effort: a node that cannot remember only fetches more later.
@@ -109,28 +147,27 @@ type chunkKey struct {
 	idx  uint32
 }
 
-// window writes file bytes [start, end) to w and says how many it wrote.
-func (o *Options) window(ctx context.Context, start, end int64, w io.Writer, st *Stats, placed *[]Placed) (int64, error) {
+// prepare asks the reconstruction of file bytes [start, end) and fetches
+// the chunks of the terms the store does not hold.
+func (o *Options) prepare(ctx context.Context, start, end int64, st *Stats) prepared {
+	p := prepared{start: start, end: end}
 	tok, err := o.Tokens.Get(ctx)
 	if err != nil {
-		return 0, err
+		p.err = err
+		return p
 	}
-	rec, err := GetReconstruction(ctx, o.Client, tok, o.FileID, uint64(start), uint64(end-1))
-	if err != nil {
-		return 0, err
+	if p.rec, p.err = GetReconstruction(ctx, o.Client, tok, o.FileID, uint64(start), uint64(end-1)); p.err != nil {
+		return p
 	}
-	held := o.probe(ctx, rec.Terms)
+	p.held = o.probe(ctx, p.rec.Terms)
 	need := map[string][]ChunkRange{}
-	for i, t := range rec.Terms {
-		if !held[i] {
+	for i, t := range p.rec.Terms {
+		if !p.held[i] {
 			need[t.Hash] = append(need[t.Hash], t.Range)
 		}
 	}
-	chunks, err := o.fetchAll(ctx, rec, need, st)
-	if err != nil {
-		return 0, err
-	}
-	return o.emit(ctx, rec, held, chunks, start, end, w, st, placed)
+	p.chunks, p.err = o.fetchAll(ctx, p.rec, need, st)
+	return p
 }
 
 // probe says which terms the ChunkStore holds whole.
@@ -151,7 +188,8 @@ func (o *Options) probe(ctx context.Context, terms []Term) []bool {
 // emit writes the terms in order: offset_into_first_range skipped from
 // the first, the whole cut at end-start bytes (download-protocol.md,
 // "Stage 3").
-func (o *Options) emit(ctx context.Context, rec *Reconstruction, held []bool, chunks map[chunkKey][]byte, start, end int64, w io.Writer, st *Stats, placed *[]Placed) (int64, error) {
+func (o *Options) emit(ctx context.Context, p prepared, w io.Writer, st *Stats, placed *[]Placed) (int64, error) {
+	rec, held, chunks, start, end := p.rec, p.held, p.chunks, p.start, p.end
 	skip := int64(rec.OffsetIntoFirstRange)
 	fileOff := start - skip // where the first term's first chunk sits in the file
 	var written int64
