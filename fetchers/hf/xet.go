@@ -147,7 +147,8 @@ func (f *Fetcher) resolveXet(ctx context.Context, file fetchers.File) (id, token
 		}
 		u = strings.Trim(strings.TrimSpace(u), "<>")
 		// The hub's token goes with it: only to the hub's own origin.
-		if pu, err := url.Parse(u); err == nil && strings.HasPrefix(pu.Scheme+"://"+pu.Host, f.endpoint) && pu.Host != "" {
+		ep, _ := url.Parse(f.endpoint)
+		if pu, err := url.Parse(u); err == nil && ep != nil && pu.Scheme == ep.Scheme && pu.Host == ep.Host {
 			tokenURL = u
 		}
 	}

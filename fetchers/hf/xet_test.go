@@ -235,3 +235,33 @@ func TestXetInjections(t *testing.T) {
 		})
 	}
 }
+
+// TestXetTokenLinkStaysOnTheHub: the hub's token goes only to its own
+// origin, whatever Link rel="xet-auth" names.
+func TestXetTokenLinkStaysOnTheHub(t *testing.T) {
+	hub, cas := xetHub(t)
+	data := xettest.Model(6, 256<<10, 64<<10)
+	hub.Commit("org/m", map[string][]byte{"w.bin": data}, "main")
+	evil := false
+	other := hubtest.New() // another origin, which must never be asked
+	defer other.Close()
+	other.Hook = func(w nethttp.ResponseWriter, r *nethttp.Request) bool { evil = true; return false }
+	sum := sha256.Sum256(data)
+	id := hub.XetID(hex.EncodeToString(sum[:]))
+	hub.Hook = func(w nethttp.ResponseWriter, r *nethttp.Request) bool {
+		if r.Method != nethttp.MethodHead || !strings.Contains(r.URL.Path, "/resolve/") {
+			return false
+		}
+		w.Header().Set("X-Xet-Hash", id)
+		w.Header().Set("Link", `<`+other.URL()+`/api/models/org/m/xet-read-token/main>; rel="xet-auth"`)
+		w.WriteHeader(nethttp.StatusFound)
+		return true
+	}
+	rs := &routes{}
+	if got := pull(t, newXetFetcher(t, hub, rs), "hf://org/m"); !bytes.Equal(got["w.bin"], data) {
+		t.Fatal("bytes differ")
+	}
+	if evil || rs.last("w.bin").Via != RouteXet || cas.TokensIssued.Load() != 1 {
+		t.Errorf("asked the other origin %v; route %+v", evil, rs.last("w.bin"))
+	}
+}

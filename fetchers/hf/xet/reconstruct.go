@@ -26,7 +26,7 @@ type Options struct {
 	// Window is how many file bytes one reconstruction request covers
 	// (download-protocol.md: "request the reconstruction in batches");
 	// Conns windows are prepared ahead, which bounds memory (their
-	// fetched chunks). Default 16 MiB.
+	// fetched chunks). Default 8 MiB.
 	Window int64
 	// Conns is how many windows are prepared at once (each with up to
 	// Conns ranged requests); default 4.
@@ -52,7 +52,7 @@ type Stats struct {
 // caller checks the file's digest.
 func Open(ctx context.Context, o Options, offset int64, st *Stats) io.ReadCloser {
 	if o.Window <= 0 {
-		o.Window = 16 << 20
+		o.Window = 8 << 20
 	}
 	if o.Conns <= 0 {
 		o.Conns = 4
