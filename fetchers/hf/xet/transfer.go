@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/modelcache/modelcache/fetchers"
 )
 
 // ErrURLRefused says a transfer URL was refused (403, 410: expired or
@@ -44,7 +46,7 @@ func fetchRanges(ctx context.Context, c *http.Client, j job, need []ChunkRange, 
 	default:
 		return fmt.Errorf("xet transfer: GET %s: HTTP %d (want 206)", redactURL(j.url), resp.StatusCode)
 	}
-	body := &countReader{r: resp.Body, st: st}
+	body := fetchers.CountingReader{R: resp.Body, N: &st.Fetched}
 	mt, params, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if len(j.ranges) == 1 && mt != "multipart/byteranges" {
 		start, _, err := contentRange(resp.Header.Get("Content-Range"))
@@ -135,15 +137,4 @@ func contentRange(h string) (start, end uint64, err error) {
 		end, err = strconv.ParseUint(b, 10, 64)
 	}
 	return start, end, err
-}
-
-type countReader struct {
-	r  io.Reader
-	st *Stats
-}
-
-func (c *countReader) Read(b []byte) (int, error) {
-	n, err := c.r.Read(b)
-	c.st.Fetched.Add(int64(n))
-	return n, err
 }
