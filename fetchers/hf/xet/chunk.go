@@ -83,10 +83,11 @@ func (h Header) Append(b []byte) []byte {
 // xorb or a range that starts on a chunk header). Not safe for
 // concurrent use.
 type ChunkReader struct {
-	r    io.Reader
-	hdr  [HeaderSize]byte
-	comp []byte
-	lz   *lz4.Reader
+	r       io.Reader
+	hdr     [HeaderSize]byte
+	comp    []byte
+	scratch []byte
+	lz      *lz4.Reader
 }
 
 // NewChunkReader reads chunks from r.
@@ -136,7 +137,7 @@ func (c *ChunkReader) decode(dst []byte, h Header, comp []byte) ([]byte, error) 
 		return dst[:n], fmt.Errorf("%w: LZ4 frame longer than %d bytes", ErrCorrupt, h.Uncompressed)
 	}
 	if h.Scheme == ByteGrouping4LZ4 {
-		ungroup4(out)
+		c.scratch = ungroup4(out, c.scratch)
 	}
 	return dst, nil
 }
@@ -163,10 +164,11 @@ func group4(b []byte) []byte {
 	return out
 }
 
-// ungroup4 undoes group4 in place.
-func ungroup4(b []byte) {
+// ungroup4 undoes group4 in place, with scratch as its copy of b; it
+// returns scratch, grown if need be, for the next call.
+func ungroup4(b, scratch []byte) []byte {
 	n := len(b)
-	src := append([]byte(nil), b...)
+	src := append(scratch[:0], b...)
 	pos := 0
 	for g := 0; g < 4; g++ {
 		for i := g; i < n; i += 4 {
@@ -174,6 +176,7 @@ func ungroup4(b []byte) {
 			pos++
 		}
 	}
+	return src
 }
 
 // EncodeChunk appends data stored with scheme (header and body) to dst;

@@ -135,7 +135,7 @@ func TestGroup4(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Fatalf("group4 = % x, want % x", got, want)
 	}
-	ungroup4(got)
+	ungroup4(got, nil)
 	if !bytes.Equal(got, in) {
 		t.Fatalf("ungroup4 = % x", got)
 	}
