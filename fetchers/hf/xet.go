@@ -16,16 +16,18 @@ import (
 )
 
 // Route says which path a file took: "xet" (reconstructed from the Xet
-// CAS, hub-docs docs/xet/) or "bridge" (the resolve URL, which the hub
-// serves to clients that do not speak Xet). The fetcher reports it
+// CAS, hub-docs docs/xet/) or "resolve" (the resolve URL: the hub's
+// "bridge" for clients that do not speak Xet). The reader Open returns
+// says it too, once read (Transport: the daemon records it in the file's
+// manifest entry, which inspect shows). The fetcher reports it
 // through WithRouteReport: once when Open picks a path, and, for a Xet
 // read, again with Done and its counts when the last byte was read or
 // when it fell back to the bridge mid-file.
 type Route struct {
 	Path   string // the file's path in the repo
 	OID    string // its sha256 (hex), "" for a file outside LFS
-	Via    string // RouteXet or RouteBridge
-	Reason string // why the bridge ("" for xet)
+	Via    string // RouteXet or RouteResolve
+	Reason string // why the resolve URL ("" for xet)
 	Offset int64  // where this read started (a bridge taking over mid-file: where it took over)
 	// Done, Fetched and Reused: a Xet read that ended. Fetched counts
 	// xorb bytes received, Reused file bytes the node's ChunkStore gave.
@@ -35,9 +37,19 @@ type Route struct {
 
 // The values of Route.Via.
 const (
-	RouteXet    = "xet"
-	RouteBridge = "bridge"
+	RouteXet     = "xet"
+	RouteResolve = "resolve"
 )
+
+// transportReader is a reader of the resolve URL that says so.
+type transportReader struct {
+	io.ReadCloser
+	via string
+}
+
+// Transport is how the file was sent: RouteXet or RouteResolve (the
+// values of api.TransportXet and api.TransportResolve).
+func (t transportReader) Transport() string { return t.via }
 
 // WithXet turns reading files through Xet on or off; default on. Off,
 // every file comes from the resolve URL as before.
@@ -77,7 +89,7 @@ func (f *Fetcher) report(r Route) {
 // from the resolve URL, and reports which.
 func (f *Fetcher) open(ctx context.Context, file fetchers.File, offset int64, bridge func(context.Context, int64) (io.ReadCloser, error)) (io.ReadCloser, error) {
 	oid, _ := strings.CutPrefix(file.Digest, "sha256:")
-	route := Route{Path: file.Path, OID: oid, Via: RouteBridge, Offset: offset}
+	route := Route{Path: file.Path, OID: oid, Via: RouteResolve, Offset: offset}
 	if f.noXet {
 		route.Reason = "xet turned off"
 	} else if file.Digest == "" {
@@ -88,7 +100,11 @@ func (f *Fetcher) open(ctx context.Context, file fetchers.File, offset int64, br
 		route.Reason = reason
 	}
 	f.report(route)
-	return bridge(ctx, offset)
+	rc, err := bridge(ctx, offset)
+	if err != nil {
+		return nil, err
+	}
+	return transportReader{rc, RouteResolve}, nil
 }
 
 // openXet returns a reader over Xet, or nil and why not.
@@ -216,7 +232,7 @@ func (r *xetReader) Read(b []byte) (int, error) {
 		return n, err
 	}
 	r.rc.Close()
-	done.Via, done.Offset, done.Reason = RouteBridge, r.pos, fmt.Sprintf("xet failed at byte %d: %v", r.pos, err)
+	done.Via, done.Offset, done.Reason = RouteResolve, r.pos, fmt.Sprintf("xet failed at byte %d: %v", r.pos, err)
 	r.f.report(done)
 	rc, berr := r.bridge(r.ctx, r.pos)
 	if berr != nil {
@@ -230,3 +246,12 @@ func (r *xetReader) Read(b []byte) (int, error) {
 }
 
 func (r *xetReader) Close() error { return r.rc.Close() }
+
+// Transport is how the file was sent: RouteXet, or RouteResolve once the
+// resolve URL took over.
+func (r *xetReader) Transport() string {
+	if r.bridged {
+		return RouteResolve
+	}
+	return RouteXet
+}

@@ -52,15 +52,16 @@ func newXetFetcher(t *testing.T, hub *hubtest.Hub, rs *routes, opts ...Option) *
 
 // pull reads every file as the daemon's ingest does: from offset 0,
 // sha256 checked before the bytes count, a refused file opened again
-// (as the daemon's retry does). It returns the files' bytes.
-func pull(t *testing.T, f *Fetcher, uri string) map[string][]byte {
+// (as the daemon's retry does). It returns the files' bytes and how
+// each was sent (the reader's Transport, which the daemon records).
+func pull(t *testing.T, f *Fetcher, uri string) (map[string][]byte, map[string]string) {
 	t.Helper()
 	ctx := context.Background()
 	res, err := f.Resolve(ctx, fetchers.Source{URI: uri})
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string][]byte{}
+	out, via := map[string][]byte{}, map[string]string{}
 	for _, fl := range res.Files {
 		for attempt := 0; ; attempt++ {
 			rc, err := f.Open(ctx, fl, 0)
@@ -72,6 +73,9 @@ func pull(t *testing.T, f *Fetcher, uri string) map[string][]byte {
 			if err != nil {
 				t.Fatalf("%s: %v", fl.Path, err)
 			}
+			if tr, ok := rc.(interface{ Transport() string }); ok {
+				via[fl.Path] = tr.Transport()
+			}
 			sum := sha256.Sum256(b)
 			if fl.Digest == "" || fl.Digest == "sha256:"+hex.EncodeToString(sum[:]) {
 				out[fl.Path] = b
@@ -82,7 +86,7 @@ func pull(t *testing.T, f *Fetcher, uri string) map[string][]byte {
 			}
 		}
 	}
-	return out
+	return out, via
 }
 
 func TestXetPath(t *testing.T) {
@@ -90,7 +94,10 @@ func TestXetPath(t *testing.T) {
 	files := map[string][]byte{"model.safetensors": xettest.Model(1, 3<<20, 128<<10), "config.json": []byte(`{"a":1}`)}
 	hub.Commit("org/m", files, "main")
 	rs := &routes{}
-	got := pull(t, newXetFetcher(t, hub, rs), "hf://org/m")
+	got, via := pull(t, newXetFetcher(t, hub, rs), "hf://org/m")
+	if via["model.safetensors"] != RouteXet || via["config.json"] != RouteResolve {
+		t.Errorf("transports %v", via)
+	}
 	for p, b := range files {
 		if !bytes.Equal(got[p], b) {
 			t.Errorf("%s: bytes differ", p)
@@ -99,7 +106,7 @@ func TestXetPath(t *testing.T) {
 	if r := rs.last("model.safetensors"); r.Via != RouteXet || !r.Done || r.Fetched == 0 {
 		t.Errorf("model: route %+v, want a finished xet read", r)
 	}
-	if r := rs.last("config.json"); r.Via != RouteBridge || r.Reason != "not an LFS file" {
+	if r := rs.last("config.json"); r.Via != RouteResolve || r.Reason != "not an LFS file" {
 		t.Errorf("config: route %+v", r)
 	}
 	if cas.XorbGets.Load() == 0 || hub.ResolveGets.Load() > 1 {
@@ -138,13 +145,13 @@ func TestXetReuse(t *testing.T) {
 	store := xettest.NewMemStore()
 	rs := &routes{}
 	f := newXetFetcher(t, hub, rs, WithChunkStore(store))
-	if got := pull(t, f, "hf://org/m@v1"); !bytes.Equal(got["w.bin"], v1) {
+	if got, _ := pull(t, f, "hf://org/m@v1"); !bytes.Equal(got["w.bin"], v1) {
 		t.Fatal("rev 1 differs")
 	}
 	s1 := sha256.Sum256(v1)
 	store.Commit(hex.EncodeToString(s1[:]), v1) // the daemon commits the blob
 	before := cas.Sent.Load()
-	if got := pull(t, f, "hf://org/m@v2"); !bytes.Equal(got["w.bin"], v2) {
+	if got, _ := pull(t, f, "hf://org/m@v2"); !bytes.Equal(got["w.bin"], v2) {
 		t.Fatal("rev 2 differs")
 	}
 	r := rs.last("w.bin")
@@ -194,10 +201,11 @@ func TestXetFallbacks(t *testing.T) {
 			}
 			hub.Commit("org/m", map[string][]byte{"w.bin": data}, "main")
 			rs := &routes{}
-			if got := pull(t, newXetFetcher(t, hub, rs, tc.opts...), "hf://org/m"); !bytes.Equal(got["w.bin"], data) {
-				t.Fatal("bytes differ")
+			got, via := pull(t, newXetFetcher(t, hub, rs, tc.opts...), "hf://org/m")
+			if !bytes.Equal(got["w.bin"], data) || via["w.bin"] != RouteResolve {
+				t.Fatalf("bytes equal %v, transport %q", bytes.Equal(got["w.bin"], data), via["w.bin"])
 			}
-			if r := rs.last("w.bin"); r.Via != RouteBridge || !strings.Contains(r.Reason, tc.reason) {
+			if r := rs.last("w.bin"); r.Via != RouteResolve || !strings.Contains(r.Reason, tc.reason) {
 				t.Errorf("route %+v, want the bridge because %q", r, tc.reason)
 			}
 		})
@@ -219,12 +227,12 @@ func TestXetInjections(t *testing.T) {
 			spoil(cas)
 			hub.Commit("org/m", map[string][]byte{"w.bin": data}, "main")
 			rs := &routes{}
-			if got := pull(t, newXetFetcher(t, hub, rs), "hf://org/m"); !bytes.Equal(got["w.bin"], data) {
+			if got, _ := pull(t, newXetFetcher(t, hub, rs), "hf://org/m"); !bytes.Equal(got["w.bin"], data) {
 				t.Fatal("bytes differ")
 			}
 			r := rs.last("w.bin")
 			if name == "wrong chunk" {
-				if r.Via != RouteBridge {
+				if r.Via != RouteResolve {
 					t.Errorf("after a refused digest: route %+v, want the bridge", r)
 				}
 				return
@@ -258,7 +266,7 @@ func TestXetTokenLinkStaysOnTheHub(t *testing.T) {
 		return true
 	}
 	rs := &routes{}
-	if got := pull(t, newXetFetcher(t, hub, rs), "hf://org/m"); !bytes.Equal(got["w.bin"], data) {
+	if got, _ := pull(t, newXetFetcher(t, hub, rs), "hf://org/m"); !bytes.Equal(got["w.bin"], data) {
 		t.Fatal("bytes differ")
 	}
 	if evil || rs.last("w.bin").Via != RouteXet || cas.TokensIssued.Load() != 1 {
