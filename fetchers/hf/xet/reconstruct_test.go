@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/modelcache/modelcache/fetchers/hf/xet"
 	"github.com/modelcache/modelcache/fetchers/hf/xet/xettest"
@@ -141,5 +142,26 @@ func TestOpenRefusals(t *testing.T) {
 	id2 := r.cas.Add(xettest.Model(6, 300<<10, 100<<10))
 	if _, _, err := r.read(t, xet.Options{FileID: id2, Size: 300 << 10}, 0); !errors.Is(err, xet.ErrUnsupported) {
 		t.Errorf("scheme 7: %v", err)
+	}
+}
+
+// TestTokenRefresh: a token is kept until 30 s before its exp (auth.md),
+// then asked again.
+func TestTokenRefresh(t *testing.T) {
+	r := newRig(t)
+	r.cas.TokenTTL = 2 * time.Minute
+	now := time.Now()
+	r.toks.Now = func() time.Time { return now }
+	for i := 0; i < 3; i++ {
+		if _, err := r.toks.Get(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := r.cas.TokensIssued.Load(); n != 1 {
+		t.Fatalf("%d tokens for three calls within the first minute", n)
+	}
+	now = now.Add(95 * time.Second) // 25 s before exp
+	if _, err := r.toks.Get(context.Background()); err != nil || r.cas.TokensIssued.Load() != 2 {
+		t.Fatalf("25 s before exp: %d tokens, %v", r.cas.TokensIssued.Load(), err)
 	}
 }
