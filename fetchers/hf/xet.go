@@ -226,7 +226,13 @@ func (r *xetReader) Read(b []byte) (int, error) {
 	done := Route{Path: r.file.Path, OID: r.oid, Via: RouteXet, Offset: r.start, Done: true, Fetched: r.st.Fetched.Load(), Reused: r.st.Reused.Load()}
 	if err == io.EOF {
 		r.f.xs.mu.Lock()
-		r.f.xs.done[r.oid] = time.Now()
+		now := time.Now()
+		for oid, t := range r.f.xs.done { // keep only what the window still counts
+			if now.Sub(t) >= xetRetryWindow {
+				delete(r.f.xs.done, oid)
+			}
+		}
+		r.f.xs.done[r.oid] = now
 		r.f.xs.mu.Unlock()
 		r.f.report(done)
 		return n, err

@@ -204,5 +204,3 @@ func EncodeChunk(dst, data []byte, scheme Scheme) []byte {
 	h := Header{Compressed: uint32(len(body)), Scheme: scheme, Uncompressed: uint32(len(data))}
 	return append(h.Append(dst), body...)
 }
-
-func isUnsupported(err error) bool { return errors.Is(err, ErrUnsupported) }

@@ -2,6 +2,7 @@ package xet
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"math/rand"
 	"reflect"
@@ -153,7 +154,7 @@ func TestHeaderRefusals(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if _, err := ParseHeader([]byte{0, 3, 0, 0, 9, 3, 0, 0}); err == nil || !isUnsupported(err) {
+	if _, err := ParseHeader([]byte{0, 3, 0, 0, 9, 3, 0, 0}); err == nil || !errors.Is(err, ErrUnsupported) {
 		t.Errorf("an unknown scheme is not ErrUnsupported: %v", err)
 	}
 }
