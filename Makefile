@@ -5,7 +5,7 @@ LDFLAGS  := -s -w -X main.version=$(VERSION)
 ROOT     ?= ./.modelcache
 BIN      := bin
 
-.PHONY: build run test test-short bench bench-store bench-peer bench-daemon bench-fanout bench-fleet bench-pull fmt vet clean deb fuzz image bundle need-image
+.PHONY: build run test test-short bench bench-store bench-peer bench-daemon bench-fanout bench-fleet bench-pull bench-xet fmt vet clean deb fuzz image bundle need-image
 
 # Debian's versions must start with a digit: 0.1.0~git<commit> unless tagged.
 DEB_VERSION ?= $(shell v=$$(git describe --tags --exact-match 2>/dev/null | sed 's/^v//'); [ -n "$$v" ] && echo $$v || echo 0.1.0~git$$(git rev-parse --short HEAD 2>/dev/null || echo 0))
@@ -28,7 +28,7 @@ test: vet
 
 # Fuzz targets (package:Target); seeds are in the tests and testdata/fuzz.
 FUZZ_TARGETS := cachestore:FuzzValidatePath cachestore:FuzzValidateName cachestore:FuzzIndexRecords fetchers:FuzzUntar fetchers:FuzzRedact \
-	fetchers/hf:FuzzParseURI fetchers/hf:FuzzTreeJSON gpu:FuzzParseManifest daemon:FuzzPullRequest daemon/sources:FuzzCredentialsFile
+	fetchers/hf:FuzzParseURI fetchers/hf:FuzzTreeJSON fetchers/hf/xet:FuzzChunkReader gpu:FuzzParseManifest daemon:FuzzPullRequest daemon/sources:FuzzCredentialsFile
 FUZZTIME ?= 2m
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
@@ -56,6 +56,7 @@ vet:
 # daemon/'s BenchmarkFanOut reads BENCH_FANOUT_MIB and BENCH_FANOUT_MIBPS.
 # k8ssync's BenchmarkFleet (10, 100 and 1,000 node agents against one kube-apiserver) reads FLEET_BENCH_NODES and FLEET_BENCH_PULL.
 # test/fanout's BenchmarkFanOutNetns (root: network namespaces) reads FANOUT_BENCH_MIB, FANOUT_BENCH_MIBPS and FANOUT_LOG_DIR.
+# fetchers/hf's BenchmarkXetRevision (Xet: a revision with 10% of its tensors changed) reads XET_BENCH_MIB.
 # bench/pullbench: BENCH_SIZE_MIB sets the model size (README.md, Benchmarks).
 # docs_test.go's TestMakeBenchRunsEveryBenchmark fails when a benchmark is in no bench-* target.
 bench: build
@@ -65,6 +66,7 @@ bench: build
 	$(MAKE) --no-print-directory bench-fanout
 	$(MAKE) --no-print-directory bench-fleet
 	$(MAKE) --no-print-directory bench-pull
+	$(MAKE) --no-print-directory bench-xet
 
 # The store, the capacity planner and /proc scan, warming.
 bench-store:
@@ -90,6 +92,11 @@ bench-fanout: build
 # costs the API server per node (docs/fan-out.md: What a node costs the API server).
 bench-fleet:
 	$(GO) test -run '^$$' -bench Fleet -benchtime 1x -timeout 40m ./k8ssync/
+
+# hf:// over Xet: a 1 GiB model (XET_BENCH_MIB), then a revision with 10% of its tensors
+# changed: bytes fetched for it over its size, and both revisions' time against the bridge.
+bench-xet:
+	$(GO) test -run '^$$' -bench XetRevision -benchtime 1x -timeout 30m ./fetchers/hf/
 
 # Pulls against curl, crane | tar and the other peers (docs/benchmarks.md: The last run).
 bench-pull: build

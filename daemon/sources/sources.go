@@ -283,8 +283,18 @@ func (s *Set) fetcherOptions() []fetchers.Option {
 // rebuilds files from Xet when on, reusing the chunks cs holds.
 func (s *Set) newHub(on bool, cs xet.ChunkStore, extra ...hffetcher.Option) (*hffetcher.Fetcher, error) {
 	opts := []hffetcher.Option{hffetcher.WithHTTP(s.fetcherOptions()...)}
-	// TODO(xet-proto merge): opts = append(opts, hffetcher.WithXet(on), hffetcher.WithChunkStore(cs))
-	_, _ = on, cs
+	opts = append(opts, hffetcher.WithXet(on), hffetcher.WithChunkStore(cs))
+	// Which path a file took and why: inspect shows the path (the
+	// reader's Transport), the log the reason a file left Xet.
+	log := s.log.With("fetcher", "hf")
+	opts = append(opts, hffetcher.WithRouteReport(func(r hffetcher.Route) {
+		switch {
+		case r.Via == hffetcher.RouteResolve && on && r.Reason != "not an LFS file":
+			log.Info("hf file through the resolve URL, not xet", "path", r.Path, "offset", r.Offset, "reason", r.Reason)
+		case r.Via == hffetcher.RouteXet && r.Done:
+			log.Debug("hf file over xet", "path", r.Path, "fetched_bytes", r.Fetched, "reused_bytes", r.Reused)
+		}
+	}))
 	return hffetcher.New(append(opts, extra...)...)
 }
 

@@ -2,7 +2,14 @@
 // hf://<org>/<repo>[@<revision>]. The revision (a branch, a tag or a
 // commit) is resolved to the commit sha, which pins the artifact; the
 // file list comes from the recursive tree API; LFS files are verified by
-// their sha256 and the others by their git blob sha1.
+// their sha256 and the others by their git blob sha1. An LFS file the hub
+// stores in Xet is reconstructed from its chunks (xet.go, package xet),
+// reusing those the node holds; anything else comes from the resolve URL.
+//
+// Where to find what:
+//
+//	hf.go   the fetcher: options, Resolve (revision, tree), Open, the bridge
+//	xet.go  the Xet path: which path a file takes (Route), fallback to the bridge
 package hf
 
 import (
@@ -19,8 +26,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/hf/xet"
 	httpfetcher "github.com/modelcache/modelcache/fetchers/http"
 )
 
@@ -45,6 +54,10 @@ type Fetcher struct {
 	tokenFile string
 	client    *nethttp.Client
 	get       *httpfetcher.Fetcher
+	noXet     bool
+	chunks    xet.ChunkStore
+	onRoute   func(Route)
+	xs        xetState
 }
 
 type options struct {
@@ -52,6 +65,9 @@ type options struct {
 	endpoint  string
 	token     string
 	tokenFile string
+	noXet     bool
+	chunks    xet.ChunkStore
+	onRoute   func(Route)
 }
 
 // Option configures New.
@@ -124,7 +140,8 @@ func New(opts ...Option) (*Fetcher, error) {
 	if err := o.CheckRanges(); err != nil {
 		return nil, fmt.Errorf("hf: %w", err)
 	}
-	f := &Fetcher{endpoint: strings.TrimRight(o.endpoint, "/"), token: o.token, tokenFile: p, opts: o.HTTPOptions, client: o.Client()}
+	f := &Fetcher{endpoint: strings.TrimRight(o.endpoint, "/"), token: o.token, tokenFile: p, opts: o.HTTPOptions, client: o.Client(),
+		noXet: o.noXet, chunks: o.chunks, onRoute: o.onRoute, xs: xetState{tokens: map[string]*xet.TokenSource{}, done: map[string]time.Time{}}}
 	f.get = httpfetcher.New(httpfetcher.WithClient(f.client), httpfetcher.WithHTTP(fetchers.WithIdleTimeout(o.IdleTimeout), fetchers.WithUserAgent(o.UserAgent)))
 	return f, nil
 }
@@ -344,7 +361,9 @@ func nextLink(h, endpoint string) (string, error) {
 	return "", nil
 }
 
-// Open streams a file from the resolve URL, following redirects.
+// Open streams a file from offset: through Xet when the resolve answer
+// names the file's Xet hash (xet.go), else from the resolve URL,
+// following redirects (the bridge).
 func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (io.ReadCloser, error) {
 	repo, rev := "", ""
 	if u, err := url.Parse(file.Locator); err == nil {
@@ -357,7 +376,9 @@ func (f *Fetcher) Open(ctx context.Context, file fetchers.File, offset int64) (i
 	open := func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
 		return f.get.GetRange(ctx, file.Locator, file.Size, off, n, f.header(), onErr)
 	}
-	return fetchers.AdaptiveReader(ctx, f.opts.Ranged(open, file.Size, fetchers.RangeBackoff), offset)
+	return f.open(ctx, file, offset, func(ctx context.Context, offset int64) (io.ReadCloser, error) {
+		return fetchers.AdaptiveReader(ctx, f.opts.Ranged(open, file.Size, fetchers.RangeBackoff), offset)
+	})
 }
 
 // GitBlobCheck verifies content against a git blob id:

@@ -5,7 +5,8 @@
 // make it hostile: a token requirement, a hook that answers first, and
 // byte counters; Limit makes it slow, one uplink shared by every
 // response. NewOn serves on another address than loopback (a bridge's,
-// for daemons in other network namespaces).
+// for daemons in other network namespaces). EnableXet adds a Xet CAS
+// (xettest) behind the LFS files, as the hub has it (xet.go).
 package hubtest
 
 import (
@@ -29,6 +30,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/modelcache/modelcache/fetchers/hf/xet/xettest"
 )
 
 // Entry is one file as the tree API lists it.
@@ -70,6 +73,9 @@ type Hub struct {
 	// one token bucket: an origin behind one uplink, whatever the number
 	// of connections. Set it before the first request.
 	Limit *rate.Limiter
+	// Xet, when set (EnableXet), stores the LFS files committed after it
+	// in a test CAS: their resolve answers name them (xet.go).
+	Xet *xettest.CAS
 
 	Sent        atomic.Int64 // file bytes sent by resolve and the CDN
 	CDNSawAuth  atomic.Bool  // an Authorization header reached the CDN
@@ -79,6 +85,7 @@ type Hub struct {
 	commits map[string]map[string]*commit // repo → commit → files
 	refs    map[string]map[string]string  // repo → ref → commit
 	blobs   map[string][]byte             // sha256 hex → content (CDN)
+	xetIDs  map[string]string             // sha256 hex → Xet file id
 }
 
 // New starts both origins on loopback.
@@ -104,7 +111,7 @@ func NewOn(ip string) (*Hub, error) {
 }
 
 func newHub() *Hub {
-	return &Hub{PageSize: 3, LFSThreshold: 1024, commits: map[string]map[string]*commit{}, refs: map[string]map[string]string{}, blobs: map[string][]byte{}}
+	return &Hub{PageSize: 3, LFSThreshold: 1024, commits: map[string]map[string]*commit{}, refs: map[string]map[string]string{}, blobs: map[string][]byte{}, xetIDs: map[string]string{}}
 }
 
 func serveOn(ip string, h http.HandlerFunc) (*httptest.Server, error) {
@@ -120,7 +127,13 @@ func serveOn(ip string, h http.HandlerFunc) (*httptest.Server, error) {
 }
 
 // Close stops both origins.
-func (h *Hub) Close() { h.API.Close(); h.CDN.Close() }
+func (h *Hub) Close() {
+	h.API.Close()
+	h.CDN.Close()
+	if h.Xet != nil {
+		h.Xet.Close()
+	}
+}
 
 // URL is the endpoint to give as HF_ENDPOINT.
 func (h *Hub) URL() string { return h.API.URL }
@@ -164,6 +177,9 @@ func (h *Hub) Commit(repo string, files map[string][]byte, refs ...string) strin
 			e.LFS = &LFS{OID: oid, Size: int64(len(b)), PointerSize: 134}
 			e.Size = int64(len(b))
 			h.blobs[oid] = b
+			if h.Xet != nil {
+				h.xetIDs[oid] = h.Xet.Add(b)
+			}
 		}
 		c.tree = append(c.tree, e)
 	}
@@ -252,7 +268,7 @@ func (h *Hub) serveAPI(w http.ResponseWriter, r *http.Request) {
 // serveModels answers /api/models/<repo>/{revision,tree,paths-info}/<rev>
 // (rest is the path after /api/models/).
 func (h *Hub) serveModels(w http.ResponseWriter, r *http.Request, rest string) {
-	for _, verb := range []string{"/revision/", "/tree/", "/paths-info/"} {
+	for _, verb := range []string{"/revision/", "/tree/", "/paths-info/", "/xet-read-token/"} {
 		if i := strings.Index(rest, verb); i > 0 {
 			repo, rev := rest[:i], rest[i+len(verb):]
 			rev, _ = url.PathUnescape(rev)
@@ -273,6 +289,8 @@ func (h *Hub) serveModels(w http.ResponseWriter, r *http.Request, rest string) {
 				h.serveTree(w, r, c)
 			case "/paths-info/":
 				servePathsInfo(w, r, c)
+			case "/xet-read-token/":
+				h.serveXetToken(w, r)
 			}
 			return
 		}
@@ -352,6 +370,7 @@ func (h *Hub) serveResolve(w http.ResponseWriter, r *http.Request, repo, revPath
 		w.Header().Set("X-Linked-Etag", `"`+entry.LFS.OID+`"`)
 		w.Header().Set("X-Linked-Size", strconv.FormatInt(entry.LFS.Size, 10))
 		w.Header().Set("ETag", `"`+entry.OID+`"`)
+		h.xetHeaders(w, repo, sha, entry.LFS.OID)
 		http.Redirect(w, r, h.CDN.URL+"/lfs/"+entry.LFS.OID, http.StatusFound)
 		return
 	}

@@ -13,4 +13,10 @@
 // Where to find what:
 //
 //	chunkstore.go   ChunkStore (chunks a node holds), Placed (where a file's terms sit)
+//	hash.go         Hash and its text form, chunk hashes (keyed BLAKE3), xorb and file hashes (Merkle)
+//	chunk.go        the chunk header, the schemes (none, LZ4, ByteGrouping4-LZ4), ChunkReader, EncodeChunk
+//	cdc.go          content-defined chunking (Gear hash, chunking.md), for test servers and benchmarks
+//	client.go       read tokens (TokenSource), the reconstruction API (v2, v1 fallback)
+//	reconstruct.go  Open: a file from an offset, window by window, held chunks from the ChunkStore
+//	transfer.go     ranged and multi-range reads of xorbs from signed URLs, decoding
 package xet

@@ -1,0 +1,90 @@
+package hf
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/modelcache/modelcache/fetchers"
+	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
+	"github.com/modelcache/modelcache/fetchers/hf/xet/xettest"
+)
+
+// BenchmarkXetRevision is issue 47's measure: a model (XET_BENCH_MIB,
+// default 1024, in 4 MiB tensors) and a revision of it with 10% of its
+// tensors changed, from the test hub and CAS over loopback, each file
+// read and hashed (sha256) as the ingest does. It reports, in one run:
+// rev2-fetched/size (xorb bytes fetched for revision 2 over its size,
+// with revision 1 held; goal <= 0.15), rev2-xet/bridge (its time over the
+// whole-file path's) and rev1-xet/bridge (the first revision's time over
+// the bridge's; goal <= 1). Memory: about 5x the model size (both
+// revisions, the CAS, the in-memory store).
+func BenchmarkXetRevision(b *testing.B) {
+	mib := 1024
+	if s := os.Getenv("XET_BENCH_MIB"); s != "" {
+		mib, _ = strconv.Atoi(s)
+	}
+	const tensor = 4 << 20
+	v1 := xettest.Model(11, mib<<20, tensor)
+	v2 := xettest.Mutate(v1, 12, 0.10, tensor)
+	hub := hubtest.New()
+	defer hub.Close()
+	cas := hub.EnableXet()
+	hub.LFSThreshold = 1
+	hub.Commit("org/big", map[string][]byte{"model.safetensors": v1}, "v1")
+	hub.Commit("org/big", map[string][]byte{"model.safetensors": v2}, "v2")
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		store := xettest.NewMemStore()
+		xf := benchFetcher(b, hub, WithChunkStore(store))
+		bf := benchFetcher(b, hub, WithXet(false))
+		t1x, _ := benchPull(b, xf, cas, "hf://org/big@v1")
+		t1b, _ := benchPull(b, bf, cas, "hf://org/big@v1")
+		s := sha256.Sum256(v1)
+		store.Commit(hex.EncodeToString(s[:]), v1)
+		t2x, sent := benchPull(b, xf, cas, "hf://org/big@v2")
+		t2b, _ := benchPull(b, bf, cas, "hf://org/big@v2")
+		b.ReportMetric(float64(sent)/float64(len(v2)), "rev2-fetched/size")
+		b.ReportMetric(t2x.Seconds()/t2b.Seconds(), "rev2-xet/bridge")
+		b.ReportMetric(t1x.Seconds()/t1b.Seconds(), "rev1-xet/bridge")
+		b.ReportMetric(float64(len(v1))/t1x.Seconds()/1e6, "rev1-xet-MB/s")
+		b.ReportMetric(float64(len(v1))/t1b.Seconds()/1e6, "rev1-bridge-MB/s")
+	}
+}
+
+func benchFetcher(b *testing.B, hub *hubtest.Hub, opts ...Option) *Fetcher {
+	f, err := New(append([]Option{WithEndpoint(hub.URL()), WithToken(""), WithTokenFile(b.TempDir() + "/none")}, opts...)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return f
+}
+
+// benchPull reads every file of uri with its sha256 checked, and says
+// how long it took and how many xorb bytes the CAS sent meanwhile.
+func benchPull(b *testing.B, f *Fetcher, cas *xettest.CAS, uri string) (time.Duration, int64) {
+	ctx := context.Background()
+	start, sent := time.Now(), cas.Sent.Load()
+	res, err := f.Resolve(ctx, fetchers.Source{URI: uri})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, fl := range res.Files {
+		rc, err := f.Open(ctx, fl, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h := sha256.New()
+		_, err = io.Copy(h, rc)
+		rc.Close()
+		if err != nil || fl.Digest != "sha256:"+hex.EncodeToString(h.Sum(nil)) {
+			b.Fatalf("%s: %v (digest)", fl.Path, err)
+		}
+	}
+	return time.Since(start), cas.Sent.Load() - sent
+}
