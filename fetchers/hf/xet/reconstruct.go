@@ -2,6 +2,8 @@ package xet
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -105,6 +107,16 @@ func (o *Options) run(ctx context.Context, pos int64, w io.Writer, st *Stats) er
 			go func(s, e int64) { f <- o.prepare(ctx, s, e, st) }(s, min(s+o.Window, o.Size))
 		}
 	}()
+	// Remember only what a whole, checked file placed: the terms are
+	// recorded under OID, and a file whose bytes do not hash to it (a
+	// wrong chunk the CAS served, a misread held chunk) must not teach
+	// the store wrong places. A read resumed past 0 cannot check the
+	// whole and records nothing.
+	whole := sha256.New()
+	if pos == 0 {
+		w = io.MultiWriter(w, whole)
+	}
+	checked := pos == 0
 	var placed []Placed
 	for f := range futures {
 		p := <-f
@@ -135,7 +147,7 @@ func (o *Options) run(ctx context.Context, pos int64, w io.Writer, st *Stats) er
 	if pos < o.Size {
 		return ctx.Err()
 	}
-	if o.Store != nil && o.OID != "" && len(placed) > 0 {
+	if checked && o.Store != nil && o.OID != "" && len(placed) > 0 && hex.EncodeToString(whole.Sum(nil)) == o.OID {
 		// Best effort: a node that cannot remember only fetches more later.
 		_ = o.Store.Remember(ctx, o.OID, dedupPlaced(placed))
 	}

@@ -165,3 +165,32 @@ func TestTokenRefresh(t *testing.T) {
 		t.Fatalf("25 s before exp: %d tokens, %v", r.cas.TokensIssued.Load(), err)
 	}
 }
+
+// TestOpenRemembersOnlyACheckedWhole: terms are recorded under the OID
+// only when the bytes assembled from offset 0 hash to it; a file whose
+// digest differs (a CAS that lies, a wrong OID) or a read resumed past 0
+// teaches the store nothing.
+func TestOpenRemembersOnlyACheckedWhole(t *testing.T) {
+	r := newRig(t)
+	data := xettest.Model(4, 2<<20, 128<<10)
+	id := r.cas.Add(data)
+	for _, c := range []struct {
+		name   string
+		oid    string
+		offset int64
+		want   bool
+	}{
+		{"whole, right digest", oid(data), 0, true},
+		{"whole, another digest", oid(append([]byte{1}, data...)), 0, false},
+		{"resumed", oid(data), 4096, false},
+	} {
+		store := xettest.NewMemStore()
+		got, _, err := r.read(t, xet.Options{FileID: id, Size: int64(len(data)), Store: store, OID: c.oid}, c.offset)
+		if err != nil || !bytes.Equal(got, data[c.offset:]) {
+			t.Fatalf("%s: %d bytes, %v", c.name, len(got), err)
+		}
+		if n := len(store.Placed(c.oid)); (n > 0) != c.want {
+			t.Errorf("%s: %d terms remembered, want any: %v", c.name, n, c.want)
+		}
+	}
+}
