@@ -21,7 +21,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -33,6 +32,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/modelcache/modelcache/api"
 	"github.com/modelcache/modelcache/cachestore/storetest"
 	"github.com/modelcache/modelcache/internal/kubetest"
 	"github.com/modelcache/modelcache/internal/testenv"
@@ -123,21 +123,12 @@ func tokenConfig(cl *kubetest.Cluster, token string) *rest.Config {
 		TLSClientConfig: rest.TLSClientConfig{CAData: cl.Config.CAData, ServerName: cl.Config.ServerName}}
 }
 
+// localPV is the PV the daemon on node makes of artifact m at path,
+// named name.
 func localPV(name, node, path string) *corev1.PersistentVolume {
-	return &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{k8ssync.LabelNode: node, k8ssync.LabelModel: "m"}},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Mi")},
-			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadOnlyMany},
-			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-			StorageClassName:              "modelcache-local",
-			MountOptions:                  []string{"ro"},
-			PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: path}},
-			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
-			}}}},
-		},
-	}
+	pv := k8ssync.LocalPV(node, "modelcache-local", api.Artifact{Name: "m", Path: path, Bytes: 1 << 20})
+	pv.Name = name
+	return pv
 }
 
 // TestNodeTokenReachesOnlyItsNode: with the bundle's RBAC and admission

@@ -17,7 +17,8 @@
 //	              PV of ours) → the holders that keep it from eviction
 //	events.go     Events on a ModelCache when one of its artifacts changes phase
 //	status.go     this node's ModelCacheNode status (server-side apply)
-//	volumes.go    local PersistentVolumes for Ready models
+//	volumes.go    local PersistentVolumes for Ready public models (LocalPV, the
+//	              shape the bundle's admission policy admits)
 //	aggregate.go  the Lease holder's roll-up of ModelCache status counts
 //	resolve.go    one resolution per cluster: the Lease holder resolves each
 //	              source once into status.resolved; nodes pull what it recorded

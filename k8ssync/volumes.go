@@ -31,6 +31,29 @@ func PVName(node, model string) string {
 	return strings.Trim(n, "-.")
 }
 
+// LocalPV is the read-only local PV the daemon on node makes for a's
+// tree (a.Path), in storageClass: the shape the bundle's admission
+// policy admits from that node's token (deploy/daemonset/base/admission.yaml).
+func LocalPV(node, storageClass string, a api.Artifact) *corev1.PersistentVolume {
+	return &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: PVName(node, a.Name), Labels: map[string]string{LabelNode: node, LabelModel: a.Name}},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: *resourceBytes(a.Bytes)},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadOnlyMany},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              storageClass,
+			// kubelet binds a local PV read-only only for a claim or
+			// volumeMount marked readOnly; "ro" makes every pod's view
+			// of the store read-only (ReadOnlyMany is not enforced).
+			MountOptions:           []string{"ro"},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: a.Path}},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
+			}}}},
+		},
+	}
+}
+
 // syncPVs makes a read-only local PV for each Ready public model of a
 // ModelCache selected here and not Absent, and deletes the others (like the node's
 // labels: a new claim must not bind to a model the node is letting go; a
@@ -85,23 +108,7 @@ func (s *Syncer) syncPVs(ctx context.Context, arts []api.Artifact, owners map[st
 			throttled = true
 			break
 		}
-		pv := &corev1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelNode: s.cfg.NodeName, LabelModel: a.Name}},
-			Spec: corev1.PersistentVolumeSpec{
-				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: *resourceBytes(a.Bytes)},
-				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadOnlyMany},
-				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-				StorageClassName:              s.cfg.StorageClass,
-				// kubelet binds a local PV read-only only for a claim or
-				// volumeMount marked readOnly; "ro" makes every pod's view
-				// of the store read-only (ReadOnlyMany is not enforced).
-				MountOptions:           []string{"ro"},
-				PersistentVolumeSource: corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: a.Path}},
-				NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-					MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{s.cfg.NodeName}}},
-				}}}},
-			},
-		}
+		pv := LocalPV(s.cfg.NodeName, s.cfg.StorageClass, a)
 		if _, err := pvs.Create(ctx, pv, metav1.CreateOptions{FieldManager: managerName}); err != nil && !apierrors.IsAlreadyExists(err) {
 			s.log.Warn("k8s sync: create local PV", "pv", name, "err", err)
 		}

@@ -26,6 +26,12 @@ func TestBundleDeploysTheImageBuilt(t *testing.T) {
 			t.Fatalf("not the whole DaemonSet bundle: no %s", kind)
 		}
 	}
+	// The PV policy whose parameters are all ModelCaches: the empty
+	// selector survives the rendering (without it the binding names no
+	// parameter and the API server refuses it).
+	if !strings.Contains(y, "name: modelcached-persistentvolumes-public\n") || !strings.Contains(y, "  paramRef:\n    parameterNotFoundAction: Allow\n    selector: {}\n") {
+		t.Fatalf("the bundle lacks the binding of modelcached-persistentvolumes-public to every ModelCache:\n%s", y)
+	}
 	ex, err := Render("../../deploy/daemonset/examples", img)
 	if err != nil {
 		t.Fatal(err)
