@@ -108,13 +108,15 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 			if !waited {
 				waited = true
 				if t.Waiting != nil {
-					t.Waiting(fmt.Sprintf("%s: waiting for a peer to hold it: %s fetch it from the origin first (--origin-concurrency %d); this node goes to the origin itself at %s if no peer has it by then",
-						t.Path, strings.Join(pl.First, ", "), f.cfg.OriginConcurrency, pl.Until.UTC().Format(time.RFC3339)))
+					t.Waiting(waitingMessage(t.Path, pl, f.cfg.OriginConcurrency, f.cluster))
 				}
 			}
 			until := pl.Until
 			if pl.Hold.After(start) {
 				until = pl.Hold // the plan may change then
+			}
+			if !until.After(start) {
+				until = start.Add(f.cfg.Poll) // past --peer-wait, beyond the cap: the statuses change the plan, not the time
 			}
 			if err := f.wait(ctx, t.Idle, changed, len(peers) == 0, start.Add(f.cfg.Poll), until); err != nil {
 				return "", waited, err
@@ -123,6 +125,16 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 			return "", waited, final
 		}
 	}
+}
+
+// waitingMessage says why a blob waits for a peer, and until when.
+func waitingMessage(path string, pl Plan, cap int, cluster bool) string {
+	msg := fmt.Sprintf("%s: waiting for a peer to hold it: %s fetch it from the origin first (--origin-concurrency %d)", path, strings.Join(pl.First, ", "), cap)
+	at := pl.Until.UTC().Format(time.RFC3339)
+	if !cluster {
+		return msg + "; this node goes to the origin itself at " + at + " if no peer has it by then"
+	}
+	return fmt.Sprintf("%s; from %s (--peer-wait) this node goes to the origin itself only when fewer than %d of the nodes that want it (those above first) rank before it for this blob, else it waits on", msg, at, cap)
 }
 
 // mismatch says whether err is a commit's failed size or digest check.
