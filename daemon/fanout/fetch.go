@@ -68,6 +68,17 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 	defer f.authz.Fetching(t.Blob.Digest, desire().Name)()
 	ps := &parking{open: t.Open}
 	defer ps.close()
+	// say tells t.Waiting, once, that the blob waits for a peer: before
+	// a round whose ask a peer may hold (up to p2p.MaxWait), or after
+	// one that found none, so that the status says so while it waits.
+	say := func(pl Plan) {
+		if !waited {
+			waited = true
+			if t.Waiting != nil {
+				t.Waiting(waitingMessage(t.Path, pl, f.cfg.OriginConcurrency, f.cluster))
+			}
+		}
+	}
 	for {
 		changed, start := f.changes(), time.Now()
 		pl := f.Plan(desire(), t.Revision, t.Blob.Digest, t.Started, start)
@@ -77,6 +88,9 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 			from = t.Origin
 		} else {
 			blob.Wait = min(p2p.MaxWait, pl.Hold.Sub(start)) // none when the plan may let this node go to the origin sooner
+			if blob.Wait > 0 && len(peers) > 0 {
+				say(pl) // the first peer may hold the ask: this node waits from now
+			}
 		}
 		final := errNoPeerYet
 		if len(peers) > 0 || pl.Origin {
@@ -105,12 +119,7 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 			f.authz.Fetched(digest, desire().Name) // servable to the nodes this artifact may go to before its version commits
 			return digest, waited, nil
 		case errors.Is(final, p2p.ErrNoSource), errors.Is(final, errNoPeerYet):
-			if !waited {
-				waited = true
-				if t.Waiting != nil {
-					t.Waiting(waitingMessage(t.Path, pl, f.cfg.OriginConcurrency, f.cluster))
-				}
-			}
+			say(pl)
 			until := pl.Until
 			if pl.Hold.After(start) {
 				until = pl.Hold // the plan may change then
