@@ -68,6 +68,17 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 	defer f.authz.Fetching(t.Blob.Digest, desire().Name)()
 	ps := &parking{open: t.Open}
 	defer ps.close()
+	// say tells t.Waiting, once, that the blob waits for a peer: before
+	// a round whose ask a peer may hold (up to p2p.MaxWait), or after
+	// one that found none, so that the status says so while it waits.
+	say := func(pl Plan) {
+		if !waited {
+			waited = true
+			if t.Waiting != nil {
+				t.Waiting(waitingMessage(t.Path, pl, f.cfg.OriginConcurrency, f.cluster))
+			}
+		}
+	}
 	for {
 		changed, start := f.changes(), time.Now()
 		pl := f.Plan(desire(), t.Revision, t.Blob.Digest, t.Started, start)
@@ -77,6 +88,9 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 			from = t.Origin
 		} else {
 			blob.Wait = min(p2p.MaxWait, pl.Hold.Sub(start)) // none when the plan may let this node go to the origin sooner
+			if blob.Wait > 0 && len(peers) > 0 {
+				say(pl) // the first peer may hold the ask: this node waits from now
+			}
 		}
 		final := errNoPeerYet
 		if len(peers) > 0 || pl.Origin {
@@ -105,16 +119,13 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 			f.authz.Fetched(digest, desire().Name) // servable to the nodes this artifact may go to before its version commits
 			return digest, waited, nil
 		case errors.Is(final, p2p.ErrNoSource), errors.Is(final, errNoPeerYet):
-			if !waited {
-				waited = true
-				if t.Waiting != nil {
-					t.Waiting(fmt.Sprintf("%s: waiting for a peer to hold it: %s fetch it from the origin first (--origin-concurrency %d); this node goes to the origin itself at %s if no peer has it by then",
-						t.Path, strings.Join(pl.First, ", "), f.cfg.OriginConcurrency, pl.Until.UTC().Format(time.RFC3339)))
-				}
-			}
+			say(pl)
 			until := pl.Until
 			if pl.Hold.After(start) {
 				until = pl.Hold // the plan may change then
+			}
+			if !until.After(start) {
+				until = start.Add(f.cfg.Poll) // past --peer-wait, beyond the cap: the statuses change the plan, not the time
 			}
 			if err := f.wait(ctx, t.Idle, changed, len(peers) == 0, start.Add(f.cfg.Poll), until); err != nil {
 				return "", waited, err
@@ -123,6 +134,16 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 			return "", waited, final
 		}
 	}
+}
+
+// waitingMessage says why a blob waits for a peer, and until when.
+func waitingMessage(path string, pl Plan, cap int, cluster bool) string {
+	msg := fmt.Sprintf("%s: waiting for a peer to hold it: %s fetch it from the origin first (--origin-concurrency %d)", path, strings.Join(pl.First, ", "), cap)
+	at := pl.Until.UTC().Format(time.RFC3339)
+	if !cluster {
+		return msg + "; this node goes to the origin itself at " + at + " if no peer has it by then"
+	}
+	return fmt.Sprintf("%s; from %s (--peer-wait) this node goes to the origin itself only when fewer than %d of the nodes that want it (those above first) rank before it for this blob, else it waits on", msg, at, cap)
 }
 
 // mismatch says whether err is a commit's failed size or digest check.

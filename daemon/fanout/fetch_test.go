@@ -43,23 +43,7 @@ func TestFetchWaitsWithoutReopening(t *testing.T) {
 		w.Write(body)
 	}))
 	defer peer.Close()
-	fetcher := testFetcher(t)
-	now := time.Now()
-	var p k8ssync.ModelCacheNode
-	p.Name, p.Status.PeerAddress, p.Status.Heartbeat = "p", peer.URL, metav1.NewTime(now)
-	p.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: "Downloading"}}
-	pc := DefaultConfig()
-	pc.Wait, pc.Poll = time.Hour, 10*time.Millisecond
-	f := &Fleet{cfg: pc, cluster: true, self: "me", fetcher: fetcher, changed: make(chan struct{}), listed: map[string]time.Time{}}
-	f.SetNodes([]k8ssync.ModelCacheNode{p})
-
-	st, _, err := cachestore.Open(context.Background(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	tr := storeTransfer(st, "llama", body)
-	tr.Desire = func() api.Desire { return api.Desire{Name: "llama", OriginNodes: []string{"p"}} }
+	f, tr := waitingOn(t, peer.URL, 10*time.Millisecond, body)
 	open, opens := tr.Open, 0
 	tr.Open = func(ctx context.Context) (p2p.Partial, error) { opens++; return open(ctx) }
 	tr.Origin = func(context.Context, int64) (io.ReadCloser, error) {
@@ -75,5 +59,76 @@ func TestFetchWaitsWithoutReopening(t *testing.T) {
 	}
 	if len(waits) != 3 || strings.Join(waits, ",") != "30,30,30" {
 		t.Errorf("requests with wait headers %q, want 3, each holding up to 30 s", waits)
+	}
+}
+
+// waitingOn is node "me" of a cluster whose one other node, "p" (the
+// peer port at url), is the recorded origin node of llama and fetches it:
+// a Fleet with --peer-wait 1h and poll, and a Transfer of body into a
+// store of the test's.
+func waitingOn(t *testing.T, url string, poll time.Duration, body []byte) (*Fleet, Transfer) {
+	var p k8ssync.ModelCacheNode
+	p.Name, p.Status.PeerAddress, p.Status.Heartbeat = "p", url, metav1.NewTime(time.Now())
+	p.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: "Downloading"}}
+	pc := DefaultConfig()
+	pc.Wait, pc.Poll = time.Hour, poll
+	f := &Fleet{cfg: pc, cluster: true, self: "me", fetcher: testFetcher(t), changed: make(chan struct{}), listed: map[string]time.Time{}}
+	f.SetNodes([]k8ssync.ModelCacheNode{p})
+	st, _, err := cachestore.Open(context.Background(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	tr := storeTransfer(st, "llama", body)
+	tr.Desire = func() api.Desire { return api.Desire{Name: "llama", OriginNodes: []string{"p"}} }
+	return f, tr
+}
+
+// TestFetchSaysItWaitsWhileHeld: a node that may not use the origin asks
+// its one peer, which holds the ask (the wait header) without the blob.
+// The pull is told it waits for a peer while the ask is held, not when
+// the hold ends (up to 30 s later: a status that said "fetching" for the
+// whole of a peer's hold).
+func TestFetchSaysItWaitsWhileHeld(t *testing.T) {
+	body := bytes.Repeat([]byte("shard "), 20000)
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(p2p.HeaderWait) == "" {
+			http.NotFound(w, r)
+			return
+		}
+		select {
+		case held <- struct{}{}:
+		default:
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		w.Write(body)
+	}))
+	defer peer.Close()
+	f, tr := waitingOn(t, peer.URL, DefaultConfig().Poll, body)
+	said := make(chan string, 1)
+	tr.Waiting = func(msg string) { said <- msg }
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := f.Fetch(context.Background(), tr)
+		done <- err
+	}()
+	<-held // the ask is held at the peer now: the pull must have been told
+	select {
+	case msg := <-said:
+		if !strings.Contains(msg, "waiting for a peer") || !strings.Contains(msg, "p fetch it from the origin first") {
+			t.Errorf("waiting message %q", msg)
+		}
+	default:
+		t.Error("the ask is held at the peer and the pull was not told it waits for one")
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

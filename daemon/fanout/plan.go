@@ -15,14 +15,16 @@ type Plan struct {
 	Peers  []string  // whom to ask, in order (base URLs)
 	Origin bool      // the origin may be asked (after the peers)
 	First  []string  // the nodes that go to the origin first (a cluster's)
-	Until  time.Time // when this node goes to the origin whatever happens
+	Until  time.Time // when this node's wait for a peer ends (--peer-wait; a static fleet's Settle): past it, it goes to the origin within the cap (Fleet.Plan)
 	// Hold is until when a peer may hold this node's ask (p2p.Blob.Wait):
 	// Until, or sooner when the plan may let this node go to the origin
 	// with no change of the statuses (a first node whose Settle has not
 	// passed: at its end; not listed yet: now, for only a status change
 	// settles it; now, too, when a peer holds the revision Ready: it
 	// answers at once, and an ask held at a peer before it would wait
-	// for nothing). A held ask does not see the plan change: held past
+	// for nothing); past Until, for a node beyond the cap, p2p.MaxWait
+	// from now (only a change of the statuses can let it go to the
+	// origin). A held ask does not see the plan change: held past
 	// this, the first nodes would all wait on each other.
 	Hold time.Time
 }
@@ -33,8 +35,12 @@ type Plan struct {
 // The first nodes go to the origin, each for the blobs it owns among
 // them (rendezvous hashing of (artifact, blob)); every other node asks
 // its peers, the first nodes first (the blob's owner before the others:
-// it is the one fetching that blob), and goes to the origin itself only
-// once Wait has passed. A first node whose peer port was set aside for
+// it is the one fetching that blob). Once Wait has passed, the cap still
+// holds, per blob, in a cluster: at most OriginConcurrency nodes fetch a
+// blob from the origin, the first nodes that still want the revision
+// and, in the slots they leave, the other nodes that want it, ranked by
+// the blob's hash (pastWait); a node beyond the cap keeps asking its
+// peers, its ask held at the first. A first node whose peer port was set aside for
 // anything but being busy or its source failing it (no connection, wrong bytes, a stall) is
 // passed over: its share moves to the others at this node's next plan,
 // and what a peer port did is learned once per node, by whichever of
@@ -59,6 +65,7 @@ func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.T
 	pl := Plan{Until: started.Add(f.cfg.Wait)}
 	var addr map[string]string // node → base URL
 	var rest []string          // the peers after the first nodes, in order
+	var members []string       // the nodes that want it (a cluster's)
 	settled := false
 	if !f.cluster {
 		addr = map[string]string{}
@@ -74,7 +81,6 @@ func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.T
 			pl.Until = grace
 		}
 	} else {
-		var members []string
 		var passed map[string]bool
 		var listed bool
 		var ready int
@@ -121,11 +127,46 @@ func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.T
 			pl.Peers = append(pl.Peers, b)
 		}
 	}
-	pl.Origin = (settled && len(owners) > 0 && owners[0] == f.self) || !now.Before(pl.Until)
+	pl.Origin = settled && len(owners) > 0 && owners[0] == f.self
+	switch {
+	case now.Before(pl.Until):
+	case !f.cluster:
+		pl.Origin = true // a static fleet cannot tell who wants the artifact
+	case !pl.Origin && slices.Contains(f.pastWait(ds.Name+"\x00"+digest, pl.First, members), f.self):
+		pl.Origin = true
+	case !pl.Origin:
+		// Past --peer-wait, beyond the cap: only a change of the
+		// statuses (a slot given up) lets this node go to the origin.
+		if pl.Hold.IsZero() {
+			pl.Hold = now.Add(p2p.MaxWait)
+		}
+		return pl
+	}
 	if pl.Hold.IsZero() || pl.Until.Before(pl.Hold) {
 		pl.Hold = pl.Until
 	}
 	return pl
+}
+
+// pastWait is the nodes that may fetch a blob from the origin once a
+// node's --peer-wait has passed (key: the artifact and the blob), at
+// most OriginConcurrency of them: the first nodes that still want the
+// revision (members), ranked by the blob's hash, then the other members
+// by the same hash. A first node that no longer wants it, or that was
+// passed over, gives its slot up; while it is alive and wants it, it
+// keeps it, and a node past its wait asks it (and the other peers)
+// again rather than the origin.
+func (f *Fleet) pastWait(key string, first, members []string) []string {
+	var firsts, others []string
+	for _, n := range members {
+		if slices.Contains(first, n) {
+			firsts = append(firsts, n)
+		} else {
+			others = append(others, n)
+		}
+	}
+	slots := append(rendezvous(key, firsts), rendezvous(key, others)...)
+	return slots[:min(len(slots), f.cfg.OriginConcurrency)]
 }
 
 // passedOver says whether the peer port at base URL b was set aside for
