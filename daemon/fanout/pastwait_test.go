@@ -21,7 +21,7 @@ import (
 // no origin node left, the nodes that want it fill both slots.
 func TestPlanPastWaitHoldsTheCap(t *testing.T) {
 	now := time.Now()
-	started := now.Add(-2 * time.Hour) // --peer-wait (1h) passed for every node
+	started := now.Add(-90 * time.Minute) // --peer-wait (1h) passed for every node, not a second one
 	pc := DefaultConfig()
 	pc.OriginConcurrency, pc.Wait, pc.Settle = 2, time.Hour, time.Minute
 	names := []string{"o1", "o2"}
@@ -45,9 +45,11 @@ func TestPlanPastWaitHoldsTheCap(t *testing.T) {
 		}
 		return out
 	}
+	var toOriginSince func(d string, started time.Time, failed ...string) []string
 	// toOrigin is the nodes whose plan lets them fetch blob d from the
 	// origin, each planning from the same statuses, past its wait.
-	toOrigin := func(d string, failed ...string) []string {
+	toOrigin := func(d string, failed ...string) []string { return toOriginSince(d, started, failed...) }
+	toOriginSince = func(d string, started time.Time, failed ...string) []string {
 		var out []string
 		for _, self := range names {
 			if slices.Contains(failed, self) {
@@ -77,5 +79,11 @@ func TestPlanPastWaitHoldsTheCap(t *testing.T) {
 		if got := toOrigin(d, "o1", "o2"); len(got) != 2 {
 			t.Fatalf("blob %s, both origin nodes failed: %v go to the origin, want 2", d, got)
 		}
+	}
+	// Two --peer-waits on, the origin nodes still list it Downloading and
+	// have sent nothing (a wedged daemon, a forged status): the others
+	// are no longer held to the cap.
+	if got := toOriginSince("sha256:b0", now.Add(-2*time.Hour)); len(got) != len(names) {
+		t.Fatalf("a second --peer-wait passed: %v go to the origin, want all %d nodes", got, len(names))
 	}
 }

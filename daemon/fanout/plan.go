@@ -37,7 +37,8 @@ type Plan struct {
 // its peers, the first nodes first (the blob's owner before the others:
 // it is the one fetching that blob). Once Wait has passed, the cap still
 // holds, per blob, in a cluster: at most OriginConcurrency nodes fetch a
-// blob from the origin, the first nodes that still want the revision
+// blob from the origin (until a second --peer-wait passes: then any node
+// may), the first nodes that still want the revision
 // and, in the slots they leave, the other nodes that want it, ranked by
 // the blob's hash (pastWait); a node beyond the cap keeps asking its
 // peers, its ask held at the first. A first node whose peer port was set aside for
@@ -133,6 +134,12 @@ func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.T
 	case !f.cluster:
 		pl.Origin = true // a static fleet cannot tell who wants the artifact
 	case !pl.Origin && slices.Contains(f.pastWait(ds.Name+"\x00"+digest, pl.First, members), f.self):
+		pl.Origin = true
+	case !pl.Origin && !now.Before(started.Add(2*f.cfg.Wait)):
+		// A second --peer-wait passed and the nodes holding the slots
+		// have not delivered: one that lists the revision Downloading
+		// and never sends (a wedged daemon, a forged status) stalls the
+		// others at most this long.
 		pl.Origin = true
 	case !pl.Origin:
 		// Past --peer-wait, beyond the cap: only a change of the
