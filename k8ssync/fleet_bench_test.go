@@ -1,12 +1,10 @@
 package k8ssync_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net/http"
 	"os"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -169,52 +167,6 @@ func maxPerMinute(ts []time.Time) int {
 	return best
 }
 
-// apiMetrics reads the API server's counters of what the fleet cost it:
-// writes (every verb but reads) and watch events sent, for ModelCacheNodes
-// and ModelCaches, and the bytes of those events.
-func apiMetrics(ctx context.Context, kc kubernetes.Interface) (map[string]float64, error) {
-	raw, err := kc.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(strings.NewReader(string(raw)))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
-		name := line[:i]
-		for _, res := range []string{"modelcachenodes", "modelcaches"} {
-			if !strings.Contains(name, `resource="`+res+`"`) {
-				continue
-			}
-			switch {
-			case strings.HasPrefix(name, "apiserver_request_total{"):
-				verb := name[strings.Index(name, `verb="`)+6:]
-				verb = verb[:strings.IndexByte(verb, '"')]
-				if !slices.Contains([]string{"GET", "LIST", "WATCH"}, verb) {
-					out[res+" writes"] += v
-				}
-			case strings.HasPrefix(name, "apiserver_watch_events_total{"):
-				out[res+" events"] += v
-			case strings.HasPrefix(name, "apiserver_watch_events_sizes_sum{"):
-				out[res+" event bytes"] += v
-			}
-		}
-	}
-	return out, sc.Err()
-}
-
 // BenchmarkFleet runs the sync loops of 10, 100 and 1,000 simulated node
 // agents (FLEET_BENCH_NODES, comma-separated) in this process against
 // one real kube-apiserver, rolls one model out to all of them, and prints
@@ -297,7 +249,7 @@ func fleetRollout(b *testing.B, nodes int, dl time.Duration) {
 		return err
 	})
 	time.Sleep(15 * time.Second) // the writes of the start settle
-	before, err := apiMetrics(ctx, kc)
+	before, err := kubetest.APIMetrics(ctx, kc)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -341,7 +293,7 @@ func fleetRollout(b *testing.B, nodes int, dl time.Duration) {
 	})
 	window := time.Since(t0)
 	b.StopTimer()
-	after, err := apiMetrics(ctx, kc)
+	after, err := kubetest.APIMetrics(ctx, kc)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -5,6 +5,8 @@
 package kubetest
 
 import (
+	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/url"
@@ -12,11 +14,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -171,4 +176,50 @@ func (p *Proxy) Down() {
 	for c := range p.conns {
 		c.Close()
 	}
+}
+
+// APIMetrics reads the API server's counters of what the fleet cost it:
+// writes (every verb but reads) and watch events sent, for ModelCacheNodes
+// and ModelCaches, and the bytes of those events.
+func APIMetrics(ctx context.Context, kc kubernetes.Interface) (map[string]float64, error) {
+	raw, err := kc.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(strings.NewReader(string(raw)))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		name := line[:i]
+		for _, res := range []string{"modelcachenodes", "modelcaches"} {
+			if !strings.Contains(name, `resource="`+res+`"`) {
+				continue
+			}
+			switch {
+			case strings.HasPrefix(name, "apiserver_request_total{"):
+				verb := name[strings.Index(name, `verb="`)+6:]
+				verb = verb[:strings.IndexByte(verb, '"')]
+				if !slices.Contains([]string{"GET", "LIST", "WATCH"}, verb) {
+					out[res+" writes"] += v
+				}
+			case strings.HasPrefix(name, "apiserver_watch_events_total{"):
+				out[res+" events"] += v
+			case strings.HasPrefix(name, "apiserver_watch_events_sizes_sum{"):
+				out[res+" event bytes"] += v
+			}
+		}
+	}
+	return out, sc.Err()
 }
