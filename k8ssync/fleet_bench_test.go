@@ -3,6 +3,7 @@ package k8ssync_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"sort"
@@ -229,7 +230,7 @@ func fleetRollout(b *testing.B, nodes int, dl time.Duration) {
 		cfg := rest.CopyConfig(cl.Config)
 		l := logs[i]
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return loggingRT{rt, l} }
-		s, err := k8ssync.New(k8ssync.Config{NodeName: name, Kube: cfg, Namespace: "modelcache-system", Aggregate: true,
+		s, err := k8ssync.New(k8ssync.Config{NodeName: name, Kube: cfg, Namespace: "modelcache-system", Aggregate: true, Log: benchLog(name),
 			PeerAddress: fmt.Sprintf("http://127.%d.%d.%d:7435", 1+i>>16, (i>>8)&255, i&255)}, sims[i])
 		if err != nil {
 			b.Fatal(err)
@@ -336,4 +337,15 @@ func fleetRollout(b *testing.B, nodes int, dl time.Duration) {
 	if watchers > 1 {
 		b.Errorf("%d agents watch ModelCacheNodes; only the elected one should", watchers)
 	}
+}
+
+// benchLog is a node agent's logger: none, or with FLEET_BENCH_LOG=info
+// (or warn, debug) its lines at that level and above on stderr, each
+// with the node's name.
+func benchLog(node string) *slog.Logger {
+	var l slog.Level
+	if s := os.Getenv("FLEET_BENCH_LOG"); s == "" || l.UnmarshalText([]byte(s)) != nil {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})).With("bench_node", node)
 }
