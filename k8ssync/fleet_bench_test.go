@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -179,17 +178,7 @@ func maxPerMinute(ts []time.Time) int {
 // requests per blob, origin bytes and the time to Ready are measured by
 // daemon's and test/fanout's benchmarks, with real daemons.
 func BenchmarkFleet(b *testing.B) {
-	sizes := []int{10, 100, 1000}
-	if s := os.Getenv("FLEET_BENCH_NODES"); s != "" {
-		sizes = nil
-		for _, f := range strings.Split(s, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 1 || n > 65000 {
-				b.Fatalf("FLEET_BENCH_NODES=%q: want sizes like 10,100,1000", s)
-			}
-			sizes = append(sizes, n)
-		}
-	}
+	sizes := kubetest.FleetSizes(b)
 	dl := 30 * time.Second
 	if s := os.Getenv("FLEET_BENCH_PULL"); s != "" {
 		d, err := time.ParseDuration(s)
@@ -239,17 +228,7 @@ func fleetRollout(b *testing.B, nodes int, dl time.Duration) {
 		go func() { defer wg.Done(); s.Run(ctx) }()
 		time.Sleep(10 * time.Millisecond) // agents that start over seconds, as a DaemonSet's do
 	}
-	// Every agent has written its (empty) status once and one holds the
-	// Lease: the fleet is up.
-	testenv.Eventually(b, "every node's ModelCacheNode", 20*time.Minute, func() error {
-		l, err := dyn.Resource(k8ssync.ModelCacheNodeGVR).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
-		if err != nil || len(l.Items) < nodes {
-			return fmt.Errorf("%v nodes, err %v", len(l.Items), err)
-		}
-		_, err = kc.CoordinationV1().Leases("modelcache-system").Get(ctx, "modelcache-aggregator", metav1.GetOptions{})
-		return err
-	})
-	time.Sleep(15 * time.Second) // the writes of the start settle
+	kubetest.FleetUp(ctx, b, cl.Config, nodes)
 	before, err := kubetest.APIMetrics(ctx, kc)
 	if err != nil {
 		b.Fatal(err)

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -44,17 +43,7 @@ import (
 // (counted by the origin), and the time from the ModelCache's creation
 // until every node is Ready over that of the node alone.
 func BenchmarkFleetBytes(b *testing.B) {
-	sizes := []int{10, 100, 1000}
-	if s := os.Getenv("FLEET_BENCH_NODES"); s != "" {
-		sizes = nil
-		for _, f := range strings.Split(s, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 1 || n > 65000 {
-				b.Fatalf("FLEET_BENCH_NODES=%q: want sizes like 10,100,1000", s)
-			}
-			sizes = append(sizes, n)
-		}
-	}
+	sizes := kubetest.FleetSizes(b)
 	link, size := envBytes(b, "FLEET_BENCH_LINK", 1<<20), envBytes(b, "FLEET_BENCH_MODEL", 4<<20)
 	model := newSimModel(size, 4)
 	var alone *fleetRun
@@ -155,15 +144,7 @@ func runFleetBytes(b *testing.B, nodes int, model *simModel, link float64) *flee
 			s.st.Close()
 		}
 	}()
-	testenv.Eventually(b, "every node's ModelCacheNode and the aggregator's Lease", 20*time.Minute, func() error {
-		l, err := dyn.Resource(k8ssync.ModelCacheNodeGVR).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
-		if err != nil || len(l.Items) < nodes {
-			return fmt.Errorf("%v nodes, err %v", len(l.Items), err)
-		}
-		_, err = kc.CoordinationV1().Leases("modelcache-system").Get(ctx, "modelcache-aggregator", metav1.GetOptions{})
-		return err
-	})
-	time.Sleep(15 * time.Second) // the writes of the start settle
+	kubetest.FleetUp(ctx, b, cl.Config, nodes)
 	before, err := kubetest.APIMetrics(ctx, kc)
 	if err != nil {
 		b.Fatal(err)

@@ -7,6 +7,7 @@ package kubetest
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/url"
@@ -21,6 +22,9 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -222,4 +226,44 @@ func APIMetrics(ctx context.Context, kc kubernetes.Interface) (map[string]float6
 		}
 	}
 	return out, sc.Err()
+}
+
+// FleetSizes is the fleet sizes of the fleet benchmarks: FLEET_BENCH_NODES
+// (comma-separated), or 10, 100 and 1,000.
+func FleetSizes(tb testing.TB) []int {
+	s := os.Getenv("FLEET_BENCH_NODES")
+	if s == "" {
+		return []int{10, 100, 1000}
+	}
+	var sizes []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 65000 {
+			tb.Fatalf("FLEET_BENCH_NODES=%q: want sizes like 10,100,1000", s)
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes
+}
+
+// FleetUp waits until nodes ModelCacheNodes exist (every agent wrote its
+// status once) and one agent holds the aggregator's Lease in namespace
+// modelcache-system, then 15 s more for the writes of the start to
+// settle.
+func FleetUp(ctx context.Context, tb testing.TB, cfg *rest.Config, nodes int) {
+	tb.Helper()
+	kc, dyn := kubernetes.NewForConfigOrDie(cfg), dynamic.NewForConfigOrDie(cfg)
+	mcn := schema.GroupVersionResource{Group: "modelcache.io", Version: "v1alpha1", Resource: "modelcachenodes"}
+	testenv.Eventually(tb, "every node's ModelCacheNode and the aggregator's Lease", 20*time.Minute, func() error {
+		l, err := dyn.Resource(mcn).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+		if err != nil {
+			return err
+		}
+		if len(l.Items) < nodes {
+			return fmt.Errorf("%d of %d ModelCacheNodes", len(l.Items), nodes)
+		}
+		_, err = kc.CoordinationV1().Leases("modelcache-system").Get(ctx, "modelcache-aggregator", metav1.GetOptions{})
+		return err
+	})
+	time.Sleep(15 * time.Second)
 }
