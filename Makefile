@@ -89,9 +89,12 @@ bench-fanout: build
 	FANOUT_MODELCACHED=$(CURDIR)/$(BIN)/modelcached $(GO) test -run '^$$' -bench FanOutNetns -benchtime 1x -timeout 30m ./test/fanout/
 
 # The sync loops of 10, 100 and 1,000 node agents against one kube-apiserver: what a rollout
-# costs the API server per node (docs/fan-out.md: What a node costs the API server).
+# costs the API server per node (docs/fan-out.md: What a node costs the API server); then the
+# same fleets with the bytes moving (the fan-out planner, the peer ports, a throttled origin):
+# peer requests per node per blob, origin bytes over the model, all Ready over one node alone.
 bench-fleet:
 	$(GO) test -run '^$$' -bench Fleet -benchtime 1x -timeout 40m ./k8ssync/
+	$(GO) test -run '^$$' -bench FleetBytes -benchtime 1x -timeout 60m ./daemon/fanout/
 
 # hf:// over Xet: a 1 GiB model (XET_BENCH_MIB), then a revision with 10% of its tensors
 # changed: bytes fetched for it over its size, and both revisions' time against the bridge.

@@ -1,14 +1,12 @@
 package k8ssync_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
-	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -169,52 +167,6 @@ func maxPerMinute(ts []time.Time) int {
 	return best
 }
 
-// apiMetrics reads the API server's counters of what the fleet cost it:
-// writes (every verb but reads) and watch events sent, for ModelCacheNodes
-// and ModelCaches, and the bytes of those events.
-func apiMetrics(ctx context.Context, kc kubernetes.Interface) (map[string]float64, error) {
-	raw, err := kc.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(strings.NewReader(string(raw)))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
-		name := line[:i]
-		for _, res := range []string{"modelcachenodes", "modelcaches"} {
-			if !strings.Contains(name, `resource="`+res+`"`) {
-				continue
-			}
-			switch {
-			case strings.HasPrefix(name, "apiserver_request_total{"):
-				verb := name[strings.Index(name, `verb="`)+6:]
-				verb = verb[:strings.IndexByte(verb, '"')]
-				if !slices.Contains([]string{"GET", "LIST", "WATCH"}, verb) {
-					out[res+" writes"] += v
-				}
-			case strings.HasPrefix(name, "apiserver_watch_events_total{"):
-				out[res+" events"] += v
-			case strings.HasPrefix(name, "apiserver_watch_events_sizes_sum{"):
-				out[res+" event bytes"] += v
-			}
-		}
-	}
-	return out, sc.Err()
-}
-
 // BenchmarkFleet runs the sync loops of 10, 100 and 1,000 simulated node
 // agents (FLEET_BENCH_NODES, comma-separated) in this process against
 // one real kube-apiserver, rolls one model out to all of them, and prints
@@ -226,17 +178,7 @@ func apiMetrics(ctx context.Context, kc kubernetes.Interface) (map[string]float6
 // requests per blob, origin bytes and the time to Ready are measured by
 // daemon's and test/fanout's benchmarks, with real daemons.
 func BenchmarkFleet(b *testing.B) {
-	sizes := []int{10, 100, 1000}
-	if s := os.Getenv("FLEET_BENCH_NODES"); s != "" {
-		sizes = nil
-		for _, f := range strings.Split(s, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 1 || n > 65000 {
-				b.Fatalf("FLEET_BENCH_NODES=%q: want sizes like 10,100,1000", s)
-			}
-			sizes = append(sizes, n)
-		}
-	}
+	sizes := kubetest.FleetSizes(b)
 	dl := 30 * time.Second
 	if s := os.Getenv("FLEET_BENCH_PULL"); s != "" {
 		d, err := time.ParseDuration(s)
@@ -277,7 +219,7 @@ func fleetRollout(b *testing.B, nodes int, dl time.Duration) {
 		cfg := rest.CopyConfig(cl.Config)
 		l := logs[i]
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return loggingRT{rt, l} }
-		s, err := k8ssync.New(k8ssync.Config{NodeName: name, Kube: cfg, Namespace: "modelcache-system", Aggregate: true,
+		s, err := k8ssync.New(k8ssync.Config{NodeName: name, Kube: cfg, Namespace: "modelcache-system", Aggregate: true, Log: benchLog(name),
 			PeerAddress: fmt.Sprintf("http://127.%d.%d.%d:7435", 1+i>>16, (i>>8)&255, i&255)}, sims[i])
 		if err != nil {
 			b.Fatal(err)
@@ -286,18 +228,8 @@ func fleetRollout(b *testing.B, nodes int, dl time.Duration) {
 		go func() { defer wg.Done(); s.Run(ctx) }()
 		time.Sleep(10 * time.Millisecond) // agents that start over seconds, as a DaemonSet's do
 	}
-	// Every agent has written its (empty) status once and one holds the
-	// Lease: the fleet is up.
-	testenv.Eventually(b, "every node's ModelCacheNode", 20*time.Minute, func() error {
-		l, err := dyn.Resource(k8ssync.ModelCacheNodeGVR).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
-		if err != nil || len(l.Items) < nodes {
-			return fmt.Errorf("%v nodes, err %v", len(l.Items), err)
-		}
-		_, err = kc.CoordinationV1().Leases("modelcache-system").Get(ctx, "modelcache-aggregator", metav1.GetOptions{})
-		return err
-	})
-	time.Sleep(15 * time.Second) // the writes of the start settle
-	before, err := apiMetrics(ctx, kc)
+	kubetest.FleetUp(ctx, b, cl.Config, nodes)
+	before, err := kubetest.APIMetrics(ctx, kc)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -341,7 +273,7 @@ func fleetRollout(b *testing.B, nodes int, dl time.Duration) {
 	})
 	window := time.Since(t0)
 	b.StopTimer()
-	after, err := apiMetrics(ctx, kc)
+	after, err := kubetest.APIMetrics(ctx, kc)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -384,4 +316,15 @@ func fleetRollout(b *testing.B, nodes int, dl time.Duration) {
 	if watchers > 1 {
 		b.Errorf("%d agents watch ModelCacheNodes; only the elected one should", watchers)
 	}
+}
+
+// benchLog is a node agent's logger: none, or with FLEET_BENCH_LOG=info
+// (or warn, debug) its lines at that level and above on stderr, each
+// with the node's name.
+func benchLog(node string) *slog.Logger {
+	var l slog.Level
+	if s := os.Getenv("FLEET_BENCH_LOG"); s == "" || l.UnmarshalText([]byte(s)) != nil {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})).With("bench_node", node)
 }

@@ -25,6 +25,11 @@
 //	authz.go    Authz: which node may have which blob on the peer port; the
 //	            blob → artifacts index it reads; Accesses (the desires' say)
 //
+// Its benchmark, BenchmarkFleetBytes (make bench-fleet), runs the fleet
+// simulation of fleetsim_test.go: many Fleets in one process, each with
+// its own store, loopback address, link and k8ssync loop, one throttled
+// origin, against a real kube-apiserver (fleet_bench_test.go).
+//
 // Locks: Fleet.mu and Authz.mu guard their own state, are never held
 // together, and are taken with no caller's lock held; under them only
 // the store's own locks are taken.

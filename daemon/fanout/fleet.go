@@ -166,45 +166,63 @@ func (f *Fleet) Serve(st *cachestore.Store, kube *rest.Config, errc chan<- error
 	if f == nil {
 		return nil
 	}
-	var auth p2p.Authenticator
+	if f.cfg.StaticTokenFile != "" {
+		return f.listen(st, p2p.StaticTokenAuthenticator{File: p2p.NewTokenFile(f.cfg.StaticTokenFile)}, nil, errc)
+	}
+	kc, err := authv1client.NewForConfig(kube)
+	if err != nil {
+		return fmt.Errorf("peer port: %w", err)
+	}
+	ns, name, _ := strings.Cut(f.cfg.ServiceAccount, "/")
+	ta, err := p2p.NewTokenReviewAuthenticator(kc.TokenReviews(), p2p.DefaultAudience, ns, name)
+	if err != nil {
+		return fmt.Errorf("peer port: %w", err)
+	}
+	// Every daemon's token has the issuer of this one's: a token of
+	// another costs the API server no review.
+	if tok, err := p2p.NewTokenFile(f.cfg.TokenFile).Token(); err == nil {
+		ta.Issuer = p2p.IssuerOf(tok)
+	}
+	f.tokens.Store(ta)
+	f.mu.Lock()
+	ta.SetFleetSize(len(f.nodes))
+	f.mu.Unlock()
+	sel, err := k8ssync.NewNodeSelection(kube)
+	if err != nil {
+		return fmt.Errorf("peer port: %w", err)
+	}
+	return f.listen(st, ta, sel, errc)
+}
+
+// listen listens on Config.Addr and serves there (ServeOn).
+func (f *Fleet) listen(st *cachestore.Store, auth p2p.Authenticator, sel NodeSelector, errc chan<- error) error {
+	ln, err := net.Listen("tcp", f.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("--peer-addr %s: %w (is another modelcached running? pass --peer-addr to pick another port)", f.cfg.Addr, err)
+	}
+	if err := f.ServeOn(ln, st, auth, sel, errc); err != nil {
+		ln.Close()
+		return err
+	}
+	return nil
+}
+
+// ServeOn is Serve's peer port on ln, with an authenticator and, in a
+// cluster, the node selections of Authz given (a simulation's: many
+// Fleets in one process, each on its own address, a static token
+// authenticating every one); the server's bounds are Serve's. A nil sel
+// gives every caller every blob (a static fleet's rule). ln is served
+// until Shutdown or Close; Serve's end goes to errc.
+func (f *Fleet) ServeOn(ln net.Listener, st *cachestore.Store, auth p2p.Authenticator, sel NodeSelector, errc chan<- error) error {
 	opts := []p2p.ServerOption{p2p.WithMaxUploads(f.cfg.MaxUploads), p2p.WithUploadRate(float64(f.cfg.UploadRate)),
 		p2p.WithServerLogger(f.log), p2p.WithServerMetrics(f.metrics)}
-	if f.cfg.StaticTokenFile != "" {
-		auth = p2p.StaticTokenAuthenticator{File: p2p.NewTokenFile(f.cfg.StaticTokenFile)}
-	} else {
-		kc, err := authv1client.NewForConfig(kube)
-		if err != nil {
-			return fmt.Errorf("peer port: %w", err)
-		}
-		ns, name, _ := strings.Cut(f.cfg.ServiceAccount, "/")
-		ta, err := p2p.NewTokenReviewAuthenticator(kc.TokenReviews(), p2p.DefaultAudience, ns, name)
-		if err != nil {
-			return fmt.Errorf("peer port: %w", err)
-		}
-		// Every daemon's token has the issuer of this one's: a token of
-		// another costs the API server no review.
-		if tok, err := p2p.NewTokenFile(f.cfg.TokenFile).Token(); err == nil {
-			ta.Issuer = p2p.IssuerOf(tok)
-		}
-		f.tokens.Store(ta)
-		f.mu.Lock()
-		ta.SetFleetSize(len(f.nodes))
-		f.mu.Unlock()
-		auth = ta
-		sel, err := k8ssync.NewNodeSelection(kube)
-		if err != nil {
-			return fmt.Errorf("peer port: %w", err)
-		}
+	if sel != nil {
 		f.authz = NewAuthz(st, f.access, sel)
 		opts = append(opts, p2p.WithAuthorizer(f.authz))
 	}
 	h, err := p2p.NewServer(p2p.StoreBlobs{Store: st}, auth, opts...)
 	if err != nil {
 		return err
-	}
-	ln, err := net.Listen("tcp", f.cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("--peer-addr %s: %w (is another modelcached running? pass --peer-addr to pick another port)", f.cfg.Addr, err)
 	}
 	f.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(f.log.Handler(), slog.LevelWarn)}

@@ -5,6 +5,9 @@
 package kubetest
 
 import (
+	"bufio"
+	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/url"
@@ -12,11 +15,17 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -171,4 +180,90 @@ func (p *Proxy) Down() {
 	for c := range p.conns {
 		c.Close()
 	}
+}
+
+// APIMetrics reads the API server's counters of what the fleet cost it:
+// writes (every verb but reads) and watch events sent, for ModelCacheNodes
+// and ModelCaches, and the bytes of those events.
+func APIMetrics(ctx context.Context, kc kubernetes.Interface) (map[string]float64, error) {
+	raw, err := kc.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(strings.NewReader(string(raw)))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		name := line[:i]
+		for _, res := range []string{"modelcachenodes", "modelcaches"} {
+			if !strings.Contains(name, `resource="`+res+`"`) {
+				continue
+			}
+			switch {
+			case strings.HasPrefix(name, "apiserver_request_total{"):
+				verb := name[strings.Index(name, `verb="`)+6:]
+				verb = verb[:strings.IndexByte(verb, '"')]
+				if !slices.Contains([]string{"GET", "LIST", "WATCH"}, verb) {
+					out[res+" writes"] += v
+				}
+			case strings.HasPrefix(name, "apiserver_watch_events_total{"):
+				out[res+" events"] += v
+			case strings.HasPrefix(name, "apiserver_watch_events_sizes_sum{"):
+				out[res+" event bytes"] += v
+			}
+		}
+	}
+	return out, sc.Err()
+}
+
+// FleetSizes is the fleet sizes of the fleet benchmarks: FLEET_BENCH_NODES
+// (comma-separated), or 10, 100 and 1,000.
+func FleetSizes(tb testing.TB) []int {
+	s := os.Getenv("FLEET_BENCH_NODES")
+	if s == "" {
+		return []int{10, 100, 1000}
+	}
+	var sizes []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 65000 {
+			tb.Fatalf("FLEET_BENCH_NODES=%q: want sizes like 10,100,1000", s)
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes
+}
+
+// FleetUp waits until nodes ModelCacheNodes exist (every agent wrote its
+// status once) and one agent holds the aggregator's Lease in namespace
+// modelcache-system, then 15 s more for the writes of the start to
+// settle.
+func FleetUp(ctx context.Context, tb testing.TB, cfg *rest.Config, nodes int) {
+	tb.Helper()
+	kc, dyn := kubernetes.NewForConfigOrDie(cfg), dynamic.NewForConfigOrDie(cfg)
+	mcn := schema.GroupVersionResource{Group: "modelcache.io", Version: "v1alpha1", Resource: "modelcachenodes"}
+	testenv.Eventually(tb, "every node's ModelCacheNode and the aggregator's Lease", 20*time.Minute, func() error {
+		l, err := dyn.Resource(mcn).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+		if err != nil {
+			return err
+		}
+		if len(l.Items) < nodes {
+			return fmt.Errorf("%d of %d ModelCacheNodes", len(l.Items), nodes)
+		}
+		_, err = kc.CoordinationV1().Leases("modelcache-system").Get(ctx, "modelcache-aggregator", metav1.GetOptions{})
+		return err
+	})
+	time.Sleep(15 * time.Second)
 }
