@@ -20,7 +20,8 @@ import (
 type Blob struct {
 	Digest string
 	Size   int64
-	// Wait, when positive, is how long the first peer a Fetch asks may
+	// Wait, when positive, is how long the first peer a Fetch asks that
+	// is not busy (a busy one answers 503 at once) may
 	// hold the request of a blob it does not hold yet (HeaderWait, in
 	// whole seconds, at most MaxWait): a caller with nothing better to do
 	// than wait (the origin is not its to ask yet) asks once and is
@@ -251,16 +252,19 @@ func (f *Fetcher) Fetch(ctx context.Context, b Blob, peers []string, dst Partial
 		}
 	}
 	var last error
-	for i, p := range usable {
+	held := false // one peer holds the request: the first that is not busy
+	for _, p := range usable {
 		if dst.Offset() == b.Size {
 			break
 		}
 		off := dst.Offset()
 		ask := b
-		if i > 0 {
-			ask.Wait = 0 // only the first peer holds the request
+		if held {
+			ask.Wait = 0
 		}
 		n, err := f.fromPeer(ctx, p, tok, ask, dst)
+		var busy *peerError
+		held = held || !errors.As(err, &busy) || busy.reason != AvoidBusy
 		res.add(p, off, n)
 		f.o.metrics.received("peer", n)
 		var se sinkError
