@@ -28,7 +28,8 @@ type Options struct {
 	// Window is how many file bytes one reconstruction request covers
 	// (download-protocol.md: "request the reconstruction in batches");
 	// Conns windows are prepared ahead, which bounds memory (their
-	// fetched chunks). Default 8 MiB.
+	// fetched chunks, and up to 3 assembled windows on their way to the
+	// reader). Default 8 MiB.
 	Window int64
 	// Conns is how many windows are prepared at once (each with up to
 	// Conns ranged requests); default 4.
