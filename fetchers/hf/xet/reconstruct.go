@@ -67,10 +67,10 @@ func Open(ctx context.Context, o Options, offset int64, st *Stats) io.ReadCloser
 		st = &Stats{}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	r := &windowReader{ch: make(chan []byte, 2), cancel: cancel}
+	r := &windowReader{ch: make(chan []byte, 2), free: make(chan []byte, 3), cancel: cancel}
 	go func() {
 		defer close(r.ch)
-		r.err = o.run(ctx, offset, &windowWriter{ctx: ctx, ch: r.ch}, st)
+		r.err = o.run(ctx, offset, &windowWriter{ctx: ctx, ch: r.ch, free: r.free}, st)
 	}()
 	return r
 }
@@ -80,8 +80,10 @@ func Open(ctx context.Context, o Options, offset int64, st *Stats) io.ReadCloser
 // memory rather than waiting on a pipe's handoff per chunk.
 type windowReader struct {
 	ch     chan []byte
+	free   chan []byte // windows read, for run to fill again
 	cur    []byte
-	err    error // run's result, read once ch is closed
+	buf    []byte // the window cur is in
+	err    error  // run's result, read once ch is closed
 	cancel context.CancelFunc
 	closed atomic.Bool
 }
@@ -91,6 +93,13 @@ func (r *windowReader) Read(p []byte) (int, error) {
 		if r.closed.Load() {
 			return 0, io.ErrClosedPipe
 		}
+		if r.buf != nil {
+			select {
+			case r.free <- r.buf[:0]:
+			default:
+			}
+			r.buf = nil
+		}
 		b, ok := <-r.ch
 		if !ok {
 			if r.err != nil {
@@ -98,7 +107,7 @@ func (r *windowReader) Read(p []byte) (int, error) {
 			}
 			return 0, io.EOF
 		}
-		r.cur = b
+		r.cur, r.buf = b, b
 	}
 	n := copy(p, r.cur)
 	r.cur = r.cur[n:]
@@ -113,9 +122,24 @@ func (r *windowReader) Close() error {
 
 // windowWriter gathers a window's bytes; flush sends them to the reader.
 type windowWriter struct {
-	ctx context.Context
-	ch  chan<- []byte
-	buf []byte
+	ctx  context.Context
+	ch   chan<- []byte
+	free <-chan []byte
+	buf  []byte
+}
+
+// reset starts a window of n bytes, in a buffer the reader is done with
+// when one is (fresh pages for each window cost more than the copy).
+func (w *windowWriter) reset(n int64) {
+	select {
+	case b := <-w.free:
+		if int64(cap(b)) >= n {
+			w.buf = b[:0]
+			return
+		}
+	default:
+	}
+	w.buf = make([]byte, 0, n)
 }
 
 func (w *windowWriter) Write(p []byte) (int, error) {
@@ -183,7 +207,7 @@ func (o *Options) run(ctx context.Context, pos int64, out *windowWriter, st *Sta
 			err := p.err
 			if err == nil {
 				var n int64
-				out.buf = make([]byte, 0, p.end-pos)
+				out.reset(p.end - pos)
 				n, err = o.emit(ctx, p, w, st, &placed)
 				pos += n
 				if ferr := out.flush(); ferr != nil {
