@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"io"
 	"os"
+	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -40,11 +41,20 @@ func BenchmarkXetRevision(b *testing.B) {
 	hub.Commit("org/big", map[string][]byte{"model.safetensors": v2}, "v2")
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		store := xettest.NewMemStore()
-		xf := benchFetcher(b, hub, WithChunkStore(store))
+		// Revision 1, each path 3 times in turn, a fresh store each time:
+		// the fastest of each counts (on a shared machine one sample is
+		// mostly the neighbours' load).
+		var store *xettest.MemStore
+		var xf *Fetcher
 		bf := benchFetcher(b, hub, WithXet(false))
-		t1x, _ := benchPull(b, xf, cas, "hf://org/big@v1")
-		t1b, _ := benchPull(b, bf, cas, "hf://org/big@v1")
+		t1x, t1b := time.Duration(1<<62), time.Duration(1<<62)
+		for range 3 {
+			store = xettest.NewMemStore()
+			xf = benchFetcher(b, hub, WithChunkStore(store))
+			tx, _ := benchPull(b, xf, cas, "hf://org/big@v1")
+			tb, _ := benchPull(b, bf, cas, "hf://org/big@v1")
+			t1x, t1b = min(t1x, tx), min(t1b, tb)
+		}
 		s := sha256.Sum256(v1)
 		store.Commit(hex.EncodeToString(s[:]), v1)
 		t2x, sent := benchPull(b, xf, cas, "hf://org/big@v2")
@@ -69,6 +79,9 @@ func benchFetcher(b *testing.B, hub *hubtest.Hub, opts ...Option) *Fetcher {
 // how long it took and how many xorb bytes the CAS sent meanwhile.
 func benchPull(b *testing.B, f *Fetcher, cas *xettest.CAS, uri string) (time.Duration, int64) {
 	ctx := context.Background()
+	// Each side starts from a collected heap: the first pull would
+	// otherwise pay for the set-up's garbage (the model built twice).
+	runtime.GC()
 	start, sent := time.Now(), cas.Sent.Load()
 	res, err := f.Resolve(ctx, fetchers.Source{URI: uri})
 	if err != nil {

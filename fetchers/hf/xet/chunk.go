@@ -169,12 +169,26 @@ func group4(b []byte) []byte {
 func ungroup4(b, scratch []byte) []byte {
 	n := len(b)
 	src := append(scratch[:0], b...)
-	pos := 0
-	for g := 0; g < 4; g++ {
-		for i := g; i < n; i += 4 {
-			b[i] = src[pos]
-			pos++
+	// Group g holds q bytes, and one more when g < n%4.
+	q, r := n/4, n%4
+	var gs [4][]byte
+	at := 0
+	for g := range gs {
+		k := q
+		if g < r {
+			k++
 		}
+		gs[g] = src[at : at+k]
+		at += k
+	}
+	s0, s1, s2, s3 := gs[0][:q], gs[1][:q], gs[2][:q], gs[3][:q]
+	out := b[:4*q]
+	for i := range s0 {
+		o := out[4*i : 4*i+4 : 4*i+4]
+		o[0], o[1], o[2], o[3] = s0[i], s1[i], s2[i], s3[i]
+	}
+	for g := 0; g < r; g++ {
+		b[4*q+g] = gs[g][q]
 	}
 	return src
 }

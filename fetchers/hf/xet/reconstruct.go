@@ -28,7 +28,8 @@ type Options struct {
 	// Window is how many file bytes one reconstruction request covers
 	// (download-protocol.md: "request the reconstruction in batches");
 	// Conns windows are prepared ahead, which bounds memory (their
-	// fetched chunks). Default 8 MiB.
+	// fetched chunks, and up to 3 assembled windows on their way to the
+	// reader). Default 8 MiB.
 	Window int64
 	// Conns is how many windows are prepared at once (each with up to
 	// Conns ranged requests); default 4.
@@ -66,17 +67,98 @@ func Open(ctx context.Context, o Options, offset int64, st *Stats) io.ReadCloser
 		st = &Stats{}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(o.run(ctx, offset, pw, st)) }()
-	return &pipeReader{pr, cancel}
+	r := &windowReader{ch: make(chan []byte, 2), free: make(chan []byte, 3), cancel: cancel}
+	go func() {
+		defer close(r.ch)
+		r.err = o.run(ctx, offset, &windowWriter{ctx: ctx, ch: r.ch, free: r.free}, st)
+	}()
+	return r
 }
 
-type pipeReader struct {
-	*io.PipeReader
+// windowReader hands out the file a window at a time: run assembles each
+// window whole and sends it, a couple ahead, so the reader copies from
+// memory rather than waiting on a pipe's handoff per chunk.
+type windowReader struct {
+	ch     chan []byte
+	free   chan []byte // windows read, for run to fill again
+	cur    []byte
+	buf    []byte // the window cur is in
+	err    error  // run's result, read once ch is closed
 	cancel context.CancelFunc
+	closed atomic.Bool
 }
 
-func (p *pipeReader) Close() error { p.cancel(); return p.PipeReader.Close() }
+func (r *windowReader) Read(p []byte) (int, error) {
+	for len(r.cur) == 0 {
+		if r.closed.Load() {
+			return 0, io.ErrClosedPipe
+		}
+		if r.buf != nil {
+			select {
+			case r.free <- r.buf[:0]:
+			default:
+			}
+			r.buf = nil
+		}
+		b, ok := <-r.ch
+		if !ok {
+			if r.err != nil {
+				return 0, r.err
+			}
+			return 0, io.EOF
+		}
+		r.cur, r.buf = b, b
+	}
+	n := copy(p, r.cur)
+	r.cur = r.cur[n:]
+	return n, nil
+}
+
+func (r *windowReader) Close() error {
+	r.closed.Store(true)
+	r.cancel()
+	return nil
+}
+
+// windowWriter gathers a window's bytes; flush sends them to the reader.
+type windowWriter struct {
+	ctx  context.Context
+	ch   chan<- []byte
+	free <-chan []byte
+	buf  []byte
+}
+
+// reset starts a window of n bytes, in a buffer the reader is done with
+// when one is (fresh pages for each window cost more than the copy).
+func (w *windowWriter) reset(n int64) {
+	select {
+	case b := <-w.free:
+		if int64(cap(b)) >= n {
+			w.buf = b[:0]
+			return
+		}
+	default:
+	}
+	w.buf = make([]byte, 0, n)
+}
+
+func (w *windowWriter) Write(p []byte) (int, error) {
+	w.buf = append(w.buf, p...)
+	return len(p), nil
+}
+
+func (w *windowWriter) flush() error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	select {
+	case w.ch <- w.buf:
+		w.buf = nil
+		return nil
+	case <-w.ctx.Done():
+		return w.ctx.Err()
+	}
+}
 
 // prepared is a window ready to emit: its reconstruction, which terms
 // the store holds, the chunks fetched for the others.
@@ -91,9 +173,10 @@ type prepared struct {
 // run emits the file from pos. Windows are prepared ahead, Conns at a
 // time, and emitted in order; a window that fails is prepared again
 // from the byte reached, Attempts times.
-func (o *Options) run(ctx context.Context, pos int64, w io.Writer, st *Stats) error {
+func (o *Options) run(ctx context.Context, pos int64, out *windowWriter, st *Stats) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var w io.Writer = out
 	futures := make(chan chan prepared, o.Conns)
 	go func() {
 		defer close(futures)
@@ -124,8 +207,12 @@ func (o *Options) run(ctx context.Context, pos int64, w io.Writer, st *Stats) er
 			err := p.err
 			if err == nil {
 				var n int64
+				out.reset(p.end - pos)
 				n, err = o.emit(ctx, p, w, st, &placed)
 				pos += n
+				if ferr := out.flush(); ferr != nil {
+					return ferr
+				}
 			}
 			if err == nil {
 				break
