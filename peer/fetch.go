@@ -20,8 +20,7 @@ import (
 type Blob struct {
 	Digest string
 	Size   int64
-	// Wait, when positive, is how long the first peer a Fetch asks that
-	// is not busy (a busy one answers 503 at once) may
+	// Wait, when positive, is how long the first peer a Fetch asks may
 	// hold the request of a blob it does not hold yet (HeaderWait, in
 	// whole seconds, at most MaxWait): a caller with nothing better to do
 	// than wait (the origin is not its to ask yet) asks once and is
@@ -252,19 +251,16 @@ func (f *Fetcher) Fetch(ctx context.Context, b Blob, peers []string, dst Partial
 		}
 	}
 	var last error
-	held := false // one peer holds the request: the first that is not busy
-	for _, p := range usable {
+	for i, p := range usable {
 		if dst.Offset() == b.Size {
 			break
 		}
 		off := dst.Offset()
 		ask := b
-		if held {
-			ask.Wait = 0
+		if i > 0 {
+			ask.Wait = 0 // only the first peer holds the request
 		}
 		n, err := f.fromPeer(ctx, p, tok, ask, dst)
-		var busy *peerError
-		held = held || !errors.As(err, &busy) || busy.reason != AvoidBusy
 		res.add(p, off, n)
 		f.o.metrics.received("peer", n)
 		var se sinkError

@@ -175,7 +175,7 @@ func TestFlippedBytesWithoutOriginGoOnAtTheNextPeer(t *testing.T) {
 }
 
 // A blob's Wait goes to the first peer asked (HeaderWait, in seconds),
-// not to the next, unless the first was busy.
+// not to the next.
 func TestWaitGoesToTheFirstPeer(t *testing.T) {
 	_, b := blobOf(1000, 14)
 	b.Wait = 30 * time.Second
@@ -196,25 +196,6 @@ func TestWaitGoesToTheFirstPeer(t *testing.T) {
 	}
 	if fmt.Sprint(waits) != "[30 ]" {
 		t.Fatalf("wait headers %q, want 30 to the first peer and none to the second", waits)
-	}
-	// A busy first peer (its uploads full: 503 at once) holds nothing:
-	// the wait goes to the next, a peer still fetching the blob that can
-	// stream it as it lands, so a waiting node joins the tree below the
-	// busy one rather than hearing 404s.
-	waits = nil
-	busy := hostile(t, func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		waits = append(waits, "busy:"+r.Header.Get(peer.HeaderWait))
-		mu.Unlock()
-		w.Header().Set("Retry-After", "1")
-		w.WriteHeader(503)
-	})
-	_, _, err = f.Ingest(context.Background(), b, []string{busy, lacking(), lacking()}, opener(openStore(t), b), nil)
-	if !errors.Is(err, peer.ErrNoSource) {
-		t.Fatalf("a busy peer, no holder, no origin: %v, want ErrNoSource", err)
-	}
-	if fmt.Sprint(waits) != "[busy:30 30 ]" {
-		t.Fatalf("wait headers %q, want 30 to the busy peer, then 30 to the next and none to the last", waits)
 	}
 }
 
