@@ -98,13 +98,18 @@ func residency(t *testing.T, h *harness, name string) (*api.Residency, error) {
 	return a.Resident, nil
 }
 
+// fullyResident checks that the revision of name is resident in the page
+// cache, all but the few pages the kernel may take back meanwhile.
 func fullyResident(t *testing.T, h *harness, name string) func() error {
 	return func() error {
 		r, err := residency(t, h, name)
 		if err != nil {
 			return err
 		}
-		if r.Total == 0 || r.Bytes != r.Total {
+		// The kernel may reclaim pages at any time: a loaded .ci/run saw
+		// 7.8 of 8.0 MiB resident after the warm (2.5 %). Resident means
+		// all but 5 %; a warm that did not run leaves far less.
+		if r.Total == 0 || r.Bytes < r.Total-r.Total/20 {
 			return errors.New(api.FormatBytes(r.Bytes) + " of " + api.FormatBytes(r.Total) + " resident")
 		}
 		return nil
