@@ -46,7 +46,7 @@ func Pick(nodes []k8ssync.ModelCacheNode, q PickQuery) []string {
 	var cs []cand
 	for i := range nodes {
 		n := &nodes[i]
-		if n.Name == q.Self || !holds(n.Status.Artifacts, q) {
+		if n.Name == q.Self || !Holds(n.Status.Artifacts, q) {
 			continue
 		}
 		if q.MaxAge > 0 && q.Now.Sub(n.Status.Heartbeat.Time) > q.MaxAge {
@@ -69,9 +69,9 @@ func Pick(nodes []k8ssync.ModelCacheNode, q PickQuery) []string {
 	return out
 }
 
-// holds reports whether one of arts is q's artifact with q's revision
+// Holds reports whether one of arts is q's artifact with q's revision
 // Ready, current or next.
-func holds(arts []k8ssync.ArtifactStatus, q PickQuery) bool {
+func Holds(arts []k8ssync.ArtifactStatus, q PickQuery) bool {
 	match := func(phase, rev, digest string) bool {
 		return phase == string(api.PhaseReady) && rev == q.Revision && (q.Digest == "" || digest == q.Digest)
 	}

@@ -89,13 +89,16 @@ const BlobPath = "/v1/blobs/"
 // their bytes land). A request with HeaderWait for a blob not here yet
 // is held until it is (at most WithMaxWait, WithMaxWaiting at once).
 // Uploads are bounded: at most MaxUploads at once (503 with
-// Retry-After beyond) and UploadRate bytes per second across them. Use
+// Retry-After beyond; a held request is held on until a slot frees)
+// and UploadRate bytes per second across them. Use
 // NewServer; safe for concurrent use.
 type Server struct {
 	blobs    Blobs
 	auth     Authenticator
 	o        serverOptions
 	slots    chan struct{}
+	freedMu  sync.Mutex
+	freed    chan struct{} // closed (and replaced) when a slot is given back
 	waiting  chan struct{} // the requests held (HeaderWait)
 	limit    *rate.Limiter
 	stopOnce sync.Once
@@ -180,7 +183,7 @@ func NewServer(blobs Blobs, auth Authenticator, opts ...ServerOption) (*Server, 
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{blobs: blobs, auth: auth, o: o, slots: make(chan struct{}, o.maxUploads),
+	s := &Server{blobs: blobs, auth: auth, o: o, slots: make(chan struct{}, o.maxUploads), freed: make(chan struct{}),
 		waiting: make(chan struct{}, o.maxWaiting), stopping: make(chan struct{})}
 	if o.rate > 0 {
 		s.limit = rate.NewLimiter(rate.Limit(o.rate), burst(o.rate))
@@ -247,7 +250,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer c.close()
-	defer func() { <-s.slots }()
+	defer s.release()
 	start, n, err := parseRange(r.Header.Get("Range"), c.size)
 	if err != nil {
 		w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", c.size))
@@ -316,7 +319,7 @@ func (s *Server) look(r *http.Request, caller Identity, d string) (content, *ref
 	}
 	c, err := s.open(r.Context(), d, r.Header.Get("Range"))
 	if err != nil {
-		<-s.slots
+		s.release()
 		if errors.Is(err, cachestore.ErrNotFound) {
 			return content{}, &refusal{reason: RefusedNotFound, status: http.StatusNotFound, why: "blob " + d}
 		}

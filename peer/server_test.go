@@ -242,9 +242,18 @@ func TestServerBoundsUploadsAndReleasesLeases(t *testing.T) {
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "3" {
 		t.Errorf("second transfer: %d, Retry-After %q; want 503, 3", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
+	// One that may wait (a child in the blob's tree) is held for the
+	// slot, not refused, and served once the slot is given back.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	third := heldGet(ctx, url, "secret", "30", "")
+	held(t, m, 1)
 	close(blobs.block)
 	if body := <-first; !bytes.Equal(body, data) {
 		t.Errorf("the first transfer got %d bytes, not the blob", len(body))
+	}
+	if a := recv(t, third); a.resp.StatusCode != 200 || !bytes.Equal(a.body, data) {
+		t.Errorf("the held transfer: %d, %d bytes; want the blob once the slot was free", a.resp.StatusCode, len(a.body))
 	}
 	// A client that goes away midway: the lease still ends.
 	req, _ := http.NewRequest("GET", url, nil)
@@ -256,7 +265,7 @@ func TestServerBoundsUploadsAndReleasesLeases(t *testing.T) {
 	io.ReadFull(resp.Body, make([]byte, 10))
 	resp.Body.Close()
 	testenv.Eventually(t, "every lease released", 5*time.Second, func() error {
-		if o, r := blobs.opens.Load(), blobs.releases.Load(); o != 2 || r != 2 {
+		if o, r := blobs.opens.Load(), blobs.releases.Load(); o != 3 || r != 3 {
 			return fmt.Errorf("%d opens, %d releases", o, r)
 		}
 		return nil
@@ -264,8 +273,8 @@ func TestServerBoundsUploadsAndReleasesLeases(t *testing.T) {
 	if got := testutil.ToFloat64(m.Refusals(peer.RefusedBusy)); got != 1 {
 		t.Errorf("refusals{reason=busy} = %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(m.Uploads()); got != 2 {
-		t.Errorf("uploads = %v, want 2", got)
+	if got := testutil.ToFloat64(m.Uploads()); got != 3 {
+		t.Errorf("uploads = %v, want 3", got)
 	}
 }
 

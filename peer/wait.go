@@ -12,8 +12,10 @@ import (
 // to hold the request when it does not hold the blob yet: its value is
 // whole seconds (0 or more; the server holds at most its WithMaxWait).
 // A held request is answered as soon as the blob is here, committed or
-// still being fetched (then its bytes are streamed as they land), and
-// with a 404 when the wait ends without it; 503 with Retry-After when
+// still being fetched (then its bytes are streamed as they land), and an
+// upload slot is free (a node's children in a blob's tree wait their
+// turn rather than ask around), and with a 404 when the wait ends
+// without it (503 when the blob was there but no slot); 503 with Retry-After when
 // the server holds WithMaxWaiting requests already or is shutting down.
 // Without it, a blob not held is a 404 at once.
 const HeaderWait = "X-Modelcache-Wait"
@@ -23,9 +25,10 @@ const HeaderWait = "X-Modelcache-Wait"
 // before the store: a blob the caller may not have is answered as one
 // not held, so the answer tells nothing of what this node holds for
 // others), then opened, committed or growing. When it is not here (or not
-// given to the caller) and the request may wait, it is held: the
-// answer is looked for again each time the store says the blob may have
-// become openable, until the wait ends. A held request takes no upload
+// given to the caller), or no upload slot is free, and the request may
+// wait, it is held: the answer is looked for again each time the store
+// says the blob may have become openable or a slot is given back, until
+// the wait ends. A held request takes no upload
 // slot and opens nothing while it waits.
 func (s *Server) find(r *http.Request, caller Identity, d string, wait time.Duration) (content, *refusal) {
 	var changed <-chan struct{}
@@ -41,9 +44,14 @@ func (s *Server) find(r *http.Request, caller Identity, d string, wait time.Dura
 			}
 		}()
 		for {
+			freed := s.slotFreed() // before the look: a slot given back in between is seen
 			c, no := s.look(r, caller, d)
-			if no == nil || no.status != http.StatusNotFound {
+			busy := no != nil && no.reason == RefusedBusy
+			if no == nil || (no.status != http.StatusNotFound && !busy) {
 				return c, no
+			}
+			if !busy {
+				freed = nil // a nil channel never fires
 			}
 			if deadline == nil {
 				select {
@@ -61,6 +69,7 @@ func (s *Server) find(r *http.Request, caller Identity, d string, wait time.Dura
 			case <-changed:
 				stop()
 				changed, stop = s.blobs.WatchBlob(d)
+			case <-freed:
 			case <-deadline:
 				no.why += fmt.Sprintf(" (after waiting %s)", wait)
 				return content{}, no
@@ -72,6 +81,22 @@ func (s *Server) find(r *http.Request, caller Identity, d string, wait time.Dura
 		}
 	}
 	return s.look(r, caller, d)
+}
+
+// release gives an upload slot back and wakes the requests held for one.
+func (s *Server) release() {
+	<-s.slots
+	s.freedMu.Lock()
+	close(s.freed)
+	s.freed = make(chan struct{})
+	s.freedMu.Unlock()
+}
+
+// slotFreed is closed when an upload slot is next given back.
+func (s *Server) slotFreed() <-chan struct{} {
+	s.freedMu.Lock()
+	defer s.freedMu.Unlock()
+	return s.freed
 }
 
 // waitOf is how long r may be held (HeaderWait, at most WithMaxWait): 0

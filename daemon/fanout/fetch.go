@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -66,7 +68,7 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 	// Writer carries its digest), to the nodes the artifact may go to,
 	// until the fetch ends.
 	defer f.authz.Fetching(t.Blob.Digest, desire().Name)()
-	ps := &parking{open: t.Open}
+	ps := &parking{open: t.Open, ctx: ctx}
 	defer ps.close()
 	// say tells t.Waiting, once, that the blob waits for a peer: before
 	// a round whose ask a peer may hold (up to p2p.MaxWait), or after
@@ -94,15 +96,25 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 		}
 		final := errNoPeerYet
 		if len(peers) > 0 || pl.Origin {
+			rctx, endRound := ctx, func() {}
+			if from == nil && blob.Wait > 0 {
+				// Held at its first peer: moved when the plan moves.
+				rctx, endRound = f.moveWhenReplanned(ctx, changed, peers[0], ps, func() Plan {
+					return f.Plan(desire(), t.Revision, t.Blob.Digest, t.Started, time.Now())
+				})
+			}
 			t.Backoff.Do(ctx, func(int) error {
 				var res p2p.Result
-				digest, res, final = f.fetcher.Ingest(ctx, blob, peers, ps.opener, from)
+				digest, res, final = f.fetcher.Ingest(rctx, blob, peers, ps.opener, from)
 				if t.Got != nil {
 					t.Got(res)
 				}
 				switch {
 				case final == nil:
 					return nil
+				case rctx.Err() != nil && ctx.Err() == nil:
+					final = errReplanned
+					return fetchers.Permanent(final)
 				case mismatch(final) && from == nil:
 					// Not the origin's bytes (Ingest says ErrNoSource for the
 					// peers'; this is a guard): the peers are set aside.
@@ -113,11 +125,14 @@ func (f *Fleet) Fetch(ctx context.Context, t Transfer) (digest string, waited bo
 				}
 				return final
 			}, t.OnRetry)
+			endRound()
 		}
 		switch {
 		case final == nil:
 			f.authz.Fetched(digest, desire().Name) // servable to the nodes this artifact may go to before its version commits
 			return digest, waited, nil
+		case errors.Is(final, errReplanned):
+			// A new round at once, at the new plan's first peer.
 		case errors.Is(final, p2p.ErrNoSource), errors.Is(final, errNoPeerYet):
 			say(pl)
 			until := pl.Until
@@ -151,26 +166,85 @@ func mismatch(err error) bool {
 	return errors.Is(err, cachestore.ErrDigestMismatch) || errors.Is(err, cachestore.ErrSizeMismatch)
 }
 
+// moveWhenReplanned is the context of one round whose ask is held at
+// first (a parent in the blob's tree, which streams the blob once it
+// lands there): it ends when the statuses change so that the plan's
+// first peer is another one (or the origin) while no byte has come
+// this round. A node's first view of a rollout lists few of the nodes
+// (the elected daemon publishes them every few seconds), so its first
+// parent is often the blob's root; held there, it would wait its turn
+// behind the whole fleet. end stops the watch; call it when the round
+// is over.
+func (f *Fleet) moveWhenReplanned(ctx context.Context, changed <-chan struct{}, first string, ps *parking, plan func() Plan) (context.Context, func()) {
+	rctx, cancel := context.WithCancel(ctx)
+	ps.got.Store(false)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-rctx.Done():
+				return
+			case <-changed:
+				changed = f.changes()
+				if ps.got.Load() {
+					return // streaming: it stays
+				}
+				if np := plan(); np.Origin || len(np.Peers) == 0 || np.Peers[0] != first {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	return rctx, func() { close(done); cancel() }
+}
+
+// errReplanned: a round's held ask was given up for a new plan.
+var errReplanned = errors.New("the plan moved the held ask to another peer")
+
 // parking keeps a blob's partial ingest open between the rounds of one
 // Fetch: Ingest closes a partial it did not commit (to keep its bytes
 // for a resume), and reopening it would re-hash what it holds. Its
 // opener hands out the parked one when there is one; close closes it
 // for good.
 type parking struct {
+	ctx    context.Context // the fetch's: a parked partial outlives a round's
 	open   p2p.OpenPartial
 	parked p2p.Partial
+	got    atomic.Bool // a byte came this round (moveWhenReplanned)
 }
 
-func (ps *parking) opener(ctx context.Context) (p2p.Partial, error) {
+func (ps *parking) opener(context.Context) (p2p.Partial, error) {
 	if w := ps.parked; w != nil {
 		ps.parked = nil
 		return &parkable{Partial: w, ps: ps}, nil
 	}
-	w, err := ps.open(ctx)
+	w, err := ps.open(ps.ctx)
 	if err != nil {
 		return nil, err
 	}
 	return &parkable{Partial: w, ps: ps}, nil
+}
+
+// ReadFrom notes the first byte of the round (parking.got).
+func (w *parkable) ReadFrom(r io.Reader) (int64, error) {
+	return w.Partial.ReadFrom(firstByte{r: r, got: &w.ps.got})
+}
+
+// firstByte is a reader that notes when a byte came.
+type firstByte struct {
+	r   io.Reader
+	got *atomic.Bool
+}
+
+func (f firstByte) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if n > 0 && !f.got.Load() {
+		f.got.Store(true)
+	}
+	return n, err
 }
 
 func (ps *parking) close() {

@@ -132,3 +132,65 @@ func TestFetchSaysItWaitsWhileHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFetchMovesAHeldAskWhenThePlanMoves: a node whose first view lists
+// only the blob's root (the recorded origin node) holds its ask there;
+// when the view grows so that its parent in the blob's tree is another
+// node, the held ask is given up and the blob comes from that parent,
+// without the origin and without a failed pull.
+func TestFetchMovesAHeldAskWhenThePlanMoves(t *testing.T) {
+	body := bytes.Repeat([]byte("tree "), 30000)
+	rootHeld, rootLeft := make(chan struct{}, 1), make(chan struct{}, 1)
+	root := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(p2p.HeaderWait) == "" {
+			http.NotFound(w, r)
+			return
+		}
+		rootHeld <- struct{}{}
+		<-r.Context().Done() // held until the caller leaves
+		rootLeft <- struct{}{}
+	}))
+	defer root.Close()
+	var served sync.WaitGroup
+	served.Add(1)
+	parent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer served.Done()
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		w.Write(body)
+	}))
+	defer parent.Close()
+	f, tr := waitingOn(t, root.URL, time.Hour, body)
+	tr.Desire = func() api.Desire { return api.Desire{Name: "llama", OriginNodes: []string{"p"}} }
+	tr.Origin = func(context.Context, int64) (io.ReadCloser, error) {
+		t.Error("the origin was asked by a node that may not use it")
+		return nil, errors.New("not this node's")
+	}
+	// A node that ranks before "me" for this blob: "me"'s parent once
+	// the view lists it.
+	var name string
+	for i := 0; name == ""; i++ {
+		n := "q" + strconv.Itoa(i)
+		if ps := treeParents("llama\x00"+tr.Blob.Digest, "p", "me", []string{"me", n}); len(ps) > 0 && ps[0] == n {
+			name = n
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // held at the root for ever, else
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := f.Fetch(ctx, tr)
+		done <- err
+	}()
+	<-rootHeld
+	var p, q k8ssync.ModelCacheNode
+	p.Name, p.Status.PeerAddress, p.Status.Heartbeat = "p", root.URL, metav1.NewTime(time.Now())
+	p.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: "Downloading"}}
+	q.Name, q.Status.PeerAddress, q.Status.Heartbeat = name, parent.URL, metav1.NewTime(time.Now())
+	q.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: "Downloading"}}
+	f.SetNodes([]k8ssync.ModelCacheNode{p, q})
+	if err := <-done; err != nil {
+		t.Fatalf("fetch: %v; want the blob from the new parent", err)
+	}
+	<-rootLeft // the held ask at the root was given up
+	served.Wait()
+}

@@ -72,8 +72,11 @@ type simOrigin struct {
 	limit *rate.Limiter
 	sent  atomic.Int64
 	reqs  atomic.Int64
-	url   string
-	srv   *http.Server
+	// first and last are when the first request came and the last
+	// answer ended (UnixNano).
+	first, last atomic.Int64
+	url         string
+	srv         *http.Server
 }
 
 func startOrigin(m *simModel, bps float64) (*simOrigin, error) {
@@ -93,6 +96,8 @@ func startOrigin(m *simModel, bps float64) (*simOrigin, error) {
 
 func (o *simOrigin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	o.reqs.Add(1)
+	o.first.CompareAndSwap(0, time.Now().UnixNano())
+	defer func() { o.last.Store(time.Now().UnixNano()) }()
 	b, ok := o.blobs[strings.TrimPrefix(r.URL.Path, "/")]
 	if !ok {
 		http.NotFound(w, r)

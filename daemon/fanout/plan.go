@@ -53,8 +53,17 @@ type Plan struct {
 // nodes that want it (rendezvous hashing of (artifact, node): every node
 // ranks them alike), and then only once this node's own status has
 // listed it for Settle (so that the statuses of the nodes that wanted it
-// at about the same moment have landed too). After the first nodes come
-// the peers that hold the revision Ready, then those fetching it.
+// at about the same moment have landed too).
+//
+// In a cluster each blob has a tree (treeParents): its owner at the root,
+// then the nodes that want or hold the revision, each streaming the blob
+// from its parent as it lands there. A node asks its parent first (the
+// ask held there until the parent has bytes to send: Hold is not cut
+// short for a holder further down), then its parent's parent and the
+// root, then the other first nodes, the peers that hold the revision
+// Ready and those fetching it, at most MaxPeersAsked in all. So a node
+// receives each blob once and sends it on about once, whatever the
+// fleet's size, and no node is asked by more than a few.
 //
 // A static fleet cannot tell who wants what: its first nodes are the
 // first OriginConcurrency of the whole list (this node included) by the
@@ -67,6 +76,7 @@ func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.T
 	var addr map[string]string // node → base URL
 	var rest []string          // the peers after the first nodes, in order
 	var members []string       // the nodes that want it (a cluster's)
+	var holders []string       // the nodes that hold it Ready (a cluster's)
 	settled := false
 	if !f.cluster {
 		addr = map[string]string{}
@@ -84,11 +94,7 @@ func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.T
 	} else {
 		var passed map[string]bool
 		var listed bool
-		var ready int
-		rest, ready, members, passed, listed, addr = f.clusterPeers(ds, revision, now)
-		if ready > 0 {
-			pl.Hold = now // a holder answers at once: a held ask would wait at the peer asked before it
-		}
+		rest, holders, members, passed, listed, addr = f.clusterPeers(ds, revision, now)
 		for _, n := range recordedOrigins(ds) {
 			if !passed[n] && !slices.Contains(pl.First, n) {
 				pl.First = append(pl.First, n)
@@ -118,8 +124,13 @@ func (f *Fleet) Plan(ds api.Desire, revision, digest string, started, now time.T
 		}
 	}
 	owners := rendezvous(ds.Name+"\x00"+digest, pl.First)
+	if len(owners) > 0 && f.cluster {
+		f.askParents(&pl, ds.Name+"\x00"+digest, owners[0], members, holders, addr, now)
+	} else if len(holders) > 0 {
+		pl.Hold = now // a holder answers at once: a held ask would wait at the peer asked before it
+	}
 	for _, n := range owners {
-		if b := addr[n]; b != "" && n != f.self && !slices.Contains(pl.Peers, b) {
+		if b := addr[n]; b != "" && n != f.self && !slices.Contains(pl.Peers, b) && len(pl.Peers) < MaxPeersAsked {
 			pl.Peers = append(pl.Peers, b)
 		}
 	}
@@ -200,7 +211,7 @@ func (f *Fleet) passedOver(b string) bool {
 // saw it live), and those whose peer port was set aside (passedOver);
 // whether this node's own status lists it; and the base URL of each node
 // with a fresh status.
-func (f *Fleet) clusterPeers(ds api.Desire, revision string, now time.Time) (peers []string, ready int, members []string, passed map[string]bool, listed bool, addr map[string]string) {
+func (f *Fleet) clusterPeers(ds api.Desire, revision string, now time.Time) (peers, holders, members []string, passed map[string]bool, listed bool, addr map[string]string) {
 	f.mu.Lock()
 	nodes := f.nodes
 	passed = map[string]bool{}
@@ -217,12 +228,16 @@ func (f *Fleet) clusterPeers(ds api.Desire, revision string, now time.Time) (pee
 			delete(passed, n.Name) // created, its status not written yet (or not yet here)
 		}
 	}
-	peers = p2p.Pick(nodes, p2p.PickQuery{Self: f.self, Artifact: ds.Name, Revision: revision, Digest: ds.Digest,
-		Now: now, MaxAge: peerStale, Max: MaxPeersAsked, Addr: func(n string) (string, bool) { b, ok := addr[n]; return b, ok }})
-	ready = len(peers)
+	q := p2p.PickQuery{Self: f.self, Artifact: ds.Name, Revision: revision, Digest: ds.Digest,
+		Now: now, MaxAge: peerStale, Max: MaxPeersAsked, Addr: func(n string) (string, bool) { b, ok := addr[n]; return b, ok }}
+	peers = p2p.Pick(nodes, q)
 	members = []string{f.self}
 	var fetching []string
 	for _, n := range nodes {
+		if n.Name != f.self && addr[n.Name] != "" && p2p.Holds(n.Status.Artifacts, q) {
+			holders = append(holders, n.Name)
+			continue
+		}
 		for _, a := range n.Status.Artifacts {
 			if a.Name != ds.Name {
 				continue
@@ -262,7 +277,62 @@ func (f *Fleet) clusterPeers(ds api.Desire, revision string, now time.Time) (pee
 		}
 	}
 	members = slices.DeleteFunc(members, func(n string) bool { return passed[n] })
-	return peers, ready, members, passed, listed, addr
+	holders = slices.DeleteFunc(holders, func(n string) bool { return f.passedOver(addr[n]) })
+	return peers, holders, members, passed, listed, addr
+}
+
+// askParents puts this node's parent in the blob's tree (key), its
+// parent's and the tree's root (owner) first among the peers pl asks.
+// The ask is held at its parent, not answered at once by a holder
+// further down: the parent streams the blob as it lands there, or holds
+// it. A first node asks as it did (a holder among its peers: at once).
+func (f *Fleet) askParents(pl *Plan, key, owner string, members, holders []string, addr map[string]string, now time.Time) {
+	parents := treeParents(key, owner, f.self, append(slices.Clone(members), holders...))
+	if (len(parents) == 0 || slices.Contains(pl.First, f.self)) && len(holders) > 0 {
+		pl.Hold = now // a holder answers at once: a held ask would wait at the peer asked before it
+	}
+	if len(parents) > 3 {
+		parents = append(parents[:2:2], parents[len(parents)-1]) // its parent, the one before it, the root
+	}
+	for _, n := range parents {
+		if b := addr[n]; b != "" && !slices.Contains(pl.Peers, b) {
+			pl.Peers = append(pl.Peers, b)
+		}
+	}
+}
+
+// treeChain is the most nodes a blob crosses in a row of its tree,
+// one after the other, behind its root.
+const treeChain = 32
+
+// treeParents is self's parent in the tree of one blob (key: the
+// artifact and the blob), its parent's, and so on up to root (the node
+// that fetches the blob from the origin). The tree lays root, then the
+// nodes (those that want the revision and those that hold it, ranked by
+// the key's hash) out in rows of S = ⌈n/treeChain⌉: the first row is a
+// chain from root, and each later node streams from the one a row
+// before it. So nearly every node sends each blob on once, as much as it
+// receives (only the first row's nodes send it to two, and each blob
+// ranks another first row), root's uplink carries each blob once, and a
+// blob crosses at most S + treeChain nodes (a chain of n up to 32
+// nodes, 64 at 1,000). Every node ranks them alike, and a parent always
+// ranks before its child: a node that sees fewer or more nodes than
+// another may pick another parent, never one that waits on it. Nil when
+// self is root or none.
+func treeParents(key, root, self string, nodes []string) []string {
+	order := append([]string{root}, rendezvous(key, slices.DeleteFunc(slices.Clone(nodes), func(n string) bool { return n == root }))...)
+	row := max(1, (len(order)-1+treeChain-1)/treeChain)
+	i := slices.Index(order, self)
+	var out []string
+	for i > 0 {
+		if i > row {
+			i -= row
+		} else {
+			i--
+		}
+		out = append(out, order[i])
+	}
+	return out
 }
 
 // rendezvous orders items by the hash of (key, item) (k8ssync.Rendezvous:

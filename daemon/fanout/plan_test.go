@@ -63,23 +63,30 @@ func TestFanOutPlanFromStatuses(t *testing.T) {
 	if !slices.Equal(pl.First, want) {
 		t.Fatalf("origin first %v, want %v", pl.First, want)
 	}
-	// The first nodes other than this one are asked first (the blob's
-	// owner before the others), then the holder, then the nodes
+	// Its parents in the blob's tree (of the nodes that want or hold
+	// it) are asked first, then the first nodes other than this one (the
+	// blob's owner before the others), then the holder, then the nodes
 	// downloading.
-	addr := map[string]string{"fetching": "http://10.0.0.3:7435", "pending": "http://10.0.0.4:7435"}
+	addr := map[string]string{"fetching": "http://10.0.0.3:7435", "pending": "http://10.0.0.4:7435", "ready": "http://10.0.0.1:7435"}
+	owners := rendezvous("llama\x00sha256:b1", want)
 	var peers []string
-	for _, n := range rendezvous("llama\x00sha256:b1", want) {
-		if n != "me" {
-			peers = append(peers, addr[n])
-		}
-	}
-	for _, b := range []string{"http://10.0.0.1:7435", "http://10.0.0.3:7435"} {
+	add := func(b string) {
 		if !slices.Contains(peers, b) {
 			peers = append(peers, b)
 		}
 	}
+	for _, n := range treeParents("llama\x00sha256:b1", owners[0], "me", []string{"me", "fetching", "pending", "ready"}) {
+		add(addr[n])
+	}
+	for _, n := range owners {
+		if n != "me" {
+			add(addr[n])
+		}
+	}
+	add("http://10.0.0.1:7435")
+	add("http://10.0.0.3:7435")
 	if !slices.Equal(pl.Peers, peers) {
-		t.Fatalf("peers %v, want %v (the first nodes, the holder, then the nodes downloading)", pl.Peers, peers)
+		t.Fatalf("peers %v, want %v (its tree parents, the first nodes, the holder, then the nodes downloading)", pl.Peers, peers)
 	}
 	if owner := rendezvous("llama\x00sha256:b1", want)[0]; pl.Origin != (owner == "me") {
 		t.Fatalf("origin %v, want %v: of the first nodes, %s fetches this blob", pl.Origin, owner == "me", owner)
@@ -273,36 +280,105 @@ func (discardPartial) Commit(context.Context, int64, string) (string, error) {
 	return "", errors.New("discardPartial keeps nothing")
 }
 
-// TestPlanAsksTheOriginNodesFirst: however many nodes are downloading,
-// a waiting node asks the recorded origin nodes first, the blob's owner
-// before the other, and no more than MaxPeersAsked peers in all.
-func TestPlanAsksTheOriginNodesFirst(t *testing.T) {
+// TestPlanAsksItsTreeParentFirst: however many nodes are downloading,
+// a waiting node asks its parent in the blob's tree first, holding the
+// ask there (a holder further down does not cut the hold short), the
+// chain up to the blob's owner (a recorded origin node) among its first
+// few, and no more than MaxPeersAsked peers in all.
+func TestPlanAsksItsTreeParentFirst(t *testing.T) {
 	now := time.Now()
 	var nodes []k8ssync.ModelCacheNode
 	add := func(name, phase string) {
 		var n k8ssync.ModelCacheNode
 		n.Name, n.Status.PeerAddress, n.Status.Heartbeat = name, "http://"+name+":7435", metav1.NewTime(now)
-		n.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: phase}}
+		n.Status.Artifacts = []k8ssync.ArtifactStatus{{Name: "llama", Phase: phase, Revision: "r1"}}
 		nodes = append(nodes, n)
 	}
 	for i := range 40 {
 		add("d"+strconv.Itoa(i), "Downloading")
 	}
+	add("ready", "Ready")
 	add("o1", "Downloading")
 	add("o2", "Pending")
-	add("me", "Pending")
+	all := append(slices.Clone(nodes), k8ssync.ModelCacheNode{})
 	pc := DefaultConfig()
 	pc.Wait = time.Hour
-	f := &Fleet{cfg: pc, cluster: true, self: "me", changed: make(chan struct{}), listed: map[string]time.Time{}}
-	f.SetNodes(nodes)
 	ds := api.Desire{Name: "llama", OriginNodes: []string{"o1", "o2"}}
 	for i := range 20 {
 		d := "sha256:b" + strconv.Itoa(i)
-		pl := f.Plan(ds, "r1", d, now, now)
-		owners := rendezvous("llama\x00"+d, []string{"o1", "o2"})
-		want := []string{"http://" + owners[0] + ":7435", "http://" + owners[1] + ":7435"}
-		if pl.Origin || len(pl.Peers) > MaxPeersAsked || !slices.Equal(pl.Peers[:2], want) {
-			t.Fatalf("blob %s: peers %v origin %v; want %v first (the owner, then the other origin node), at most %d, no origin", d, pl.Peers, pl.Origin, want, MaxPeersAsked)
+		owner := rendezvous("llama\x00"+d, []string{"o1", "o2"})[0]
+		for _, self := range []string{"me", "d0", "d7", "d31", "ready"} {
+			f := &Fleet{cfg: pc, cluster: true, self: self, changed: make(chan struct{}), listed: map[string]time.Time{}}
+			all[len(all)-1].Name = "me"
+			all[len(all)-1].Status = k8ssync.ModelCacheNodeStatus{PeerAddress: "http://me:7435", Heartbeat: metav1.NewTime(now),
+				Artifacts: []k8ssync.ArtifactStatus{{Name: "llama", Phase: "Pending"}}}
+			f.SetNodes(all)
+			pl := f.Plan(ds, "r1", d, now, now)
+			if self == "ready" {
+				continue
+			}
+			parents := treeParents("llama\x00"+d, owner, self, []string{"me", "ready", "o1", "o2", "d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "d9",
+				"d10", "d11", "d12", "d13", "d14", "d15", "d16", "d17", "d18", "d19", "d20", "d21", "d22", "d23", "d24", "d25", "d26", "d27", "d28", "d29",
+				"d30", "d31", "d32", "d33", "d34", "d35", "d36", "d37", "d38", "d39"})
+			if len(parents) == 0 || pl.Origin || len(pl.Peers) > MaxPeersAsked || pl.Peers[0] != "http://"+parents[0]+":7435" ||
+				!slices.Contains(pl.Peers[:3], "http://"+owner+":7435") {
+				t.Fatalf("blob %s, node %s: peers %v origin %v; want its parent %v first, the owner %s among the first 3, at most %d, no origin",
+					d, self, pl.Peers, pl.Origin, parents, owner, MaxPeersAsked)
+			}
+			if !pl.Hold.After(now) {
+				t.Fatalf("blob %s, node %s: hold %v: the ask at its parent is held", d, self, pl.Hold)
+			}
+		}
+	}
+}
+
+// TestTreeParents: every node's chain of parents ends at the root; a
+// parent always ranks before its child by the blob's hash (so nodes
+// that see different sets of nodes never wait on each other); the root
+// has one child, no node more than two; the chain is no longer than
+// treeChain plus a row.
+func TestTreeParents(t *testing.T) {
+	for _, n := range []int{1, 2, 10, 33, 100, 1000} {
+		var nodes []string
+		for i := range n {
+			nodes = append(nodes, "n"+strconv.Itoa(i))
+		}
+		key := "llama\x00sha256:b" + strconv.Itoa(n)
+		rank := map[string]int{}
+		for i, x := range rendezvous(key, nodes) {
+			rank[x] = i
+		}
+		children := map[string]int{}
+		row := (n - 1 + treeChain - 1) / treeChain
+		for _, self := range nodes[1:] {
+			ps := treeParents(key, "n0", self, nodes)
+			if len(ps) == 0 || ps[len(ps)-1] != "n0" || len(ps) > treeChain+row {
+				t.Fatalf("n=%d: %s's parents %v: want a chain to the root n0, at most %d long", n, self, ps, treeChain+row)
+			}
+			children[ps[0]]++
+			for i, p := range ps[:len(ps)-1] {
+				child := self
+				if i > 0 {
+					child = ps[i-1]
+				}
+				if rank[p] >= rank[child] {
+					t.Fatalf("n=%d: %s's parent %s ranks after it", n, child, p)
+				}
+			}
+			// Seen by a node that knows only some of the others: its
+			// parent still ranks before it.
+			some := slices.DeleteFunc(slices.Clone(nodes), func(x string) bool { return x != self && rank[x]%3 == 0 })
+			if ps := treeParents(key, "n0", self, some); len(ps) > 1 && rank[ps[0]] >= rank[self] {
+				t.Fatalf("n=%d: seen partly, %s's parent %s ranks after it", n, self, ps[0])
+			}
+		}
+		if treeParents(key, "n0", "n0", nodes) != nil {
+			t.Fatal("the root has parents")
+		}
+		for p, c := range children {
+			if c > 2 || (p == "n0" && c != 1) {
+				t.Fatalf("n=%d: %s has %d children: want 1 for the root, at most 2", n, p, c)
+			}
 		}
 	}
 }
