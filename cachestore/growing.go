@@ -67,8 +67,9 @@ func (g *Growing) Wait(ctx context.Context, have int64) (n int64, err error) {
 	}
 }
 
-// Whole waits until the writer ended: nil when it committed the whole
-// blob (its size and digest checked), else an error wrapping
+// Whole waits until the writer checked the whole blob (its size and
+// digest: before its fsync and commit) or ended: nil when it checked or
+// committed it, else an error wrapping
 // ErrDigestMismatch or ErrSizeMismatch (the bytes were wrong) or
 // ErrIngestEnded (it stopped before committing), or ctx's. A server that
 // streams the view sends its last byte only after Whole: a receiver that
@@ -77,7 +78,7 @@ func (g *Growing) Whole(ctx context.Context) error {
 	for {
 		n, ended, why, changed := g.p.state()
 		switch {
-		case ended && why == nil:
+		case g.p.checked() || (ended && why == nil):
 			return nil
 		case ended && (errors.Is(why, ErrDigestMismatch) || errors.Is(why, ErrSizeMismatch)):
 			return fmt.Errorf("blob %s: %w", g.p.digest, why)
@@ -175,11 +176,12 @@ type progress struct {
 	size   int64
 	path   string // the ingest's data file
 
-	mu      sync.Mutex
-	written int64
-	ended   bool
-	why     error         // why it ended; nil when committed whole
-	changed chan struct{} // closed and replaced at each change
+	mu       sync.Mutex
+	written  int64
+	verified bool // the whole blob's size and digest checked (before its commit)
+	ended    bool
+	why      error         // why it ended; nil when committed whole
+	changed  chan struct{} // closed and replaced at each change
 }
 
 func newProgress(digest string, size int64, path string, written int64) *progress {
@@ -202,6 +204,27 @@ func (p *progress) advance(n int64) {
 		close(p.changed)
 		p.changed = make(chan struct{})
 	}
+}
+
+// verify says that the whole blob's size and digest are checked (none:
+// a writer with no readers).
+func (p *progress) verify() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.verified {
+		p.verified = true
+		close(p.changed)
+		p.changed = make(chan struct{})
+	}
+}
+
+func (p *progress) checked() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.verified
 }
 
 // end says that the writer ended (committed when why is nil); only the

@@ -442,12 +442,12 @@ func (w *Writer) Commit(ctx context.Context, size int64, expected string) (strin
 	return got, nil
 }
 
-// finish stops writing and checks what was written: fsync (when sync),
-// size, digest, the second check. It returns the digest; the data stays
-// in the ingest dir for the caller to adopt, and the ref stays locked
-// (the ingest open, so no sweep of abandoned ingests takes it) until the
-// caller unlocks it. On an error the ref is unlocked; on a mismatch the
-// partial data is deleted.
+// finish stops writing and checks what was written: size, digest, the
+// second check (then growing readers may take the last byte), fsync
+// (when sync). It returns the digest; the data stays in the ingest dir
+// for the caller to adopt, the ref locked (no sweep takes the ingest)
+// until the caller unlocks it. On an error the ref is unlocked; on a
+// mismatch the partial data is deleted.
 func (w *Writer) finish(ctx context.Context, size int64, expected string, sync bool) (got string, err error) {
 	if expected != "" {
 		var err error
@@ -456,24 +456,13 @@ func (w *Writer) finish(ctx context.Context, size int64, expected string, sync b
 			return "", err
 		}
 	}
-	err = w.drain()
-	if err == nil && sync {
-		w.s.hit("ingest.fsync")
-		t0 := time.Now()
-		err = w.f.Sync()
-		w.times.sync.Add(int64(time.Since(t0)))
-		if err != nil {
-			err = fmt.Errorf("ingest %s: fsync: %w", w.opts.Ref, err)
-		}
-	}
-	w.f.Close()
 	defer func() {
-		if err != nil {
+		if w.f.Close(); err != nil {
 			w.release(err)
 		}
 	}()
-	if err != nil {
-		return "", err // already names the ingest; the partial data stays for a resume
+	if err := w.drain(); err != nil {
+		return "", err // names the ingest; the data stays for a resume
 	}
 	if size >= 0 && w.offset != size {
 		os.RemoveAll(w.dir)
@@ -494,6 +483,16 @@ func (w *Writer) finish(ctx context.Context, size int64, expected string, sync b
 		if err != nil {
 			os.RemoveAll(w.dir)
 			return "", fmt.Errorf("ingest %s: %w: %v", w.opts.Ref, ErrDigestMismatch, err)
+		}
+	}
+	w.prog.verify() // the bytes are the digest's, whatever the fsync and the adoption do
+	if sync {
+		w.s.hit("ingest.fsync")
+		t0 := time.Now()
+		err = w.f.Sync()
+		w.times.sync.Add(int64(time.Since(t0)))
+		if err != nil {
+			return "", fmt.Errorf("ingest %s: fsync: %w", w.opts.Ref, err)
 		}
 	}
 	return got, nil

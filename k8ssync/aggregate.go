@@ -138,7 +138,7 @@ func (s *Syncer) lead(ctx context.Context) {
 			}
 			m := *fm
 			m.Status.Resolved = s.recordOrigins(ctx, mc, resolved, nodes, time.Now())
-			st, flips := aggregate(&m, nodes, time.Now())
+			st, flips := aggregate(&m, nodes, s.expected(mc, m.Status.Resolved), time.Now())
 			s.endorsed.add(mc.Name, st.Resolved) // this leader's, written or about to be
 			if old, ok := written[mc.Name]; ok && reflect.DeepEqual(old, st) {
 				continue
@@ -190,11 +190,13 @@ func (s *Syncer) announce(mc *ModelCache, flips []flip) {
 // its main artifact counted, the folder checksum of each of
 // mc.Status.Resolved that has none, status.active and the rollout.
 func Aggregate(mc *ModelCache, nodes []ModelCacheNode, now time.Time) ModelCacheStatus {
-	st, _ := aggregate(mc, nodes, now)
+	st, _ := aggregate(mc, nodes, nil, now)
 	return st
 }
 
-func aggregate(mc *ModelCache, nodes []ModelCacheNode, now time.Time) (ModelCacheStatus, []flip) {
+// aggregate is Aggregate, with expect (the nodes expected to pull each
+// resolution: Syncer.expected) among the peers.
+func aggregate(mc *ModelCache, nodes []ModelCacheNode, expect []PeerSet, now time.Time) (ModelCacheStatus, []flip) {
 	statuses := make([]ModelCacheNodeStatus, len(nodes))
 	for i := range nodes {
 		statuses[i] = nodes[i].Status
@@ -208,7 +210,7 @@ func aggregate(mc *ModelCache, nodes []ModelCacheNode, now time.Time) (ModelCach
 	for _, e := range append(slices.Clone(st.Resolved), st.Active...) {
 		origins = append(origins, e.OriginNodes...)
 	}
-	st.Peers, st.PeerAddresses = peerSets(mc, nodes, origins, now)
+	st.Peers, st.PeerAddresses = peerSets(mc, nodes, origins, expect, now)
 	st.Nodes = st.Versions[0].Nodes
 	if len(st.Versions[0].Revisions) > 0 {
 		st.Revision = st.Versions[0].Revisions[0].Revision // the most common Ready revision

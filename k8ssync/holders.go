@@ -43,8 +43,10 @@ const MaxPeerStatusBytes = 384 << 10
 // (artifact, revision, digest, phase, next), sorted; and the addresses of
 // those nodes and of the live origin nodes recorded with its resolutions
 // (origins), listed or not (a recorded node that never pulls must still
-// be asked, to be found gone).
-func peerSets(mc *ModelCache, nodes []ModelCacheNode, origins []string, now time.Time) ([]PeerSet, []PeerAddress) {
+// be asked, to be found gone); and, of each set in expect, the live
+// nodes whose status does not list its artifact yet, as its phase at its
+// revision (the nodes about to pull a resolution: Syncer.expected).
+func peerSets(mc *ModelCache, nodes []ModelCacheNode, origins []string, expect []PeerSet, now time.Time) ([]PeerSet, []PeerAddress) {
 	type key struct {
 		artifact, revision, digest, phase string
 		next                              bool
@@ -67,6 +69,27 @@ func peerSets(mc *ModelCache, nodes []ModelCacheNode, origins []string, now time
 			sets[k] = append(sets[k], n.Name)
 			if x := a.Next; x != nil {
 				k := key{k.artifact, clip(x.Revision, MaxStatusField), clip(x.Digest, MaxStatusField), clip(x.Phase, MaxStatusField), true}
+				sets[k] = append(sets[k], n.Name)
+			}
+		}
+	}
+	for _, e := range expect {
+		listed := map[string]bool{}
+		for k, ns := range sets {
+			if k.artifact == e.Artifact {
+				for _, n := range ns {
+					listed[n] = true
+				}
+			}
+		}
+		k := key{clip(e.Artifact, MaxStatusField), clip(e.Revision, MaxStatusField), "", clip(e.Phase, MaxStatusField), false}
+		want := map[string]bool{}
+		for _, n := range e.Nodes {
+			want[n] = true
+		}
+		for _, n := range nodes {
+			if !listed[n.Name] && want[n.Name] && Live(n, now) {
+				addr[n.Name] = clip(n.Status.PeerAddress, MaxStatusField)
 				sets[k] = append(sets[k], n.Name)
 			}
 		}

@@ -87,6 +87,7 @@ func OriginNodes(artifact string, candidates []string, n int) []string {
 type originsMemo struct {
 	key   string
 	nodes []string
+	cand  []string // the candidates it was assigned from: the nodes expected to pull it (expected)
 }
 
 // recordOrigins fills the origin nodes of each model resolution of mc
@@ -165,7 +166,7 @@ func (s *Syncer) recordOrigins(ctx context.Context, mc *ModelCache, resolved []R
 			}
 			if originsBorneOut(e.Artifact, e.OriginNodes, cand, s.cfg.OriginConcurrency) {
 				s.mu.Lock()
-				s.origins[memoKey] = originsMemo{key: key, nodes: slices.Clone(e.OriginNodes)}
+				s.origins[memoKey] = originsMemo{key: key, nodes: slices.Clone(e.OriginNodes), cand: cand}
 				s.mu.Unlock()
 				continue
 			}
@@ -178,7 +179,7 @@ func (s *Syncer) recordOrigins(ctx context.Context, mc *ModelCache, resolved []R
 			if err != nil {
 				return out
 			}
-			m = originsMemo{key: key, nodes: OriginNodes(e.Artifact, cand, s.cfg.OriginConcurrency)}
+			m = originsMemo{key: key, nodes: OriginNodes(e.Artifact, cand, s.cfg.OriginConcurrency), cand: cand}
 			s.mu.Lock()
 			s.origins[memoKey] = m
 			s.mu.Unlock()
@@ -187,6 +188,28 @@ func (s *Syncer) recordOrigins(ctx context.Context, mc *ModelCache, resolved []R
 			}
 		}
 		e.OriginNodes = slices.Clone(m.nodes)
+	}
+	return out
+}
+
+// expected is, for each model resolution of mc with origin nodes this
+// leader assigned, the nodes it assigned them from (the live nodes mc
+// selects) as Pending at that revision: published with the resolution
+// (peerSets adds those whose own status does not list the artifact
+// yet), so that a node's first view of a rollout holds the nodes that
+// will fetch it, not only the few whose statuses were in by then, and
+// the fan-out planner lays each blob's tree out over all of them at
+// once (daemon/fanout: treeParents).
+func (s *Syncer) expected(mc *ModelCache, resolved []ResolvedSource) []PeerSet {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []PeerSet
+	for _, e := range resolved {
+		m, ok := s.origins[mc.Name+"/"+e.Artifact]
+		if !ok || len(e.OriginNodes) == 0 || !slices.Equal(m.nodes, e.OriginNodes) || len(m.cand) == 0 {
+			continue
+		}
+		out = append(out, PeerSet{Artifact: e.Artifact, Revision: e.Revision, Phase: string(api.PhasePending), Nodes: slices.Clone(m.cand)})
 	}
 	return out
 }

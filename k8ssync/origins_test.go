@@ -142,6 +142,38 @@ func TestRecordOrigins(t *testing.T) {
 	}
 	out := s.recordOrigins(ctx, mc, resolved, mcns, now)
 	check("first pass", out, 1)
+	// Published with the resolution: the nodes it was assigned from, as
+	// Pending at its revision, but for those whose status lists it.
+	exp := s.expected(mc, out)
+	if len(exp) != 1 || exp[0].Artifact != "m" || exp[0].Revision != sha40("1") || exp[0].Phase != "Pending" ||
+		!slices.Equal(slices.Sorted(slices.Values(exp[0].Nodes)), []string{"gpu-a", "gpu-b", "gpu-c"}) {
+		t.Fatalf("expected %+v: want m at its revision, Pending, on the live selected nodes", exp)
+	}
+	listing := slices.Clone(mcns)
+	for i := range listing {
+		if listing[i].Name == "gpu-b" {
+			listing[i].Status.Artifacts = []ArtifactStatus{{Name: "m", ModelCache: "m", Phase: "Downloading", Revision: sha40("1")}}
+		}
+	}
+	withOut := *mc
+	withOut.Status.Resolved = out
+	st, _ := aggregate(&withOut, listing, exp, now)
+	var pending, downloading []string
+	for _, p := range st.Peers {
+		switch {
+		case p.Artifact == "m" && p.Revision == sha40("1") && p.Phase == "Pending":
+			pending = append(pending, p.Nodes...)
+		case p.Artifact == "m" && p.Phase == "Downloading":
+			downloading = append(downloading, p.Nodes...)
+		}
+	}
+	addrs := map[string]bool{}
+	for _, a := range st.PeerAddresses {
+		addrs[a.Node] = a.Address != ""
+	}
+	if !slices.Equal(pending, []string{"gpu-a", "gpu-c"}) || !slices.Equal(downloading, []string{"gpu-b"}) || !addrs["gpu-a"] || !addrs["gpu-c"] {
+		t.Fatalf("status.peers %+v, addresses %v: want gpu-a and gpu-c expected (Pending, with addresses), gpu-b as its status says", st.Peers, addrs)
+	}
 	if resolved[0].OriginNodes != nil {
 		t.Fatal("the caller's entries were changed")
 	}

@@ -63,8 +63,9 @@ type GrowingBlob interface {
 	// or with an error when no more will come through this view (the
 	// fetch stopped or its bytes were found wrong) or ctx ended.
 	Wait(ctx context.Context, have int64) (n int64, err error)
-	// Whole waits until the fetch ended: nil when it committed the whole
-	// blob (its digest checked), else an error.
+	// Whole waits until the fetch checked the whole blob (its size and
+	// digest) or ended: nil when it checked or committed it, else an
+	// error.
 	Whole(ctx context.Context) error
 	Close() error
 }
@@ -72,8 +73,8 @@ type GrowingBlob interface {
 // HeaderStreamed marks an answer whose bytes are sent as this node
 // fetches them (a GrowingBlob): it flows at its source's pace, so the
 // receiver holds it to no rate floor (the idle timeout still applies),
-// and its last byte is sent only once this node's own commit checked the
-// whole blob. One cut short, then, is not the sender's fault (its source
+// and its last byte is sent only once this node checked the whole blob
+// (its size and digest, before its own fsync and commit). One cut short, then, is not the sender's fault (its source
 // failed or lied): the receiver drops what it got and asks again,
 // without passing the sender over.
 const HeaderStreamed = "X-Modelcache-Streamed"
@@ -354,13 +355,13 @@ func (s *Server) open(ctx context.Context, d, rng string) (content, error) {
 
 // sendGrowing sends bytes [start, start+n) of g as they land, flushing
 // what it has before each wait; it ends with an error when g stops
-// short of them. The blob's last byte waits for g's commit (Whole): a
+// short of them. The blob's last byte waits for g's check (Whole): a
 // receiver that gets every byte got bytes this node checked, and one
 // whose stream is cut short knows they were not (HeaderStreamed).
 func (s *Server) sendGrowing(ctx context.Context, out io.Writer, rc *http.ResponseController, g GrowingBlob, start, n int64) (int64, error) {
 	pos, end := start, start+n
 	for pos < end {
-		stop := min(end, g.Size()-1) // the last byte waits for the commit
+		stop := min(end, g.Size()-1) // the last byte waits for the check
 		if pos == stop {
 			if err := g.Whole(ctx); err != nil {
 				return pos - start, err
