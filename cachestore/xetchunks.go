@@ -18,8 +18,9 @@ import (
 // model then reads the chunks it shares with an older one from the blobs
 // here instead of the CAS.
 //
-// Terms are recorded when the fetcher has assembled a file, before its
-// blob is committed (RecordXetTerms), and answered only from a blob that
+// Terms are recorded when the fetcher has assembled a file, once its
+// blob is committed (RecordXetTerms; a record made before the commit
+// waits for it), and answered only from a blob that
 // has its index record (written after the verified blob is renamed into
 // blobs/; removed with the blob by GC, by verify's quarantine, by repair
 // when the file is gone) and whose file has the recorded size. So a term

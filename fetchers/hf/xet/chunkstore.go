@@ -29,8 +29,9 @@ type ChunkStore interface {
 	// checks the file it assembles.
 	Chunks(ctx context.Context, xorb string, first, end uint32) (io.ReadCloser, bool)
 	// Remember records that the file whose sha256 is oid (hex, no
-	// prefix) holds these terms. It is called after the file was
-	// assembled and before it is committed; Chunks must not answer from
-	// it until a blob with that digest is committed.
+	// prefix) holds these terms. It is called once the caller committed
+	// a blob of that digest from the whole file (Reader.Committed);
+	// Chunks must not answer from it until a blob with that digest is
+	// committed.
 	Remember(ctx context.Context, oid string, terms []Placed) error
 }

@@ -34,8 +34,10 @@ func (r *rig) read(t *testing.T, o xet.Options, offset int64) ([]byte, *xet.Stat
 	o.Client, o.Tokens = http.DefaultClient, r.toks
 	st := &xet.Stats{}
 	rc := xet.Open(context.Background(), o, offset, st)
-	defer rc.Close()
 	b, err := io.ReadAll(rc)
+	rc.Close()
+	// As the daemon does once it committed a blob of the bytes' digest.
+	rc.Committed("sha256:" + oid(b))
 	return b, st, err
 }
 
@@ -167,9 +169,9 @@ func TestTokenRefresh(t *testing.T) {
 }
 
 // TestOpenRemembersOnlyACheckedWhole: terms are recorded under the OID
-// only when the bytes assembled from offset 0 hash to it; a file whose
-// digest differs (a CAS that lies, a wrong OID) or a read resumed past 0
-// teaches the store nothing.
+// only when the caller committed the bytes assembled from offset 0 under
+// it; a file whose digest differs (a CAS that lies, a wrong OID) or a
+// read resumed past 0 teaches the store nothing.
 func TestOpenRemembersOnlyACheckedWhole(t *testing.T) {
 	r := newRig(t)
 	data := xettest.Model(4, 2<<20, 128<<10)
