@@ -83,7 +83,8 @@ func (o *Options) prepare(ctx context.Context, start, end int64, st *Stats, free
 		return p
 	}
 	p.skip = skip - base
-	p.buf = takeBuf(free, int(at-base))
+	// Room for the window and a chunk each side: the buffers go round.
+	p.buf = takeBuf(free, int(at-base), int(o.Window)+2*MaxChunk)
 	fileBase := start - p.skip
 	need := map[string][]*target{}
 	for i, t := range terms {
@@ -113,8 +114,9 @@ func (o *Options) prepare(ctx context.Context, start, end int64, st *Stats, free
 }
 
 // takeBuf returns a buffer of n bytes, one the reader is done with when
-// one is large enough (fresh pages for each window cost more).
-func takeBuf(free chan []byte, n int) []byte {
+// one is large enough (fresh pages for each window cost more), else a
+// new one of capacity at least room.
+func takeBuf(free chan []byte, n, room int) []byte {
 	select {
 	case b := <-free:
 		if cap(b) >= n {
@@ -122,7 +124,7 @@ func takeBuf(free chan []byte, n int) []byte {
 		}
 	default:
 	}
-	return make([]byte, n)
+	return make([]byte, n, max(n, room))
 }
 
 // held reads term t from the ChunkStore into dst (one open per term),

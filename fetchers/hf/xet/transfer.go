@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/modelcache/modelcache/fetchers"
 )
@@ -91,6 +92,10 @@ func fetchRanges(ctx context.Context, c *http.Client, j job, st *Stats) error {
 	return nil
 }
 
+// chunkReaders keeps ChunkReaders (their buffers and LZ4 state) from one
+// range to the next.
+var chunkReaders = sync.Pool{New: func() any { return NewChunkReader(nil) }}
+
 // decodeRange decodes chunks d.Chunks from r, which must hold exactly
 // d.Bytes (a short range or one longer than its chunks is an error),
 // each chunk straight into the first target that holds it, copied to
@@ -98,7 +103,9 @@ func fetchRanges(ctx context.Context, c *http.Client, j job, st *Stats) error {
 // passed over.
 func decodeRange(r io.Reader, xorb string, d RangeDescriptor, targets []*target) error {
 	lr := &io.LimitedReader{R: r, N: int64(d.Bytes.End-d.Bytes.Start) + 1}
-	cr := NewChunkReader(lr)
+	cr := chunkReaders.Get().(*ChunkReader)
+	defer chunkReaders.Put(cr)
+	cr.r = lr
 	for idx := d.Chunks.Start; idx < d.Chunks.End; idx++ {
 		var into *target
 		var c []byte
