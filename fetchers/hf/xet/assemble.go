@@ -9,7 +9,9 @@ import (
 
 // prepared is a window ready to emit: file bytes [start, end) at
 // buf[skip:], buf holding its terms whole; reused says how many of its
-// bytes the ChunkStore gave, placed where the fetched terms sit.
+// bytes the ChunkStore gave, placed where its terms sit in the file
+// (fetched or held: a held term is remembered under the new file too,
+// so it outlives the blob it came from).
 type prepared struct {
 	start, end int64
 	buf        []byte
@@ -90,8 +92,9 @@ func (o *Options) prepare(ctx context.Context, start, end int64, st *Stats, free
 	for i, t := range terms {
 		n := int64(t.UnpackedLength)
 		dst := p.buf[offs[i] : offs[i]+n]
-		if o.held(ctx, t, dst) {
+		if lens, ok := o.held(ctx, t, dst); ok {
 			p.reused += min(offs[i]+n, p.skip+want) - max(offs[i], p.skip)
+			p.place(o.Size, Placed{Xorb: t.Hash, First: t.Range.Start, End: t.Range.End, Offset: fileBase + offs[i], ChunkLens: lens})
 			continue
 		}
 		need[t.Hash] = append(need[t.Hash], &target{first: t.Range.Start, end: t.Range.End, dst: dst, fileOff: fileBase + offs[i]})
@@ -105,12 +108,22 @@ func (o *Options) prepare(ctx context.Context, start, end int64, st *Stats, free
 				p.err = fmt.Errorf("%w: xorb %s chunks [%d, %d): %d bytes, the term says %d", ErrCorrupt, x, t.first, t.end, t.fill, len(t.dst))
 				return p
 			}
-			if t.fileOff >= 0 && t.fileOff+int64(len(t.dst)) <= o.Size {
-				p.placed = append(p.placed, Placed{Xorb: x, First: t.first, End: t.end, Offset: t.fileOff, ChunkLens: t.lens})
-			}
+			p.place(o.Size, Placed{Xorb: x, First: t.first, End: t.end, Offset: t.fileOff, ChunkLens: t.lens})
 		}
 	}
 	return p
+}
+
+// place keeps pl when it lies within the file (of size): a term cut at
+// the window's edge is kept whole by the window that holds all of it.
+func (p *prepared) place(size int64, pl Placed) {
+	var n int64
+	for _, l := range pl.ChunkLens {
+		n += int64(l)
+	}
+	if pl.Offset >= 0 && pl.Offset+n <= size {
+		p.placed = append(p.placed, pl)
+	}
 }
 
 // takeBuf returns a buffer of n bytes, one the reader is done with when
@@ -128,23 +141,34 @@ func takeBuf(free chan []byte, n, room int) []byte {
 }
 
 // held reads term t from the ChunkStore into dst (one open per term),
-// and says whether it could: a store that does not hold it, or gives
-// other than len(dst) bytes, leaves the term to be fetched.
-func (o *Options) held(ctx context.Context, t Term, dst []byte) bool {
+// and returns its chunks' lengths and whether it could: a store that
+// does not hold it, gives other than len(dst) bytes, or lengths that do
+// not add up to them, leaves the term to be fetched.
+func (o *Options) held(ctx context.Context, t Term, dst []byte) ([]uint32, bool) {
 	if o.Store == nil {
-		return false
+		return nil, false
 	}
-	r, ok := o.Store.Chunks(ctx, t.Hash, t.Range.Start, t.Range.End)
+	r, lens, ok := o.Store.Chunks(ctx, t.Hash, t.Range.Start, t.Range.End)
 	if !ok {
-		return false
+		return nil, false
 	}
 	defer r.Close()
+	var sum int
+	for _, l := range lens {
+		if l == 0 || l > MaxChunk {
+			return nil, false
+		}
+		sum += int(l)
+	}
+	if len(lens) != int(t.Range.End-t.Range.Start) || sum != len(dst) {
+		return nil, false
+	}
 	if _, err := io.ReadFull(r, dst); err != nil {
-		return false
+		return nil, false
 	}
 	var one [1]byte
 	n, _ := r.Read(one[:])
-	return n == 0
+	return lens, n == 0
 }
 
 // fetchAll fills the targets of need from the fetches rec offers: each
