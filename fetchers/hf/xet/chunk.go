@@ -250,8 +250,10 @@ func ungroup4(dst, src []byte) {
 // EncodeChunk appends data stored with scheme (header and body) to dst;
 // when compressing does not make it smaller it is stored with None, as
 // xorb.md says it SHOULD be. A scheme this package does not know stores
-// the bytes raw under that number (a test's "new encoding"). For test
-// servers and benchmarks.
+// the bytes raw under that number (a test's "new encoding"). The LZ4
+// frame is the one xet-core writes (lz4_flex's FrameEncoder defaults:
+// independent blocks of 64 KiB, 256 KiB for a chunk above that, no
+// checksums). For test servers and benchmarks.
 func EncodeChunk(dst, data []byte, scheme Scheme) []byte {
 	body := data
 	if scheme == LZ4 || scheme == ByteGrouping4LZ4 {
@@ -261,6 +263,11 @@ func EncodeChunk(dst, data []byte, scheme Scheme) []byte {
 		}
 		var buf bytes.Buffer
 		w := lz4.NewWriter(&buf)
+		bs := lz4.Block64Kb
+		if len(in) > 64<<10 {
+			bs = lz4.Block256Kb
+		}
+		w.Apply(lz4.BlockSizeOption(bs), lz4.ChecksumOption(false))
 		w.Write(in)
 		w.Close()
 		if buf.Len() < len(data) {
