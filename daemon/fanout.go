@@ -144,8 +144,9 @@ func (p *pull) downloadFanout(ctx context.Context, ref string, fl fetchers.File,
 		return "", 0, err
 	}
 	mu.Lock()
-	tellCommitted(origin, digest)
+	o := origin
 	mu.Unlock()
+	tellCommitted(o, digest)
 	d.metrics.fetchDuration.WithLabelValues(p.src.scheme).Observe(time.Since(start).Seconds())
 	if waited { // the wait is over: say so where it was said
 		p.setPhase(api.PhaseDownloading, fl.Path+": fetched after waiting for a peer")
