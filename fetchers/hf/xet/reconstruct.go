@@ -131,9 +131,10 @@ func (r *Reader) Close() error {
 // Committed is the caller's word that a blob of this digest
 // ("sha256:<hex>" or bare hex) was committed from the bytes this reader
 // gave, its digest checked. When the reader gave the whole file from
-// byte 0 and the digest is the file's OID, the store learns where the
-// fetched terms sit (ChunkStore.Remember): only a checked whole teaches
-// it, so a wrong chunk the CAS served, or a wrong OID, teaches nothing.
+// byte 0 and the digest is the file's OID, the store learns where its
+// terms sit, fetched and reused (ChunkStore.Remember): only a checked
+// whole teaches it, so a wrong chunk the CAS served, or a wrong OID,
+// teaches nothing.
 // Best effort: a node that cannot remember only fetches more later.
 func (r *Reader) Committed(digest string) {
 	d := strings.TrimPrefix(digest, "sha256:")
@@ -145,8 +146,8 @@ func (r *Reader) Committed(digest string) {
 
 // run emits the file from pos. Windows are prepared ahead, Conns at a
 // time, and emitted in order; a window that fails is prepared again,
-// Attempts times. A run from byte 0 that reaches the end keeps the
-// terms it fetched for Committed.
+// Attempts times. A run from byte 0 that reaches the end keeps where
+// the file's terms sit for Committed.
 func (r *Reader) run(ctx context.Context, pos int64, st *Stats) error {
 	o := &r.o
 	ctx, cancel := context.WithCancel(ctx)
