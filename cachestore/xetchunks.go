@@ -18,8 +18,9 @@ import (
 // model then reads the chunks it shares with an older one from the blobs
 // here instead of the CAS.
 //
-// Terms are recorded when the fetcher has assembled a file, before its
-// blob is committed (RecordXetTerms), and answered only from a blob that
+// Terms are recorded when the fetcher has assembled a file, once its
+// blob is committed (RecordXetTerms; a record made before the commit
+// waits for it), and answered only from a blob that
 // has its index record (written after the verified blob is renamed into
 // blobs/; removed with the blob by GC, by verify's quarantine, by repair
 // when the file is gone) and whose file has the recorded size. So a term
@@ -220,16 +221,17 @@ type xetHeld struct {
 }
 
 // XetChunks returns a reader of the uncompressed bytes of chunks
-// [first, end) of xorb, and true, when committed blobs hold all of them;
+// [first, end) of xorb, the length of each (end-first of them, as
+// recorded), and true, when committed blobs hold all of them;
 // the range may be stitched from several terms, of several blobs. Nil
 // and false otherwise: a xorb hash or range out of bounds, chunks no
 // committed blob holds, a blob whose file is gone or not its recorded
 // size. It reads only inside blobs, within their recorded size. The
 // caller closes the reader; it holds the blob files open, so a blob that
 // GC removes meanwhile still reads whole. Safe for concurrent use.
-func (s *Store) XetChunks(ctx context.Context, xorb string, first, end uint32) (io.ReadCloser, bool) {
+func (s *Store) XetChunks(ctx context.Context, xorb string, first, end uint32) (io.ReadCloser, []uint32, bool) {
 	if ctx.Err() != nil || ValidXorb(xorb) != nil || !validRange(first, end) {
-		return nil, false
+		return nil, nil, false
 	}
 	var held []xetHeld
 	err := s.db.View(func(tx *bolt.Tx) error {
@@ -237,18 +239,18 @@ func (s *Store) XetChunks(ctx context.Context, xorb string, first, end uint32) (
 		return nil
 	})
 	if err != nil || len(held) == 0 {
-		return nil, false
+		return nil, nil, false
 	}
-	segs, ok := xetCover(held, first, end)
+	segs, lens, ok := xetCover(held, first, end)
 	if !ok {
-		return nil, false
+		return nil, nil, false
 	}
 	r, err := s.openSegments(segs)
 	if err != nil {
 		s.log.Debug("xet chunks: a blob of the index cannot be read", "xorb", xorb, "err", err)
-		return nil, false
+		return nil, nil, false
 	}
-	return r, true
+	return r, lens, true
 }
 
 // xetCandidates are the terms of xorb that overlap [first, end), in
@@ -293,9 +295,11 @@ type xetSegment struct {
 }
 
 // xetCover stitches [first, end) from held terms, greedily: at each
-// chunk, the term that covers it and reaches furthest.
-func xetCover(held []xetHeld, first, end uint32) ([]xetSegment, bool) {
+// chunk, the term that covers it and reaches furthest. It returns the
+// segments and each chunk's length.
+func xetCover(held []xetHeld, first, end uint32) ([]xetSegment, []uint32, bool) {
 	var segs []xetSegment
+	lens := make([]uint32, 0, end-first)
 	for pos := first; pos < end; {
 		best := -1
 		for i, h := range held {
@@ -304,7 +308,7 @@ func xetCover(held []xetHeld, first, end uint32) ([]xetSegment, bool) {
 			}
 		}
 		if best < 0 {
-			return nil, false
+			return nil, nil, false
 		}
 		h := held[best]
 		stop := min(h.end, end)
@@ -314,6 +318,7 @@ func xetCover(held []xetHeld, first, end uint32) ([]xetSegment, bool) {
 				skip += int64(l)
 			} else {
 				n += int64(l)
+				lens = append(lens, l)
 			}
 		}
 		seg := xetSegment{blob: h.blob, size: h.size, off: h.place.Offset + skip, n: n}
@@ -324,7 +329,7 @@ func xetCover(held []xetHeld, first, end uint32) ([]xetSegment, bool) {
 		}
 		pos = stop
 	}
-	return segs, true
+	return segs, lens, true
 }
 
 // openSegments opens each segment's blob once and checks that its file

@@ -62,9 +62,14 @@ func (f *xetFixture) commit(name string, b []byte) {
 // read asks for chunks [first, end); ok false when the store says no.
 func (f *xetFixture) read(first, end uint32) ([]byte, bool) {
 	f.t.Helper()
-	r, ok := f.s.XetChunks(context.Background(), f.xorb, first, end)
+	r, lens, ok := f.s.XetChunks(context.Background(), f.xorb, first, end)
 	if !ok {
 		return nil, false
+	}
+	for i := first; i < end; i++ { // each chunk's length, as recorded
+		if lens[i-first] != uint32(len(xetChunk(i))) {
+			f.t.Fatalf("chunks [%d, %d): lengths %v", first, end, lens)
+		}
 	}
 	defer r.Close()
 	b, err := io.ReadAll(r)
@@ -107,7 +112,7 @@ func TestXetChunksStitch(t *testing.T) {
 			t.Errorf("chunks [%d, %d) answered; no blob holds them all", r[0], r[1])
 		}
 	}
-	if _, ok := f.s.XetChunks(context.Background(), strings.Repeat("f", 64), 0, 1); ok {
+	if _, _, ok := f.s.XetChunks(context.Background(), strings.Repeat("f", 64), 0, 1); ok {
 		t.Error("an unknown xorb answered")
 	}
 }
@@ -248,7 +253,7 @@ func TestXetHostileTerms(t *testing.T) {
 		xorb       string
 		first, end uint32
 	}{{"", 0, 1}, {strings.ToUpper(f.xorb), 0, 1}, {f.xorb, 1, 0}, {f.xorb, 0, MaxXetChunks + 1}} {
-		if _, ok := f.s.XetChunks(context.Background(), q.xorb, q.first, q.end); ok {
+		if _, _, ok := f.s.XetChunks(context.Background(), q.xorb, q.first, q.end); ok {
 			t.Errorf("lookup %q [%d, %d) answered", q.xorb, q.first, q.end)
 		}
 	}
@@ -290,13 +295,13 @@ func TestXetLostIndexRebuilds(t *testing.T) {
 	if rep.IndexRebuilt == nil || len(rep.IndexRebuilt.Versions) != 1 {
 		t.Fatalf("rebuild: %+v", rep.IndexRebuilt)
 	}
-	if _, ok := s.XetChunks(ctx, f.xorb, 0, 4); ok {
+	if _, _, ok := s.XetChunks(ctx, f.xorb, 0, 4); ok {
 		t.Fatal("terms answered after the index that held them was lost")
 	}
 	if err := s.RecordXetTerms(da, []XetTerm{ta}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := s.XetChunks(ctx, f.xorb, 0, 4); !ok {
+	if _, _, ok := s.XetChunks(ctx, f.xorb, 0, 4); !ok {
 		t.Fatal("terms recorded again do not answer")
 	}
 	if probs, err := s.Fsck(); err != nil || len(probs) != 0 {

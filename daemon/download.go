@@ -159,6 +159,19 @@ func (p *pull) fetchFileTee(ctx context.Context, fl fetchers.File, lease *caches
 // (cachestore.Entry.Transport), which inspect shows.
 type transportReporter interface{ Transport() string }
 
+// commitListener is a source's reader of one file that wants to hear
+// that a blob was committed from the bytes it gave, its digest checked:
+// the hf fetcher's Xet reader, which then teaches the store's chunk
+// index where the file's chunks sit (fetchers/hf/xet: Reader.Committed).
+type commitListener interface{ Committed(digest string) }
+
+// tellCommitted tells r, when it listens, that digest was committed.
+func tellCommitted(r io.Reader, digest string) {
+	if l, ok := r.(commitListener); ok {
+		l.Committed(digest)
+	}
+}
+
 // download streams the file into an ingest, resuming from what is on disk
 // and after each interrupted attempt, then commits it. When the source
 // says it cannot continue from the offset (fetchers.ErrCannotResume: the
@@ -179,6 +192,7 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 		prog.skipped.Add(resumed)
 		d.log.Info("resuming download", "ref", ref, "offset", resumed)
 	}
+	var last io.Reader // the source's reader of the last attempt
 	start := time.Now()
 	fetched := &meteredReader{c: d.metrics.fetchedBytes.WithLabelValues(scheme)}
 	var readNs int64 // time inside the source's Read, over every attempt
@@ -198,6 +212,7 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 		if err != nil {
 			return err
 		}
+		last = rc
 		if tr, ok := rc.(transportReporter); ok {
 			defer func() { prog.setTransport(fl.Path, tr.Transport()) }() // once the stream has said all it will
 		}
@@ -229,6 +244,7 @@ func (p *pull) download(ctx context.Context, ref string, fl fetchers.File, lease
 	if err != nil {
 		return "", 0, err
 	}
+	tellCommitted(last, digest)
 	d.metrics.fetchDuration.WithLabelValues(scheme).Observe(time.Since(start).Seconds())
 	return digest, size, nil
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/modelcache/modelcache/api"
@@ -88,6 +89,8 @@ func (p *pull) downloadFanout(ctx context.Context, ref string, fl fetchers.File,
 	opts := cachestore.WriterOpts{Ref: ref, Size: fl.Size, Lease: lease, Check: fl.Check, Owner: p.ds.Name, Digest: fl.Digest}
 	var readNs int64
 	var last *cachestore.Writer
+	var origin io.Reader // the origin's reader of the last attempt
+	var mu sync.Mutex
 	offset := func() int64 {
 		if last == nil {
 			return 0
@@ -122,6 +125,9 @@ func (p *pull) downloadFanout(ctx context.Context, ref string, fl fetchers.File,
 			if err != nil {
 				return nil, err
 			}
+			mu.Lock()
+			origin = rc
+			mu.Unlock()
 			rc = fetchers.MinRate(rc, d.cfg.ProgressFloor, d.cfg.ProgressWindow)
 			return meteredBody{&meteredReader{r: rc, c: d.metrics.fetchedBytes.WithLabelValues(p.src.scheme)}, rc}, nil
 		},
@@ -137,6 +143,10 @@ func (p *pull) downloadFanout(ctx context.Context, ref string, fl fetchers.File,
 		}
 		return "", 0, err
 	}
+	mu.Lock()
+	o := origin
+	mu.Unlock()
+	tellCommitted(o, digest)
 	d.metrics.fetchDuration.WithLabelValues(p.src.scheme).Observe(time.Since(start).Seconds())
 	if waited { // the wait is over: say so where it was said
 		p.setPhase(api.PhaseDownloading, fl.Path+": fetched after waiting for a peer")

@@ -58,3 +58,31 @@ func TestHFXetEndToEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestHFXetFanOutOrigin: a node of a static fleet takes a blob the peers
+// lack from the origin through fan-out; over Xet, the commit there too
+// teaches the store where the file's chunks sit, so the next revision
+// fetches only what changed.
+func TestHFXetFanOutOrigin(t *testing.T) {
+	hub := newFanHub(t)
+	cas := hub.EnableXet()
+	hs, _ := fanFleet(t, 1, 1, nil)
+	const tensor = 256 << 10
+	v1 := xettest.Model(23, 6<<20, tensor)
+	v2 := xettest.Mutate(v1, 24, 0.10, tensor)
+	hub.Commit("acme/xetfan", map[string][]byte{"model.safetensors": v1}, "v1")
+	hub.Commit("acme/xetfan", map[string][]byte{"model.safetensors": v2}, "v2")
+	for _, rev := range []string{"v1", "v2"} {
+		sent := cas.Sent.Load()
+		if _, err := hs[0].pull(api.PullRequest{Name: "x", URI: "hf://acme/xetfan@" + rev}); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string][]byte{"v1": v1, "v2": v2}[rev]
+		hs[0].checkModel("x", map[string][]byte{"model.safetensors": want})
+		ratio := float64(cas.Sent.Load()-sent) / float64(len(want))
+		t.Logf("%s: %.3f of its bytes fetched from the CAS", rev, ratio)
+		if rev == "v2" && ratio > 0.15 {
+			t.Errorf("rev 2 through fan-out's origin fetched %.3f of its size from the CAS, want <= 0.15", ratio)
+		}
+	}
+}

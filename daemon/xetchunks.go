@@ -20,7 +20,7 @@ type xetChunks struct {
 
 // xetIndex is what xetChunks needs of the store.
 type xetIndex interface {
-	XetChunks(ctx context.Context, xorb string, first, end uint32) (io.ReadCloser, bool)
+	XetChunks(ctx context.Context, xorb string, first, end uint32) (io.ReadCloser, []uint32, bool)
 	RecordXetTerms(blobDigest string, terms []cachestore.XetTerm) error
 }
 
@@ -28,7 +28,7 @@ var _ xet.ChunkStore = xetChunks{}
 
 // Chunks answers from committed blobs that hold every chunk of
 // [first, end) of xorb.
-func (c xetChunks) Chunks(ctx context.Context, xorb string, first, end uint32) (io.ReadCloser, bool) {
+func (c xetChunks) Chunks(ctx context.Context, xorb string, first, end uint32) (io.ReadCloser, []uint32, bool) {
 	return c.store.XetChunks(ctx, xorb, first, end)
 }
 

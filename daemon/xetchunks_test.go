@@ -64,15 +64,15 @@ func TestXetChunkStoreAdapter(t *testing.T) {
 	if err := cs.Remember(ctx, oid, placed); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := cs.Chunks(ctx, xorb, 4, 6); ok {
+	if _, _, ok := cs.Chunks(ctx, xorb, 4, 6); ok {
 		t.Fatal("answered before the blob was committed")
 	}
 	if _, err := st.Ingest(ctx, "t", bytes.NewReader(file), int64(len(file)), cachestore.DigestPrefix+oid); err != nil {
 		t.Fatal(err)
 	}
-	r, ok := cs.Chunks(ctx, xorb, 5, 6)
-	if !ok {
-		t.Fatal("no answer once the blob is committed")
+	r, lens, ok := cs.Chunks(ctx, xorb, 5, 6)
+	if !ok || len(lens) != 1 || lens[0] != 200 {
+		t.Fatalf("once the blob is committed: %v, lengths %v", ok, lens)
 	}
 	got, _ := io.ReadAll(r)
 	r.Close()

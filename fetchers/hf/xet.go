@@ -57,8 +57,9 @@ func WithXet(enabled bool) Option { return func(o *options) { o.noXet = !enabled
 
 // WithChunkStore gives the chunks the node holds: a Xet read takes them
 // from it instead of the CAS, and records the terms of each file it
-// assembles whole (ChunkStore.Remember). Default none: every chunk is
-// fetched.
+// assembled whole once the caller says its blob was committed
+// (Committed on the reader; ChunkStore.Remember). Default none: every
+// chunk is fetched.
 func WithChunkStore(s xet.ChunkStore) Option { return func(o *options) { o.chunks = s } }
 
 // WithRouteReport sets a function told which path each file took
@@ -127,7 +128,8 @@ func (f *Fetcher) openXet(ctx context.Context, file fetchers.File, oid string, o
 	st := &xet.Stats{}
 	f.report(Route{Path: file.Path, OID: oid, Via: RouteXet, Offset: offset})
 	r := &xetReader{f: f, file: file, oid: oid, ctx: ctx, start: offset, pos: offset, st: st, bridge: bridge}
-	r.rc = xet.Open(ctx, o, offset, st)
+	r.x = xet.Open(ctx, o, offset, st)
+	r.rc = r.x
 	return r, ""
 }
 
@@ -213,6 +215,7 @@ type xetReader struct {
 	pos     int64
 	st      *xet.Stats
 	rc      io.ReadCloser
+	x       *xet.Reader // the Xet read rc started as
 	bridge  func(context.Context, int64) (io.ReadCloser, error)
 	bridged bool // the bridge took over
 }
@@ -252,6 +255,17 @@ func (r *xetReader) Read(b []byte) (int, error) {
 }
 
 func (r *xetReader) Close() error { return r.rc.Close() }
+
+// Committed is the caller's word that a blob of digest was committed
+// from the bytes read, its digest checked: a file Xet gave whole from
+// byte 0 then teaches the ChunkStore where its fetched chunks sit
+// (xet.Reader.Committed). The daemon says it after each commit; a
+// caller that does not only leaves the store without them.
+func (r *xetReader) Committed(digest string) {
+	if !r.bridged {
+		r.x.Committed(digest)
+	}
+}
 
 // Transport is how the file was sent: RouteXet, or RouteResolve once the
 // resolve URL took over.

@@ -51,8 +51,9 @@ func newXetFetcher(t *testing.T, hub *hubtest.Hub, rs *routes, opts ...Option) *
 }
 
 // pull reads every file as the daemon's ingest does: from offset 0,
-// sha256 checked before the bytes count, a refused file opened again
-// (as the daemon's retry does). It returns the files' bytes and how
+// sha256 checked before the bytes count (and the reader told so, as the
+// daemon's commit does), a refused file opened again (as the daemon's
+// retry does). It returns the files' bytes and how
 // each was sent (the reader's Transport, which the daemon records).
 func pull(t *testing.T, f *Fetcher, uri string) (map[string][]byte, map[string]string) {
 	t.Helper()
@@ -79,6 +80,9 @@ func pull(t *testing.T, f *Fetcher, uri string) (map[string][]byte, map[string]s
 			sum := sha256.Sum256(b)
 			if fl.Digest == "" || fl.Digest == "sha256:"+hex.EncodeToString(sum[:]) {
 				out[fl.Path] = b
+				if c, ok := rc.(interface{ Committed(string) }); ok && fl.Digest != "" {
+					c.Committed(fl.Digest) // as the daemon does once the blob is committed
+				}
 				break
 			}
 			if attempt == 2 {

@@ -2,6 +2,7 @@ package xet
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -86,7 +87,8 @@ type ChunkReader struct {
 	r       io.Reader
 	hdr     [HeaderSize]byte
 	comp    []byte
-	scratch []byte
+	scratch []byte // a grouped chunk before it is ungrouped
+	src     *bytes.Reader
 	lz      *lz4.Reader
 }
 
@@ -97,49 +99,105 @@ func NewChunkReader(r io.Reader) *ChunkReader { return &ChunkReader{r: r} }
 // At the end of r before a header it returns io.EOF; a chunk cut short
 // is io.ErrUnexpectedEOF.
 func (c *ChunkReader) Next(dst []byte) ([]byte, error) {
-	if _, err := io.ReadFull(c.r, c.hdr[:]); err != nil {
-		return dst, err
-	}
-	h, err := ParseHeader(c.hdr[:])
+	h, err := c.header()
 	if err != nil {
 		return dst, err
 	}
+	n := len(dst)
+	dst = grow(dst, int(h.Uncompressed))
+	if err := c.body(dst[n:], h); err != nil {
+		return dst[:n], err
+	}
+	return dst, nil
+}
+
+// NextInto decodes the next chunk straight into dst, which must have
+// room for it (a chunk longer than len(dst) is ErrCorrupt: longer than
+// the term it belongs to), and returns its uncompressed length. Errors
+// as Next's.
+func (c *ChunkReader) NextInto(dst []byte) (int, error) {
+	h, err := c.header()
+	if err != nil {
+		return 0, err
+	}
+	n := int(h.Uncompressed)
+	if n > len(dst) {
+		return 0, fmt.Errorf("%w: a chunk of %d bytes where %d are left of its term", ErrCorrupt, n, len(dst))
+	}
+	return n, c.body(dst[:n], h)
+}
+
+// Skip passes over the next chunk without decoding it (a chunk of a
+// range that no term needs). Errors as Next's.
+func (c *ChunkReader) Skip() error {
+	h, err := c.header()
+	if err != nil {
+		return err
+	}
+	_, err = c.compressed(h)
+	return err
+}
+
+func (c *ChunkReader) header() (Header, error) {
+	if _, err := io.ReadFull(c.r, c.hdr[:]); err != nil {
+		return Header{}, err
+	}
+	return ParseHeader(c.hdr[:])
+}
+
+// compressed reads the chunk's stored bytes.
+func (c *ChunkReader) compressed(h Header) ([]byte, error) {
 	if cap(c.comp) < int(h.Compressed) {
 		c.comp = make([]byte, h.Compressed)
 	}
 	c.comp = c.comp[:h.Compressed]
-	if _, err := io.ReadFull(c.r, c.comp); err != nil {
+	_, err := io.ReadFull(c.r, c.comp)
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return c.comp, err
+}
+
+// body decodes the chunk h heads into out (len(out) == h.Uncompressed):
+// a raw chunk is read straight into it, an LZ4 one decompressed into
+// it, a grouped one decompressed aside and ungrouped into it.
+func (c *ChunkReader) body(out []byte, h Header) error {
+	if h.Scheme == None {
+		_, err := io.ReadFull(c.r, out)
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		return dst, err
+		return err
 	}
-	return c.decode(dst, h, c.comp)
-}
-
-func (c *ChunkReader) decode(dst []byte, h Header, comp []byte) ([]byte, error) {
-	n := len(dst)
-	if h.Scheme == None {
-		return append(dst, comp...), nil
+	comp, err := c.compressed(h)
+	if err != nil {
+		return err
 	}
 	if c.lz == nil {
 		c.lz = lz4.NewReader(nil)
+		c.src = bytes.NewReader(nil)
 	}
-	c.lz.Reset(bytes.NewReader(comp))
-	dst = grow(dst, int(h.Uncompressed))
-	out := dst[n : n+int(h.Uncompressed)]
-	if _, err := io.ReadFull(c.lz, out); err != nil {
-		return dst[:n], fmt.Errorf("%w: LZ4 frame: %v", ErrCorrupt, err)
+	c.src.Reset(comp)
+	c.lz.Reset(c.src)
+	into := out
+	if h.Scheme == ByteGrouping4LZ4 {
+		if cap(c.scratch) < len(out) {
+			c.scratch = make([]byte, len(out))
+		}
+		into = c.scratch[:len(out)]
+	}
+	if _, err := io.ReadFull(c.lz, into); err != nil {
+		return fmt.Errorf("%w: LZ4 frame: %v", ErrCorrupt, err)
 	}
 	// The frame must end where the header says.
 	var one [1]byte
 	if k, err := c.lz.Read(one[:]); k != 0 || (err != nil && err != io.EOF) {
-		return dst[:n], fmt.Errorf("%w: LZ4 frame longer than %d bytes", ErrCorrupt, h.Uncompressed)
+		return fmt.Errorf("%w: LZ4 frame longer than %d bytes", ErrCorrupt, h.Uncompressed)
 	}
 	if h.Scheme == ByteGrouping4LZ4 {
-		c.scratch = ungroup4(out, c.scratch)
+		ungroup4(out, into)
 	}
-	return dst, nil
+	return nil
 }
 
 func grow(b []byte, n int) []byte {
@@ -164,11 +222,9 @@ func group4(b []byte) []byte {
 	return out
 }
 
-// ungroup4 undoes group4 in place, with scratch as its copy of b; it
-// returns scratch, grown if need be, for the next call.
-func ungroup4(b, scratch []byte) []byte {
-	n := len(b)
-	src := append(scratch[:0], b...)
+// ungroup4 undoes group4: src grouped, dst (as long) the bytes in order.
+func ungroup4(dst, src []byte) {
+	n := len(src)
 	// Group g holds q bytes, and one more when g < n%4.
 	q, r := n/4, n%4
 	var gs [4][]byte
@@ -182,22 +238,22 @@ func ungroup4(b, scratch []byte) []byte {
 		at += k
 	}
 	s0, s1, s2, s3 := gs[0][:q], gs[1][:q], gs[2][:q], gs[3][:q]
-	out := b[:4*q]
+	out := dst[:4*q]
 	for i := range s0 {
-		o := out[4*i : 4*i+4 : 4*i+4]
-		o[0], o[1], o[2], o[3] = s0[i], s1[i], s2[i], s3[i]
+		binary.LittleEndian.PutUint32(out[4*i:], uint32(s0[i])|uint32(s1[i])<<8|uint32(s2[i])<<16|uint32(s3[i])<<24)
 	}
 	for g := 0; g < r; g++ {
-		b[4*q+g] = gs[g][q]
+		dst[4*q+g] = gs[g][q]
 	}
-	return src
 }
 
 // EncodeChunk appends data stored with scheme (header and body) to dst;
 // when compressing does not make it smaller it is stored with None, as
 // xorb.md says it SHOULD be. A scheme this package does not know stores
-// the bytes raw under that number (a test's "new encoding"). For test
-// servers and benchmarks.
+// the bytes raw under that number (a test's "new encoding"). The LZ4
+// frame is the one xet-core writes (lz4_flex's FrameEncoder defaults:
+// independent blocks of 64 KiB, 256 KiB for a chunk above that, no
+// checksums). For test servers and benchmarks.
 func EncodeChunk(dst, data []byte, scheme Scheme) []byte {
 	body := data
 	if scheme == LZ4 || scheme == ByteGrouping4LZ4 {
@@ -207,6 +263,11 @@ func EncodeChunk(dst, data []byte, scheme Scheme) []byte {
 		}
 		var buf bytes.Buffer
 		w := lz4.NewWriter(&buf)
+		bs := lz4.Block64Kb
+		if len(in) > 64<<10 {
+			bs = lz4.Block256Kb
+		}
+		w.Apply(lz4.BlockSizeOption(bs), lz4.ChecksumOption(false))
 		w.Write(in)
 		w.Close()
 		if buf.Len() < len(data) {

@@ -23,14 +23,18 @@ type Placed struct {
 // committed blob that holds every chunk asked for.
 type ChunkStore interface {
 	// Chunks returns a reader of the uncompressed bytes of chunks
-	// [first, end) of xorb, and true, when the node holds all of them in
-	// committed blobs; nil and false otherwise. The bytes come from blobs
-	// whose whole-file digest was checked at commit; the caller still
-	// checks the file it assembles.
-	Chunks(ctx context.Context, xorb string, first, end uint32) (io.ReadCloser, bool)
+	// [first, end) of xorb, the length of each (end-first of them), and
+	// true, when the node holds all of them in committed blobs; nil and
+	// false otherwise. The bytes come from blobs whose whole-file digest
+	// was checked at commit; the caller still checks the file it
+	// assembles. The lengths let the caller remember the chunks under
+	// the new file too (Remember), so they outlive the blob they came
+	// from.
+	Chunks(ctx context.Context, xorb string, first, end uint32) (io.ReadCloser, []uint32, bool)
 	// Remember records that the file whose sha256 is oid (hex, no
-	// prefix) holds these terms. It is called after the file was
-	// assembled and before it is committed; Chunks must not answer from
-	// it until a blob with that digest is committed.
+	// prefix) holds these terms. It is called once the caller committed
+	// a blob of that digest from the whole file (Reader.Committed);
+	// Chunks must not answer from it until a blob with that digest is
+	// committed.
 	Remember(ctx context.Context, oid string, terms []Placed) error
 }

@@ -17,6 +17,7 @@
 //	chunk.go        the chunk header, the schemes (none, LZ4, ByteGrouping4-LZ4), ChunkReader, EncodeChunk
 //	cdc.go          content-defined chunking (Gear hash, chunking.md), for test servers and benchmarks
 //	client.go       read tokens (TokenSource), the reconstruction API (v2, v1 fallback)
-//	reconstruct.go  Open: a file from an offset, window by window, held chunks from the ChunkStore
-//	transfer.go     ranged and multi-range reads of xorbs from signed URLs, decoding
+//	reconstruct.go  Open and Reader: a file from an offset, window by window; Committed teaches the ChunkStore
+//	assemble.go     one window: its terms laid out in one buffer, held ones read from the ChunkStore, the rest fetched
+//	transfer.go     ranged and multi-range reads of xorbs from signed URLs, chunks decoded straight into their terms
 package xet

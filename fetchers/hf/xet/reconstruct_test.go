@@ -34,8 +34,10 @@ func (r *rig) read(t *testing.T, o xet.Options, offset int64) ([]byte, *xet.Stat
 	o.Client, o.Tokens = http.DefaultClient, r.toks
 	st := &xet.Stats{}
 	rc := xet.Open(context.Background(), o, offset, st)
-	defer rc.Close()
 	b, err := io.ReadAll(rc)
+	rc.Close()
+	// As the daemon does once it committed a blob of the bytes' digest.
+	rc.Committed("sha256:" + oid(b))
 	return b, st, err
 }
 
@@ -167,9 +169,9 @@ func TestTokenRefresh(t *testing.T) {
 }
 
 // TestOpenRemembersOnlyACheckedWhole: terms are recorded under the OID
-// only when the bytes assembled from offset 0 hash to it; a file whose
-// digest differs (a CAS that lies, a wrong OID) or a read resumed past 0
-// teaches the store nothing.
+// only when the caller committed the bytes assembled from offset 0 under
+// it; a file whose digest differs (a CAS that lies, a wrong OID) or a
+// read resumed past 0 teaches the store nothing.
 func TestOpenRemembersOnlyACheckedWhole(t *testing.T) {
 	r := newRig(t)
 	data := xettest.Model(4, 2<<20, 128<<10)
@@ -192,5 +194,47 @@ func TestOpenRemembersOnlyACheckedWhole(t *testing.T) {
 		if n := len(store.Placed(c.oid)); (n > 0) != c.want {
 			t.Errorf("%s: %d terms remembered, want any: %v", c.name, n, c.want)
 		}
+	}
+}
+
+// TestOpenRemembersReused: a file assembled partly from held chunks
+// records those too under its own OID, so a third revision finds them in
+// the second's blob after the first's blob is gone.
+func TestOpenRemembersReused(t *testing.T) {
+	r := newRig(t)
+	const tensor = 256 << 10
+	v1 := xettest.Model(7, 8<<20, tensor)
+	v2 := xettest.Mutate(v1, 8, 0.10, tensor)
+	v3 := xettest.Mutate(v2, 9, 0.10, tensor)
+	id1, id2, id3 := r.cas.Add(v1), r.cas.Add(v2), r.cas.Add(v3)
+	store := xettest.NewMemStore()
+	for _, v := range []struct {
+		id   string
+		data []byte
+	}{{id1, v1}, {id2, v2}} {
+		got, _, err := r.read(t, xet.Options{FileID: v.id, Size: int64(len(v.data)), Store: store, OID: oid(v.data)}, 0)
+		if err != nil || !bytes.Equal(got, v.data) {
+			t.Fatalf("%d bytes, %v", len(got), err)
+		}
+		store.Commit(oid(v.data), v.data)
+	}
+	var covered int64
+	for _, p := range store.Placed(oid(v2)) {
+		for _, l := range p.ChunkLens {
+			covered += int64(l)
+		}
+	}
+	if covered < int64(len(v2)) {
+		t.Fatalf("rev 2 remembered terms over %d of its %d bytes: the reused chunks are missing", covered, len(v2))
+	}
+	store.Evict(oid(v1))
+	got, st, err := r.read(t, xet.Options{FileID: id3, Size: int64(len(v3)), Store: store, OID: oid(v3)}, 0)
+	if err != nil || !bytes.Equal(got, v3) {
+		t.Fatalf("rev 3: %d bytes, %v", len(got), err)
+	}
+	ratio := float64(st.Fetched.Load()) / float64(len(v3))
+	t.Logf("rev 3 with rev 1 evicted: fetched %.3f of its size, reused %d bytes", ratio, st.Reused.Load())
+	if ratio > 0.25 {
+		t.Errorf("rev 3 fetched %.3f of its size with rev 2 held, want <= 0.25", ratio)
 	}
 }

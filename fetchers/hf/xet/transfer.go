@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/modelcache/modelcache/fetchers"
 )
@@ -21,9 +22,8 @@ var ErrURLRefused = errors.New("xet: transfer URL refused")
 // fetchRanges GETs j's ranges in one request (download-protocol.md,
 // "Step 2: Download Xorb Data": a Range header of the descriptors' bytes
 // in ascending order; one range answers 206 with the bytes, several
-// answer multipart/byteranges) and hands each decoded chunk that a
-// range of need holds to keep.
-func fetchRanges(ctx context.Context, c *http.Client, j job, need []ChunkRange, st *Stats, keep func(uint32, []byte)) error {
+// answer multipart/byteranges) and decodes each into its targets.
+func fetchRanges(ctx context.Context, c *http.Client, j job, st *Stats) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, j.url, nil)
 	if err != nil {
 		return fmt.Errorf("%w: transfer URL: %v", ErrUnsupported, err)
@@ -53,7 +53,7 @@ func fetchRanges(ctx context.Context, c *http.Client, j job, need []ChunkRange, 
 		if err != nil || start != j.ranges[0].Bytes.Start {
 			return fmt.Errorf("xet transfer: Content-Range %q for bytes %d-", resp.Header.Get("Content-Range"), j.ranges[0].Bytes.Start)
 		}
-		return decodeRange(body, j.xorb, j.ranges[0], need, keep)
+		return decodeRange(body, j.xorb, j.ranges[0], j.targets[0])
 	}
 	if mt != "multipart/byteranges" || params["boundary"] == "" {
 		return fmt.Errorf("xet transfer: %d ranges answered as %q", len(j.ranges), resp.Header.Get("Content-Type"))
@@ -72,16 +72,16 @@ func fetchRanges(ctx context.Context, c *http.Client, j job, need []ChunkRange, 
 		if err != nil {
 			return fmt.Errorf("xet transfer: part: %w", err)
 		}
-		var d *RangeDescriptor
+		k := -1
 		for i := range j.ranges {
 			if j.ranges[i].Bytes.Start == start {
-				d = &j.ranges[i]
+				k = i
 			}
 		}
-		if d == nil {
+		if k < 0 {
 			return fmt.Errorf("xet transfer: a part at byte %d that was not asked for", start)
 		}
-		if err := decodeRange(p, j.xorb, *d, need, keep); err != nil {
+		if err := decodeRange(p, j.xorb, j.ranges[k], j.targets[k]); err != nil {
 			return err
 		}
 		done++
@@ -92,24 +92,52 @@ func fetchRanges(ctx context.Context, c *http.Client, j job, need []ChunkRange, 
 	return nil
 }
 
+// chunkReaders keeps ChunkReaders (their buffers and LZ4 state) from one
+// range to the next.
+var chunkReaders = sync.Pool{New: func() any { return NewChunkReader(nil) }}
+
 // decodeRange decodes chunks d.Chunks from r, which must hold exactly
-// d.Bytes: a short range or one longer than its chunks is an error.
-func decodeRange(r io.Reader, xorb string, d RangeDescriptor, need []ChunkRange, keep func(uint32, []byte)) error {
+// d.Bytes (a short range or one longer than its chunks is an error),
+// each chunk straight into the first target that holds it, copied to
+// any other (a chunk a window uses twice); a chunk no target holds is
+// passed over.
+func decodeRange(r io.Reader, xorb string, d RangeDescriptor, targets []*target) error {
 	lr := &io.LimitedReader{R: r, N: int64(d.Bytes.End-d.Bytes.Start) + 1}
-	cr := NewChunkReader(lr)
+	cr := chunkReaders.Get().(*ChunkReader)
+	defer chunkReaders.Put(cr)
+	cr.r = lr
 	for idx := d.Chunks.Start; idx < d.Chunks.End; idx++ {
-		c, err := cr.Next(nil)
+		var into *target
+		var c []byte
+		var err error
+		for _, t := range targets {
+			if idx < t.first || idx >= t.end {
+				continue
+			}
+			if into == nil {
+				into = t
+				var n int
+				n, err = cr.NextInto(t.dst[t.fill:])
+				c = t.dst[t.fill : t.fill+n]
+			} else if len(c) > len(t.dst)-t.fill {
+				err = fmt.Errorf("%w: a chunk of %d bytes where %d are left of its term", ErrCorrupt, len(c), len(t.dst)-t.fill)
+			} else {
+				copy(t.dst[t.fill:], c)
+			}
+			if err != nil {
+				break
+			}
+			t.fill += len(c)
+			t.lens = append(t.lens, uint32(len(c)))
+		}
+		if into == nil {
+			err = cr.Skip()
+		}
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
 		if err != nil {
 			return fmt.Errorf("xorb %s chunk %d: %w", xorb, idx, err)
-		}
-		for _, n := range need {
-			if n.Start <= idx && idx < n.End {
-				keep(idx, c)
-				break
-			}
 		}
 	}
 	if lr.N != 0 {

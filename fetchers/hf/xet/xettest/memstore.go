@@ -48,7 +48,7 @@ func (m *MemStore) Placed(oid string) []xet.Placed {
 }
 
 // Chunks implements xet.ChunkStore.
-func (m *MemStore) Chunks(_ context.Context, x string, first, end uint32) (io.ReadCloser, bool) {
+func (m *MemStore) Chunks(_ context.Context, x string, first, end uint32) (io.ReadCloser, []uint32, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for oid, ps := range m.placed {
@@ -72,8 +72,18 @@ func (m *MemStore) Chunks(_ context.Context, x string, first, end uint32) (io.Re
 				continue
 			}
 			m.Hits++
-			return io.NopCloser(bytes.NewReader(b[off : off+n])), true
+			lens := append([]uint32(nil), p.ChunkLens[first-p.First:end-p.First]...)
+			return io.NopCloser(bytes.NewReader(b[off : off+n])), lens, true
 		}
 	}
-	return nil, false
+	return nil, nil, false
+}
+
+// Evict drops a file's blob and what was remembered under it, as the
+// store's GC does to a blob no version holds.
+func (m *MemStore) Evict(oid string) {
+	m.mu.Lock()
+	delete(m.blobs, oid)
+	delete(m.placed, oid)
+	m.mu.Unlock()
 }
