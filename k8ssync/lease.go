@@ -281,18 +281,32 @@ func (e *elector) renew(ctx context.Context) {
 }
 
 // release hands the Lease back (an expiry of one second) if this elector
-// holds it.
+// holds it. A renewal that the end cut short may have landed unseen (the
+// API server wrote it, the answer never came): the release's write is
+// then a conflict, and is tried again once the newer Lease is read, for
+// as long as it still names this elector.
 func (e *elector) release() {
 	ctx, cancel := context.WithTimeout(context.Background(), e.renewDeadline)
 	defer cancel()
-	old, _, err := e.lock.Get(ctx)
-	if err != nil || !e.leading() {
-		return
-	}
-	now := metav1.Now()
-	rec := leaseRecord{LeaderTransitions: old.LeaderTransitions, LeaseDurationSeconds: 1, RenewTime: now, AcquireTime: now}
-	if e.lock.Update(ctx, rec) == nil {
-		e.observe(&rec)
+	for {
+		old, _, err := e.lock.Get(ctx)
+		if err != nil || !e.leading() || old.HolderIdentity != e.lock.Identity() {
+			return
+		}
+		now := metav1.Now()
+		rec := leaseRecord{LeaderTransitions: old.LeaderTransitions, LeaseDurationSeconds: 1, RenewTime: now, AcquireTime: now}
+		err = e.lock.Update(ctx, rec)
+		if err == nil {
+			e.observe(&rec)
+		}
+		if !apierrors.IsConflict(err) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }
 
