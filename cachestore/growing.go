@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"time"
 )
 
 // ErrIngestEnded: the Writer behind a Growing stopped before the blob was
@@ -203,6 +204,40 @@ func (p *progress) advance(n int64) {
 		p.written = n
 		close(p.changed)
 		p.changed = make(chan struct{})
+	}
+}
+
+// streamEvery is how long ReadFrom keeps bytes of a blob that others
+// read as it lands (a Writer with WriterOpts.Digest) in a buffer that
+// is not full: a slow source then shows its bytes to those readers this
+// often, not once per buffer (2 MiB by default: 8 s at 256 KiB/s), and a
+// stream crossing many nodes, each holding a buffer back, does not wait
+// a buffer's time at each.
+const streamEvery = 50 * time.Millisecond
+
+// handOff hands ReadFrom's current buffer on to be hashed and written
+// when it is full, or, for a blob readers follow, when streamEvery
+// passed since the last hand-off: then what it holds goes, less, under
+// O_DIRECT (whose writes are whole blocks), the last partial block,
+// which starts the next buffer.
+func (w *Writer) handOff() {
+	full := w.cur.n == len(w.cur.mem)
+	if !full && (w.prog == nil || w.cur.n < ioAlign || time.Since(w.handed) < streamEvery) {
+		return
+	}
+	w.handed = time.Now()
+	keep := 0
+	if !full && w.direct {
+		keep = w.cur.n % ioAlign
+	}
+	var tail [ioAlign]byte
+	copy(tail[:keep], w.cur.mem[w.cur.n-keep:w.cur.n])
+	w.cur.n -= keep
+	w.submit()
+	if keep > 0 {
+		w.next()
+		w.cur.pos -= int64(keep) // next took the offset past the kept bytes
+		w.cur.n = copy(w.cur.mem, tail[:keep])
 	}
 }
 

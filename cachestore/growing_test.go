@@ -210,3 +210,60 @@ func TestGrowingOnlyWithDigest(t *testing.T) {
 		t.Errorf("a malformed digest: %v", err)
 	}
 }
+
+// A blob readers follow, fed slowly through ReadFrom, shows its bytes to
+// them within moments, not once a buffer fills: with O_DIRECT a whole
+// number of blocks (the rest of the last block starts the next buffer),
+// without it all of them; either way the blob commits whole and right.
+func TestGrowingShowsASlowSourceSoon(t *testing.T) {
+	for _, direct := range []bool{false, true} {
+		ctx := context.Background()
+		s, _, err := cachestore.Open(ctx, t.TempDir(), cachestore.WithWriteBuffer(1<<20), cachestore.WithDirectIO(direct))
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := storetest.Data(200<<10, 8)
+		d := cachestore.DigestBytes(data)
+		w, err := s.Writer(ctx, cachestore.WriterOpts{Ref: "slow", Size: int64(len(data)), Digest: d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := s.OpenGrowing(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pr, pw := io.Pipe()
+		done := make(chan error, 1)
+		go func() {
+			_, err := w.ReadFrom(pr)
+			done <- err
+		}()
+		pw.Write(data[:10000]) // two blocks and a part, far from a full buffer
+		// Then a byte at a time, well apart, until the first 8 KiB show.
+		want := int64(10000)
+		if direct {
+			want = 8192
+		}
+		deadline := time.Now().Add(time.Minute)
+		for g.Written() < want && time.Now().Before(deadline) {
+			pw.Write(nil)
+			time.Sleep(20 * time.Millisecond)
+		}
+		if got := g.Written(); got < want {
+			t.Fatalf("direct %v: %d of the first 10,000 bytes readable after a minute, want %d", direct, got, want)
+		}
+		if got := readGrowing(t, g, want); !bytes.Equal(got, data[:want]) {
+			t.Fatalf("direct %v: the growing blob's first bytes differ from the data", direct)
+		}
+		pw.Write(data[10000:])
+		pw.Close()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if got, err := w.Commit(ctx, int64(len(data)), d); err != nil || got != d {
+			t.Fatalf("direct %v: commit %s, %v", direct, got, err)
+		}
+		g.Close()
+		s.Close()
+	}
+}

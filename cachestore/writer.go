@@ -88,6 +88,7 @@ type Writer struct {
 	err      error
 	closed   bool
 	prog     *progress // what readers of the growing blob follow; nil without opts.Digest
+	handed   time.Time // when ReadFrom last handed a buffer on (handOff)
 	released bool
 }
 
@@ -334,9 +335,7 @@ func (w *Writer) ReadFrom(r io.Reader) (int64, error) {
 		w.cur.n += n
 		w.offset += int64(n)
 		total += int64(n)
-		if w.cur.n == len(w.cur.mem) {
-			w.submit()
-		}
+		w.handOff()
 		if err == io.EOF {
 			return total, nil
 		}
