@@ -226,18 +226,16 @@ func (w *Writer) handOff() {
 		return
 	}
 	w.handed = time.Now()
-	keep := 0
-	if !full && w.direct {
-		keep = w.cur.n % ioAlign
+	var tail []byte
+	if keep := w.cur.n % ioAlign; !full && w.direct && keep > 0 {
+		tail = append(tail, w.cur.mem[w.cur.n-keep:w.cur.n]...)
+		w.cur.n -= keep
 	}
-	var tail [ioAlign]byte
-	copy(tail[:keep], w.cur.mem[w.cur.n-keep:w.cur.n])
-	w.cur.n -= keep
 	w.submit()
-	if keep > 0 {
+	if len(tail) > 0 {
 		w.next()
-		w.cur.pos -= int64(keep) // next took the offset past the kept bytes
-		w.cur.n = copy(w.cur.mem, tail[:keep])
+		w.cur.pos -= int64(len(tail)) // next took the offset past the kept bytes
+		w.cur.n = copy(w.cur.mem, tail)
 	}
 }
 

@@ -170,11 +170,10 @@ func mismatch(err error) bool {
 // first (a parent in the blob's tree, which streams the blob once it
 // lands there): it ends when the statuses change so that the plan's
 // first peer is another one (or the origin) while no byte has come
-// this round. A node's first view of a rollout lists few of the nodes
-// (the elected daemon publishes them every few seconds), so its first
-// parent is often the blob's root; held there, it would wait its turn
-// behind the whole fleet. end stops the watch; call it when the round
-// is over.
+// this round: a node whose view did not list its parent yet (a node
+// that joined later), or whose parent failed or was passed over, would
+// otherwise wait its turn at a peer no longer its parent. end stops the
+// watch; call it when the round is over.
 func (f *Fleet) moveWhenReplanned(ctx context.Context, changed <-chan struct{}, first string, ps *parking, plan func() Plan) (context.Context, func()) {
 	rctx, cancel := context.WithCancel(ctx)
 	ps.got.Store(false)
