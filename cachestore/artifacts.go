@@ -105,7 +105,7 @@ func readArtifacts(tx *bolt.Tx, manifests bool) ([]Artifact, error) {
 
 // TreePath is where the tree of name@rev is (or would be) visible.
 func (s *Store) TreePath(kind, name, rev string) string {
-	base, err := s.kindDir(kind)
+	base, err := s.treeBase(kind, name)
 	if err != nil {
 		return ""
 	}
@@ -192,7 +192,7 @@ func (s *Store) Evict(ctx context.Context, name, rev string, force bool) ([]stri
 	if len(victims) == 0 {
 		return nil, fmt.Errorf("artifact %s@%s: %w", name, rev, ErrNotFound)
 	}
-	base, _ := s.kindDir(victims[0].Kind)
+	base, _ := s.treeBase(victims[0].Kind, name)
 	parent := filepath.Join(base, name)
 	current := a.Current
 	for _, v := range victims {

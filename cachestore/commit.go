@@ -90,8 +90,7 @@ func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, 
 	if err != nil {
 		return nil, err
 	}
-	base, err := s.kindDir(spec.Kind)
-	if err != nil {
+	if _, err := s.kindDir(spec.Kind); err != nil {
 		return nil, err
 	}
 	if spec.Kind == "" {
@@ -115,6 +114,18 @@ func (s *Store) CommitVersion(ctx context.Context, spec VersionSpec) (*Version, 
 	mode := os.FileMode(0o755)
 	if spec.Private {
 		mode = 0o700
+		// Its artifact's other trees go under private/ first (private.go;
+		// only SetPrivate brings an artifact back out).
+		if err := s.place(spec.Kind, spec.Name, true); err != nil {
+			return nil, err
+		}
+	}
+	base, err := s.treeBase(spec.Kind, spec.Name)
+	if err != nil {
+		return nil, err
+	}
+	if spec.Private {
+		base, _ = s.kindBase(spec.Kind, true)
 	}
 	if err := s.materialize(base, spec.Name, rev, m, mode); err != nil {
 		return nil, fmt.Errorf("artifact %s@%s: %w", spec.Name, rev, err)
@@ -192,7 +203,7 @@ func (s *Store) Activate(name, rev string) error {
 		if v.State != StateReady {
 			return fmt.Errorf("artifact %s@%s is %s, not Ready: %s", name, rev, v.State, v.Message)
 		}
-		base, err := s.kindDir(v.Kind)
+		base, err := s.treeBase(v.Kind, name)
 		if err != nil {
 			return err
 		}
@@ -206,7 +217,7 @@ func (s *Store) Activate(name, rev string) error {
 		return err
 	}
 	s.hit("activate.after-index")
-	base, _ := s.kindDir(kind)
+	base, _ := s.treeBase(kind, name)
 	if err := s.setCurrentLink(filepath.Join(base, name), rev); err != nil {
 		s.log.Warn("swap current link; startup repair will fix it", "artifact", name, "err", err)
 	}

@@ -17,6 +17,8 @@
 //	               records; Lease and what holds a blob from GC
 //	commit.go      VersionSpec, CommitVersion, Activate; building, removing and
 //	               pointing at trees (materialize, current links)
+//	private.go     private artifacts' trees under private/ (SetPrivate, IsPrivate), the
+//	               artifact directories public and private; InTrees parses a path in them
 //	artifacts.go   the artifact records: get, list (with the summaries' cache), pin,
 //	               touch, state, evict
 //	records.go     Records: the daemon's records (desires, holds) beside the content,

@@ -89,7 +89,7 @@ func (f *fscker) blobRecords() error {
 // a record, and that its tree holds exactly its manifest's paths, each a
 // hardlink to its blob.
 func (f *fscker) version(name string, v Version) {
-	base, err := f.s.kindDir(v.Kind)
+	base, err := f.s.treeBase(v.Kind, name)
 	if err != nil {
 		f.bad("%s@%s: %v", name, v.Revision, err)
 		return
@@ -157,8 +157,8 @@ func (f *fscker) current(a Artifact) {
 // unknownTrees finds trees and current links on disk that the index does
 // not know.
 func (f *fscker) unknownTrees() {
-	for _, kind := range []string{KindModel, KindKernelCache} {
-		base, _ := f.s.kindDir(kind)
+	for _, b := range f.s.artifactBases() {
+		base, dir := b.dir, b.rel(f.s.root)
 		names, _ := os.ReadDir(base)
 		for _, n := range names {
 			revs, _ := os.ReadDir(filepath.Join(base, n.Name()))
@@ -167,12 +167,12 @@ func (f *fscker) unknownTrees() {
 				if r.Name() == currentLink {
 					target, err := os.Readlink(p)
 					if err != nil || !f.known[filepath.Join(base, n.Name(), target)] {
-						f.bad("%s/%s/current points at %q, which the index does not know", kindDirs[kind], n.Name(), target)
+						f.bad("%s/%s/current points at %q, which the index does not know", dir, n.Name(), target)
 					}
 					continue
 				}
 				if !f.known[p] {
-					f.bad("%s/%s/%s is on disk but not in the index", kindDirs[kind], n.Name(), r.Name())
+					f.bad("%s/%s/%s is on disk but not in the index", dir, n.Name(), r.Name())
 				}
 			}
 		}

@@ -31,9 +31,11 @@ const rebuildMessage = "rebuilt from disk after the index was lost; source, pin 
 
 // storeHasTrees reports whether any kind dir holds an artifact directory.
 func storeHasTrees(root string) bool {
-	for _, d := range kindDirs {
-		if ents, err := os.ReadDir(filepath.Join(root, d)); err == nil && len(ents) > 0 {
-			return true
+	for _, d := range []string{kindDirs[KindModel], kindDirs[KindKernelCache]} {
+		for _, p := range []string{d, filepath.Join(dirPrivate, d)} {
+			if ents, err := os.ReadDir(filepath.Join(root, p)); err == nil && len(ents) > 0 {
+				return true
+			}
 		}
 	}
 	return false
@@ -59,8 +61,8 @@ func (s *Store) rebuildIndex(ctx context.Context) (*RebuildReport, error) {
 		return nil, err
 	}
 	var arts []Artifact
-	for _, kind := range []string{KindModel, KindKernelCache} {
-		base := filepath.Join(s.root, kindDirs[kind])
+	for _, ab := range s.artifactBases() {
+		kind, base := ab.kind, ab.dir
 		names, _ := os.ReadDir(base)
 		for _, n := range names {
 			if err := ctx.Err(); err != nil {
@@ -68,6 +70,9 @@ func (s *Store) rebuildIndex(ctx context.Context) (*RebuildReport, error) {
 			}
 			if !n.IsDir() || ValidateName(n.Name()) != nil {
 				continue // repair removes it as before: nothing of ours
+			}
+			if where, _ := s.treeBase(kind, n.Name()); where != base {
+				continue // a public copy of a private name: repair removes it
 			}
 			a, err := b.artifact(ctx, kind, base, n.Name())
 			if err != nil {

@@ -222,9 +222,14 @@ func (r repairer) version(name string, v *Version, onDisk map[string]int64) erro
 			}
 		}
 	}
-	base, err := r.s.kindDir(v.Kind)
+	base, err := r.s.treeBase(v.Kind, name)
 	if err != nil {
 		return nil
+	}
+	if _, err := os.Lstat(filepath.Join(base, name)); err != nil {
+		// No tree of name is left: rebuilt where a private one would be,
+		// as its mode is closed (below); its owner opens both.
+		base, _ = r.s.kindBase(v.Kind, true)
 	}
 	tree := filepath.Join(base, name, v.Revision)
 	_, serr := os.Lstat(tree)
@@ -250,7 +255,7 @@ func (r repairer) currentLink(a Artifact, revs map[string]Version) error {
 	if len(a.Versions) == 0 {
 		return nil
 	}
-	base, _ := r.s.kindDir(a.Versions[0].Kind)
+	base, _ := r.s.treeBase(a.Versions[0].Kind, a.Name)
 	want := a.Current
 	if v, ok := revs[want]; !ok || v.State != StateReady {
 		want = ""
@@ -268,12 +273,14 @@ func (r repairer) currentLink(a Artifact, revs map[string]Version) error {
 // unknownTrees removes the trees on disk that the index does not know as
 // Ready versions of their kind.
 func (r repairer) unknownTrees(known map[string]map[string]Version) {
-	for kind, d := range kindDirs {
-		base := filepath.Join(r.s.root, d)
+	for _, b := range r.s.artifactBases() {
+		kind, base := b.kind, b.dir
 		names, _ := os.ReadDir(base)
 		for _, n := range names {
 			revs, ok := known[n.Name()]
-			if !ok {
+			if where, _ := r.s.treeBase(kind, n.Name()); !ok || where != base {
+				// Unknown, or the public copy of a name that is private
+				// too (made by hand: a rename never leaves both).
 				removeTree(r.s.root, r.s.log, filepath.Join(base, n.Name()))
 				r.rep.TreesRemoved++
 				continue

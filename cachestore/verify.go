@@ -129,7 +129,7 @@ func (s *Store) dropBadVersions(arts []Artifact, bad map[string]bool, rep *Verif
 				if err := s.SetState(a.Name, v.Revision, StateMissing, msg); err != nil {
 					return err
 				}
-				base, _ := s.kindDir(v.Kind)
+				base, _ := s.treeBase(v.Kind, a.Name)
 				if a.Current == v.Revision {
 					s.setCurrentLink(filepath.Join(base, a.Name), "")
 				}

@@ -15,9 +15,19 @@ import (
 func treeMode(t *testing.T, h *harness, name string) os.FileMode {
 	t.Helper()
 	a := h.waitPhase(name, api.PhaseReady)
-	fi, err := os.Stat(filepath.Join(h.cfg.Root, "models", name, a.Revision))
+	tree := h.d.store.TreePath(a.Kind, name, a.Revision)
+	fi, err := os.Stat(tree)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A closed tree is a private artifact's, under private/ (where no
+	// local PV may point); an open one is under models/.
+	want := filepath.Join(h.cfg.Root, "models", name, a.Revision)
+	if fi.Mode().Perm() != 0o755 {
+		want = filepath.Join(h.cfg.Root, "private", "models", name, a.Revision)
+	}
+	if tree != want {
+		t.Errorf("%s: a tree of mode %o at %s, want %s", name, fi.Mode().Perm(), tree, want)
 	}
 	return fi.Mode().Perm()
 }

@@ -134,12 +134,12 @@ func (c *csiVolumes) rediscover() {
 		if held[filepath.Clean(v.Target)] {
 			continue
 		}
-		parts := strings.Split(b.Rel, "/")
-		if len(parts) != 3 || (parts[0] != "models" && parts[0] != "kernels") {
+		parts, ok := cachestore.InTrees(b.Rel)
+		if !ok || len(parts) != 2 {
 			c.log.Warn("csi: a pod mounts a directory of the store that no hold record names; left as it is", "target", v.Target, "dir", b.Rel)
 			continue
 		}
-		v.Model, v.Revision, v.KernelCaches = parts[1], parts[2], "none"
+		v.Model, v.Revision, v.KernelCaches = parts[0], parts[1], "none"
 		if _, ok := readyVersion(c.store, v.Model, v.Revision); !ok {
 			c.log.Warn("csi: a pod mounts a tree the index has no Ready version of; not held", "target", v.Target, "artifact", v.Model, "revision", v.Revision)
 			continue

@@ -130,11 +130,21 @@ func (h *harness) passAndSettle(t *testing.T) {
 }
 
 func (h *harness) read(name, path string) string {
-	b, err := os.ReadFile(filepath.Join(h.cfg.Root, "models", name, "current", path))
+	b, err := os.ReadFile(filepath.Join(h.d.store.TreePath(cachestore.KindModel, name, "current"), path))
 	if err != nil {
 		return "<" + err.Error() + ">"
 	}
 	return string(b)
+}
+
+// lstatTree is os.Lstat of name's artifact directory, public (models/)
+// or private (private/models/): nil when either is there.
+func lstatTree(root, name string) (os.FileInfo, error) {
+	fi, err := os.Lstat(filepath.Join(root, "models", name))
+	if err != nil {
+		fi, err = os.Lstat(filepath.Join(root, "private", "models", name))
+	}
+	return fi, err
 }
 
 func sha(b []byte) string {
@@ -213,7 +223,7 @@ func TestWrongBytesNothingVisible(t *testing.T) {
 	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "digest mismatch") {
 		t.Fatalf("wrong bytes: %v, want Failed with a digest mismatch", err)
 	}
-	if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", "evil")); err == nil {
+	if _, err := lstatTree(h.cfg.Root, "evil"); err == nil {
 		t.Fatal("a tree appeared for bytes that failed verification")
 	}
 	if h.d.store.HasBlob("sha256:" + sha(evil)) {
@@ -339,7 +349,7 @@ func TestFolderChecksum(t *testing.T) {
 	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "expected "+wrong) {
 		t.Fatalf("wrong folder checksum: %v", err)
 	}
-	if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", "m")); err == nil {
+	if _, err := lstatTree(h.cfg.Root, "m"); err == nil {
 		t.Fatal("a tree became visible despite a folder checksum mismatch")
 	}
 	m := cachestore.Manifest{
@@ -409,7 +419,7 @@ func TestModelsDirDesires(t *testing.T) {
 	testenv.Eventually(t, "the absent desire evicts the artifact", 10*time.Second, func() error {
 		// Unpinned by the new file content? No: pins live on the version; absent must still evict it.
 		h.c.Unpin(context.Background(), "fromfile")
-		if _, err := os.Lstat(filepath.Join(cfg.Root, "models", "fromfile")); err == nil {
+		if _, err := lstatTree(cfg.Root, "fromfile"); err == nil {
 			return errors.New("its tree is still there")
 		}
 		return nil

@@ -31,7 +31,7 @@ func clusterDesire(name, uri string) api.Desire {
 // blob holds the token.
 func committedNothing(t *testing.T, h *harness, name string) {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(h.cfg.Root, "models", name)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := lstatTree(h.cfg.Root, name); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("%s: a refused source was committed (%v)", name, err)
 	}
 	filepath.Walk(filepath.Join(h.cfg.Root, "blobs"), func(p string, fi os.FileInfo, err error) error {

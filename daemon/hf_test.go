@@ -174,7 +174,7 @@ func TestHFHostileHub(t *testing.T) {
 			if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("%v; want Failed containing %q", err, c.want)
 			}
-			for _, p := range []string{filepath.Join(h.cfg.Root, "models", name), filepath.Join(h.cfg.Root, "hf", "models--acme--hostile-"+itoa(i)), filepath.Join(filepath.Dir(h.cfg.Root), "etc")} {
+			for _, p := range []string{filepath.Join(h.cfg.Root, "models", name), filepath.Join(h.cfg.Root, "private", "models", name), filepath.Join(h.cfg.Root, "hf", "models--acme--hostile-"+itoa(i)), filepath.Join(filepath.Dir(h.cfg.Root), "etc")} {
 				if _, err := os.Lstat(p); err == nil {
 					t.Fatalf("%s exists after a refused pull", p)
 				}

@@ -97,7 +97,7 @@ func TestHostileFileNameFromURL(t *testing.T) {
 	if err == nil {
 		t.Fatal("a file named '..' was accepted")
 	}
-	if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", "dots")); err == nil {
+	if _, err := lstatTree(h.cfg.Root, "dots"); err == nil {
 		t.Fatal("a tree appeared")
 	}
 }
@@ -152,7 +152,7 @@ func TestDiskFull(t *testing.T) {
 	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "disk full") {
 		t.Fatalf("pull onto a full disk: %v, want Failed naming a full disk", err)
 	}
-	if _, err := os.Lstat(filepath.Join(cfg.Root, "models", "big")); err == nil {
+	if _, err := lstatTree(cfg.Root, "big"); err == nil {
 		t.Fatal("a partial tree is visible")
 	}
 	if ents, _ := os.ReadDir(filepath.Join(cfg.Root, "ingest")); len(ents) != 0 {

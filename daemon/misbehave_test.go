@@ -3,8 +3,6 @@ package daemon
 import (
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -69,7 +67,7 @@ func TestMisbehavingServers(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("want a failure naming %q, got %v", c.want, err)
 			}
-			if _, err := os.Lstat(filepath.Join(cfg.Root, "models", "m")); err == nil {
+			if _, err := lstatTree(cfg.Root, "m"); err == nil {
 				t.Fatal("a tree appeared")
 			}
 		})

@@ -177,7 +177,7 @@ func TestNGCResumeAndWrongDigest(t *testing.T) {
 			if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("%v; want Failed with %q", err, c.want)
 			}
-			if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", c.name)); err == nil {
+			if _, err := lstatTree(h.cfg.Root, c.name); err == nil {
 				t.Fatal("a refused file became visible")
 			}
 			if c.name != "wrong-digest" {

@@ -174,7 +174,7 @@ func TestOCIArtifactsModelcarAndHostileLayers(t *testing.T) {
 		if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "refused archive entry") {
 			t.Fatalf("hostile layer %d: %v", i, err)
 		}
-		if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", n)); err == nil {
+		if _, err := lstatTree(h.cfg.Root, n); err == nil {
 			t.Fatal("a tree appeared for a hostile layer")
 		}
 	}
@@ -188,7 +188,7 @@ func TestOCIArtifactsModelcarAndHostileLayers(t *testing.T) {
 	if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "digest mismatch") {
 		t.Fatalf("corrupted layer: %v", err)
 	}
-	if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", "flip")); err == nil {
+	if _, err := lstatTree(h.cfg.Root, "flip"); err == nil {
 		t.Fatal("a tree appeared from a corrupted layer")
 	}
 	_, err = h.pull(api.PullRequest{Name: "none", URI: "oci://" + host + "/models/none:1"})
@@ -393,7 +393,7 @@ func TestLayerCheckedAsItDownloads(t *testing.T) {
 			if !errors.Is(err, api.ErrFailed) || !strings.Contains(err.Error(), "refused archive entry") {
 				t.Fatalf("case %+v: %v, want the hostile entry refused", tc, err)
 			}
-			if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", n)); err == nil {
+			if _, err := lstatTree(h.cfg.Root, n); err == nil {
 				t.Fatalf("case %+v: a tree appeared for a hostile layer", tc)
 			}
 			continue

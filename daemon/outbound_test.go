@@ -10,8 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -63,7 +61,7 @@ func TestRedirectToMetricsRefused(t *testing.T) {
 		if _, err := h.d.Store().Get(name); !errors.Is(err, cachestore.ErrNotFound) {
 			t.Fatalf("redirect to %s: the store has %s (%v); want nothing committed", target, name, err)
 		}
-		if _, err := os.Lstat(filepath.Join(h.cfg.Root, "models", name)); err == nil {
+		if _, err := lstatTree(h.cfg.Root, name); err == nil {
 			t.Fatalf("redirect to %s: a tree appeared", target)
 		}
 	}

@@ -24,12 +24,15 @@ import (
 // on disk only root (and the local group: 0750) reaches its files by a
 // path:
 //
-//   - its version trees (models/<name>/<rev>) are 0700: the store makes a
-//     private version's tree so before it is in place
-//     (cachestore.VersionSpec.Private), and treeModes keeps every stored
-//     version's mode in step with its desire (a desire that becomes
-//     private or public; a tree that startup repair rebuilt is 0700, and
-//     New opens it if it is public before anything is served);
+//   - its version trees (private/models/<name>/<rev>) are 0700: the store
+//     makes a private version's tree so, under private/, before it is in
+//     place (cachestore.VersionSpec.Private), and treeModes keeps every
+//     stored version's place and mode in step with its desire (a desire
+//     that becomes private or public; a tree that startup repair rebuilt
+//     is 0700 under private/, and New opens it if it is public before
+//     anything is served); under models/ are public trees only, so an
+//     admission policy that admits local PVs there only keeps private
+//     trees out of every PV (cachestore/private.go);
 //   - it gets no hf/ view (those are world-readable by design);
 //   - blobs/ is 0700 (cachestore): no blob is read by its digest.
 //
@@ -214,6 +217,13 @@ func (m *treeModes) apply(a *cachestore.Artifact, want map[string]api.Desire, mo
 			m.log.Warn("a private artifact's local group is gone; its trees stay root's only", "artifact", a.Name, "err", err)
 		} else {
 			mode, gid = 0o750, g
+		}
+	}
+	if len(a.Versions) > 0 {
+		// A private artifact's trees are under private/, which no local PV
+		// may name (cachestore/private.go): moved before their modes change.
+		if err := m.store.SetPrivate(a.Versions[0].Kind, a.Name, mode != 0o755); err != nil {
+			m.log.Error("moving an artifact's trees to where its privacy puts them", "artifact", a.Name, "private", mode != 0o755, "err", err)
 		}
 	}
 	for _, v := range a.Versions {

@@ -134,8 +134,14 @@ func TestPrivateTreesNotReadableByLocalUsers(t *testing.T) {
 	if err := read(filepath.Join(pTree, "w.bin")); err == nil {
 		t.Fatal("a local user read the private model's tree")
 	}
-	if err := read(filepath.Join(root, "models", "p", "current", "w.bin")); err == nil {
+	if err := read(filepath.Join(filepath.Dir(pTree), "current", "w.bin")); err == nil {
 		t.Fatal("a local user read the private model through current")
+	}
+	if want := filepath.Join(root, "private", "models", "p", p.Revision); pTree != want {
+		t.Fatalf("the private model's tree is at %s, want %s (no local PV may name private/)", pTree, want)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "models", "p")); !os.IsNotExist(err) {
+		t.Fatalf("models/p exists beside the private tree: %v", err)
 	}
 	blob, _ := r.d.store.BlobPath("sha256:" + sha(shared))
 	if err := read(blob); err == nil {
@@ -255,31 +261,33 @@ func TestTreeModesFollowTheDesire(t *testing.T) {
 	set := allowing(t, h.d, clusterDesire("m", srv.URL+"/w.bin#sha256="+sha(w)))
 	set()
 	a := h.waitPhase("m", api.PhaseReady)
-	tree := h.d.store.TreePath("model", "m", a.Revision)
-	mode := func() os.FileMode {
-		fi, err := os.Stat(tree)
-		if err != nil {
-			t.Fatal(err)
+	public := filepath.Join(h.cfg.Root, "models", "m", a.Revision)
+	private := filepath.Join(h.cfg.Root, "private", "models", "m", a.Revision)
+	// is checks that the tree is at dir, with mode, and nowhere else.
+	is := func(dir string, mode os.FileMode) error {
+		if got := h.d.store.TreePath("model", "m", a.Revision); got != dir {
+			return fmt.Errorf("the store says the tree is at %s, want %s", got, dir)
 		}
-		return fi.Mode().Perm()
+		fi, err := os.Stat(dir)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm() != mode {
+			return fmt.Errorf("%s: mode %v, want %v", dir, fi.Mode().Perm(), mode)
+		}
+		other := map[string]string{public: private, private: public}[dir]
+		if _, err := os.Lstat(filepath.Dir(other)); !os.IsNotExist(err) {
+			return fmt.Errorf("%s is there too: %v", filepath.Dir(other), err)
+		}
+		return nil
 	}
-	if m := mode(); m != 0o755 {
-		t.Fatalf("a public tree: %v", m)
+	if err := is(public, 0o755); err != nil {
+		t.Fatalf("a public tree: %v", err)
 	}
 	set("team-a")
-	testenv.Eventually(t, "the tree closed", 10*time.Second, func() error {
-		if m := mode(); m != 0o700 {
-			return &os.PathError{Op: "mode " + m.String(), Path: tree, Err: os.ErrInvalid}
-		}
-		return nil
-	})
+	testenv.Eventually(t, "the tree closed, under private/ (no local PV may name it)", 10*time.Second, func() error { return is(private, 0o700) })
 	set()
-	testenv.Eventually(t, "the tree open again", 10*time.Second, func() error {
-		if m := mode(); m != 0o755 {
-			return &os.PathError{Op: "mode " + m.String(), Path: tree, Err: os.ErrInvalid}
-		}
-		return nil
-	})
+	testenv.Eventually(t, "the tree open again, under models/", 10*time.Second, func() error { return is(public, 0o755) })
 }
 
 // TestPrivateHFModelHasNoHFView: the hf/ view is world-readable by
@@ -316,15 +324,22 @@ func TestTreeStaysOpenWhileAPodMountsIt(t *testing.T) {
 	set := allowing(t, r.d, clusterDesire("m", srv.URL+"/w.bin#sha256="+sha(w)))
 	set()
 	a := r.waitPhase("m", api.PhaseReady)
-	tree := r.d.store.TreePath("model", "m", a.Revision)
 	target := r.target("uid-1", "model")
 	if err := r.publishAs("team-b", "vol-1", target, map[string]string{"modelCache": "m"}); err != nil {
 		t.Fatal(err)
 	}
 	set("team-a")
 	r.d.modes.all() // what the pass after the change does
+	// The tree moved under private/; the pod's bind mount went with it.
+	tree := r.d.store.TreePath("model", "m", a.Revision)
+	if !strings.HasPrefix(tree, filepath.Join(r.cfg.Root, "private")+"/") {
+		t.Fatalf("a private artifact's tree is at %s, not under private/", tree)
+	}
 	if fi, err := os.Stat(tree); err != nil || fi.Mode().Perm() != 0o755 {
 		t.Fatalf("the tree a pod mounts was closed under it: %v %v", fi.Mode(), err)
+	}
+	if got, err := os.ReadFile(filepath.Join(target, "w.bin")); err != nil || string(got) != string(w) {
+		t.Fatalf("the pod's volume after its tree moved: %v", err)
 	}
 	if err := r.publishAs("team-b", "vol-2", r.target("uid-2", "model"), map[string]string{"modelCache": "m"}); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("a new pod of team-b: %v, want PermissionDenied", err)

@@ -74,8 +74,9 @@ func (s *Syncer) allNames() []string {
 }
 
 // artifactsUnder maps a hostPath to the artifacts it exposes: a path in
-// models/<name> or kernels/<name> holds that one; the root, models/ or
-// kernels/ hold all of theirs.
+// models/<name> or kernels/<name> (or the same under private/, where the
+// store keeps private artifacts) holds that one; the root, private/,
+// models/ or kernels/ hold all of theirs.
 func artifactsUnder(root, p string, names func() []string) []string {
 	p = strings.TrimRight(p, "/")
 	rel, ok := strings.CutPrefix(p, root)
@@ -83,6 +84,12 @@ func artifactsUnder(root, p string, names func() []string) []string {
 		return nil
 	}
 	parts := strings.Split(strings.TrimPrefix(rel, "/"), "/")
+	if parts[0] == "private" {
+		if len(parts) == 1 {
+			return names()
+		}
+		parts = parts[1:]
+	}
 	switch {
 	case rel == "" || ((parts[0] == "models" || parts[0] == "kernels") && len(parts) == 1):
 		return names()

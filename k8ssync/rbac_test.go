@@ -347,6 +347,14 @@ func TestNodeTokenReachesOnlyItsNode(t *testing.T) {
 		{"a directory inside a revision", "the tree of one artifact revision", func(pv *corev1.PersistentVolume) { pv.Spec.Local.Path = path + "/sub" }},
 		{"another artifact's tree than its label names", "the tree of one artifact revision", func(pv *corev1.PersistentVolume) { pv.Spec.Local.Path = "/var/lib/modelcache/models/private/current" }},
 		{"no modelcache.io/model label", "the tree of one artifact revision", func(pv *corev1.PersistentVolume) { delete(pv.Labels, k8ssync.LabelModel) }},
+		// Where the store keeps a private artifact's trees (a models.d one no
+		// ModelCache declares included): no path there is admitted.
+		{"a private artifact's tree", "local volume under /var/lib/modelcache/models/", func(pv *corev1.PersistentVolume) {
+			pv.Spec.Local.Path = "/var/lib/modelcache/private/models/m/current"
+		}},
+		{"a private artifact's revision", "local volume under /var/lib/modelcache/models/", func(pv *corev1.PersistentVolume) {
+			pv.Spec.Local.Path = "/var/lib/modelcache/private/models/m/" + strings.Repeat("a", 40)
+		}},
 	} {
 		pv := localPV("modelcache-node-a-shape", "node-a", path)
 		c.shape(pv)

@@ -320,17 +320,19 @@ func TestRoom(t *testing.T) {
 }
 
 // TestScanFindsOpenAndMappedFiles runs the scanner over this process:
-// a file it holds open under a fake root is found and mapped back.
+// files it holds open under a fake root, in a public tree and in a
+// private one (under private/), are found and mapped back.
 func TestScanFindsOpenAndMappedFiles(t *testing.T) {
 	root := t.TempDir()
-	p := filepath.Join(root, "models", "m", "rev1", "w.bin")
-	os.MkdirAll(filepath.Dir(p), 0o755)
-	os.WriteFile(p, []byte("weights"), 0o644)
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
+	for _, p := range []string{filepath.Join(root, "models", "m", "rev1", "w.bin"), filepath.Join(root, "private", "models", "p", "rev2", "w.bin")} {
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, []byte("weights"), 0o644)
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
 	}
-	defer f.Close()
 	s := &Scanner{Root: root}
 	uses, st, err := s.Scan()
 	if err != nil {
@@ -343,7 +345,7 @@ func TestScanFindsOpenAndMappedFiles(t *testing.T) {
 		}
 	}
 	sort.Strings(found)
-	if len(found) != 1 || found[0] != "m@rev1 pid " || st.Processes == 0 {
+	if len(found) != 2 || found[0] != "m@rev1 pid " || found[1] != "p@rev2 pid " || st.Processes == 0 {
 		t.Fatalf("scan found %v (%+v)", found, st)
 	}
 	if d, ok := BlobOf("blobs/sha256/ab/" + strings.Repeat("ab", 32)); !ok || d != "sha256:"+strings.Repeat("ab", 32) {

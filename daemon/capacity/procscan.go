@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/modelcache/modelcache/api"
+	"github.com/modelcache/modelcache/cachestore"
 )
 
 // Scanner finds processes that hold files under the store root open or
@@ -135,14 +136,15 @@ func (s *Scanner) scanPid(proc, pid string, out []Use, st *ScanStats) []Use {
 }
 
 // VersionOf maps a path relative to the root to the artifact version
-// whose tree it is in ("models/<name>/<rev>/…"); ok is false for other
-// paths (blobs are mapped through manifests by the caller).
+// whose tree it is in ("models/<name>/<rev>/…", or under private/); ok is
+// false for other paths (blobs are mapped through manifests by the
+// caller).
 func VersionOf(rel string) (name, rev string, ok bool) {
-	parts := strings.SplitN(rel, "/", 4)
-	if len(parts) < 3 || (parts[0] != "models" && parts[0] != "kernels") || parts[2] == "current" {
+	parts, ok := cachestore.InTrees(rel)
+	if !ok || len(parts) < 2 || parts[1] == "current" {
 		return "", "", false
 	}
-	return parts[1], parts[2], true
+	return parts[0], parts[1], true
 }
 
 // BlobOf maps "blobs/sha256/<2>/<64>" to its digest.

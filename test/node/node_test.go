@@ -732,7 +732,15 @@ spec: {modelCache: private, secretName: creds, sources: ["`+src+`"]}
 	if err := cat(store + "/models/public/current/w.bin"); err != nil {
 		t.Errorf("a local user cannot read the public model: %v", err)
 	}
-	if err := cat(store + "/models/private/current/w.bin"); err == nil {
+	// team-a's model is under private/, where no node's local PV may
+	// point, and not under models/.
+	if _, err := os.Stat(store + "/private/models/private/current/w.bin"); err != nil {
+		t.Errorf("team-a's private model is not under private/: %v", err)
+	}
+	if _, err := os.Lstat(store + "/models/private"); !os.IsNotExist(err) {
+		t.Errorf("team-a's private model has a directory under models/: %v", err)
+	}
+	if err := cat(store + "/private/models/private/current/w.bin"); err == nil {
 		t.Error("a local user read team-a's private model on the host")
 	}
 
