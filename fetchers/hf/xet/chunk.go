@@ -223,6 +223,9 @@ func group4(b []byte) []byte {
 }
 
 // ungroup4 undoes group4: src grouped, dst (as long) the bytes in order.
+// ungroupBlocks interleaves the groups 16 bytes of each at a time where
+// the machine has vector instructions for it (ungroup_amd64.s); the rest
+// goes 4 bytes at a time.
 func ungroup4(dst, src []byte) {
 	n := len(src)
 	// Group g holds q bytes, and one more when g < n%4.
@@ -239,8 +242,14 @@ func ungroup4(dst, src []byte) {
 	}
 	s0, s1, s2, s3 := gs[0][:q], gs[1][:q], gs[2][:q], gs[3][:q]
 	out := dst[:4*q]
-	for i := range s0 {
-		binary.LittleEndian.PutUint32(out[4*i:], uint32(s0[i])|uint32(s1[i])<<8|uint32(s2[i])<<16|uint32(s3[i])<<24)
+	i := 0
+	if q >= 16 {
+		i = ungroupBlocks(out, s0, s1, s2, s3, q/16) * 16
+	}
+	s0, s1, s2, s3 = s0[i:], s1[i:len(s0)], s2[i:len(s0)], s3[i:len(s0)]
+	out = out[4*i:]
+	for j := range s0 {
+		binary.LittleEndian.PutUint32(out[4*j:], uint32(s0[j])|uint32(s1[j])<<8|uint32(s2[j])<<16|uint32(s3[j])<<24)
 	}
 	for g := 0; g < r; g++ {
 		dst[4*q+g] = gs[g][q]
