@@ -160,7 +160,9 @@ func (c *ChunkReader) compressed(h Header) ([]byte, error) {
 
 // body decodes the chunk h heads into out (len(out) == h.Uncompressed):
 // a raw chunk is read straight into it, an LZ4 one decompressed into
-// it, a grouped one decompressed aside and ungrouped into it.
+// it, a grouped one decompressed aside and ungrouped into it. A frame
+// as xet-core writes it is decoded block by block (decodeFrame), any
+// other by the stream reader.
 func (c *ChunkReader) body(out []byte, h Header) error {
 	if h.Scheme == None {
 		_, err := io.ReadFull(c.r, out)
@@ -173,12 +175,6 @@ func (c *ChunkReader) body(out []byte, h Header) error {
 	if err != nil {
 		return err
 	}
-	if c.lz == nil {
-		c.lz = lz4.NewReader(nil)
-		c.src = bytes.NewReader(nil)
-	}
-	c.src.Reset(comp)
-	c.lz.Reset(c.src)
 	into := out
 	if h.Scheme == ByteGrouping4LZ4 {
 		if cap(c.scratch) < len(out) {
@@ -186,6 +182,28 @@ func (c *ChunkReader) body(out []byte, h Header) error {
 		}
 		into = c.scratch[:len(out)]
 	}
+	if ok, err := decodeFrame(into, comp); err != nil {
+		return err
+	} else if !ok {
+		if err := c.streamFrame(into, comp, h); err != nil {
+			return err
+		}
+	}
+	if h.Scheme == ByteGrouping4LZ4 {
+		ungroup4(out, into)
+	}
+	return nil
+}
+
+// streamFrame decodes any LZ4 frame (checksums, linked blocks, several
+// frames in a row) with the stream reader, into exactly into.
+func (c *ChunkReader) streamFrame(into, comp []byte, h Header) error {
+	if c.lz == nil {
+		c.lz = lz4.NewReader(nil)
+		c.src = bytes.NewReader(nil)
+	}
+	c.src.Reset(comp)
+	c.lz.Reset(c.src)
 	if _, err := io.ReadFull(c.lz, into); err != nil {
 		return fmt.Errorf("%w: LZ4 frame: %v", ErrCorrupt, err)
 	}
@@ -193,9 +211,6 @@ func (c *ChunkReader) body(out []byte, h Header) error {
 	var one [1]byte
 	if k, err := c.lz.Read(one[:]); k != 0 || (err != nil && err != io.EOF) {
 		return fmt.Errorf("%w: LZ4 frame longer than %d bytes", ErrCorrupt, h.Uncompressed)
-	}
-	if h.Scheme == ByteGrouping4LZ4 {
-		ungroup4(out, into)
 	}
 	return nil
 }
