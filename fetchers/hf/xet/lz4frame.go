@@ -80,9 +80,19 @@ func decodeFrame(out, comp []byte) (ok bool, err error) {
 			off += copy(out[off:], blk)
 			continue
 		}
-		k, err := lz4.UncompressBlock(blk, out[off:min(len(out), off+blockMax)])
+		dst := out[off:min(len(out), off+blockMax)]
+		if len(dst) == 0 {
+			// The block decoder needs room for a byte; a block that
+			// gives one here gives more than the header says.
+			var one [1]byte
+			dst = one[:]
+		}
+		k, err := lz4.UncompressBlock(blk, dst)
 		if err != nil {
 			return true, fmt.Errorf("%w: LZ4 frame: %v", ErrCorrupt, err)
+		}
+		if k > len(out)-off {
+			return true, fmt.Errorf("%w: LZ4 frame longer than %d bytes", ErrCorrupt, len(out))
 		}
 		off += k
 	}

@@ -26,6 +26,9 @@ func frame(t testing.TB, data []byte, opts ...lz4.Option) []byte {
 func sameAsStream(t *testing.T, comp []byte, n int) bool {
 	t.Helper()
 	fast, slow := make([]byte, n), make([]byte, n)
+	if n == 0 {
+		fast = nil // as Next(nil) gives an empty chunk
+	}
 	ok, ferr := decodeFrame(fast, comp)
 	if !ok {
 		return false
@@ -48,7 +51,11 @@ func TestDecodeFrame(t *testing.T) {
 	rng.Read(random)
 	text := bytes.Repeat([]byte("tensor weights 0.125 0.25 "), MaxChunk/26+1)[:MaxChunk]
 	mixed := append(append([]byte(nil), text[:40<<10]...), random[:90<<10]...)[:MaxChunk]
-	for _, data := range [][]byte{text, random, mixed} {
+	// A block that opens with a short literal run: the decoder's fast
+	// path, which writes 16 bytes at once, so an empty (nil) chunk must
+	// never reach it.
+	short := bytes.Repeat([]byte("abc"), MaxChunk/3+1)[:MaxChunk]
+	for _, data := range [][]byte{text, random, mixed, short} {
 		for _, n := range []int{1, 100, 64<<10 - 1, 64 << 10, 64<<10 + 1, MaxChunk} {
 			d := data[:n]
 			for _, opts := range [][]lz4.Option{
@@ -63,7 +70,9 @@ func TestDecodeFrame(t *testing.T) {
 				if checksums := comp[4]&(1<<4|1<<2) != 0; took == checksums {
 					t.Fatalf("%d bytes, FLG %#x: block path took it: %v", n, comp[4], took)
 				}
-				// The same frame into a chunk one byte shorter or longer.
+				// The same frame into a chunk one byte shorter or longer,
+				// or empty (no room for even a byte of a block).
+				sameAsStream(t, comp, 0)
 				sameAsStream(t, comp, n-1)
 				sameAsStream(t, comp, n+1)
 				sameAsStream(t, comp[:len(comp)-1], n)
