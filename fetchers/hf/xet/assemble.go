@@ -126,9 +126,10 @@ func (p *prepared) place(size int64, pl Placed) {
 	}
 }
 
-// takeBuf returns a buffer of n bytes, one the reader is done with when
-// one is large enough (fresh pages for each window cost more), else a
-// new one of capacity at least room.
+// takeBuf returns a buffer of n bytes: one this reader is done with,
+// else one a finished reader left (windowBufs), when large enough (fresh
+// pages for each window cost more: zeroing, page faults, collection),
+// else a new one of capacity at least room.
 func takeBuf(free chan []byte, n, room int) []byte {
 	select {
 	case b := <-free:
@@ -137,7 +138,27 @@ func takeBuf(free chan []byte, n, room int) []byte {
 		}
 	default:
 	}
+	if bp, ok := windowBufs.Get().(*[]byte); ok && cap(*bp) >= n {
+		return (*bp)[:n]
+	}
 	return make([]byte, n, max(n, room))
+}
+
+// windowBufs keeps the window buffers of readers that finished for the
+// next file's (a model is many files read one after the other); the
+// runtime drops what stays unused for two collections.
+var windowBufs sync.Pool
+
+// recycle hands the buffers in free (read, so no one's) to windowBufs.
+func recycle(free chan []byte) {
+	for {
+		select {
+		case b := <-free:
+			windowBufs.Put(&b)
+		default:
+			return
+		}
+	}
 }
 
 // held reads term t from the ChunkStore into dst (one open per term),

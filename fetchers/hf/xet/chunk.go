@@ -160,7 +160,9 @@ func (c *ChunkReader) compressed(h Header) ([]byte, error) {
 
 // body decodes the chunk h heads into out (len(out) == h.Uncompressed):
 // a raw chunk is read straight into it, an LZ4 one decompressed into
-// it, a grouped one decompressed aside and ungrouped into it.
+// it, a grouped one decompressed aside and ungrouped into it. A frame
+// as xet-core writes it is decoded block by block (decodeFrame), any
+// other by the stream reader.
 func (c *ChunkReader) body(out []byte, h Header) error {
 	if h.Scheme == None {
 		_, err := io.ReadFull(c.r, out)
@@ -173,12 +175,6 @@ func (c *ChunkReader) body(out []byte, h Header) error {
 	if err != nil {
 		return err
 	}
-	if c.lz == nil {
-		c.lz = lz4.NewReader(nil)
-		c.src = bytes.NewReader(nil)
-	}
-	c.src.Reset(comp)
-	c.lz.Reset(c.src)
 	into := out
 	if h.Scheme == ByteGrouping4LZ4 {
 		if cap(c.scratch) < len(out) {
@@ -186,6 +182,28 @@ func (c *ChunkReader) body(out []byte, h Header) error {
 		}
 		into = c.scratch[:len(out)]
 	}
+	if ok, err := decodeFrame(into, comp); err != nil {
+		return err
+	} else if !ok {
+		if err := c.streamFrame(into, comp, h); err != nil {
+			return err
+		}
+	}
+	if h.Scheme == ByteGrouping4LZ4 {
+		ungroup4(out, into)
+	}
+	return nil
+}
+
+// streamFrame decodes any LZ4 frame (checksums, linked blocks, several
+// frames in a row) with the stream reader, into exactly into.
+func (c *ChunkReader) streamFrame(into, comp []byte, h Header) error {
+	if c.lz == nil {
+		c.lz = lz4.NewReader(nil)
+		c.src = bytes.NewReader(nil)
+	}
+	c.src.Reset(comp)
+	c.lz.Reset(c.src)
 	if _, err := io.ReadFull(c.lz, into); err != nil {
 		return fmt.Errorf("%w: LZ4 frame: %v", ErrCorrupt, err)
 	}
@@ -193,9 +211,6 @@ func (c *ChunkReader) body(out []byte, h Header) error {
 	var one [1]byte
 	if k, err := c.lz.Read(one[:]); k != 0 || (err != nil && err != io.EOF) {
 		return fmt.Errorf("%w: LZ4 frame longer than %d bytes", ErrCorrupt, h.Uncompressed)
-	}
-	if h.Scheme == ByteGrouping4LZ4 {
-		ungroup4(out, into)
 	}
 	return nil
 }
@@ -223,6 +238,9 @@ func group4(b []byte) []byte {
 }
 
 // ungroup4 undoes group4: src grouped, dst (as long) the bytes in order.
+// ungroupBlocks interleaves the groups 16 bytes of each at a time where
+// the machine has vector instructions for it (ungroup_amd64.s); the rest
+// goes 4 bytes at a time.
 func ungroup4(dst, src []byte) {
 	n := len(src)
 	// Group g holds q bytes, and one more when g < n%4.
@@ -239,8 +257,14 @@ func ungroup4(dst, src []byte) {
 	}
 	s0, s1, s2, s3 := gs[0][:q], gs[1][:q], gs[2][:q], gs[3][:q]
 	out := dst[:4*q]
-	for i := range s0 {
-		binary.LittleEndian.PutUint32(out[4*i:], uint32(s0[i])|uint32(s1[i])<<8|uint32(s2[i])<<16|uint32(s3[i])<<24)
+	i := 0
+	if q >= 16 {
+		i = ungroupBlocks(out, s0, s1, s2, s3, q/16) * 16
+	}
+	s0, s1, s2, s3 = s0[i:], s1[i:len(s0)], s2[i:len(s0)], s3[i:len(s0)]
+	out = out[4*i:]
+	for j := range s0 {
+		binary.LittleEndian.PutUint32(out[4*j:], uint32(s0[j])|uint32(s1[j])<<8|uint32(s2[j])<<16|uint32(s3[j])<<24)
 	}
 	for g := 0; g < r; g++ {
 		dst[4*q+g] = gs[g][q]

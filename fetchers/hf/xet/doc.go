@@ -15,6 +15,10 @@
 //	chunkstore.go   ChunkStore (chunks a node holds), Placed (where a file's terms sit)
 //	hash.go         Hash and its text form, chunk hashes (keyed BLAKE3), xorb and file hashes (Merkle)
 //	chunk.go        the chunk header, the schemes (none, LZ4, ByteGrouping4-LZ4), ChunkReader, EncodeChunk
+//	lz4frame.go     an LZ4 frame as xet-core writes it, decoded block by block straight into the chunk
+//	ungroup_amd64.go, ungroup_amd64.s
+//	                ByteGrouping4's inverse 16 bytes of each group at a time (SSE2)
+//	ungroup_other.go the same elsewhere (and with -tags purego): ungroup4's plain loop does it all
 //	cdc.go          content-defined chunking (Gear hash, chunking.md), for test servers and benchmarks
 //	client.go       read tokens (TokenSource), the reconstruction API (v2, v1 fallback)
 //	reconstruct.go  Open and Reader: a file from an offset, window by window; Committed teaches the ChunkStore

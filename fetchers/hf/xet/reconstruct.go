@@ -109,6 +109,7 @@ func (r *Reader) Read(p []byte) (int, error) {
 		}
 		w, ok := <-r.ch
 		if !ok {
+			recycle(r.free)
 			if r.err != nil {
 				return 0, r.err
 			}
@@ -122,9 +123,12 @@ func (r *Reader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// Close stops the work; the buffers of windows already read go to the
+// next reader.
 func (r *Reader) Close() error {
 	r.closed.Store(true)
 	r.cancel()
+	recycle(r.free)
 	return nil
 }
 
