@@ -56,7 +56,7 @@ vet:
 # daemon/'s BenchmarkFanOut reads BENCH_FANOUT_MIB and BENCH_FANOUT_MIBPS.
 # k8ssync's BenchmarkFleet (10, 100 and 1,000 node agents against one kube-apiserver) reads FLEET_BENCH_NODES and FLEET_BENCH_PULL.
 # test/fanout's BenchmarkFanOutNetns (root: network namespaces) reads FANOUT_BENCH_MIB, FANOUT_BENCH_MIBPS and FANOUT_LOG_DIR.
-# fetchers/hf's BenchmarkXetRevision (Xet: a revision with 10% of its tensors changed) reads XET_BENCH_MIB.
+# fetchers/hf's BenchmarkXetRevision (Xet: a revision with 10% of its tensors changed) reads XET_BENCH_MIB and XET_BENCH_LINK_MIBS (a downlink in MiB/s both paths share; unset: none).
 # bench/pullbench: BENCH_SIZE_MIB sets the model size (README.md, Benchmarks).
 # docs_test.go's TestMakeBenchRunsEveryBenchmark fails when a benchmark is in no bench-* target.
 bench: build
@@ -97,7 +97,8 @@ bench-fleet:
 	$(GO) test -run '^$$' -bench FleetBytes -benchtime 1x -timeout 60m ./daemon/fanout/
 
 # hf:// over Xet: a 1 GiB model (XET_BENCH_MIB), then a revision with 10% of its tensors
-# changed: bytes fetched for it over its size, and both revisions' time against the bridge.
+# changed: bytes fetched for it over its size, and both revisions' time against the bridge
+# (XET_BENCH_LINK_MIBS=200: through one 200 MiB/s downlink, as a node across a network).
 bench-xet:
 	$(GO) test -run '^$$' -bench XetRevision -benchtime 1x -timeout 30m ./fetchers/hf/
 

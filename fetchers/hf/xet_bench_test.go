@@ -5,11 +5,14 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
+	"net/http"
 	"os"
 	"runtime"
 	"strconv"
 	"testing"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/modelcache/modelcache/fetchers"
 	"github.com/modelcache/modelcache/fetchers/hf/hubtest"
@@ -23,8 +26,13 @@ import (
 // rev2-fetched/size (xorb bytes fetched for revision 2 over its size,
 // with revision 1 held; goal <= 0.15), rev2-xet/bridge (its time over the
 // whole-file path's) and rev1-xet/bridge (the first revision's time over
-// the bridge's; goal <= 1). Memory: about 5x the model size (both
-// revisions, the CAS, the in-memory store).
+// the bridge's; goal <= 1), with rev1-fetched/size (what the chunks'
+// compression saves on the wire). XET_BENCH_LINK_MIBS, when set, is a node's
+// downlink in MiB/s, shared by every connection of both paths (a token
+// bucket on the client's sockets): the regime of a node that fetches from
+// a hub across a network, where the bytes on the wire bound a pull rather
+// than the CPU this machine shares between client and servers. Memory:
+// about 5x the model size (both revisions, the CAS, the in-memory store).
 func BenchmarkXetRevision(b *testing.B) {
 	mib := 1024
 	if s := os.Getenv("XET_BENCH_MIB"); s != "" {
@@ -39,6 +47,14 @@ func BenchmarkXetRevision(b *testing.B) {
 	hub.LFSThreshold = 1
 	hub.Commit("org/big", map[string][]byte{"model.safetensors": v1}, "v1")
 	hub.Commit("org/big", map[string][]byte{"model.safetensors": v2}, "v2")
+	var link []Option
+	if s := os.Getenv("XET_BENCH_LINK_MIBS"); s != "" {
+		mibs, err := strconv.Atoi(s)
+		if err != nil || mibs <= 0 {
+			b.Fatalf("XET_BENCH_LINK_MIBS=%q: want a whole number of MiB/s above 0", s)
+		}
+		link = []Option{WithHTTP(fetchers.WithTransport(shapedTransport(mibs << 20)))}
+	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		// Revision 1, each path 3 times in turn, a fresh store each time:
@@ -46,12 +62,14 @@ func BenchmarkXetRevision(b *testing.B) {
 		// mostly the neighbours' load).
 		var store *xettest.MemStore
 		var xf *Fetcher
-		bf := benchFetcher(b, hub, WithXet(false))
+		bf := benchFetcher(b, hub, append(link, WithXet(false))...)
 		t1x, t1b := time.Duration(1<<62), time.Duration(1<<62)
+		var sent1 int64
 		for range 3 {
 			store = xettest.NewMemStore()
-			xf = benchFetcher(b, hub, WithChunkStore(store))
-			tx, _ := benchPull(b, xf, cas, "hf://org/big@v1")
+			xf = benchFetcher(b, hub, append(link, WithChunkStore(store))...)
+			tx, sent := benchPull(b, xf, cas, "hf://org/big@v1")
+			sent1 = sent
 			tb, _ := benchPull(b, bf, cas, "hf://org/big@v1")
 			t1x, t1b = min(t1x, tx), min(t1b, tb)
 		}
@@ -62,6 +80,7 @@ func BenchmarkXetRevision(b *testing.B) {
 		b.ReportMetric(float64(sent)/float64(len(v2)), "rev2-fetched/size")
 		b.ReportMetric(t2x.Seconds()/t2b.Seconds(), "rev2-xet/bridge")
 		b.ReportMetric(t1x.Seconds()/t1b.Seconds(), "rev1-xet/bridge")
+		b.ReportMetric(float64(sent1)/float64(len(v1)), "rev1-fetched/size")
 		b.ReportMetric(float64(len(v1))/t1x.Seconds()/1e6, "rev1-xet-MB/s")
 		b.ReportMetric(float64(len(v1))/t1b.Seconds()/1e6, "rev1-bridge-MB/s")
 	}
@@ -104,4 +123,40 @@ func benchPull(b *testing.B, f *Fetcher, cas *xettest.CAS, uri string) (time.Dur
 		}
 	}
 	return time.Since(start), cas.Sent.Load() - sent
+}
+
+// shapedTransport is the default transport with every response body's
+// reads drawn from one token bucket of bps bytes a second: one node's
+// downlink.
+func shapedTransport(bps int) http.RoundTripper {
+	return &shaped{rt: fetchers.DefaultTransport(), lim: rate.NewLimiter(rate.Limit(bps), 256<<10)}
+}
+
+type shaped struct {
+	rt  http.RoundTripper
+	lim *rate.Limiter
+}
+
+func (s *shaped) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := s.rt.RoundTrip(req)
+	if err == nil {
+		resp.Body = &shapedBody{ReadCloser: resp.Body, lim: s.lim}
+	}
+	return resp, err
+}
+
+type shapedBody struct {
+	io.ReadCloser
+	lim *rate.Limiter
+}
+
+func (b *shapedBody) Read(p []byte) (int, error) {
+	if len(p) > b.lim.Burst() {
+		p = p[:b.lim.Burst()]
+	}
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.lim.WaitN(context.Background(), n)
+	}
+	return n, err
 }
