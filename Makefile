@@ -56,7 +56,7 @@ vet:
 # daemon/'s BenchmarkFanOut reads BENCH_FANOUT_MIB and BENCH_FANOUT_MIBPS.
 # k8ssync's BenchmarkFleet (10, 100 and 1,000 node agents against one kube-apiserver) reads FLEET_BENCH_NODES and FLEET_BENCH_PULL.
 # test/fanout's BenchmarkFanOutNetns (root: network namespaces) reads FANOUT_BENCH_MIB, FANOUT_BENCH_MIBPS and FANOUT_LOG_DIR.
-# fetchers/hf's BenchmarkXetRevision (Xet: a revision with 10% of its tensors changed) reads XET_BENCH_MIB and XET_BENCH_LINK_MIBS (a downlink in MiB/s both paths share; unset: none).
+# fetchers/hf's BenchmarkXetRevision (Xet: a revision with 10% of its tensors changed) reads XET_BENCH_MIB, XET_BENCH_LINK_MIBS (a downlink in MiB/s both paths share; unset: none) and XET_BENCH_RTT_MS (with it, a round trip per request).
 # bench/pullbench: BENCH_SIZE_MIB sets the model size (README.md, Benchmarks).
 # docs_test.go's TestMakeBenchRunsEveryBenchmark fails when a benchmark is in no bench-* target.
 bench: build

@@ -31,7 +31,9 @@ import (
 // downlink in MiB/s, shared by every connection of both paths (a token
 // bucket on the client's sockets): the regime of a node that fetches from
 // a hub across a network, where the bytes on the wire bound a pull rather
-// than the CPU this machine shares between client and servers. Memory:
+// than the CPU this machine shares between client and servers; with it,
+// XET_BENCH_RTT_MS holds each request that long (the round trip to the
+// hub: each of Xet's reconstructions and ranged reads pays it). Memory:
 // about 5x the model size (both revisions, the CAS, the in-memory store).
 func BenchmarkXetRevision(b *testing.B) {
 	mib := 1024
@@ -53,7 +55,13 @@ func BenchmarkXetRevision(b *testing.B) {
 		if err != nil || mibs <= 0 {
 			b.Fatalf("XET_BENCH_LINK_MIBS=%q: want a whole number of MiB/s above 0", s)
 		}
-		link = []Option{WithHTTP(fetchers.WithTransport(shapedTransport(mibs << 20)))}
+		rtt := 0
+		if s := os.Getenv("XET_BENCH_RTT_MS"); s != "" {
+			if rtt, err = strconv.Atoi(s); err != nil || rtt < 0 {
+				b.Fatalf("XET_BENCH_RTT_MS=%q: want a whole number of milliseconds", s)
+			}
+		}
+		link = []Option{WithHTTP(fetchers.WithTransport(shapedTransport(mibs<<20, time.Duration(rtt)*time.Millisecond)))}
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -126,18 +134,21 @@ func benchPull(b *testing.B, f *Fetcher, cas *xettest.CAS, uri string) (time.Dur
 }
 
 // shapedTransport is the default transport with every response body's
-// reads drawn from one token bucket of bps bytes a second: one node's
-// downlink.
-func shapedTransport(bps int) http.RoundTripper {
-	return &shaped{rt: fetchers.DefaultTransport(), lim: rate.NewLimiter(rate.Limit(bps), 256<<10)}
+// reads drawn from one token bucket of bps bytes a second (one node's
+// downlink) and each request's answer held rtt (the round trip to a
+// hub across a network).
+func shapedTransport(bps int, rtt time.Duration) http.RoundTripper {
+	return &shaped{rt: fetchers.DefaultTransport(), lim: rate.NewLimiter(rate.Limit(bps), 256<<10), rtt: rtt}
 }
 
 type shaped struct {
 	rt  http.RoundTripper
 	lim *rate.Limiter
+	rtt time.Duration
 }
 
 func (s *shaped) RoundTrip(req *http.Request) (*http.Response, error) {
+	time.Sleep(s.rtt)
 	resp, err := s.rt.RoundTrip(req)
 	if err == nil {
 		resp.Body = &shapedBody{ReadCloser: resp.Body, lim: s.lim}
