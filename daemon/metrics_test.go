@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -370,5 +371,34 @@ func TestDocsNameOnlyRealMetrics(t *testing.T) {
 		if !strings.Contains(inMetrics, n) {
 			t.Errorf("the daemon exports %s, which docs/metrics.md does not name", n)
 		}
+	}
+}
+
+// TestMetricsListenerOpensBeforeTheSocketAnswers: once the socket
+// answers, the metrics listener is open (a client that waits for the
+// socket, or a test that then runs the process out of descriptors, never
+// sees Run stop for want of it); a metrics address another process holds
+// stops Run with an error that names the flag, the address and the fix.
+func TestMetricsListenerOpensBeforeTheSocketAnswers(t *testing.T) {
+	h := start(t, testConfig(t))
+	if h.d.MetricsAddr() == "" {
+		t.Fatal("the socket answered before the metrics listener was open")
+	}
+	h.stop()
+
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	cfg := testConfig(t)
+	cfg.MetricsAddr = taken.Addr().String()
+	d, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = d.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "--metrics-addr "+cfg.MetricsAddr) || !strings.Contains(err.Error(), "pass --metrics-addr to pick another port") {
+		t.Fatalf("Run with its metrics address taken: %v; want the flag, the address and the fix named", err)
 	}
 }

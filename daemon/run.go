@@ -245,13 +245,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return err
 	}
 	defer d.fanout.Close() // after a failed start below
-	go func() { errc <- srv.Serve(pl) }()
 
+	// The metrics listener opens before the socket answers: a daemon
+	// whose socket answers has every listener it needs (a client that
+	// waits for the socket never sees it stop for want of one).
 	var msrv *http.Server
 	if d.cfg.MetricsAddr != "" {
 		ml, err := net.Listen("tcp", d.cfg.MetricsAddr)
 		if err != nil {
-			srv.Close()
+			ln.Close()
 			return fmt.Errorf("--metrics-addr %s: %w (is another modelcached running? pass --metrics-addr to pick another port)", d.cfg.MetricsAddr, err)
 		}
 		msrv = &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
@@ -259,6 +261,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.metricsAddr.Store(ml.Addr().String())
 		d.log.Info("metrics", "addr", ml.Addr().String())
 	}
+	go func() { errc <- srv.Serve(pl) }()
 
 	var bg sync.WaitGroup
 	if d.cfg.CSI != nil {
