@@ -247,19 +247,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer d.fanout.Close() // after a failed start below
 
 	// The metrics listener opens before the socket answers: a daemon
-	// whose socket answers has every listener it needs (a client that
-	// waits for the socket never sees it stop for want of one).
-	var msrv *http.Server
-	if d.cfg.MetricsAddr != "" {
-		ml, err := net.Listen("tcp", d.cfg.MetricsAddr)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("--metrics-addr %s: %w (is another modelcached running? pass --metrics-addr to pick another port)", d.cfg.MetricsAddr, err)
-		}
-		msrv = &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
-		go func() { errc <- msrv.Serve(ml) }()
-		d.metricsAddr.Store(ml.Addr().String())
-		d.log.Info("metrics", "addr", ml.Addr().String())
+	// whose socket answers has every listener it needs.
+	msrv, err := d.serveMetrics(errc)
+	if err != nil {
+		ln.Close()
+		return err
 	}
 	go func() { errc <- srv.Serve(pl) }()
 
@@ -425,4 +417,21 @@ func clusterViewLag(c *k8ssync.Config) time.Duration {
 		publish = k8ssync.DefaultPublishInterval
 	}
 	return status + publish
+}
+
+// serveMetrics opens the metrics listener (--metrics-addr; none when it
+// is "") and serves /metrics and /healthz on it, its end sent to errc.
+func (d *Daemon) serveMetrics(errc chan<- error) (*http.Server, error) {
+	if d.cfg.MetricsAddr == "" {
+		return nil, nil
+	}
+	ml, err := net.Listen("tcp", d.cfg.MetricsAddr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr %s: %w (is another modelcached running? pass --metrics-addr to pick another port)", d.cfg.MetricsAddr, err)
+	}
+	msrv := &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { errc <- msrv.Serve(ml) }()
+	d.metricsAddr.Store(ml.Addr().String())
+	d.log.Info("metrics", "addr", ml.Addr().String())
+	return msrv, nil
 }
