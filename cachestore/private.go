@@ -28,8 +28,11 @@ import (
 
 const dirPrivate = "private"
 
-// privateMode is the mode of private/ and its kind dirs.
+// privateMode is the mode of private/ and its kind dirs (privateDirs,
+// relative to the root), which Open makes.
 const privateMode = 0o711
+
+var privateDirs = []string{dirPrivate, dirPrivate + "/" + kindDirs[KindModel], dirPrivate + "/" + kindDirs[KindKernelCache]}
 
 // kindBase is where kind's artifact directories are: public or private.
 func (s *Store) kindBase(kind string, private bool) (string, error) {
@@ -105,22 +108,21 @@ func (s *Store) place(kind, name string, private bool) error {
 }
 
 // artifactBases are the directories that hold artifact directories, each
-// with its kind and whether it is the private one.
+// with its kind: public and private.
 func (s *Store) artifactBases() []artifactBase {
 	var out []artifactBase
 	for _, kind := range []string{KindModel, KindKernelCache} {
 		for _, private := range []bool{false, true} {
 			base, _ := s.kindBase(kind, private)
-			out = append(out, artifactBase{kind: kind, dir: base, private: private})
+			out = append(out, artifactBase{kind: kind, dir: base})
 		}
 	}
 	return out
 }
 
 type artifactBase struct {
-	kind    string
-	dir     string
-	private bool
+	kind string
+	dir  string
 }
 
 // rel is base's path from the store root ("models", "private/kernels").

@@ -79,14 +79,13 @@ func Open(ctx context.Context, root string, opts ...Option) (*Store, *RepairRepo
 	if err != nil {
 		return nil, nil, fmt.Errorf("store root %q: %w", root, err)
 	}
-	for _, d := range []string{"", dirBlobs, dirIngest, dirTmp, dirQuarantine, dirHolds, dirHF, kindDirs[KindModel], kindDirs[KindKernelCache],
-		dirPrivate, filepath.Join(dirPrivate, kindDirs[KindModel]), filepath.Join(dirPrivate, kindDirs[KindKernelCache])} {
+	for _, d := range append([]string{"", dirBlobs, dirIngest, dirTmp, dirQuarantine, dirHolds, dirHF, kindDirs[KindModel], kindDirs[KindKernelCache]}, privateDirs...) {
 		if err := os.MkdirAll(filepath.Join(abs, d), 0o755); err != nil {
 			return nil, nil, fmt.Errorf("store root %q: %w", abs, err)
 		}
 	}
 	// private/ (private.go): passed through, never listed.
-	for _, d := range []string{dirPrivate, filepath.Join(dirPrivate, kindDirs[KindModel]), filepath.Join(dirPrivate, kindDirs[KindKernelCache])} {
+	for _, d := range privateDirs {
 		os.Chmod(filepath.Join(abs, d), privateMode)
 	}
 	// holds/ names pods; a pod reaches a hold's tree through its bind
